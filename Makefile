@@ -1,0 +1,65 @@
+# The two commands: `make run` serves model_repository/ on 127.0.0.1:8000/8001/8002, and
+# `make test` runs the whole suite. Both install what is missing first.
+SHELL := /bin/bash
+PYTHON ?= python3
+CARGO ?= cargo
+VENV := .venv
+VPY := $(VENV)/bin/python
+PERF_ANALYZER := .cache/perf_analyzer/bin/perf_analyzer
+
+.PHONY: run test deps toolchain venv onnxruntime models perf-analyzer build build-release \
+        test-rust test-python lint bench clean
+
+run: deps build-release
+	./target/release/wasmtron --model-repository model_repository \
+	  --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1
+
+test: deps perf-analyzer
+	$(CARGO) fmt --all -- --check
+	$(MAKE) test-rust
+	$(MAKE) test-python
+
+deps: toolchain onnxruntime models
+
+toolchain:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first"; exit 1; }
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: tests/python/requirements.txt
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r tests/python/requirements.txt
+	touch $@
+
+onnxruntime:
+	PYTHON=$(PYTHON) scripts/fetch-onnxruntime.sh
+
+models: venv
+	$(VPY) scripts/gen_models.py model_repository tests/models
+
+perf-analyzer: venv
+	PYTHON=$(VPY) scripts/fetch-perf-analyzer.sh
+
+build:
+	$(CARGO) build --locked
+
+build-release:
+	$(CARGO) build --locked --release
+
+test-rust:
+	$(CARGO) test --locked --workspace
+
+test-python: build
+	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) \
+	  $(VPY) -m pytest -q -p no:cacheprovider tests/python
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+bench: deps perf-analyzer build-release
+	benches/perf_analyzer.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf .cache $(VENV)

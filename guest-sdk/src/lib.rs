@@ -1,0 +1,1 @@
+//! Wasmtron guest SDK: helpers for writing WebAssembly stages (filled in with the Wasm stage work).

@@ -1,0 +1,70 @@
+//! The error every request path returns: a Triton status code and a message a person can act on.
+
+use std::fmt;
+
+/// Triton's status codes; the frontends map them to HTTP statuses and gRPC codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// The request is malformed or does not fit the model (HTTP 400, gRPC INVALID_ARGUMENT).
+    InvalidArg,
+    /// Unknown model, version, tensor or route (HTTP 404, gRPC NOT_FOUND).
+    NotFound,
+    /// The model or server cannot take the request now (HTTP 503, gRPC UNAVAILABLE).
+    Unavailable,
+    /// A feature the server does not offer (HTTP 501, gRPC UNIMPLEMENTED).
+    Unsupported,
+    /// Something already exists (HTTP 400, gRPC ALREADY_EXISTS).
+    AlreadyExists,
+    /// The request was cancelled (HTTP 400, gRPC CANCELLED).
+    Cancelled,
+    /// A failure inside the server or a backend (HTTP 500, gRPC INTERNAL).
+    Internal,
+}
+
+/// A request-level error: what went wrong, with the code that classifies it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Error {
+    /// Classification used for the HTTP status and gRPC code.
+    pub code: Code,
+    /// Human-readable explanation naming the model, tensor or field at fault.
+    pub message: String,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error {
+    /// An error with the given code and message.
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+    /// A malformed or unfitting request.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArg, message)
+    }
+    /// Something named in the request does not exist.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(Code::NotFound, message)
+    }
+    /// The server cannot serve the request right now.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(Code::Unavailable, message)
+    }
+    /// A feature that is not offered.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(Code::Unsupported, message)
+    }
+    /// An internal failure.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Code::Internal, message)
+    }
+}
+
+/// Result alias for request paths.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,485 @@
+//! `inference.GRPCInferenceService` over tonic, wire-compatible with Triton's clients, plus the
+//! standard `grpc.health.v1` service. RPCs for features this server does not offer answer
+//! UNIMPLEMENTED.
+
+use std::{pin::Pin, sync::Arc};
+
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{
+    model_config, model_metadata, model_statistics, parse_version, EXTENSIONS, SERVER_NAME,
+    SERVER_VERSION,
+};
+use crate::{
+    error::{Code, Error},
+    inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
+    proto::inference::{
+        grpc_inference_service_server::GrpcInferenceService, infer_parameter::ParameterChoice,
+        model_infer_request::InferInputTensor, model_infer_response::InferOutputTensor,
+        model_repository_parameter::ParameterChoice as RepoParam,
+        repository_index_response::ModelIndex, *,
+    },
+    scheduling::{model_manager::LoadOverride, server::Server},
+    tensor::{push_bytes_element, DataType, Tensor},
+};
+
+pub use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
+
+/// The gRPC service implementation.
+pub struct GrpcService {
+    server: Arc<Server>,
+}
+
+impl GrpcService {
+    /// A service over the server core.
+    pub fn new(server: Arc<Server>) -> Self {
+        Self { server }
+    }
+}
+
+/// Maps an error to a gRPC status.
+pub fn to_status(err: Error) -> Status {
+    let code = match err.code {
+        Code::InvalidArg => tonic::Code::InvalidArgument,
+        Code::NotFound => tonic::Code::NotFound,
+        Code::Unavailable => tonic::Code::Unavailable,
+        Code::Unsupported => tonic::Code::Unimplemented,
+        Code::AlreadyExists => tonic::Code::AlreadyExists,
+        Code::Cancelled => tonic::Code::Cancelled,
+        Code::Internal => tonic::Code::Internal,
+    };
+    Status::new(code, err.message)
+}
+
+fn params_from_proto(map: std::collections::HashMap<String, InferParameter>) -> Parameters {
+    map.into_iter()
+        .filter_map(|(k, v)| {
+            let value = match v.parameter_choice? {
+                ParameterChoice::BoolParam(b) => ParamValue::Bool(b),
+                ParameterChoice::Int64Param(i) => ParamValue::Int(i),
+                ParameterChoice::StringParam(s) => ParamValue::String(s),
+                ParameterChoice::DoubleParam(d) => ParamValue::Double(d),
+                ParameterChoice::Uint64Param(u) => ParamValue::Uint(u),
+            };
+            Some((k, value))
+        })
+        .collect()
+}
+
+fn params_to_proto(params: &Parameters) -> std::collections::HashMap<String, InferParameter> {
+    params
+        .iter()
+        .map(|(k, v)| {
+            let choice = match v {
+                ParamValue::Bool(b) => ParameterChoice::BoolParam(*b),
+                ParamValue::Int(i) => ParameterChoice::Int64Param(*i),
+                ParamValue::Uint(u) => ParameterChoice::Uint64Param(*u),
+                ParamValue::Double(d) => ParameterChoice::DoubleParam(*d),
+                ParamValue::String(s) => ParameterChoice::StringParam(s.clone()),
+            };
+            (
+                k.clone(),
+                InferParameter {
+                    parameter_choice: Some(choice),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Converts typed `contents` to raw little-endian bytes for the tensor's datatype.
+fn contents_to_bytes(input: &InferInputTensor, datatype: DataType) -> Result<Vec<u8>, Error> {
+    let c = input.contents.clone().unwrap_or_default();
+    let name = &input.name;
+    let range = |v: &dyn std::fmt::Display| {
+        Error::invalid(format!(
+            "input '{name}': value {v} does not fit datatype {datatype}"
+        ))
+    };
+    let mut out = Vec::new();
+    macro_rules! narrow {
+        ($src:expr, $t:ty) => {
+            for v in &$src {
+                let x = <$t>::try_from(*v).map_err(|_| range(v))?;
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        };
+    }
+    match datatype {
+        DataType::Bool => out.extend(c.bool_contents.iter().map(|&b| u8::from(b))),
+        DataType::Int8 => narrow!(c.int_contents, i8),
+        DataType::Int16 => narrow!(c.int_contents, i16),
+        DataType::Int32 => narrow!(c.int_contents, i32),
+        DataType::Int64 => narrow!(c.int64_contents, i64),
+        DataType::Uint8 => narrow!(c.uint_contents, u8),
+        DataType::Uint16 => narrow!(c.uint_contents, u16),
+        DataType::Uint32 => narrow!(c.uint_contents, u32),
+        DataType::Uint64 => narrow!(c.uint64_contents, u64),
+        DataType::Fp32 => c
+            .fp32_contents
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DataType::Fp64 => c
+            .fp64_contents
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DataType::Bytes => c
+            .bytes_contents
+            .iter()
+            .for_each(|b| push_bytes_element(&mut out, b)),
+        DataType::Fp16 | DataType::Bf16 => {
+            return Err(Error::invalid(format!(
+                "input '{name}': datatype {datatype} must be sent in raw_input_contents"
+            )))
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes a `ModelInferRequest`.
+pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
+    let version = parse_version(&req.model_name, &req.model_version)?;
+    let raw = !req.raw_input_contents.is_empty();
+    if raw && req.raw_input_contents.len() != req.inputs.len() {
+        return Err(Error::invalid(format!(
+            "raw_input_contents has {} entries but the request has {} inputs; give one per input, in order",
+            req.raw_input_contents.len(),
+            req.inputs.len()
+        )));
+    }
+    let mut raw_contents = req.raw_input_contents.into_iter();
+    let mut inputs = Vec::with_capacity(req.inputs.len());
+    for input in req.inputs {
+        let datatype = DataType::from_wire(&input.datatype).ok_or_else(|| {
+            Error::invalid(format!(
+                "input '{}' has unknown datatype '{}'",
+                input.name, input.datatype
+            ))
+        })?;
+        let data = if raw {
+            if input.contents.is_some() {
+                return Err(Error::invalid(format!(
+                    "input '{}' has 'contents' while the request uses raw_input_contents; use one or the other",
+                    input.name
+                )));
+            }
+            raw_contents.next().unwrap_or_default()
+        } else {
+            contents_to_bytes(&input, datatype)?
+        };
+        inputs.push(Tensor {
+            name: input.name,
+            datatype,
+            shape: input.shape,
+            data: data.into(),
+        });
+    }
+    Ok(InferRequest {
+        model_name: req.model_name,
+        model_version: version,
+        id: req.id,
+        parameters: params_from_proto(req.parameters),
+        inputs,
+        outputs: req
+            .outputs
+            .into_iter()
+            .map(|o| RequestedOutput {
+                name: o.name,
+                parameters: params_from_proto(o.parameters),
+            })
+            .collect(),
+    })
+}
+
+/// Encodes a response with every output in `raw_output_contents`.
+pub fn encode_response(resp: InferResponse) -> ModelInferResponse {
+    let mut outputs = Vec::with_capacity(resp.outputs.len());
+    let mut raw = Vec::with_capacity(resp.outputs.len());
+    for t in resp.outputs {
+        outputs.push(InferOutputTensor {
+            name: t.name,
+            datatype: t.datatype.wire_name().to_owned(),
+            shape: t.shape,
+            parameters: Default::default(),
+            contents: None,
+        });
+        raw.push(t.data.to_vec());
+    }
+    ModelInferResponse {
+        model_name: resp.model_name,
+        model_version: resp.model_version.to_string(),
+        id: resp.id,
+        parameters: params_to_proto(&resp.parameters),
+        outputs,
+        raw_output_contents: raw,
+    }
+}
+
+fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
+    Err(Status::unimplemented(format!(
+        "{what} is not supported by this server"
+    )))
+}
+
+async fn infer_one(server: &Server, req: ModelInferRequest) -> Result<ModelInferResponse, Error> {
+    let request = decode_request(req)?;
+    if let Some(o) = request
+        .outputs
+        .iter()
+        .find(|o| o.parameters.contains_key("classification"))
+    {
+        return Err(Error::unsupported(format!(
+            "output '{}': the classification extension is not supported",
+            o.name
+        )));
+    }
+    Ok(encode_response(server.infer(request).await?))
+}
+
+type StreamResult = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for GrpcService {
+    async fn server_live(
+        &self,
+        _: Request<ServerLiveRequest>,
+    ) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse {
+            live: self.server.is_live(),
+        }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<ServerReadyRequest>,
+    ) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse {
+            ready: self.server.is_ready(),
+        }))
+    }
+
+    async fn model_ready(
+        &self,
+        r: Request<ModelReadyRequest>,
+    ) -> Result<Response<ModelReadyResponse>, Status> {
+        let r = r.into_inner();
+        let version = parse_version(&r.name, &r.version).map_err(to_status)?;
+        Ok(Response::new(ModelReadyResponse {
+            ready: self.server.models().is_ready(&r.name, version),
+        }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: SERVER_NAME.to_owned(),
+            version: SERVER_VERSION.to_owned(),
+            extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        r: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let r = r.into_inner();
+        model_metadata(&self.server, &r.name, &r.version)
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    async fn model_infer(
+        &self,
+        r: Request<ModelInferRequest>,
+    ) -> Result<Response<ModelInferResponse>, Status> {
+        infer_one(&self.server, r.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    type ModelStreamInferStream = StreamResult;
+
+    async fn model_stream_infer(
+        &self,
+        r: Request<Streaming<ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let server = self.server.clone();
+        let incoming = r.into_inner();
+        // Requests on one stream are answered in order; errors travel in-band as Triton does.
+        let responses = incoming.then(move |item| {
+            let server = server.clone();
+            async move {
+                let req = match item {
+                    Ok(req) => req,
+                    Err(status) => return Err(status),
+                };
+                let id = req.id.clone();
+                Ok(match infer_one(&server, req).await {
+                    Ok(resp) => ModelStreamInferResponse {
+                        error_message: String::new(),
+                        infer_response: Some(resp),
+                    },
+                    Err(err) => ModelStreamInferResponse {
+                        error_message: err.message,
+                        infer_response: Some(ModelInferResponse {
+                            id,
+                            ..Default::default()
+                        }),
+                    },
+                })
+            }
+        });
+        Ok(Response::new(Box::pin(responses)))
+    }
+
+    async fn model_config(
+        &self,
+        r: Request<ModelConfigRequest>,
+    ) -> Result<Response<ModelConfigResponse>, Status> {
+        let r = r.into_inner();
+        model_config(&self.server, &r.name, &r.version)
+            .map(|config| {
+                Response::new(ModelConfigResponse {
+                    config: Some(config),
+                })
+            })
+            .map_err(to_status)
+    }
+
+    async fn model_statistics(
+        &self,
+        r: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let r = r.into_inner();
+        model_statistics(&self.server, &r.name, &r.version)
+            .map(|model_stats| Response::new(ModelStatisticsResponse { model_stats }))
+            .map_err(to_status)
+    }
+
+    async fn repository_index(
+        &self,
+        r: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let models = self
+            .server
+            .models()
+            .index(r.into_inner().ready)
+            .into_iter()
+            .map(|e| ModelIndex {
+                name: e.name,
+                version: e.version.map(|v| v.to_string()).unwrap_or_default(),
+                state: e.state.as_str().to_owned(),
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        r: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        self.server.check_model_control().map_err(to_status)?;
+        let r = r.into_inner();
+        let mut overrides = LoadOverride::default();
+        for (key, value) in r.parameters {
+            match (key.as_str(), value.parameter_choice) {
+                ("config", Some(RepoParam::StringParam(s))) => overrides.config_json = Some(s),
+                (k, Some(RepoParam::BytesParam(b))) if k.starts_with("file:") => {
+                    overrides.files.push((k["file:".len()..].to_owned(), b));
+                }
+                ("config", _) => {
+                    return Err(Status::invalid_argument(
+                        "load parameter 'config' must be a string",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if !overrides.files.is_empty() && overrides.config_json.is_none() {
+            return Err(Status::invalid_argument(format!(
+                "failed to load '{}': 'file:' parameters need a 'config' parameter as well",
+                r.model_name
+            )));
+        }
+        self.server
+            .models()
+            .load(&r.model_name, overrides)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        r: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        self.server.check_model_control().map_err(to_status)?;
+        self.server
+            .models()
+            .unload(&r.into_inner().model_name)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        unimplemented("system shared memory")
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        unimplemented("system shared memory")
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        unimplemented("system shared memory")
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn trace_setting(
+        &self,
+        _: Request<TraceSettingRequest>,
+    ) -> Result<Response<TraceSettingResponse>, Status> {
+        unimplemented("trace settings")
+    }
+
+    async fn log_settings(
+        &self,
+        _: Request<LogSettingsRequest>,
+    ) -> Result<Response<LogSettingsResponse>, Status> {
+        unimplemented("log settings")
+    }
+}

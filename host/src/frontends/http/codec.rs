@@ -1,0 +1,544 @@
+//! The KServe v2 HTTP inference body: JSON tensors (nested or flat) and the binary tensor data
+//! extension (`Inference-Header-Content-Length`, `binary_data_size`, BYTES length prefixes,
+//! `binary_data_output`), in both directions.
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::{
+    error::{Error, Result},
+    inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
+    proto::inference::ModelConfig,
+    tensor::{bytes_elements, element_count, push_bytes_element, shape_string, DataType, Tensor},
+};
+
+/// Header giving the length of the JSON part of a binary request or response.
+pub const HEADER_LENGTH: &str = "inference-header-content-length";
+
+#[derive(Deserialize)]
+struct JsonRequest {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    inputs: Vec<JsonInput>,
+    #[serde(default)]
+    outputs: Option<Vec<JsonOutput>>,
+}
+
+#[derive(Deserialize)]
+struct JsonInput {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    #[serde(default)]
+    data: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct JsonOutput {
+    name: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+}
+
+/// Converts JSON parameters; `what` names their owner in errors.
+pub fn parameters_from_json(map: Option<Map<String, Value>>, what: &str) -> Result<Parameters> {
+    let mut out = Parameters::new();
+    for (key, value) in map.unwrap_or_default() {
+        let v = match value {
+            Value::Bool(b) => ParamValue::Bool(b),
+            Value::String(s) => ParamValue::String(s),
+            Value::Number(n) => {
+                if let Some(i) = n.as_i64() {
+                    ParamValue::Int(i)
+                } else if let Some(u) = n.as_u64() {
+                    ParamValue::Uint(u)
+                } else {
+                    ParamValue::Double(n.as_f64().unwrap_or_default())
+                }
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "parameter '{key}' of {what} must be a bool, number or string, got {other}"
+                )))
+            }
+        };
+        out.insert(key, v);
+    }
+    Ok(out)
+}
+
+fn parameters_to_json(params: &Parameters) -> Map<String, Value> {
+    params
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                ParamValue::Bool(b) => json!(b),
+                ParamValue::Int(i) => json!(i),
+                ParamValue::Uint(u) => json!(u),
+                ParamValue::Double(d) => json!(d),
+                ParamValue::String(s) => json!(s),
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+/// Decodes an inference request body. `json_length` is the value of
+/// `Inference-Header-Content-Length` when present; `Some(0)` is a raw binary request, which
+/// needs the model configuration to know the input.
+pub fn decode_request(
+    model_name: &str,
+    model_version: Option<i64>,
+    body: Bytes,
+    json_length: Option<usize>,
+    config: Option<&ModelConfig>,
+) -> Result<InferRequest> {
+    if json_length == Some(0) {
+        return decode_raw_binary(model_name, model_version, body, config);
+    }
+    let split = json_length.unwrap_or(body.len());
+    if split > body.len() {
+        return Err(Error::invalid(format!(
+            "Inference-Header-Content-Length is {split} but the request body has only {} bytes",
+            body.len()
+        )));
+    }
+    let header = body.slice(..split);
+    let binary = body.slice(split..);
+    let parsed: JsonRequest = serde_json::from_slice(&header)
+        .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
+    let mut offset = 0usize;
+    let mut inputs = Vec::with_capacity(parsed.inputs.len());
+    for input in parsed.inputs {
+        let params = parameters_from_json(input.parameters, &format!("input '{}'", input.name))?;
+        let datatype = DataType::from_wire(&input.datatype).ok_or_else(|| {
+            Error::invalid(format!(
+                "input '{}' has unknown datatype '{}' (expected one of BOOL, UINT8..UINT64, INT8..INT64, FP16, FP32, FP64, BF16, BYTES)",
+                input.name, input.datatype
+            ))
+        })?;
+        if let Some(d) = input.shape.iter().find(|&&d| d < 0) {
+            return Err(Error::invalid(format!(
+                "input '{}' has a negative dimension {d} in shape {}",
+                input.name,
+                shape_string(&input.shape)
+            )));
+        }
+        let data = match params.get("binary_data_size") {
+            Some(size) => {
+                let size = size.as_i64().filter(|s| *s >= 0).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "input '{}': parameter 'binary_data_size' must be a non-negative integer",
+                        input.name
+                    ))
+                })? as usize;
+                if input.data.is_some() {
+                    return Err(Error::invalid(format!(
+                        "input '{}' has both 'data' and 'binary_data_size'",
+                        input.name
+                    )));
+                }
+                let end = offset.checked_add(size).filter(|&e| e <= binary.len()).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "input '{}': binary_data_size {size} runs past the end of the request body (only {} binary bytes left)",
+                        input.name,
+                        binary.len() - offset
+                    ))
+                })?;
+                let slice = binary.slice(offset..end);
+                offset = end;
+                slice
+            }
+            None => {
+                let value = input.data.ok_or_else(|| {
+                    Error::invalid(format!(
+                        "input '{}' has neither 'data' nor a 'binary_data_size' parameter",
+                        input.name
+                    ))
+                })?;
+                json_to_bytes(&input.name, datatype, &input.shape, &value)?
+            }
+        };
+        inputs.push(Tensor {
+            name: input.name,
+            datatype,
+            shape: input.shape,
+            data,
+        });
+    }
+    if offset != binary.len() {
+        return Err(Error::invalid(format!(
+            "the request body has {} binary bytes after the JSON header but the inputs' binary_data_size add up to {offset}",
+            binary.len()
+        )));
+    }
+    let mut outputs = Vec::new();
+    for output in parsed.outputs.unwrap_or_default() {
+        let parameters =
+            parameters_from_json(output.parameters, &format!("output '{}'", output.name))?;
+        outputs.push(RequestedOutput {
+            name: output.name,
+            parameters,
+        });
+    }
+    Ok(InferRequest {
+        model_name: model_name.to_owned(),
+        model_version,
+        id: parsed.id.unwrap_or_default(),
+        parameters: parameters_from_json(parsed.parameters, "the request")?,
+        inputs,
+        outputs,
+    })
+}
+
+/// `Inference-Header-Content-Length: 0`: the whole body is the data of the model's single
+/// input, at batch size 1, and every output comes back binary.
+fn decode_raw_binary(
+    model_name: &str,
+    model_version: Option<i64>,
+    body: Bytes,
+    config: Option<&ModelConfig>,
+) -> Result<InferRequest> {
+    let config = config.ok_or_else(|| {
+        Error::not_found(format!(
+            "Request for unknown model: '{model_name}' is not found"
+        ))
+    })?;
+    let [input] = config.input.as_slice() else {
+        return Err(Error::invalid(format!(
+            "a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; '{model_name}' has {}",
+            config.input.len()
+        )));
+    };
+    let datatype = DataType::from_config_value(input.data_type)
+        .ok_or_else(|| Error::internal(format!("input '{}' has no datatype", input.name)))?;
+    let mut shape = input.dims.clone();
+    let variable: Vec<usize> = (0..shape.len()).filter(|&i| shape[i] == -1).collect();
+    if datatype == DataType::Bytes {
+        shape = vec![1];
+        let mut data = Vec::with_capacity(body.len() + 4);
+        push_bytes_element(&mut data, &body);
+        return Ok(raw_request(
+            model_name,
+            model_version,
+            config,
+            &input.name,
+            datatype,
+            shape,
+            data.into(),
+        ));
+    }
+    if variable.len() > 1 {
+        return Err(Error::invalid(format!(
+            "a raw binary request needs at most one variable dimension; input '{}' has dims {}",
+            input.name,
+            shape_string(&input.dims)
+        )));
+    }
+    let element = datatype.element_size().unwrap_or(1);
+    let fixed: i64 = shape.iter().filter(|&&d| d != -1).product();
+    if let Some(&i) = variable.first() {
+        let per = fixed.max(1) as usize * element;
+        if body.len() % per != 0 {
+            return Err(Error::invalid(format!(
+                "raw binary request of {} bytes does not divide into elements of input '{}'",
+                body.len(),
+                input.name
+            )));
+        }
+        shape[i] = (body.len() / per) as i64;
+    }
+    Ok(raw_request(
+        model_name,
+        model_version,
+        config,
+        &input.name,
+        datatype,
+        shape,
+        body,
+    ))
+}
+
+fn raw_request(
+    model_name: &str,
+    model_version: Option<i64>,
+    config: &ModelConfig,
+    input: &str,
+    datatype: DataType,
+    mut shape: Vec<i64>,
+    data: Bytes,
+) -> InferRequest {
+    if config.max_batch_size > 0 {
+        shape.insert(0, 1);
+    }
+    let mut parameters = Parameters::new();
+    parameters.insert("binary_data_output".into(), ParamValue::Bool(true));
+    InferRequest {
+        model_name: model_name.to_owned(),
+        model_version,
+        id: String::new(),
+        parameters,
+        inputs: vec![Tensor {
+            name: input.to_owned(),
+            datatype,
+            shape,
+            data,
+        }],
+        outputs: vec![],
+    }
+}
+
+fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
+    match value {
+        Value::Array(items) => items.iter().for_each(|v| flatten(v, out)),
+        other => out.push(other),
+    }
+}
+
+fn json_to_bytes(name: &str, datatype: DataType, shape: &[i64], value: &Value) -> Result<Bytes> {
+    let mut leaves = Vec::new();
+    flatten(value, &mut leaves);
+    let expected = element_count(shape).unwrap_or(usize::MAX);
+    if leaves.len() != expected {
+        return Err(Error::invalid(format!(
+            "unexpected number of elements for input '{name}': shape {} needs {expected}, the JSON data has {}",
+            shape_string(shape),
+            leaves.len()
+        )));
+    }
+    let bad = |v: &Value| {
+        Error::invalid(format!(
+            "input '{name}' of datatype {datatype}: element {v} is not a valid {datatype} value"
+        ))
+    };
+    let mut out = Vec::with_capacity(leaves.len() * datatype.element_size().unwrap_or(8));
+    macro_rules! ints {
+        ($t:ty, $get:ident) => {
+            for v in &leaves {
+                let x = v
+                    .$get()
+                    .and_then(|x| <$t>::try_from(x).ok())
+                    .ok_or_else(|| bad(v))?;
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        };
+    }
+    match datatype {
+        DataType::Bool => {
+            for v in &leaves {
+                out.push(u8::from(v.as_bool().ok_or_else(|| bad(v))?));
+            }
+        }
+        DataType::Int8 => ints!(i8, as_i64),
+        DataType::Int16 => ints!(i16, as_i64),
+        DataType::Int32 => ints!(i32, as_i64),
+        DataType::Int64 => ints!(i64, as_i64),
+        DataType::Uint8 => ints!(u8, as_u64),
+        DataType::Uint16 => ints!(u16, as_u64),
+        DataType::Uint32 => ints!(u32, as_u64),
+        DataType::Uint64 => ints!(u64, as_u64),
+        DataType::Fp32 => {
+            for v in &leaves {
+                let x = v.as_f64().ok_or_else(|| bad(v))? as f32;
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        DataType::Fp64 => {
+            for v in &leaves {
+                out.extend_from_slice(&v.as_f64().ok_or_else(|| bad(v))?.to_le_bytes());
+            }
+        }
+        DataType::Bytes => {
+            for v in &leaves {
+                push_bytes_element(&mut out, v.as_str().ok_or_else(|| bad(v))?.as_bytes());
+            }
+        }
+        DataType::Fp16 | DataType::Bf16 => {
+            return Err(Error::invalid(format!(
+                "input '{name}': datatype {datatype} cannot be sent as JSON; use the binary tensor data extension"
+            )))
+        }
+    }
+    Ok(out.into())
+}
+
+fn bytes_to_json(tensor: &Tensor) -> Value {
+    let d = &tensor.data;
+    macro_rules! nums {
+        ($t:ty, $n:expr) => {
+            d.chunks_exact($n)
+                .map(|c| {
+                    let mut a = [0u8; $n];
+                    a.copy_from_slice(c);
+                    json!(<$t>::from_le_bytes(a))
+                })
+                .collect()
+        };
+    }
+    let values: Vec<Value> = match tensor.datatype {
+        DataType::Bool => d.iter().map(|&b| json!(b != 0)).collect(),
+        DataType::Int8 => nums!(i8, 1),
+        DataType::Int16 => nums!(i16, 2),
+        DataType::Int32 => nums!(i32, 4),
+        DataType::Int64 => nums!(i64, 8),
+        DataType::Uint8 => nums!(u8, 1),
+        DataType::Uint16 => nums!(u16, 2),
+        DataType::Uint32 => nums!(u32, 4),
+        DataType::Uint64 => nums!(u64, 8),
+        DataType::Fp32 => nums!(f32, 4),
+        DataType::Fp64 => nums!(f64, 8),
+        DataType::Fp16 => d
+            .chunks_exact(2)
+            .map(|c| json!(half::f16::from_le_bytes([c[0], c[1]]).to_f32()))
+            .collect(),
+        DataType::Bf16 => d
+            .chunks_exact(2)
+            .map(|c| json!(half::bf16::from_le_bytes([c[0], c[1]]).to_f32()))
+            .collect(),
+        DataType::Bytes => bytes_elements(d)
+            .map(|b| json!(String::from_utf8_lossy(b)))
+            .collect(),
+    };
+    Value::Array(values)
+}
+
+/// An encoded response body and the JSON length header when it carries binary data.
+pub struct EncodedResponse {
+    /// The body.
+    pub body: Bytes,
+    /// `Some(len)` when binary data follows `len` bytes of JSON.
+    pub json_length: Option<usize>,
+}
+
+/// Encodes a response; outputs go binary when the request asked (`binary_data` per output,
+/// `binary_data_output` for the rest). Unsupported output parameters are refused.
+pub fn encode_response(
+    parameters: &Parameters,
+    requested: &[RequestedOutput],
+    response: &InferResponse,
+) -> Result<EncodedResponse> {
+    let default_binary = parameters
+        .get("binary_data_output")
+        .and_then(ParamValue::as_bool)
+        .unwrap_or(false);
+    let mut outputs = Vec::with_capacity(response.outputs.len());
+    let mut binary = BytesMut::new();
+    for tensor in &response.outputs {
+        let requested = requested.iter().find(|o| o.name == tensor.name);
+        if let Some(req) = requested {
+            if req.parameters.contains_key("classification") {
+                return Err(Error::unsupported(format!(
+                    "output '{}': the classification extension is not supported",
+                    tensor.name
+                )));
+            }
+        }
+        let as_binary = requested
+            .and_then(|o| o.parameters.get("binary_data"))
+            .and_then(ParamValue::as_bool)
+            .unwrap_or(default_binary);
+        let mut entry = Map::new();
+        entry.insert("name".into(), json!(tensor.name));
+        entry.insert("datatype".into(), json!(tensor.datatype.wire_name()));
+        entry.insert("shape".into(), json!(tensor.shape));
+        if as_binary {
+            entry.insert(
+                "parameters".into(),
+                json!({"binary_data_size": tensor.data.len()}),
+            );
+            binary.extend_from_slice(&tensor.data);
+        } else {
+            entry.insert("data".into(), bytes_to_json(tensor));
+        }
+        outputs.push(Value::Object(entry));
+    }
+    let mut body = Map::new();
+    body.insert("model_name".into(), json!(response.model_name));
+    body.insert(
+        "model_version".into(),
+        json!(response.model_version.to_string()),
+    );
+    if !response.id.is_empty() {
+        body.insert("id".into(), json!(response.id));
+    }
+    if !response.parameters.is_empty() {
+        body.insert(
+            "parameters".into(),
+            Value::Object(parameters_to_json(&response.parameters)),
+        );
+    }
+    body.insert("outputs".into(), Value::Array(outputs));
+    let header = serde_json::to_vec(&Value::Object(body))
+        .map_err(|e| Error::internal(format!("cannot encode the response: {e}")))?;
+    if binary.is_empty() {
+        return Ok(EncodedResponse {
+            body: header.into(),
+            json_length: None,
+        });
+    }
+    let json_length = header.len();
+    let mut full = BytesMut::with_capacity(header.len() + binary.len());
+    full.extend_from_slice(&header);
+    full.extend_from_slice(&binary);
+    Ok(EncodedResponse {
+        body: full.freeze(),
+        json_length: Some(json_length),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_json_flattens_and_round_trips() {
+        let body = br#"{"id":"7","inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,-4]]}],
+            "outputs":[{"name":"y","parameters":{"binary_data":false}}]}"#;
+        let req = decode_request("m", None, Bytes::from_static(body), None, None).unwrap();
+        assert_eq!(req.id, "7");
+        assert_eq!(req.inputs[0].data.len(), 16);
+        let resp = InferResponse {
+            model_name: "m".into(),
+            model_version: 1,
+            id: "7".into(),
+            parameters: Default::default(),
+            outputs: vec![Tensor {
+                name: "y".into(),
+                ..req.inputs[0].clone()
+            }],
+        };
+        let enc = encode_response(&req.parameters, &req.outputs, &resp).unwrap();
+        assert_eq!(enc.json_length, None);
+        let v: Value = serde_json::from_slice(&enc.body).unwrap();
+        assert_eq!(v["outputs"][0]["data"], json!([1, 2, 3, -4]));
+        assert_eq!(v["model_version"], "1");
+    }
+
+    #[test]
+    fn binary_inputs_are_bounds_checked() {
+        let header = br#"{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
+        let mut body = header.to_vec();
+        body.extend_from_slice(&[0u8; 4]);
+        let err = decode_request("m", None, body.into(), Some(header.len()), None).unwrap_err();
+        assert!(
+            err.message.contains("binary_data_size 8"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn wrong_element_type_and_count_are_named() {
+        let body = br#"{"inputs":[{"name":"x","shape":[2],"datatype":"INT8","data":[1,300]}]}"#;
+        let err = decode_request("m", None, Bytes::from_static(body), None, None).unwrap_err();
+        assert!(err.message.contains("300"), "{}", err.message);
+        let body = br#"{"inputs":[{"name":"x","shape":[3],"datatype":"INT8","data":[1,2]}]}"#;
+        let err = decode_request("m", None, Bytes::from_static(body), None, None).unwrap_err();
+        assert!(err.message.contains("needs 3"), "{}", err.message);
+    }
+}

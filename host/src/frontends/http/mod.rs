@@ -1,0 +1,465 @@
+//! KServe v2 over HTTP (axum): health, metadata, inference (JSON and binary), model
+//! configuration, statistics and repository control, with Triton's routes, `{"error": ...}`
+//! bodies and status codes.
+
+pub mod codec;
+
+use std::{collections::HashMap, io::Read, sync::Arc};
+
+use axum::{
+    body::Body,
+    extract::{DefaultBodyLimit, Path, State},
+    http::{header, HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{any, get, post},
+    Json, Router,
+};
+use base64::Engine;
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::{
+    model_config, model_metadata, model_statistics, parse_version, EXTENSIONS, SERVER_NAME,
+    SERVER_VERSION,
+};
+use crate::{
+    error::{Code, Error},
+    proto::inference::{ModelStatistics, StatisticDuration},
+    repository::config::to_json,
+    scheduling::{model_manager::LoadOverride, server::Server},
+};
+
+/// State shared by the HTTP handlers.
+#[derive(Clone)]
+pub struct HttpState {
+    /// The server core.
+    pub server: Arc<Server>,
+    /// Largest request body accepted, before and after decompression.
+    pub max_input_size: usize,
+}
+
+/// An error rendered as Triton does: a status code and `{"error": "..."}`.
+pub struct ApiError(pub Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError(e)
+    }
+}
+
+/// The HTTP status for an error code.
+pub fn status_for(code: Code) -> StatusCode {
+    match code {
+        Code::InvalidArg | Code::AlreadyExists | Code::Cancelled => StatusCode::BAD_REQUEST,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            status_for(self.0.code),
+            Json(json!({ "error": self.0.message })),
+        )
+            .into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Builds the router with every route.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2", get(server_metadata))
+        .route("/v2/models/stats", get(all_stats))
+        .route("/v2/models/{model}", get(metadata))
+        .route("/v2/models/{model}/versions/{version}", get(metadata))
+        .route("/v2/models/{model}/ready", get(model_ready))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(model_ready),
+        )
+        .route("/v2/models/{model}/infer", post(infer))
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer))
+        .route("/v2/models/{model}/config", get(config))
+        .route("/v2/models/{model}/versions/{version}/config", get(config))
+        .route("/v2/models/{model}/stats", get(stats))
+        .route("/v2/models/{model}/versions/{version}/stats", get(stats))
+        .route("/v2/repository/index", post(index))
+        .route("/v2/repository/{repository}/index", post(index))
+        .route("/v2/repository/models/{model}/load", post(load))
+        .route(
+            "/v2/repository/{repository}/models/{model}/load",
+            post(load),
+        )
+        .route("/v2/repository/models/{model}/unload", post(unload))
+        .route(
+            "/v2/repository/{repository}/models/{model}/unload",
+            post(unload),
+        )
+        .route("/v2/systemsharedmemory", any(unsupported))
+        .route("/v2/systemsharedmemory/{*rest}", any(unsupported))
+        .route("/v2/cudasharedmemory", any(unsupported))
+        .route("/v2/cudasharedmemory/{*rest}", any(unsupported))
+        .route("/v2/trace/setting", any(unsupported))
+        .route("/v2/models/{model}/trace/setting", any(unsupported))
+        .route("/v2/logging", any(unsupported))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // Bodies are read with our own limit so that oversize requests get a JSON error.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError(Error::not_found("Not Found"))
+}
+
+async fn method_not_allowed() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        Json(json!({"error": "Method Not Allowed"})),
+    )
+        .into_response()
+}
+
+async fn unsupported() -> ApiError {
+    ApiError(Error::unsupported(
+        "this extension (shared memory, trace or logging) is not supported by this server",
+    ))
+}
+
+fn health(ok: bool) -> StatusCode {
+    if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_REQUEST
+    }
+}
+
+async fn live(State(st): State<HttpState>) -> StatusCode {
+    health(st.server.is_live())
+}
+
+async fn ready(State(st): State<HttpState>) -> StatusCode {
+    health(st.server.is_ready())
+}
+
+async fn server_metadata() -> Json<Value> {
+    Json(json!({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}))
+}
+
+fn path_parts(p: &HashMap<String, String>) -> (String, String) {
+    (
+        p.get("model").cloned().unwrap_or_default(),
+        p.get("version").cloned().unwrap_or_default(),
+    )
+}
+
+async fn metadata(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let (model, version) = path_parts(&p);
+    let m = model_metadata(&st.server, &model, &version)?;
+    let tensors =
+        |ts: &[crate::proto::inference::model_metadata_response::TensorMetadata]| -> Vec<Value> {
+            ts.iter()
+                .map(|t| json!({"name": t.name, "datatype": t.datatype, "shape": t.shape}))
+                .collect()
+        };
+    Ok(Json(json!({
+        "name": m.name,
+        "versions": m.versions,
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
+    })))
+}
+
+async fn model_ready(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+) -> ApiResult<StatusCode> {
+    let (model, version) = path_parts(&p);
+    let version = parse_version(&model, &version)?;
+    Ok(health(st.server.models().is_ready(&model, version)))
+}
+
+async fn config(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let (model, version) = path_parts(&p);
+    Ok(Json(to_json(&model_config(&st.server, &model, &version)?)))
+}
+
+fn duration_json(d: &Option<StatisticDuration>) -> Value {
+    let d = d.unwrap_or_default();
+    json!({"count": d.count, "ns": d.ns})
+}
+
+fn stats_json(stats: Vec<ModelStatistics>) -> Value {
+    let models: Vec<Value> = stats
+        .into_iter()
+        .map(|s| {
+            let i = s.inference_stats.unwrap_or_default();
+            json!({
+                "name": s.name,
+                "version": s.version,
+                "last_inference": s.last_inference,
+                "inference_count": s.inference_count,
+                "execution_count": s.execution_count,
+                "inference_stats": {
+                    "success": duration_json(&i.success),
+                    "fail": duration_json(&i.fail),
+                    "queue": duration_json(&i.queue),
+                    "compute_input": duration_json(&i.compute_input),
+                    "compute_infer": duration_json(&i.compute_infer),
+                    "compute_output": duration_json(&i.compute_output),
+                    "cache_hit": duration_json(&i.cache_hit),
+                    "cache_miss": duration_json(&i.cache_miss),
+                },
+                "response_stats": {},
+                "batch_stats": s.batch_stats.iter().map(|b| json!({
+                    "batch_size": b.batch_size,
+                    "compute_input": duration_json(&b.compute_input),
+                    "compute_infer": duration_json(&b.compute_infer),
+                    "compute_output": duration_json(&b.compute_output),
+                })).collect::<Vec<_>>(),
+                "memory_usage": [],
+            })
+        })
+        .collect();
+    json!({ "model_stats": models })
+}
+
+async fn all_stats(State(st): State<HttpState>) -> ApiResult<Json<Value>> {
+    Ok(Json(stats_json(model_statistics(&st.server, "", "")?)))
+}
+
+async fn stats(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    let (model, version) = path_parts(&p);
+    Ok(Json(stats_json(model_statistics(
+        &st.server, &model, &version,
+    )?)))
+}
+
+/// Reads a body up to the size limit, then undoes `Content-Encoding: gzip|deflate`.
+async fn read_body(st: &HttpState, headers: &HeaderMap, body: Body) -> Result<Bytes, Error> {
+    let limit = st.max_input_size;
+    let raw = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        Error::invalid(format!(
+            "request body is larger than the maximum input size of {limit} bytes (--http-max-input-size)"
+        ))
+    })?;
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase());
+    let mut out = Vec::new();
+    let read = match encoding.as_deref() {
+        None | Some("") | Some("identity") => return Ok(raw),
+        Some("gzip") => flate2::read::GzDecoder::new(&raw[..])
+            .take(limit as u64 + 1)
+            .read_to_end(&mut out),
+        Some("deflate") => flate2::read::ZlibDecoder::new(&raw[..])
+            .take(limit as u64 + 1)
+            .read_to_end(&mut out),
+        Some(other) => {
+            return Err(Error::unsupported(format!(
+                "unsupported Content-Encoding '{other}' (supported: gzip, deflate)"
+            )))
+        }
+    };
+    read.map_err(|e| {
+        Error::invalid(format!(
+            "cannot decompress the request body ({}): {e}",
+            encoding.as_deref().unwrap_or_default()
+        ))
+    })?;
+    if out.len() > limit {
+        return Err(Error::invalid(format!(
+            "decompressed request body is larger than the maximum input size of {limit} bytes (--http-max-input-size)"
+        )));
+    }
+    Ok(out.into())
+}
+
+/// Compresses a response body when the client accepts gzip or deflate.
+fn compress(headers: &HeaderMap, body: Bytes) -> (Option<&'static str>, Bytes) {
+    use std::io::Write;
+    let accept = headers
+        .get(header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let level = flate2::Compression::fast();
+    if accept.contains("gzip") {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), level);
+        if enc.write_all(&body).is_ok() {
+            if let Ok(out) = enc.finish() {
+                return (Some("gzip"), out.into());
+            }
+        }
+    } else if accept.contains("deflate") {
+        let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), level);
+        if enc.write_all(&body).is_ok() {
+            if let Ok(out) = enc.finish() {
+                return (Some("deflate"), out.into());
+            }
+        }
+    }
+    (None, body)
+}
+
+async fn infer(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let (model, version) = path_parts(&p);
+    let version = parse_version(&model, &version)?;
+    let body = read_body(&st, &headers, body).await?;
+    let json_length = match headers.get(codec::HEADER_LENGTH) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    Error::invalid("Inference-Header-Content-Length must be a non-negative integer")
+                })?,
+        ),
+    };
+    let config = if json_length == Some(0) {
+        Some(st.server.models().get(&model, version)?.config.clone())
+    } else {
+        None
+    };
+    let request = codec::decode_request(&model, version, body, json_length, config.as_ref())?;
+    let parameters = request.parameters.clone();
+    let requested = request.outputs.clone();
+    let response = st.server.infer(request).await?;
+    let encoded = codec::encode_response(&parameters, &requested, &response)?;
+    let (encoding, body) = compress(&headers, encoded.body);
+    let mut resp = Response::new(Body::from(body));
+    let h = resp.headers_mut();
+    match encoded.json_length {
+        Some(len) => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            h.insert(codec::HEADER_LENGTH, HeaderValue::from(len));
+        }
+        None => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+    }
+    if let Some(enc) = encoding {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static(enc));
+    }
+    Ok(resp)
+}
+
+fn optional_json(body: &Bytes) -> Result<Value, Error> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))
+}
+
+async fn index(
+    State(st): State<HttpState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    let body = read_body(&st, &headers, body).await?;
+    let ready = optional_json(&body)?
+        .get("ready")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let entries: Vec<Value> = st
+        .server
+        .models()
+        .index(ready)
+        .into_iter()
+        .map(|e| {
+            let mut v = json!({"name": e.name, "state": e.state.as_str()});
+            if let Some(version) = e.version {
+                v["version"] = json!(version.to_string());
+            }
+            if !e.reason.is_empty() {
+                v["reason"] = json!(e.reason);
+            }
+            v
+        })
+        .collect();
+    Ok(Json(Value::Array(entries)))
+}
+
+async fn load(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    st.server.check_model_control()?;
+    let (model, _) = path_parts(&p);
+    let body = read_body(&st, &headers, body).await?;
+    let request = optional_json(&body)?;
+    let mut overrides = LoadOverride::default();
+    if let Some(params) = request.get("parameters").and_then(Value::as_object) {
+        for (key, value) in params {
+            if key == "config" {
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                overrides.config_json = Some(text);
+            } else if let Some(path) = key.strip_prefix("file:") {
+                let encoded = value.as_str().ok_or_else(|| {
+                    Error::invalid(format!("load parameter '{key}' must be a base64 string"))
+                })?;
+                let content = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| {
+                        Error::invalid(format!("load parameter '{key}' is not valid base64: {e}"))
+                    })?;
+                overrides.files.push((path.to_owned(), content));
+            }
+        }
+    }
+    if !overrides.files.is_empty() && overrides.config_json.is_none() {
+        return Err(Error::invalid(format!(
+            "failed to load '{model}': 'file:' parameters need a 'config' parameter as well"
+        ))
+        .into());
+    }
+    st.server.models().load(&model, overrides).await?;
+    Ok(Json(json!({})))
+}
+
+async fn unload(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    st.server.check_model_control()?;
+    let (model, _) = path_parts(&p);
+    st.server.models().unload(&model).await?;
+    Ok(Json(json!({})))
+}

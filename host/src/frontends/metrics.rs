@@ -1,0 +1,111 @@
+//! Prometheus metrics with Triton's names and labels, rendered at scrape time from the same
+//! counters that feed the statistics extension.
+
+use std::sync::{atomic::Ordering::Relaxed, Arc};
+
+use axum::{extract::State, http::header, response::IntoResponse, routing::get, Router};
+use prometheus::{
+    core::Collector, proto::MetricFamily, Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts,
+    TextEncoder,
+};
+
+use crate::scheduling::{server::Server, stats::FailureReason};
+
+/// Router serving `/metrics`.
+pub fn router(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(server)
+}
+
+async fn metrics(State(server): State<Arc<Server>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        render(&server),
+    )
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> Option<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), labels).ok()
+}
+
+/// Renders every metric in the Prometheus text format.
+pub fn render(server: &Server) -> String {
+    let families = collect(server);
+    let mut out = Vec::new();
+    if TextEncoder::new().encode(&families, &mut out).is_err() {
+        return String::new();
+    }
+    String::from_utf8(out).unwrap_or_default()
+}
+
+fn collect(server: &Server) -> Vec<MetricFamily> {
+    let mv = ["model", "version"];
+    let (Some(success), Some(failure), Some(count), Some(exec), Some(req_us), Some(queue_us), Some(in_us), Some(infer_us), Some(out_us)) = (
+        counter("nv_inference_request_success", "Number of successful inference requests, all batch sizes", &mv),
+        counter("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", &["model", "version", "reason"]),
+        counter("nv_inference_count", "Number of inferences performed (does not include cached requests)", &mv),
+        counter("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)", &mv),
+        counter("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached requests)", &mv),
+        counter("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached requests)", &mv),
+        counter("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include cached requests)", &mv),
+        counter("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not include cached requests)", &mv),
+        counter("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)", &mv),
+    ) else {
+        return vec![];
+    };
+    let Ok(pending) = IntGaugeVec::new(
+        Opts::new(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+        ),
+        &mv,
+    ) else {
+        return vec![];
+    };
+    let Ok(load) = GaugeVec::new(
+        Opts::new("nv_model_load_duration_secs", "Model load time in seconds"),
+        &mv,
+    ) else {
+        return vec![];
+    };
+    for m in server.models().loaded() {
+        let version = m.version.to_string();
+        let l = [m.name.as_str(), version.as_str()];
+        let s = &m.stats;
+        success.with_label_values(&l).inc_by(s.success.count());
+        for reason in FailureReason::ALL {
+            failure
+                .with_label_values(&[m.name.as_str(), version.as_str(), reason.label()])
+                .inc_by(s.failures(reason));
+        }
+        count
+            .with_label_values(&l)
+            .inc_by(s.inference_count.load(Relaxed));
+        exec.with_label_values(&l)
+            .inc_by(s.execution_count.load(Relaxed));
+        req_us.with_label_values(&l).inc_by(s.success.ns() / 1000);
+        queue_us.with_label_values(&l).inc_by(s.queue.ns() / 1000);
+        in_us
+            .with_label_values(&l)
+            .inc_by(s.compute_input.ns() / 1000);
+        infer_us
+            .with_label_values(&l)
+            .inc_by(s.compute_infer.ns() / 1000);
+        out_us
+            .with_label_values(&l)
+            .inc_by(s.compute_output.ns() / 1000);
+        pending.with_label_values(&l).set(s.pending.load(Relaxed));
+        load.with_label_values(&l)
+            .set(m.load_duration.as_secs_f64());
+    }
+    let mut families = Vec::new();
+    for c in [
+        &success, &failure, &count, &exec, &req_us, &queue_us, &in_us, &infer_us, &out_us,
+    ] {
+        families.extend(c.collect());
+    }
+    families.extend(pending.collect());
+    families.extend(load.collect());
+    families
+}

@@ -1,0 +1,193 @@
+//! Frontends: KServe v2 over HTTP ([`http`]) and gRPC ([`grpc`]), and Prometheus [`metrics`].
+//! They translate the wire into [`crate::inference`] types and back; the views they share
+//! (metadata, statistics) are built once here in protocol types.
+
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+
+use crate::{
+    error::{Error, Result},
+    proto::inference::{
+        model_metadata_response::TensorMetadata, InferBatchStatistics, InferStatistics,
+        ModelConfig, ModelMetadataResponse, ModelStatistics, StatisticDuration,
+    },
+    scheduling::{server::Server, stats::DurationStat},
+    tensor::DataType,
+};
+
+/// Server name reported by the metadata endpoints.
+pub const SERVER_NAME: &str = "wasmtron";
+/// Server version reported by the metadata endpoints.
+pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Protocol extensions this server really implements.
+pub const EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "parameters",
+];
+
+/// Parses a version from a URL or message; empty means "let the policy choose".
+pub fn parse_version(model: &str, version: &str) -> Result<Option<i64>> {
+    if version.is_empty() {
+        return Ok(None);
+    }
+    version.parse::<i64>().map(Some).map_err(|_| {
+        Error::invalid(format!(
+            "invalid version '{version}' for model '{model}': a version is a non-negative integer"
+        ))
+    })
+}
+
+/// The platform string Triton reports for a configuration.
+fn platform(config: &ModelConfig) -> String {
+    if !config.platform.is_empty() {
+        config.platform.clone()
+    } else if config.backend == "onnxruntime" || config.backend.is_empty() {
+        "onnxruntime_onnx".to_owned()
+    } else {
+        config.backend.clone()
+    }
+}
+
+/// Model metadata: loaded versions, platform and tensor signatures (batch dimension as -1).
+pub fn model_metadata(server: &Server, name: &str, version: &str) -> Result<ModelMetadataResponse> {
+    let model = server.models().get(name, parse_version(name, version)?)?;
+    let config = &model.config;
+    let batch = config.max_batch_size > 0;
+    let shape = |dims: &[i64]| -> Vec<i64> {
+        let mut s = Vec::with_capacity(dims.len() + 1);
+        if batch {
+            s.push(-1);
+        }
+        s.extend_from_slice(dims);
+        s
+    };
+    let datatype = |t: i32| {
+        DataType::from_config_value(t)
+            .map_or("INVALID", |d| d.wire_name())
+            .to_owned()
+    };
+    Ok(ModelMetadataResponse {
+        name: name.to_owned(),
+        versions: server
+            .models()
+            .versions(name)
+            .iter()
+            .map(i64::to_string)
+            .collect(),
+        platform: platform(config),
+        inputs: config
+            .input
+            .iter()
+            .map(|i| TensorMetadata {
+                name: i.name.clone(),
+                datatype: datatype(i.data_type),
+                shape: shape(&i.dims),
+            })
+            .collect(),
+        outputs: config
+            .output
+            .iter()
+            .map(|o| TensorMetadata {
+                name: o.name.clone(),
+                datatype: datatype(o.data_type),
+                shape: shape(&o.dims),
+            })
+            .collect(),
+    })
+}
+
+/// The effective configuration of a model version.
+pub fn model_config(server: &Server, name: &str, version: &str) -> Result<ModelConfig> {
+    let model = server.models().get(name, parse_version(name, version)?)?;
+    let mut config = model.config.clone();
+    if config.platform.is_empty() {
+        config.platform = platform(&config);
+    }
+    if config.backend.is_empty() && config.platform == "onnxruntime_onnx" {
+        config.backend = "onnxruntime".to_owned();
+    }
+    Ok(config)
+}
+
+fn duration(stat: &DurationStat) -> Option<StatisticDuration> {
+    Some(StatisticDuration {
+        count: stat.count(),
+        ns: stat.ns(),
+    })
+}
+
+/// Statistics for one model (all its loaded versions, or one), or for every model when `name`
+/// is empty.
+pub fn model_statistics(
+    server: &Server,
+    name: &str,
+    version: &str,
+) -> Result<Vec<ModelStatistics>> {
+    let versions = if name.is_empty() {
+        server.models().loaded()
+    } else {
+        match parse_version(name, version)? {
+            Some(v) => vec![server.models().get(name, Some(v))?],
+            None => {
+                // Fails with the usual not-found message when nothing is loaded.
+                server.models().get(name, None)?;
+                server
+                    .models()
+                    .loaded()
+                    .into_iter()
+                    .filter(|m| m.name == name)
+                    .collect()
+            }
+        }
+    };
+    Ok(versions
+        .iter()
+        .map(|m| {
+            let s = &m.stats;
+            ModelStatistics {
+                name: m.name.clone(),
+                version: m.version.to_string(),
+                last_inference: s
+                    .last_inference_ms
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                inference_count: s.inference_count.load(std::sync::atomic::Ordering::Relaxed),
+                execution_count: s.execution_count.load(std::sync::atomic::Ordering::Relaxed),
+                inference_stats: Some(InferStatistics {
+                    success: duration(&s.success),
+                    fail: duration(&s.fail),
+                    queue: duration(&s.queue),
+                    compute_input: duration(&s.compute_input),
+                    compute_infer: duration(&s.compute_infer),
+                    compute_output: duration(&s.compute_output),
+                    cache_hit: Some(StatisticDuration::default()),
+                    cache_miss: Some(StatisticDuration::default()),
+                }),
+                batch_stats: s
+                    .batch_stats()
+                    .into_iter()
+                    .map(|(size, b)| InferBatchStatistics {
+                        batch_size: size,
+                        compute_input: Some(StatisticDuration {
+                            count: b.count,
+                            ns: b.compute_input_ns,
+                        }),
+                        compute_infer: Some(StatisticDuration {
+                            count: b.count,
+                            ns: b.compute_infer_ns,
+                        }),
+                        compute_output: Some(StatisticDuration {
+                            count: b.count,
+                            ns: b.compute_output_ns,
+                        }),
+                    })
+                    .collect(),
+                memory_usage: vec![],
+                response_stats: Default::default(),
+            }
+        })
+        .collect())
+}

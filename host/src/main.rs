@@ -1,0 +1,249 @@
+//! The `wasmtron` binary: a command line shaped like `tritonserver`'s, the three listeners,
+//! and the signal-driven drain.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context};
+use clap::{ArgAction, Parser};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use wasmtron::{
+    frontends::{
+        grpc::{GrpcInferenceServiceServer, GrpcService},
+        http::{self, HttpState},
+        metrics,
+    },
+    runtime::RuntimeOptions,
+    scheduling::server::{ControlMode, Server, ServerOptions},
+};
+
+/// A Triton-compatible inference server with sandboxed WebAssembly stages.
+#[derive(Parser, Debug)]
+#[command(name = "wasmtron", version)]
+struct Cli {
+    /// Model repository directory; repeat for several.
+    #[arg(long = "model-repository", alias = "model-store", required = true)]
+    model_repository: Vec<PathBuf>,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    http_port: u16,
+    /// gRPC port (0 picks a free one).
+    #[arg(long, default_value_t = 8001)]
+    grpc_port: u16,
+    /// Metrics port (0 picks a free one).
+    #[arg(long, default_value_t = 8002)]
+    metrics_port: u16,
+    /// Address the HTTP service binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    http_address: String,
+    /// Address the gRPC service binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    grpc_address: String,
+    /// Address the metrics service binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    metrics_address: String,
+    /// Serve HTTP.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    allow_http: bool,
+    /// Serve gRPC.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    allow_grpc: bool,
+    /// Serve metrics.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    allow_metrics: bool,
+    /// How models are loaded and unloaded.
+    #[arg(long, value_enum, default_value_t = ControlMode::None)]
+    model_control_mode: ControlMode,
+    /// Model to load at start in explicit mode (`*` for all); repeatable.
+    #[arg(long = "load-model")]
+    load_model: Vec<String>,
+    /// Seconds between repository scans in poll mode.
+    #[arg(long, default_value_t = 15)]
+    repository_poll_secs: u64,
+    /// Seconds to wait for in-flight requests on shutdown.
+    #[arg(long, default_value_t = 30)]
+    exit_timeout_secs: u64,
+    /// Verbose logging level (0 = off).
+    #[arg(long, default_value_t = 0)]
+    log_verbose: u32,
+    /// Ready only when every model is ready.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    strict_readiness: bool,
+    /// Do not fill inputs, outputs and max_batch_size from the model file.
+    #[arg(long, alias = "strict-model-config", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    disable_auto_complete_config: bool,
+    /// Backend settings, e.g. `default-max-batch-size=4` or `onnxruntime,default-max-batch-size=4`.
+    #[arg(long = "backend-config")]
+    backend_config: Vec<String>,
+    /// Largest HTTP request body in bytes (before and after decompression).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    http_max_input_size: usize,
+    /// Requests each model version may queue before answering UNAVAILABLE.
+    #[arg(long, default_value_t = 1024)]
+    model_queue_capacity: usize,
+    /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
+    #[arg(long)]
+    onnxruntime_library: Option<PathBuf>,
+}
+
+fn default_max_batch_size(settings: &[String]) -> anyhow::Result<i32> {
+    let mut value = 4;
+    for setting in settings {
+        let kv = setting.rsplit(',').next().unwrap_or(setting);
+        if let Some(v) = kv.strip_prefix("default-max-batch-size=") {
+            value = v.parse().with_context(|| {
+                format!("--backend-config {setting}: default-max-batch-size must be an integer")
+            })?;
+        } else {
+            bail!(
+                "--backend-config {setting}: unknown setting (supported: default-max-batch-size=N)"
+            );
+        }
+    }
+    Ok(value)
+}
+
+async fn bind(address: &str, port: u16, what: &str) -> anyhow::Result<TcpListener> {
+    let addr: SocketAddr = format!("{address}:{port}")
+        .parse()
+        .or_else(|_| format!("[{address}]:{port}").parse())
+        .with_context(|| format!("--{what}-address {address} is not an IP address"))?;
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for {what}"))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let level = if cli.log_verbose > 0 { "debug" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| format!("{level},ort=warn").into()),
+        )
+        .init();
+
+    let options = ServerOptions {
+        model_repositories: cli.model_repository.clone(),
+        control_mode: cli.model_control_mode,
+        load_models: cli.load_model.clone(),
+        strict_readiness: cli.strict_readiness,
+        runtime: RuntimeOptions {
+            onnxruntime_library: cli.onnxruntime_library.clone(),
+            disable_auto_complete: cli.disable_auto_complete_config,
+            default_max_batch_size: default_max_batch_size(&cli.backend_config)?,
+        },
+        queue_capacity: cli.model_queue_capacity,
+        poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),
+    };
+    let server = Server::start(options)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+    for entry in server.models().index(false) {
+        let version = entry.version.map(|v| v.to_string()).unwrap_or_default();
+        tracing::info!(model = %entry.name, version = %version, state = entry.state.as_str(), reason = %entry.reason, "model status");
+    }
+
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+
+    if cli.allow_grpc {
+        let listener = bind(&cli.grpc_address, cli.grpc_port, "grpc").await?;
+        eprintln!("Started GRPCInferenceService at {}", listener.local_addr()?);
+        let service = GrpcInferenceServiceServer::new(GrpcService::new(server.clone()))
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+            .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let token = stop.clone();
+        let health_service = health_service.clone();
+        tasks.push(tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .add_service(health_service)
+                .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                .await
+                .map_err(anyhow::Error::from)
+        }));
+    }
+    if cli.allow_http {
+        let listener = bind(&cli.http_address, cli.http_port, "http").await?;
+        eprintln!("Started HTTPService at {}", listener.local_addr()?);
+        let app = http::router(HttpState {
+            server: server.clone(),
+            max_input_size: cli.http_max_input_size,
+        });
+        let token = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await
+                .map_err(anyhow::Error::from)
+        }));
+    }
+    if cli.allow_metrics {
+        let listener = bind(&cli.metrics_address, cli.metrics_port, "metrics").await?;
+        eprintln!("Started Metrics Service at {}", listener.local_addr()?);
+        let app = metrics::router(server.clone());
+        let token = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await
+                .map_err(anyhow::Error::from)
+        }));
+    }
+
+    shutdown_signal().await;
+    let timeout = Duration::from_secs(cli.exit_timeout_secs);
+    tracing::info!(
+        "shutting down: not ready any more, waiting up to {}s for in-flight requests",
+        timeout.as_secs()
+    );
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let drained = server.drain(timeout).await;
+    if !drained {
+        tracing::warn!("exit timeout reached with requests still in flight");
+    }
+    stop.cancel();
+    let servers = futures::future::join_all(tasks);
+    if tokio::time::timeout(Duration::from_secs(5), servers)
+        .await
+        .is_err()
+    {
+        tracing::warn!("frontends did not close in time");
+    }
+    drop(server);
+    tracing::info!("stopped");
+    Ok(())
+}

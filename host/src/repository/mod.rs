@@ -1,0 +1,243 @@
+//! Model repositories: directories of `<model>/config.pbtxt` and numeric version folders, the
+//! version policy that picks which versions to serve, and the checks on a configuration that do
+//! not need the model file.
+
+pub mod config;
+pub mod validate;
+
+use std::{
+    collections::BTreeMap,
+    hash::{Hash, Hasher},
+    path::{Path, PathBuf},
+};
+
+use crate::proto::inference::{
+    model_version_policy::PolicyChoice, ModelConfig, ModelVersionPolicy,
+};
+
+pub use config::ConfigError;
+
+/// File name of a model's configuration inside its directory.
+pub const CONFIG_FILE: &str = "config.pbtxt";
+
+/// Why a repository could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RepositoryError {
+    /// A repository root or model directory could not be listed.
+    #[error("cannot read model repository '{path}': {source}")]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The same model name appears in more than one repository.
+    #[error("model '{name}' appears in more than one repository: {first} and {second}")]
+    Duplicate {
+        /// The model name.
+        name: String,
+        /// First repository holding it.
+        first: PathBuf,
+        /// Second repository holding it.
+        second: PathBuf,
+    },
+    /// No repository holds the model.
+    #[error("model '{0}' is not in any model repository")]
+    NotFound(String),
+}
+
+/// Where a model lives on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSource {
+    /// Model name (the directory name).
+    pub name: String,
+    /// The model's directory.
+    pub dir: PathBuf,
+    /// The repository root it was found in.
+    pub repository: PathBuf,
+}
+
+impl ModelSource {
+    /// Path of the model's `config.pbtxt`.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join(CONFIG_FILE)
+    }
+
+    /// Reads and parses `config.pbtxt`; a missing file gives an empty configuration for the
+    /// backend to auto-complete.
+    pub fn read_config(&self) -> Result<ModelConfig, ConfigError> {
+        let path = self.config_path();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => config::parse_text(&text, &path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
+            Err(e) => Err(ConfigError::Invalid {
+                file: path.display().to_string(),
+                message: format!("cannot read: {e}"),
+            }),
+        }
+    }
+
+    /// Numeric version folders present, ascending.
+    pub fn available_versions(&self) -> Vec<i64> {
+        let mut versions: Vec<i64> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok())
+            .filter(|v| *v >= 0)
+            .collect();
+        versions.sort_unstable();
+        versions
+    }
+
+    /// A fingerprint of every file under the model directory (path, size, modification time),
+    /// used by poll mode to notice changes.
+    pub fn fingerprint(&self) -> u64 {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        hash_tree(&self.dir, &mut hasher);
+        hasher.finish()
+    }
+}
+
+fn hash_tree(dir: &Path, hasher: &mut impl Hasher) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<_> = entries.flatten().collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        entry.file_name().hash(hasher);
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            hash_tree(&entry.path(), hasher);
+        } else {
+            meta.len().hash(hasher);
+            if let Ok(modified) = meta.modified() {
+                modified.hash(hasher);
+            }
+        }
+    }
+}
+
+/// One or more repository roots, searched in order.
+#[derive(Debug, Clone)]
+pub struct ModelRepository {
+    roots: Vec<PathBuf>,
+}
+
+impl ModelRepository {
+    /// A repository set over the given roots.
+    pub fn new(roots: Vec<PathBuf>) -> Self {
+        Self { roots }
+    }
+
+    /// The repository roots.
+    pub fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
+    /// Every model directory in every root, by name.
+    pub fn discover(&self) -> Result<BTreeMap<String, ModelSource>, RepositoryError> {
+        let mut models: BTreeMap<String, ModelSource> = BTreeMap::new();
+        for root in &self.roots {
+            let entries = std::fs::read_dir(root).map_err(|source| RepositoryError::Io {
+                path: root.clone(),
+                source,
+            })?;
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                    continue;
+                };
+                if !path.is_dir() || name.starts_with('.') {
+                    continue;
+                }
+                if let Some(existing) = models.get(&name) {
+                    return Err(RepositoryError::Duplicate {
+                        name,
+                        first: existing.repository.clone(),
+                        second: root.clone(),
+                    });
+                }
+                models.insert(
+                    name.clone(),
+                    ModelSource {
+                        name,
+                        dir: path,
+                        repository: root.clone(),
+                    },
+                );
+            }
+        }
+        Ok(models)
+    }
+
+    /// Finds one model by name.
+    pub fn find(&self, name: &str) -> Result<ModelSource, RepositoryError> {
+        let mut found: Option<ModelSource> = None;
+        for root in &self.roots {
+            let dir = root.join(name);
+            if dir.is_dir() && !name.contains('/') && !name.starts_with('.') {
+                if let Some(first) = &found {
+                    return Err(RepositoryError::Duplicate {
+                        name: name.to_owned(),
+                        first: first.repository.clone(),
+                        second: root.clone(),
+                    });
+                }
+                found = Some(ModelSource {
+                    name: name.to_owned(),
+                    dir,
+                    repository: root.clone(),
+                });
+            }
+        }
+        found.ok_or_else(|| RepositoryError::NotFound(name.to_owned()))
+    }
+}
+
+/// Applies a version policy to the available versions (ascending input, ascending output).
+/// No policy means `latest { num_versions: 1 }`.
+pub fn select_versions(policy: Option<&ModelVersionPolicy>, available: &[i64]) -> Vec<i64> {
+    match policy.and_then(|p| p.policy_choice.as_ref()) {
+        Some(PolicyChoice::All(_)) => available.to_vec(),
+        Some(PolicyChoice::Specific(s)) => available
+            .iter()
+            .copied()
+            .filter(|v| s.versions.contains(v))
+            .collect(),
+        Some(PolicyChoice::Latest(l)) => {
+            let n = (l.num_versions.max(1)) as usize;
+            available[available.len().saturating_sub(n)..].to_vec()
+        }
+        None => available[available.len().saturating_sub(1)..].to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::inference::model_version_policy::{All, Latest, Specific};
+
+    #[test]
+    fn version_policies() {
+        let avail = [1, 2, 3, 7];
+        assert_eq!(select_versions(None, &avail), vec![7]);
+        let latest2 = ModelVersionPolicy {
+            policy_choice: Some(PolicyChoice::Latest(Latest { num_versions: 2 })),
+        };
+        assert_eq!(select_versions(Some(&latest2), &avail), vec![3, 7]);
+        let all = ModelVersionPolicy {
+            policy_choice: Some(PolicyChoice::All(All {})),
+        };
+        assert_eq!(select_versions(Some(&all), &avail), avail.to_vec());
+        let specific = ModelVersionPolicy {
+            policy_choice: Some(PolicyChoice::Specific(Specific {
+                versions: vec![2, 5],
+            })),
+        };
+        assert_eq!(select_versions(Some(&specific), &avail), vec![2]);
+        assert!(select_versions(None, &[]).is_empty());
+    }
+}

@@ -1,0 +1,141 @@
+//! Checks on a parsed configuration that need neither the model file nor a backend: names,
+//! datatypes, dimensions, batch size and instance groups. Messages name the field at fault.
+
+use std::collections::HashSet;
+
+use super::ConfigError;
+use crate::{proto::inference::ModelConfig, tensor::DataType};
+
+/// The backend that serves ONNX models.
+pub const ONNXRUNTIME: &str = "onnxruntime";
+
+/// Validates `config` for the model `model_name` and fills in the name when it is omitted.
+pub fn validate(config: &mut ModelConfig, model_name: &str, file: &str) -> Result<(), ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        file: file.to_owned(),
+        message,
+    };
+    if config.name.is_empty() {
+        config.name = model_name.to_owned();
+    } else if config.name != model_name {
+        return Err(invalid(format!(
+            "field 'name': \"{}\" does not match the model directory name \"{}\"",
+            config.name, model_name
+        )));
+    }
+    if config.max_batch_size < 0 {
+        return Err(invalid(format!(
+            "field 'max_batch_size': must be 0 (no batching) or positive, got {}",
+            config.max_batch_size
+        )));
+    }
+    let mut seen = HashSet::new();
+    for (i, input) in config.input.iter().enumerate() {
+        check_tensor(
+            "input",
+            i,
+            &input.name,
+            input.data_type,
+            &input.dims,
+            &mut seen,
+        )
+        .map_err(&invalid)?;
+    }
+    seen.clear();
+    for (i, output) in config.output.iter().enumerate() {
+        check_tensor(
+            "output",
+            i,
+            &output.name,
+            output.data_type,
+            &output.dims,
+            &mut seen,
+        )
+        .map_err(&invalid)?;
+    }
+    for (i, group) in config.instance_group.iter().enumerate() {
+        if group.count < 0 {
+            return Err(invalid(format!(
+                "field 'instance_group[{i}].count': must not be negative, got {}",
+                group.count
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_tensor(
+    kind: &str,
+    index: usize,
+    name: &str,
+    data_type: i32,
+    dims: &[i64],
+    seen: &mut HashSet<String>,
+) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(format!("field '{kind}[{index}].name': must not be empty"));
+    }
+    if !seen.insert(name.to_owned()) {
+        return Err(format!("{kind} '{name}' is declared twice"));
+    }
+    if DataType::from_config_value(data_type).is_none() {
+        return Err(format!(
+            "{kind} '{name}': field 'data_type' must be set to a valid type (TYPE_FP32, TYPE_INT64, TYPE_STRING, ...)"
+        ));
+    }
+    if let Some(d) = dims.iter().find(|&&d| d < -1) {
+        return Err(format!(
+            "{kind} '{name}': field 'dims' has {d}; dimensions are -1 (variable) or non-negative"
+        ));
+    }
+    Ok(())
+}
+
+/// The backend named by `backend` or implied by `platform`; `None` when neither says.
+pub fn backend_name(config: &ModelConfig) -> Option<String> {
+    if !config.backend.is_empty() {
+        return Some(config.backend.clone());
+    }
+    match config.platform.as_str() {
+        "" => None,
+        "onnxruntime_onnx" => Some(ONNXRUNTIME.to_owned()),
+        other => Some(other.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::inference::ModelInput;
+
+    #[test]
+    fn fills_name_and_rejects_mismatch() {
+        let mut c = ModelConfig::default();
+        validate(&mut c, "m", "f").unwrap();
+        assert_eq!(c.name, "m");
+        let mut c = ModelConfig {
+            name: "other".into(),
+            ..Default::default()
+        };
+        let e = validate(&mut c, "m", "f").unwrap_err().to_string();
+        assert!(e.contains("'name'") && e.contains("other"), "{e}");
+    }
+
+    #[test]
+    fn rejects_missing_datatype_and_bad_dims() {
+        let mut c = ModelConfig {
+            input: vec![ModelInput {
+                name: "x".into(),
+                dims: vec![3],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let e = validate(&mut c, "m", "f").unwrap_err().to_string();
+        assert!(e.contains("input 'x'") && e.contains("data_type"), "{e}");
+        c.input[0].data_type = DataType::Fp32.config_value();
+        c.input[0].dims = vec![-2];
+        let e = validate(&mut c, "m", "f").unwrap_err().to_string();
+        assert!(e.contains("dims"), "{e}");
+    }
+}

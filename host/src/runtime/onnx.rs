@@ -1,0 +1,555 @@
+//! The ONNX Runtime backend: one `ort` session per instance, auto-completion of the
+//! configuration from the model's signature, and load-time cross-checks with messages that say
+//! which side (config.pbtxt or the model) to change.
+
+use std::{
+    borrow::Cow,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+    time::Instant,
+};
+
+use ort::{
+    environment::Environment,
+    memory::Allocator,
+    session::{Session, SessionInputValue},
+    value::{
+        DynTensor, DynTensorValueType, DynValue, Outlet, Tensor as OrtTensor, TensorElementType,
+        ValueType,
+    },
+};
+
+use super::{ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions};
+use crate::{
+    error::{Error, Result},
+    proto::inference::{model_instance_group::Kind, ModelConfig, ModelInput, ModelOutput},
+    tensor::{bytes_elements, push_bytes_element, shape_string, DataType, Tensor},
+};
+
+/// Default model file name inside a version directory.
+pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
+
+/// Path baked in at build time: the library `make` fetches into the workspace cache.
+const BUILD_TIME_LIBRARY: Option<&str> = option_env!("WASMTRON_DEFAULT_ORT_LIB");
+
+static ENVIRONMENT: OnceLock<std::result::Result<Environment, String>> = OnceLock::new();
+
+/// Where to find `libonnxruntime.so`: the explicit option, `ORT_DYLIB_PATH`, next to the
+/// executable, then the copy `make` fetched when this binary was built.
+fn library_path(options: &RuntimeOptions) -> PathBuf {
+    if let Some(path) = &options.onnxruntime_library {
+        return path.clone();
+    }
+    if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
+        return PathBuf::from(path);
+    }
+    if let Some(beside) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("libonnxruntime.so")))
+        .filter(|p| p.exists())
+    {
+        return beside;
+    }
+    PathBuf::from(BUILD_TIME_LIBRARY.unwrap_or("libonnxruntime.so"))
+}
+
+fn environment(options: &RuntimeOptions) -> Result<Environment> {
+    ENVIRONMENT
+        .get_or_init(|| {
+            let path = library_path(options);
+            let builder = ort::init_from(&path).map_err(|e| {
+                format!(
+                    "cannot load ONNX Runtime from '{}': {e} (run `make onnxruntime` or pass --onnxruntime-library)",
+                    path.display()
+                )
+            })?;
+            builder
+                .with_name("wasmtron")
+                .build()
+                .map_err(|e| format!("cannot start ONNX Runtime: {e}"))
+        })
+        .clone()
+        .map_err(Error::internal)
+}
+
+fn to_data_type(ty: TensorElementType) -> Option<DataType> {
+    Some(match ty {
+        TensorElementType::Bool => DataType::Bool,
+        TensorElementType::Uint8 => DataType::Uint8,
+        TensorElementType::Uint16 => DataType::Uint16,
+        TensorElementType::Uint32 => DataType::Uint32,
+        TensorElementType::Uint64 => DataType::Uint64,
+        TensorElementType::Int8 => DataType::Int8,
+        TensorElementType::Int16 => DataType::Int16,
+        TensorElementType::Int32 => DataType::Int32,
+        TensorElementType::Int64 => DataType::Int64,
+        TensorElementType::Float16 => DataType::Fp16,
+        TensorElementType::Float32 => DataType::Fp32,
+        TensorElementType::Float64 => DataType::Fp64,
+        TensorElementType::String => DataType::Bytes,
+        TensorElementType::Bfloat16 => DataType::Bf16,
+        _ => return None,
+    })
+}
+
+fn to_element_type(dt: DataType) -> TensorElementType {
+    match dt {
+        DataType::Bool => TensorElementType::Bool,
+        DataType::Uint8 => TensorElementType::Uint8,
+        DataType::Uint16 => TensorElementType::Uint16,
+        DataType::Uint32 => TensorElementType::Uint32,
+        DataType::Uint64 => TensorElementType::Uint64,
+        DataType::Int8 => TensorElementType::Int8,
+        DataType::Int16 => TensorElementType::Int16,
+        DataType::Int32 => TensorElementType::Int32,
+        DataType::Int64 => TensorElementType::Int64,
+        DataType::Fp16 => TensorElementType::Float16,
+        DataType::Fp32 => TensorElementType::Float32,
+        DataType::Fp64 => TensorElementType::Float64,
+        DataType::Bytes => TensorElementType::String,
+        DataType::Bf16 => TensorElementType::Bfloat16,
+    }
+}
+
+/// A tensor of the ONNX model's signature: name, datatype and full shape (-1 = dynamic).
+struct Signature {
+    name: String,
+    datatype: Option<DataType>,
+    shape: Vec<i64>,
+}
+
+fn signatures(outlets: &[Outlet]) -> Vec<Signature> {
+    outlets
+        .iter()
+        .map(|o| match o.dtype() {
+            ValueType::Tensor { ty, shape, .. } => Signature {
+                name: o.name().to_owned(),
+                datatype: to_data_type(*ty),
+                shape: shape.iter().copied().collect(),
+            },
+            _ => Signature {
+                name: o.name().to_owned(),
+                datatype: None,
+                shape: vec![],
+            },
+        })
+        .collect()
+}
+
+/// Loads every instance of one model version.
+pub fn load(
+    mut config: ModelConfig,
+    version_dir: &Path,
+    options: &RuntimeOptions,
+) -> Result<LoadedBackend> {
+    let file_name = if config.default_model_filename.is_empty() {
+        DEFAULT_MODEL_FILENAME
+    } else {
+        config.default_model_filename.as_str()
+    };
+    let model_path = version_dir.join(file_name);
+    if !model_path.is_file() {
+        return Err(Error::invalid(format!(
+            "model '{}': model file '{}' not found",
+            config.name,
+            model_path.display()
+        )));
+    }
+    let env = environment(options)?;
+    let wants_gpu = config
+        .instance_group
+        .iter()
+        .any(|g| g.kind == Kind::Gpu as i32);
+    let count = instance_count(&config);
+    let (intra, inter) = thread_counts(&config, count)?;
+    let first = build_session(&env, &model_path, intra, inter, wants_gpu).map_err(|e| {
+        Error::invalid(format!(
+            "model '{}': ONNX Runtime cannot load '{}': {e}",
+            config.name,
+            model_path.display()
+        ))
+    })?;
+    reconcile(
+        &mut config,
+        &signatures(first.inputs()),
+        &signatures(first.outputs()),
+        options,
+    )?;
+    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
+    let output_types = output_types(&config);
+    instances.push(Box::new(OnnxInstance {
+        session: first,
+        output_types: output_types.clone(),
+    }));
+    for _ in 1..count {
+        let session = build_session(&env, &model_path, intra, inter, wants_gpu)
+            .map_err(|e| Error::internal(format!("model '{}': {e}", config.name)))?;
+        instances.push(Box::new(OnnxInstance {
+            session,
+            output_types: output_types.clone(),
+        }));
+    }
+    Ok(LoadedBackend { config, instances })
+}
+
+fn output_types(config: &ModelConfig) -> Vec<(String, DataType)> {
+    config
+        .output
+        .iter()
+        .filter_map(|o| Some((o.name.clone(), DataType::from_config_value(o.data_type)?)))
+        .collect()
+}
+
+/// Total instances over all instance groups (a group's count of 0 means 1); 1 without groups.
+pub fn instance_count(config: &ModelConfig) -> usize {
+    if config.instance_group.is_empty() {
+        return 1;
+    }
+    config
+        .instance_group
+        .iter()
+        .map(|g| g.count.max(1) as usize)
+        .sum()
+}
+
+fn thread_counts(config: &ModelConfig, instances: usize) -> Result<(usize, usize)> {
+    let param = |key: &str| -> Result<Option<usize>> {
+        config
+            .parameters
+            .get(key)
+            .map(|p| {
+                p.string_value.trim().parse::<usize>().map_err(|_| {
+                    Error::invalid(format!(
+                        "model '{}': parameter '{key}' must be a non-negative integer, got \"{}\"",
+                        config.name, p.string_value
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Sessions that each use every core fight each other: split the cores between instances.
+    let intra = param("intra_op_thread_count")?
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| (cores / instances.max(1)).max(1));
+    let inter = param("inter_op_thread_count")?
+        .filter(|&n| n > 0)
+        .unwrap_or(1);
+    Ok((intra, inter))
+}
+
+fn build_session(
+    env: &Environment,
+    path: &Path,
+    intra: usize,
+    inter: usize,
+    gpu: bool,
+) -> std::result::Result<Session, String> {
+    if gpu && !cfg!(feature = "cuda") {
+        return Err(
+            "instance_group asks for KIND_GPU, but this wasmtron build has no GPU support \
+                    (rebuild with `--features cuda`), or use kind: KIND_CPU"
+                .to_owned(),
+        );
+    }
+    let build = || -> ort::Result<Session> {
+        #[allow(unused_mut)]
+        let mut builder = Session::builder(env)?
+            .with_intra_threads(intra)?
+            .with_inter_threads(inter)?;
+        #[cfg(feature = "cuda")]
+        if gpu {
+            builder = builder
+                .with_execution_providers([ort::ep::CUDA::default().build().error_on_failure()])?;
+        }
+        builder.commit_from_file(path)
+    };
+    build().map_err(|e| e.to_string())
+}
+
+/// Auto-completes `config` from the model signature and checks that the two agree.
+fn reconcile(
+    config: &mut ModelConfig,
+    inputs: &[Signature],
+    outputs: &[Signature],
+    options: &RuntimeOptions,
+) -> Result<()> {
+    let name = config.name.clone();
+    let invalid = |msg: String| Error::invalid(format!("model '{name}': {msg}"));
+    for sig in inputs.iter().chain(outputs) {
+        if sig.datatype.is_none() {
+            return Err(invalid(format!(
+                "tensor '{}' of the ONNX model is not a tensor of a supported type",
+                sig.name
+            )));
+        }
+    }
+    if !options.disable_auto_complete && config.input.is_empty() && config.output.is_empty() {
+        let batchable = config.max_batch_size == 0
+            && options.default_max_batch_size > 0
+            && inputs
+                .iter()
+                .chain(outputs)
+                .all(|s| s.shape.first() == Some(&-1));
+        if batchable {
+            config.max_batch_size = options.default_max_batch_size;
+        }
+        let skip = usize::from(config.max_batch_size > 0);
+        config.input = inputs
+            .iter()
+            .map(|s| ModelInput {
+                name: s.name.clone(),
+                data_type: s.datatype.map_or(0, DataType::config_value),
+                dims: s.shape.get(skip..).unwrap_or_default().to_vec(),
+                ..Default::default()
+            })
+            .collect();
+        config.output = outputs
+            .iter()
+            .map(|s| ModelOutput {
+                name: s.name.clone(),
+                data_type: s.datatype.map_or(0, DataType::config_value),
+                dims: s.shape.get(skip..).unwrap_or_default().to_vec(),
+                ..Default::default()
+            })
+            .collect();
+    }
+    if config.input.is_empty() || config.output.is_empty() {
+        return Err(invalid(
+            "config.pbtxt declares no inputs or no outputs and auto-complete is disabled"
+                .to_owned(),
+        ));
+    }
+    let batch = config.max_batch_size;
+    for input in &config.input {
+        check_against_model(
+            "input",
+            &input.name,
+            input.data_type,
+            &input.dims,
+            batch,
+            inputs,
+        )
+        .map_err(&invalid)?;
+    }
+    for sig in inputs {
+        if !config.input.iter().any(|i| i.name == sig.name) {
+            return Err(invalid(format!(
+                "the ONNX model has input '{}' {} {} that config.pbtxt does not declare",
+                sig.name,
+                sig.datatype.map_or("?", |d| d.config_name()),
+                shape_string(&sig.shape)
+            )));
+        }
+    }
+    for output in &config.output {
+        check_against_model(
+            "output",
+            &output.name,
+            output.data_type,
+            &output.dims,
+            batch,
+            outputs,
+        )
+        .map_err(&invalid)?;
+    }
+    Ok(())
+}
+
+fn check_against_model(
+    kind: &str,
+    name: &str,
+    data_type: i32,
+    dims: &[i64],
+    max_batch_size: i32,
+    model: &[Signature],
+) -> std::result::Result<(), String> {
+    let Some(sig) = model.iter().find(|s| s.name == name) else {
+        let names: Vec<&str> = model.iter().map(|s| s.name.as_str()).collect();
+        return Err(format!(
+            "{kind} '{name}' in config.pbtxt is not an {kind} of the ONNX model (its {kind}s are: {})",
+            names.join(", ")
+        ));
+    };
+    let declared = DataType::from_config_value(data_type);
+    if declared != sig.datatype {
+        return Err(format!(
+            "{kind} '{name}': config.pbtxt says data_type {} but the ONNX model has {}",
+            declared.map_or("TYPE_INVALID", |d| d.config_name()),
+            sig.datatype
+                .map_or("an unsupported type", |d| d.config_name())
+        ));
+    }
+    let batch = usize::from(max_batch_size > 0);
+    if sig.shape.is_empty() && dims.is_empty() && batch == 0 {
+        return Ok(());
+    }
+    if dims.len() + batch != sig.shape.len() {
+        let extra = if batch == 1 {
+            format!(
+                " (max_batch_size {max_batch_size} adds a leading batch dimension to dims, making {} dimensions)",
+                dims.len() + 1
+            )
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "{kind} '{name}': the ONNX model's shape {} has {} dimensions, but config.pbtxt gives dims {}{extra}",
+            shape_string(&sig.shape),
+            sig.shape.len(),
+            shape_string(dims)
+        ));
+    }
+    if batch == 1 && sig.shape[0] != -1 {
+        return Err(format!(
+            "{kind} '{name}': max_batch_size is {max_batch_size}, but the ONNX model fixes the first dimension to {}; \
+             set max_batch_size: 0 and give the full shape in dims",
+            sig.shape[0]
+        ));
+    }
+    for (i, (&want, &have)) in dims.iter().zip(&sig.shape[batch..]).enumerate() {
+        if want != -1 && have != -1 && want != have {
+            return Err(format!(
+                "{kind} '{name}': dims {} differ from the ONNX model's shape {} at dimension {i}",
+                shape_string(dims),
+                shape_string(&sig.shape)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One ONNX Runtime session.
+struct OnnxInstance {
+    session: Session,
+    output_types: Vec<(String, DataType)>,
+}
+
+impl ModelInstance for OnnxInstance {
+    fn execute(
+        &mut self,
+        inputs: &[Tensor],
+        outputs: &[String],
+    ) -> Result<(Vec<Tensor>, ExecTimings)> {
+        let start = Instant::now();
+        let mut values: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(inputs.len());
+        for tensor in inputs {
+            values.push((Cow::Borrowed(tensor.name.as_str()), to_ort_value(tensor)?));
+        }
+        let prepared = Instant::now();
+        let mut results = self
+            .session
+            .run(values)
+            .map_err(|e| Error::internal(format!("ONNX Runtime failed to run the model: {e}")))?;
+        let ran = Instant::now();
+        let mut tensors = Vec::with_capacity(outputs.len());
+        for name in outputs {
+            let value = results.remove(name.as_str()).ok_or_else(|| {
+                Error::internal(format!("ONNX Runtime did not produce output '{name}'"))
+            })?;
+            let tensor = from_ort_value(name, value)?;
+            if let Some((_, want)) = self.output_types.iter().find(|(n, _)| n == name) {
+                if *want != tensor.datatype {
+                    return Err(Error::internal(format!(
+                        "output '{name}' is {} but the configuration declares {}",
+                        tensor.datatype, want
+                    )));
+                }
+            }
+            tensors.push(tensor);
+        }
+        let timings = ExecTimings {
+            compute_input: prepared - start,
+            compute_infer: ran - prepared,
+            compute_output: ran.elapsed(),
+        };
+        Ok((tensors, timings))
+    }
+}
+
+fn ort_error(name: &str, e: ort::Error) -> Error {
+    Error::internal(format!("cannot hand tensor '{name}' to ONNX Runtime: {e}"))
+}
+
+fn to_ort_value(tensor: &Tensor) -> Result<SessionInputValue<'static>> {
+    let shape: Vec<i64> = tensor.shape.clone();
+    if tensor.datatype == DataType::Bytes {
+        let strings = bytes_elements(&tensor.data)
+            .map(|b| {
+                if b.contains(&0) {
+                    return Err(Error::invalid(format!(
+                        "input '{}': ONNX string tensors cannot hold NUL bytes",
+                        tensor.name
+                    )));
+                }
+                std::str::from_utf8(b).map(str::to_owned).map_err(|_| {
+                    Error::invalid(format!(
+                        "input '{}': ONNX string tensors need UTF-8 text",
+                        tensor.name
+                    ))
+                })
+            })
+            .collect::<Result<Vec<String>>>()?;
+        let value = OrtTensor::from_string_array((shape, strings.as_slice()))
+            .map_err(|e| ort_error(&tensor.name, e))?;
+        return Ok(value.into());
+    }
+    let mut value = DynTensor::new(
+        &Allocator::default(),
+        to_element_type(tensor.datatype),
+        shape,
+    )
+    .map_err(|e| ort_error(&tensor.name, e))?;
+    if !tensor.data.is_empty() {
+        let dst = value.data_ptr_mut().cast::<u8>();
+        // SAFETY: the tensor was allocated on the CPU for exactly this shape and element type,
+        // and `validate_size` has checked that `data` holds that many bytes.
+        unsafe { std::ptr::copy_nonoverlapping(tensor.data.as_ptr(), dst, tensor.data.len()) };
+    }
+    Ok(value.into())
+}
+
+fn from_ort_value(name: &str, value: DynValue) -> Result<Tensor> {
+    let (ty, shape) = match value.dtype() {
+        ValueType::Tensor { ty, shape, .. } => (*ty, shape.iter().copied().collect::<Vec<i64>>()),
+        other => {
+            return Err(Error::internal(format!(
+                "output '{name}' is not a tensor ({other:?})"
+            )))
+        }
+    };
+    let datatype = to_data_type(ty).ok_or_else(|| {
+        Error::internal(format!(
+            "output '{name}' has an unsupported element type {ty:?}"
+        ))
+    })?;
+    let data = if datatype == DataType::Bytes {
+        let (_, strings) = value
+            .try_extract_strings()
+            .map_err(|e| ort_error(name, e))?;
+        let mut out = Vec::new();
+        for s in &strings {
+            push_bytes_element(&mut out, s.as_bytes());
+        }
+        out
+    } else {
+        let tensor = value
+            .downcast::<DynTensorValueType>()
+            .map_err(|e| ort_error(name, e))?;
+        let len = tensor.size().unwrap_or(0);
+        if len == 0 {
+            Vec::new()
+        } else {
+            let src = tensor.data_ptr().cast::<u8>();
+            // SAFETY: CPU tensor owned by `tensor`, `len` bytes as reported by ONNX Runtime.
+            unsafe { std::slice::from_raw_parts(src, len) }.to_vec()
+        }
+    };
+    Ok(Tensor {
+        name: name.to_owned(),
+        datatype,
+        shape,
+        data: data.into(),
+    })
+}

@@ -1,0 +1,172 @@
+//! Checks a request against the model configuration before it is queued, so that a bad request
+//! fails fast with a message naming the model and tensor, and backends only see valid inputs.
+
+use std::collections::HashSet;
+
+use crate::{
+    error::{Error, Result},
+    inference::InferRequest,
+    proto::inference::ModelConfig,
+    tensor::{shape_string, DataType},
+};
+
+/// Validates inputs and requested outputs; returns the request's batch size (1 for models
+/// without batching).
+pub fn check_request(config: &ModelConfig, request: &InferRequest) -> Result<usize> {
+    let model = &config.name;
+    let batching = config.max_batch_size > 0;
+    let mut seen = HashSet::new();
+    let mut batch: Option<i64> = None;
+    for tensor in &request.inputs {
+        let Some(declared) = config.input.iter().find(|i| i.name == tensor.name) else {
+            let expected: Vec<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
+            return Err(Error::invalid(format!(
+                "unexpected inference input '{}' for model '{model}'; the model's inputs are: {}",
+                tensor.name,
+                expected.join(", ")
+            )));
+        };
+        if !seen.insert(tensor.name.as_str()) {
+            return Err(Error::invalid(format!(
+                "input '{}' appears more than once in the request for model '{model}'",
+                tensor.name
+            )));
+        }
+        let expected_type = DataType::from_config_value(declared.data_type);
+        if expected_type != Some(tensor.datatype) {
+            return Err(Error::invalid(format!(
+                "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
+                tensor.name,
+                tensor.datatype,
+                expected_type.map_or("INVALID", |d| d.wire_name())
+            )));
+        }
+        let mut expected_shape = declared.dims.clone();
+        let dims = if batching {
+            expected_shape.insert(0, -1);
+            tensor.shape.get(1..)
+        } else {
+            Some(&tensor.shape[..])
+        };
+        let fits = dims.is_some_and(|dims| {
+            dims.len() == declared.dims.len()
+                && dims
+                    .iter()
+                    .zip(&declared.dims)
+                    .all(|(&got, &want)| want == -1 || got == want)
+        });
+        if !fits || tensor.shape.iter().any(|&d| d < 0) {
+            return Err(Error::invalid(format!(
+                "unexpected shape for input '{}' for model '{model}'. Expected {}, got {}",
+                tensor.name,
+                shape_string(&expected_shape),
+                shape_string(&tensor.shape)
+            )));
+        }
+        if batching {
+            let b = tensor.shape[0];
+            if b < 1 || b > i64::from(config.max_batch_size) {
+                return Err(Error::invalid(format!(
+                    "inference request batch-size must be <= {} for '{model}', got {b} (input '{}')",
+                    config.max_batch_size, tensor.name
+                )));
+            }
+            match batch {
+                Some(prev) if prev != b => {
+                    return Err(Error::invalid(format!(
+                        "all inputs of model '{model}' must have the same batch size; input '{}' has {b}, another has {prev}",
+                        tensor.name
+                    )))
+                }
+                _ => batch = Some(b),
+            }
+        }
+        tensor.validate_size()?;
+    }
+    for declared in &config.input {
+        if !declared.optional && !seen.contains(declared.name.as_str()) {
+            return Err(Error::invalid(format!(
+                "expected {} inputs but got {} inputs for model '{model}'; missing input '{}'",
+                config.input.len(),
+                request.inputs.len(),
+                declared.name
+            )));
+        }
+    }
+    for output in &request.outputs {
+        if !config.output.iter().any(|o| o.name == output.name) {
+            let expected: Vec<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
+            return Err(Error::invalid(format!(
+                "unexpected inference output '{}' for model '{model}'; the model's outputs are: {}",
+                output.name,
+                expected.join(", ")
+            )));
+        }
+    }
+    Ok(batch.map_or(1, |b| b as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{proto::inference::ModelInput, tensor::Tensor};
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            name: "m".into(),
+            max_batch_size: 4,
+            input: vec![ModelInput {
+                name: "x".into(),
+                data_type: DataType::Fp32.config_value(),
+                dims: vec![-1, 2],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn request(shape: Vec<i64>, datatype: DataType, len: usize) -> InferRequest {
+        InferRequest {
+            model_name: "m".into(),
+            model_version: None,
+            id: String::new(),
+            parameters: Default::default(),
+            inputs: vec![Tensor {
+                name: "x".into(),
+                datatype,
+                shape,
+                data: vec![0u8; len].into(),
+            }],
+            outputs: vec![],
+        }
+    }
+
+    #[test]
+    fn accepts_batched_variable_shape() {
+        assert_eq!(
+            check_request(&config(), &request(vec![3, 5, 2], DataType::Fp32, 120)).unwrap(),
+            3
+        );
+    }
+
+    #[test]
+    fn rejects_each_mismatch_with_a_named_reason() {
+        let c = config();
+        let e = check_request(&c, &request(vec![1, 5, 2], DataType::Int32, 40)).unwrap_err();
+        assert!(e.message.contains("data-type is 'INT32'"), "{}", e.message);
+        let e = check_request(&c, &request(vec![1, 5, 3], DataType::Fp32, 60)).unwrap_err();
+        assert!(
+            e.message.contains("Expected [-1,-1,2], got [1,5,3]"),
+            "{}",
+            e.message
+        );
+        let e = check_request(&c, &request(vec![5, 1, 2], DataType::Fp32, 40)).unwrap_err();
+        assert!(
+            e.message.contains("batch-size must be <= 4"),
+            "{}",
+            e.message
+        );
+        let e = check_request(&c, &request(vec![1, 1, 2], DataType::Fp32, 4)).unwrap_err();
+        assert!(e.message.contains("needs 8 bytes"), "{}", e.message);
+    }
+}

@@ -1,0 +1,7 @@
+//! Scheduling: queues and instance workers per model version, the model lifecycle, statistics,
+//! and the [`server::Server`] facade that the frontends call.
+
+pub mod model_manager;
+pub mod scheduler;
+pub mod server;
+pub mod stats;

@@ -1,0 +1,475 @@
+//! The model lifecycle: loads versions from the repository through the backends, serves the
+//! table of loaded models, and swaps a model atomically on reload. In-flight requests hold an
+//! `Arc` of the version they started on, so an unload or reload never cuts them off; a failed
+//! reload leaves the old versions serving.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
+
+use super::{scheduler::Scheduler, stats::ModelStats};
+use crate::{
+    error::{Code, Error, Result},
+    proto::inference::ModelConfig,
+    repository::{
+        config, select_versions, validate::validate, ModelRepository, ModelSource, RepositoryError,
+    },
+    runtime::{self, RuntimeOptions},
+};
+
+/// Reason recorded for a model that was unloaded on purpose (it does not count against
+/// strict readiness).
+const UNLOADED: &str = "unloaded";
+
+/// One loaded, servable model version.
+pub struct ModelVersion {
+    /// Model name.
+    pub name: String,
+    /// Version number.
+    pub version: i64,
+    /// Completed configuration.
+    pub config: ModelConfig,
+    /// Counters for statistics and metrics.
+    pub stats: Arc<ModelStats>,
+    /// How long loading took.
+    pub load_duration: Duration,
+    /// Queue and workers.
+    pub scheduler: Scheduler,
+}
+
+/// Lifecycle state of a model, as the repository index reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelState {
+    /// Serving.
+    Ready,
+    /// Being loaded for the first time.
+    Loading,
+    /// Not serving: never loaded, unloaded or failed.
+    Unavailable,
+}
+
+impl ModelState {
+    /// Triton's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelState::Ready => "READY",
+            ModelState::Loading => "LOADING",
+            ModelState::Unavailable => "UNAVAILABLE",
+        }
+    }
+}
+
+struct ModelEntry {
+    versions: BTreeMap<i64, Arc<ModelVersion>>,
+    state: ModelState,
+    reason: String,
+    fingerprint: u64,
+}
+
+/// One line of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Model name.
+    pub name: String,
+    /// Version, when the entry is about a loaded version.
+    pub version: Option<i64>,
+    /// Lifecycle state.
+    pub state: ModelState,
+    /// Why it is in that state (load errors).
+    pub reason: String,
+}
+
+/// Replacement content given to the load API.
+#[derive(Debug, Default, Clone)]
+pub struct LoadOverride {
+    /// A configuration in JSON, used instead of `config.pbtxt`.
+    pub config_json: Option<String>,
+    /// Files by path relative to the model directory (`1/model.onnx`), used instead of the
+    /// repository's directory.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// Settings of the model manager.
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    /// Backend settings.
+    pub runtime: RuntimeOptions,
+    /// Queue capacity per model version.
+    pub queue_capacity: usize,
+}
+
+/// The table of models and the operations that change it.
+pub struct ModelManager {
+    repository: ModelRepository,
+    options: ManagerOptions,
+    models: RwLock<HashMap<String, ModelEntry>>,
+    // Loads and unloads run one at a time so that a reload never races another.
+    lifecycle: tokio::sync::Mutex<()>,
+}
+
+fn repo_error(err: RepositoryError) -> Error {
+    match err {
+        RepositoryError::NotFound(_) => Error::not_found(err.to_string()),
+        _ => Error::invalid(err.to_string()),
+    }
+}
+
+impl ModelManager {
+    /// A manager over `repository` with nothing loaded yet.
+    pub fn new(repository: ModelRepository, options: ManagerOptions) -> Self {
+        Self {
+            repository,
+            options,
+            models: RwLock::new(HashMap::new()),
+            lifecycle: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The repositories served.
+    pub fn repository(&self) -> &ModelRepository {
+        &self.repository
+    }
+
+    /// The version that serves a request: the given one, or the highest loaded.
+    pub fn get(&self, name: &str, version: Option<i64>) -> Result<Arc<ModelVersion>> {
+        let models = self.models.read().map_err(|_| poisoned())?;
+        let entry = models
+            .get(name)
+            .filter(|e| !e.versions.is_empty())
+            .ok_or_else(|| {
+                Error::not_found(format!("Request for unknown model: '{name}' is not found"))
+            })?;
+        match version {
+            None => entry.versions.values().next_back().cloned(),
+            Some(v) => entry.versions.get(&v).cloned(),
+        }
+        .ok_or_else(|| {
+            Error::not_found(format!(
+                "Request for unknown model: '{name}' version {} is not found",
+                version.unwrap_or_default()
+            ))
+        })
+    }
+
+    /// Whether the model (version) is loaded and serving.
+    pub fn is_ready(&self, name: &str, version: Option<i64>) -> bool {
+        self.get(name, version).is_ok()
+    }
+
+    /// Versions loaded for `name`, ascending.
+    pub fn versions(&self, name: &str) -> Vec<i64> {
+        self.models
+            .read()
+            .map(|m| {
+                m.get(name)
+                    .map(|e| e.versions.keys().copied().collect())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every loaded version of every model.
+    pub fn loaded(&self) -> Vec<Arc<ModelVersion>> {
+        let Ok(models) = self.models.read() else {
+            return vec![];
+        };
+        let mut all: Vec<Arc<ModelVersion>> = models
+            .values()
+            .flat_map(|e| e.versions.values().cloned())
+            .collect();
+        all.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+        all
+    }
+
+    /// True when every model the manager knows of is ready.
+    pub fn all_ready(&self) -> bool {
+        self.models
+            .read()
+            .map(|m| {
+                m.values()
+                    .all(|e| e.state == ModelState::Ready || e.reason == UNLOADED)
+            })
+            .unwrap_or(false)
+    }
+
+    /// The repository index: every model in the repositories, loaded or not.
+    pub fn index(&self, ready_only: bool) -> Vec<IndexEntry> {
+        let mut out: BTreeMap<(String, Option<i64>), IndexEntry> = BTreeMap::new();
+        if let Ok(found) = self.repository.discover() {
+            for name in found.into_keys() {
+                out.insert(
+                    (name.clone(), None),
+                    IndexEntry {
+                        name,
+                        version: None,
+                        state: ModelState::Unavailable,
+                        reason: String::new(),
+                    },
+                );
+            }
+        }
+        if let Ok(models) = self.models.read() {
+            for (name, entry) in models.iter() {
+                if entry.versions.is_empty() {
+                    out.insert(
+                        (name.clone(), None),
+                        IndexEntry {
+                            name: name.clone(),
+                            version: None,
+                            state: entry.state,
+                            reason: entry.reason.clone(),
+                        },
+                    );
+                    continue;
+                }
+                out.remove(&(name.clone(), None));
+                for v in entry.versions.keys() {
+                    out.insert(
+                        (name.clone(), Some(*v)),
+                        IndexEntry {
+                            name: name.clone(),
+                            version: Some(*v),
+                            state: ModelState::Ready,
+                            reason: String::new(),
+                        },
+                    );
+                }
+            }
+        }
+        out.into_values()
+            .filter(|e| !ready_only || e.state == ModelState::Ready)
+            .collect()
+    }
+
+    /// Loads (or reloads) a model from the repository, or from the override content.
+    pub async fn load(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
+        let _guard = self.lifecycle.lock().await;
+        self.load_locked(name, overrides).await
+    }
+
+    async fn load_locked(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
+        {
+            let mut models = self.models.write().map_err(|_| poisoned())?;
+            let entry = models.entry(name.to_owned()).or_insert_with(|| ModelEntry {
+                versions: BTreeMap::new(),
+                state: ModelState::Loading,
+                reason: String::new(),
+                fingerprint: 0,
+            });
+            if entry.versions.is_empty() {
+                entry.state = ModelState::Loading;
+            }
+        }
+        let this = self.clone();
+        let model = name.to_owned();
+        let outcome = tokio::task::spawn_blocking(move || this.load_versions(&model, &overrides))
+            .await
+            .unwrap_or_else(|e| {
+                Err(Error::internal(format!(
+                    "model '{name}': load panicked: {e}"
+                )))
+            });
+        let mut models = self.models.write().map_err(|_| poisoned())?;
+        let Some(entry) = models.get_mut(name) else {
+            return Err(Error::internal(format!(
+                "model '{name}' vanished during load"
+            )));
+        };
+        match outcome {
+            Ok((versions, fingerprint)) => {
+                tracing::info!(model = name, versions = ?versions.keys().collect::<Vec<_>>(), "model loaded");
+                entry.versions = versions;
+                entry.state = ModelState::Ready;
+                entry.reason.clear();
+                entry.fingerprint = fingerprint;
+                Ok(())
+            }
+            Err(err) => {
+                tracing::error!(model = name, error = %err, "model load failed");
+                if entry.versions.is_empty() {
+                    entry.state = ModelState::Unavailable;
+                    entry.reason = err.message.clone();
+                } else {
+                    tracing::warn!(model = name, "keeping the versions already serving");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn load_versions(
+        &self,
+        name: &str,
+        overrides: &LoadOverride,
+    ) -> Result<(BTreeMap<i64, Arc<ModelVersion>>, u64)> {
+        let (source, _staging) = if overrides.files.is_empty() {
+            (self.repository.find(name).map_err(repo_error)?, None)
+        } else {
+            let staging = StagingDir::write(name, &overrides.files)?;
+            let source = ModelSource {
+                name: name.to_owned(),
+                dir: staging.path.clone(),
+                repository: staging.path.clone(),
+            };
+            (source, Some(staging))
+        };
+        let fingerprint = source.fingerprint();
+        let config_file = source.config_path();
+        let config_file = config_file.display().to_string();
+        let mut config = match &overrides.config_json {
+            Some(json) => config::parse_json(json)
+                .map_err(|e| Error::invalid(format!("model '{name}': {e}")))?,
+            None => source
+                .read_config()
+                .map_err(|e| Error::invalid(e.to_string()))?,
+        };
+        validate(&mut config, name, &config_file).map_err(|e| Error::invalid(e.to_string()))?;
+        let available = source.available_versions();
+        let chosen = select_versions(config.version_policy.as_ref(), &available);
+        if chosen.is_empty() {
+            return Err(Error::invalid(format!(
+                "model '{name}': no version to load in '{}' (found versions {:?}; a version is a numeric folder such as {name}/1/ holding the model file)",
+                source.dir.display(),
+                available
+            )));
+        }
+        let mut versions = BTreeMap::new();
+        for version in chosen {
+            let started = Instant::now();
+            let dir = source.dir.join(version.to_string());
+            let loaded = runtime::load(config.clone(), &dir, &self.options.runtime)
+                .map_err(|e| Error::new(e.code, format!("{} (version {version})", e.message)))?;
+            let stats = Arc::new(ModelStats::default());
+            let scheduler = Scheduler::start(
+                name,
+                version,
+                loaded.instances,
+                self.options.queue_capacity,
+                stats.clone(),
+            )?;
+            versions.insert(
+                version,
+                Arc::new(ModelVersion {
+                    name: name.to_owned(),
+                    version,
+                    config: loaded.config,
+                    stats,
+                    load_duration: started.elapsed(),
+                    scheduler,
+                }),
+            );
+        }
+        Ok((versions, fingerprint))
+    }
+
+    /// Unloads every version of a model; requests already running finish first.
+    pub async fn unload(&self, name: &str) -> Result<()> {
+        let _guard = self.lifecycle.lock().await;
+        let mut models = self.models.write().map_err(|_| poisoned())?;
+        match models.get_mut(name) {
+            Some(entry) if !entry.versions.is_empty() => {
+                entry.versions.clear();
+                entry.state = ModelState::Unavailable;
+                entry.reason = UNLOADED.to_owned();
+                tracing::info!(model = name, "model unloaded");
+                Ok(())
+            }
+            _ => Err(Error::new(
+                Code::InvalidArg,
+                format!("failed to unload '{name}', no version is available"),
+            )),
+        }
+    }
+
+    /// Loads every model found in the repositories; failures are recorded, not fatal.
+    pub async fn load_all(self: &Arc<Self>) -> Result<()> {
+        let names: Vec<String> = self
+            .repository
+            .discover()
+            .map_err(repo_error)?
+            .into_keys()
+            .collect();
+        self.load_many(&names).await;
+        Ok(())
+    }
+
+    /// Loads the named models; failures are recorded in the index.
+    pub async fn load_many(self: &Arc<Self>, names: &[String]) {
+        for name in names {
+            let _ = self.load(name, LoadOverride::default()).await;
+        }
+    }
+
+    /// Poll mode: loads new models, reloads changed ones and unloads removed ones.
+    pub async fn poll(self: &Arc<Self>) {
+        let Ok(found) = self.repository.discover() else {
+            return;
+        };
+        let known: Vec<(String, u64)> = self
+            .models
+            .read()
+            .map(|m| m.iter().map(|(k, e)| (k.clone(), e.fingerprint)).collect())
+            .unwrap_or_default();
+        for (name, _) in known.iter().filter(|(n, _)| !found.contains_key(n)) {
+            let _ = self.unload(name).await;
+            if let Ok(mut m) = self.models.write() {
+                m.remove(name);
+            }
+        }
+        for (name, source) in found {
+            let previous = known.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
+            if previous != Some(source.fingerprint()) {
+                let _ = self.load(&name, LoadOverride::default()).await;
+            }
+        }
+    }
+}
+
+fn poisoned() -> Error {
+    Error::internal("model table lock poisoned")
+}
+
+/// A temporary model directory holding the files given to the load API; removed on drop
+/// (the backends have read the files by then).
+struct StagingDir {
+    path: PathBuf,
+}
+
+impl StagingDir {
+    fn write(name: &str, files: &[(String, Vec<u8>)]) -> Result<Self> {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("wasmtron-load-{}-{n}-{name}", std::process::id()));
+        let staging = StagingDir { path };
+        for (relative, content) in files {
+            let rel = Path::new(relative);
+            if rel.is_absolute()
+                || rel
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(Error::invalid(format!(
+                    "load parameter 'file:{relative}': the path must be relative to the model directory and stay inside it"
+                )));
+            }
+            let target = staging.path.join(rel);
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| Error::internal(format!("cannot stage '{relative}': {e}")))?;
+            }
+            std::fs::write(&target, content)
+                .map_err(|e| Error::internal(format!("cannot stage '{relative}': {e}")))?;
+        }
+        Ok(staging)
+    }
+}
+
+impl Drop for StagingDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

@@ -1,0 +1,214 @@
+//! The server core the frontends share: liveness and readiness, the model manager, the
+//! inference entry point with request checks, and the drain on shutdown.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::sync::Notify;
+
+use super::{
+    model_manager::{ManagerOptions, ModelManager},
+    stats::FailureReason,
+};
+use crate::{
+    error::{Error, Result},
+    inference::{InferRequest, InferResponse},
+    repository::ModelRepository,
+    runtime::{request_check::check_request, RuntimeOptions},
+};
+
+/// How the set of loaded models may change (`--model-control-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlMode {
+    /// Load everything at start; the load/unload API is refused.
+    None,
+    /// Load what `--load-model` names; the load/unload API decides the rest.
+    Explicit,
+    /// Load everything and follow changes in the repository.
+    Poll,
+}
+
+/// Everything the server core needs to start.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Repository roots.
+    pub model_repositories: Vec<PathBuf>,
+    /// Model control mode.
+    pub control_mode: ControlMode,
+    /// Models to load at start in explicit mode (`*` for all).
+    pub load_models: Vec<String>,
+    /// Ready only when every model is ready.
+    pub strict_readiness: bool,
+    /// Backend settings.
+    pub runtime: RuntimeOptions,
+    /// Queue capacity per model version.
+    pub queue_capacity: usize,
+    /// Poll interval in poll mode.
+    pub poll_interval: Duration,
+}
+
+/// Shared state behind every frontend.
+pub struct Server {
+    manager: Arc<ModelManager>,
+    options: ServerOptions,
+    started: AtomicBool,
+    stopping: AtomicBool,
+    in_flight: AtomicUsize,
+    idle: Notify,
+}
+
+/// Decrements the in-flight count when a request ends, however it ends.
+struct InFlight<'a>(&'a Server);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Server {
+    /// Creates the server and loads the initial models according to the control mode.
+    pub async fn start(options: ServerOptions) -> Result<Arc<Self>> {
+        let repository = ModelRepository::new(options.model_repositories.clone());
+        for root in repository.roots() {
+            if !root.is_dir() {
+                return Err(Error::invalid(format!(
+                    "model repository '{}' is not a directory",
+                    root.display()
+                )));
+            }
+        }
+        let manager = Arc::new(ModelManager::new(
+            repository,
+            ManagerOptions {
+                runtime: options.runtime.clone(),
+                queue_capacity: options.queue_capacity,
+            },
+        ));
+        match options.control_mode {
+            ControlMode::None | ControlMode::Poll => manager.load_all().await?,
+            ControlMode::Explicit => {
+                if options.load_models.iter().any(|m| m == "*") {
+                    manager.load_all().await?;
+                } else {
+                    manager.load_many(&options.load_models).await;
+                }
+            }
+        }
+        let server = Arc::new(Self {
+            manager,
+            options,
+            started: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
+        });
+        if server.options.control_mode == ControlMode::Poll {
+            let poller = server.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(poller.options.poll_interval);
+                tick.tick().await;
+                while !poller.stopping.load(Ordering::Acquire) {
+                    tick.tick().await;
+                    poller.manager.poll().await;
+                }
+            });
+        }
+        Ok(server)
+    }
+
+    /// The model manager.
+    pub fn models(&self) -> &Arc<ModelManager> {
+        &self.manager
+    }
+
+    /// The model control mode.
+    pub fn control_mode(&self) -> ControlMode {
+        self.options.control_mode
+    }
+
+    /// Live: the process answers.
+    pub fn is_live(&self) -> bool {
+        true
+    }
+
+    /// Ready: started, not draining, and (with strict readiness) every model ready.
+    pub fn is_ready(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+            && !self.stopping.load(Ordering::Acquire)
+            && (!self.options.strict_readiness || self.manager.all_ready())
+    }
+
+    /// Refuses model control in modes that do not allow it.
+    pub fn check_model_control(&self) -> Result<()> {
+        match self.options.control_mode {
+            ControlMode::Explicit => Ok(()),
+            ControlMode::None => Err(Error::unsupported(
+                "explicit model load / unload is not allowed: start the server with --model-control-mode=explicit",
+            )),
+            ControlMode::Poll => Err(Error::unsupported(
+                "explicit model load / unload is not allowed if polling is enabled",
+            )),
+        }
+    }
+
+    /// Runs one inference: picks the version, checks the request, queues it.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let received = Instant::now();
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(Error::unavailable("the server is shutting down"));
+        }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let _guard = InFlight(self);
+        let model = self
+            .manager
+            .get(&request.model_name, request.model_version)?;
+        let batch_size = match check_request(&model.config, &request) {
+            Ok(b) => b,
+            Err(err) => {
+                model
+                    .stats
+                    .record_failure(FailureReason::Other, received.elapsed());
+                return Err(err);
+            }
+        };
+        let outputs: Vec<String> = if request.outputs.is_empty() {
+            model.config.output.iter().map(|o| o.name.clone()).collect()
+        } else {
+            request.outputs.iter().map(|o| o.name.clone()).collect()
+        };
+        model
+            .scheduler
+            .infer(request, outputs, batch_size as u64, received)
+            .await
+    }
+
+    /// Flips readiness off and waits (up to `timeout`) for in-flight inferences to finish.
+    /// Returns true when everything finished in time.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        self.stopping.store(true, Ordering::Release);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.idle.notified();
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.in_flight.load(Ordering::Acquire) == 0;
+            }
+        }
+    }
+
+    /// Whether a shutdown has begun.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+}

