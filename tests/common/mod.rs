@@ -1,0 +1,226 @@
+//! Test harness: starts the real `wasmtron` binary on ephemeral loopback ports, learns the
+//! ports from its "Started ..." lines, and kills it on drop.
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+/// Generous: the machine may be loaded and a debug build loads models slowly.
+pub const STARTUP: Duration = Duration::from_secs(120);
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn example_repository() -> PathBuf {
+    workspace().join("model_repository")
+}
+
+/// A fresh repository in a temp dir holding copies of the named models from the example
+/// repository or `tests/models`.
+pub fn temp_repository(models: &[&str]) -> TempDir {
+    let dir = TempDir::new();
+    for m in models {
+        let src = [
+            example_repository().join(m),
+            workspace().join("tests/models").join(m),
+        ]
+        .into_iter()
+        .find(|p| p.is_dir())
+        .unwrap_or_else(|| panic!("model {m} not found; run `make models`"));
+        copy_dir(&src, &dir.path().join(m));
+    }
+    dir
+}
+
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let target = dst.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!(
+            "wasmtron-test-{}-{n}-{}",
+            std::process::id(),
+            nanos()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+pub struct TestServer {
+    child: Option<Child>,
+    pub http: String,
+    pub grpc: String,
+    pub metrics: String,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl TestServer {
+    /// Starts the server on `repo` with extra arguments and waits until it listens.
+    pub fn start(repo: &Path, extra: &[&str]) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmtron"));
+        cmd.arg("--model-repository")
+            .arg(repo)
+            .args([
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+            ])
+            .args(["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"])
+            .args(["--metrics-address", "127.0.0.1"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start wasmtron");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line
+                    .strip_prefix("Started ")
+                    .and_then(|rest| rest.split(" at ").nth(1))
+                {
+                    let _ = tx.send((line.clone(), addr.trim().to_owned()));
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut server = TestServer {
+            child: Some(child),
+            http: String::new(),
+            grpc: String::new(),
+            metrics: String::new(),
+            log,
+        };
+        let deadline = Instant::now() + STARTUP;
+        while server.http.is_empty() || server.grpc.is_empty() || server.metrics.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((line, addr)) => {
+                    if line.contains("HTTPService") {
+                        server.http = format!("http://{addr}");
+                    } else if line.contains("GRPCInferenceService") {
+                        server.grpc = format!("http://{addr}");
+                    } else if line.contains("Metrics") {
+                        server.metrics = format!("http://{addr}");
+                    }
+                }
+                Err(_) => panic!("server did not start; log:\n{}", server.log_text()),
+            }
+        }
+        server
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.pid();
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + wait;
+        let child = self.child.as_mut().unwrap();
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.http)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A blocking HTTP client with a generous timeout.
+pub fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+/// JSON body for the `simple` model: INPUT0 = 0..16, INPUT1 = ones.
+pub fn simple_request() -> serde_json::Value {
+    serde_json::json!({
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": (0..16).collect::<Vec<i32>>()},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": vec![1; 16]},
+        ]
+    })
+}
+
+/// Polls `f` until it returns true or the timeout passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}

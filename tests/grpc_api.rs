@@ -1,0 +1,331 @@
+//! `inference.GRPCInferenceService` and `grpc.health.v1` against the real binary.
+
+mod common;
+
+use common::*;
+use tonic::Code;
+use wasmtron::proto::inference::{
+    grpc_inference_service_client::GrpcInferenceServiceClient,
+    model_infer_request::InferInputTensor, *,
+};
+
+type Client = GrpcInferenceServiceClient<tonic::transport::Channel>;
+
+async fn client(s: &TestServer) -> Client {
+    GrpcInferenceServiceClient::connect(s.grpc.clone())
+        .await
+        .unwrap()
+}
+
+fn server() -> (TempDir, TestServer) {
+    let repo = temp_repository(&["simple", "identity_bytes"]);
+    let server = TestServer::start(repo.path(), &[]);
+    (repo, server)
+}
+
+fn typed_simple_request() -> ModelInferRequest {
+    let input = |name: &str, data: Vec<i32>| InferInputTensor {
+        name: name.into(),
+        datatype: "INT32".into(),
+        shape: vec![1, 16],
+        parameters: Default::default(),
+        contents: Some(InferTensorContents {
+            int_contents: data,
+            ..Default::default()
+        }),
+    };
+    ModelInferRequest {
+        model_name: "simple".into(),
+        id: "g1".into(),
+        inputs: vec![
+            input("INPUT0", (0..16).collect()),
+            input("INPUT1", vec![2; 16]),
+        ],
+        ..Default::default()
+    }
+}
+
+fn i32s(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_metadata_config_and_index() {
+    let (_repo, s) = server();
+    let mut c = client(&s).await;
+    assert!(
+        c.server_live(ServerLiveRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    assert!(
+        c.server_ready(ServerReadyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    let ready = c
+        .model_ready(ModelReadyRequest {
+            name: "simple".into(),
+            version: "1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ready.ready);
+    let meta = c
+        .server_metadata(ServerMetadataRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(meta.name, "wasmtron");
+    assert!(meta.extensions.contains(&"model_repository".to_owned()));
+    let m = c
+        .model_metadata(ModelMetadataRequest {
+            name: "simple".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(m.versions, vec!["1"]);
+    assert_eq!(m.inputs[0].shape, vec![-1, 16]);
+    assert_eq!(m.inputs[0].datatype, "INT32");
+    let config = c
+        .model_config(ModelConfigRequest {
+            name: "simple".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .unwrap();
+    assert_eq!(config.max_batch_size, 8);
+    assert_eq!(config.output[1].name, "OUTPUT1");
+    let index = c
+        .repository_index(RepositoryIndexRequest {
+            repository_name: String::new(),
+            ready: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let names: Vec<_> = index
+        .models
+        .iter()
+        .map(|m| (m.name.as_str(), m.state.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("identity_bytes", "READY"), ("simple", "READY")]
+    );
+    let err = c
+        .model_metadata(ModelMetadataRequest {
+            name: "ghost".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("ghost"));
+
+    let channel = tonic::transport::Channel::from_shared(s.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        status.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infer_with_typed_and_raw_contents() {
+    let (_repo, s) = server();
+    let mut c = client(&s).await;
+    let resp = c
+        .model_infer(typed_simple_request())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.model_name, "simple");
+    assert_eq!(resp.model_version, "1");
+    assert_eq!(resp.id, "g1");
+    assert_eq!(resp.outputs[0].name, "OUTPUT0");
+    assert_eq!(resp.outputs[0].shape, vec![1, 16]);
+    assert_eq!(
+        i32s(&resp.raw_output_contents[0]),
+        (2..18).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        i32s(&resp.raw_output_contents[1]),
+        (-2..14).collect::<Vec<_>>()
+    );
+
+    let mut raw = typed_simple_request();
+    for input in &mut raw.inputs {
+        input.contents = None;
+    }
+    raw.raw_input_contents = vec![
+        (0..16).flat_map(i32::to_le_bytes).collect(),
+        (0..16).map(|_| 5i32).flat_map(i32::to_le_bytes).collect(),
+    ];
+    raw.outputs = vec![model_infer_request::InferRequestedOutputTensor {
+        name: "OUTPUT1".into(),
+        parameters: Default::default(),
+    }];
+    let resp = c.model_infer(raw).await.unwrap().into_inner();
+    assert_eq!(resp.outputs.len(), 1);
+    assert_eq!(
+        i32s(&resp.raw_output_contents[0]),
+        (-5..11).collect::<Vec<_>>()
+    );
+
+    let bytes_req = ModelInferRequest {
+        model_name: "identity_bytes".into(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "BYTES".into(),
+            shape: vec![1, 2],
+            parameters: Default::default(),
+            contents: Some(InferTensorContents {
+                bytes_contents: vec![b"one".to_vec(), b"three".to_vec()],
+                ..Default::default()
+            }),
+        }],
+        ..Default::default()
+    };
+    let resp = c.model_infer(bytes_req).await.unwrap().into_inner();
+    assert_eq!(
+        resp.raw_output_contents[0],
+        b"\x03\0\0\0one\x05\0\0\0three".to_vec()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_map_to_grpc_codes() {
+    let (_repo, s) = server();
+    let mut c = client(&s).await;
+    let mut unknown = typed_simple_request();
+    unknown.model_name = "ghost".into();
+    let err = c.model_infer(unknown).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    let mut wrong_type = typed_simple_request();
+    wrong_type.inputs[0].datatype = "FP32".into();
+    let err = c.model_infer(wrong_type).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("expects 'INT32'"),
+        "{}",
+        err.message()
+    );
+
+    let mut mixed = typed_simple_request();
+    mixed.raw_input_contents = vec![vec![0; 64]];
+    let err = c.model_infer(mixed).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("raw_input_contents has 1 entries"),
+        "{}",
+        err.message()
+    );
+
+    let mut short = typed_simple_request();
+    short.inputs[1]
+        .contents
+        .as_mut()
+        .unwrap()
+        .int_contents
+        .pop();
+    let err = c.model_infer(short).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("needs 64 bytes of data, got 60"),
+        "{}",
+        err.message()
+    );
+
+    let err = c
+        .system_shared_memory_status(SystemSharedMemoryStatusRequest {
+            name: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+
+    let err = c
+        .repository_model_load(RepositoryModelLoadRequest {
+            model_name: "simple".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    assert!(
+        err.message().contains("--model-control-mode=explicit"),
+        "{}",
+        err.message()
+    );
+
+    // Still serving.
+    assert!(c.model_infer(typed_simple_request()).await.is_ok());
+    let stats = c
+        .model_statistics(ModelStatisticsRequest {
+            name: "simple".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let inf = stats.model_stats[0].inference_stats.unwrap();
+    assert_eq!(inf.success.unwrap().count, 1);
+    assert_eq!(inf.fail.unwrap().count, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_answers_in_order_with_in_band_errors() {
+    let (_repo, s) = server();
+    let mut c = client(&s).await;
+    let mut bad = typed_simple_request();
+    bad.id = "bad".into();
+    bad.inputs.pop();
+    let mut second = typed_simple_request();
+    second.id = "g2".into();
+    let requests = vec![typed_simple_request(), bad, second];
+    let mut stream = c
+        .model_stream_infer(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        got.push(item);
+    }
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[0].error_message, "");
+    assert_eq!(got[0].infer_response.as_ref().unwrap().id, "g1");
+    assert!(
+        got[1].error_message.contains("missing input 'INPUT1'"),
+        "{}",
+        got[1].error_message
+    );
+    assert_eq!(got[1].infer_response.as_ref().unwrap().id, "bad");
+    assert_eq!(got[2].infer_response.as_ref().unwrap().id, "g2");
+}
