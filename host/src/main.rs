@@ -4,6 +4,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context};
+use axum::serve::ListenerExt;
 use clap::{ArgAction, Parser};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -113,6 +114,12 @@ async fn bind(address: &str, port: u16, what: &str) -> anyhow::Result<TcpListene
         .with_context(|| format!("cannot listen on {addr} for {what}"))
 }
 
+fn set_nodelay(stream: &mut tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!("cannot set TCP_NODELAY: {e}");
+    }
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
@@ -182,7 +189,8 @@ async fn main() -> anyhow::Result<()> {
             .max_encoding_message_size(usize::MAX)
             .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
             .send_compressed(tonic::codec::CompressionEncoding::Gzip);
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Small request/response messages stall on Nagle + delayed ACK without TCP_NODELAY.
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let token = stop.clone();
         let health_service = health_service.clone();
         tasks.push(tokio::spawn(async move {
@@ -197,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
     if cli.allow_http {
         let listener = bind(&cli.http_address, cli.http_port, "http").await?;
         eprintln!("Started HTTPService at {}", listener.local_addr()?);
+        let listener = listener.tap_io(set_nodelay);
         let app = http::router(HttpState {
             server: server.clone(),
             max_input_size: cli.http_max_input_size,
@@ -212,6 +221,7 @@ async fn main() -> anyhow::Result<()> {
     if cli.allow_metrics {
         let listener = bind(&cli.metrics_address, cli.metrics_port, "metrics").await?;
         eprintln!("Started Metrics Service at {}", listener.local_addr()?);
+        let listener = listener.tap_io(set_nodelay);
         let app = metrics::router(server.clone());
         let token = stop.clone();
         tasks.push(tokio::spawn(async move {

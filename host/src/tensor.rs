@@ -183,7 +183,7 @@ impl Tensor {
         })?;
         match self.datatype.element_size() {
             Some(size) => {
-                let expected = count.checked_mul(size).unwrap_or(usize::MAX);
+                let expected = count.saturating_mul(size);
                 if self.data.len() != expected {
                     return Err(Error::invalid(format!(
                         "input '{}' with shape {} and datatype {} needs {} bytes of data, got {}",

@@ -244,7 +244,7 @@ fn decode_raw_binary(
     let fixed: i64 = shape.iter().filter(|&&d| d != -1).product();
     if let Some(&i) = variable.first() {
         let per = fixed.max(1) as usize * element;
-        if body.len() % per != 0 {
+        if !body.len().is_multiple_of(per) {
             return Err(Error::invalid(format!(
                 "raw binary request of {} bytes does not divide into elements of input '{}'",
                 body.len(),

