@@ -349,6 +349,12 @@ fn failed_reload_keeps_the_old_version_and_good_reload_swaps() {
 #[test]
 fn poll_mode_follows_the_repository() {
     let repo = temp_repository(&["simple"]);
+    std::fs::create_dir_all(repo.path().join("broken/1")).unwrap();
+    std::fs::write(
+        repo.path().join("broken/config.pbtxt"),
+        "max_batch_size: -1\n",
+    )
+    .unwrap();
     let s = TestServer::start(
         repo.path(),
         &[
@@ -391,4 +397,11 @@ fn poll_mode_follows_the_repository() {
         "removed model still served"
     );
     assert!(infer_ok(&s));
+    // Several polls have run by now; the unchanged broken model was not retried each time.
+    let failures = s
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("model load failed") && l.contains("broken"))
+        .count();
+    assert_eq!(failures, 1, "log:\n{}", s.log_text());
 }

@@ -190,7 +190,8 @@ async fn main() -> anyhow::Result<()> {
             .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
             .send_compressed(tonic::codec::CompressionEncoding::Gzip);
         // Small request/response messages stall on Nagle + delayed ACK without TCP_NODELAY.
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let token = stop.clone();
         let health_service = health_service.clone();
         tasks.push(tokio::spawn(async move {

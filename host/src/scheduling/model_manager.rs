@@ -265,26 +265,27 @@ impl ModelManager {
         }
         let this = self.clone();
         let model = name.to_owned();
-        let outcome = tokio::task::spawn_blocking(move || this.load_versions(&model, &overrides))
-            .await
-            .unwrap_or_else(|e| {
-                Err(Error::internal(format!(
-                    "model '{name}': load panicked: {e}"
-                )))
-            });
+        let (fingerprint, outcome) =
+            tokio::task::spawn_blocking(move || this.load_versions(&model, &overrides))
+                .await
+                .unwrap_or_else(|e| {
+                    let err = Error::internal(format!("model '{name}': load panicked: {e}"));
+                    (0, Err(err))
+                });
         let mut models = self.models.write().map_err(|_| poisoned())?;
         let Some(entry) = models.get_mut(name) else {
             return Err(Error::internal(format!(
                 "model '{name}' vanished during load"
             )));
         };
+        // Remembered on failure too, so that poll mode retries only after the files change.
+        entry.fingerprint = fingerprint;
         match outcome {
-            Ok((versions, fingerprint)) => {
+            Ok(versions) => {
                 tracing::info!(model = name, versions = ?versions.keys().collect::<Vec<_>>(), "model loaded");
                 entry.versions = versions;
                 entry.state = ModelState::Ready;
                 entry.reason.clear();
-                entry.fingerprint = fingerprint;
                 Ok(())
             }
             Err(err) => {
@@ -300,23 +301,44 @@ impl ModelManager {
         }
     }
 
+    /// Reads the model's files and loads every version its policy selects. Returns the
+    /// fingerprint of the files it read along with the outcome.
     fn load_versions(
         &self,
         name: &str,
         overrides: &LoadOverride,
-    ) -> Result<(BTreeMap<i64, Arc<ModelVersion>>, u64)> {
-        let (source, _staging) = if overrides.files.is_empty() {
-            (self.repository.find(name).map_err(repo_error)?, None)
+    ) -> (u64, Result<BTreeMap<i64, Arc<ModelVersion>>>) {
+        let source = if overrides.files.is_empty() {
+            self.repository
+                .find(name)
+                .map_err(repo_error)
+                .map(|s| (s, None))
         } else {
-            let staging = StagingDir::write(name, &overrides.files)?;
-            let source = ModelSource {
-                name: name.to_owned(),
-                dir: staging.path.clone(),
-                repository: staging.path.clone(),
-            };
-            (source, Some(staging))
+            StagingDir::write(name, &overrides.files).map(|staging| {
+                let source = ModelSource {
+                    name: name.to_owned(),
+                    dir: staging.path.clone(),
+                    repository: staging.path.clone(),
+                };
+                (source, Some(staging))
+            })
         };
-        let fingerprint = source.fingerprint();
+        let (source, _staging) = match source {
+            Ok(s) => s,
+            Err(e) => return (0, Err(e)),
+        };
+        (
+            source.fingerprint(),
+            self.load_source(name, &source, overrides),
+        )
+    }
+
+    fn load_source(
+        &self,
+        name: &str,
+        source: &ModelSource,
+        overrides: &LoadOverride,
+    ) -> Result<BTreeMap<i64, Arc<ModelVersion>>> {
         let config_file = source.config_path();
         let config_file = config_file.display().to_string();
         let mut config = match &overrides.config_json {
@@ -362,7 +384,7 @@ impl ModelManager {
                 }),
             );
         }
-        Ok((versions, fingerprint))
+        Ok(versions)
     }
 
     /// Unloads every version of a model; requests already running finish first.
