@@ -229,33 +229,25 @@ fn binary_tensor_extension_both_ways() {
     assert_eq!(head["outputs"][1]["data"], json!(diff));
 
     // BYTES with 4-byte length prefixes, and binary_data_output for every output.
-    let mut strings = Vec::new();
-    for s in [&b"ab"[..], b"\xff\x01"] {
-        strings.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        strings.extend_from_slice(s);
-    }
-    let header = json!({
-        "parameters": {"binary_data_output": true},
-        "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "BYTES", "parameters": {"binary_data_size": strings.len()}}],
-    });
-    let (body, len) = binary_body(&header, &strings);
-    let resp = post_binary(&s, "identity_bytes", body, len);
+    let post_strings = |items: &[&[u8]]| {
+        let mut strings = Vec::new();
+        for item in items {
+            strings.extend_from_slice(&(item.len() as u32).to_le_bytes());
+            strings.extend_from_slice(item);
+        }
+        let header = json!({
+            "parameters": {"binary_data_output": true},
+            "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "BYTES", "parameters": {"binary_data_size": strings.len()}}],
+        });
+        let (body, len) = binary_body(&header, &strings);
+        (strings, post_binary(&s, "identity_bytes", body, len))
+    };
     // Not UTF-8: ONNX string tensors refuse it with a clear 400.
-    let (status, msg) = error_of(resp);
+    let (status, msg) = error_of(post_strings(&[b"ab", b"\xff\x01"]).1);
     assert_eq!(status, 400);
     assert!(msg.contains("UTF-8"), "{msg}");
 
-    let mut strings = Vec::new();
-    for s in [&b"ab"[..], b"xyz"] {
-        strings.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        strings.extend_from_slice(s);
-    }
-    let header = json!({
-        "parameters": {"binary_data_output": true},
-        "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "BYTES", "parameters": {"binary_data_size": strings.len()}}],
-    });
-    let (body, len) = binary_body(&header, &strings);
-    let resp = post_binary(&s, "identity_bytes", body, len);
+    let (strings, resp) = post_strings(&[b"ab", b"xyz"]);
     let json_len: usize = resp.headers()["inference-header-content-length"]
         .to_str()
         .unwrap()

@@ -300,22 +300,19 @@ fn failed_reload_keeps_the_old_version_and_good_reload_swaps() {
 
     // A second version and `all` policy: both versions serve after the reload.
     common::copy_dir(&repo.path().join("simple/1"), &repo.path().join("simple/2"));
-    std::fs::write(
-        &config_path,
-        format!("{good}\nversion_policy: {{ all {{ }} }}\n"),
-    )
-    .unwrap();
-    assert_eq!(
-        post(&s, "/v2/repository/models/simple/load", json!({})).status(),
-        200
-    );
-    let meta: Value = http()
-        .get(s.url("/v2/models/simple"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    assert_eq!(meta["versions"], json!(["1", "2"]));
+    let reload_with_policy = |policy: &str| -> Value {
+        std::fs::write(&config_path, format!("{good}\nversion_policy: {policy}\n")).unwrap();
+        let resp = post(&s, "/v2/repository/models/simple/load", json!({}));
+        assert_eq!(resp.status(), 200);
+        let meta: Value = http()
+            .get(s.url("/v2/models/simple"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        meta["versions"].clone()
+    };
+    assert_eq!(reload_with_policy("{ all { } }"), json!(["1", "2"]));
     let resp: Value = post(&s, "/v2/models/simple/versions/1/infer", simple_request())
         .json()
         .unwrap();
@@ -327,23 +324,14 @@ fn failed_reload_keeps_the_old_version_and_good_reload_swaps() {
         resp["model_version"], "2",
         "no version given: the highest serves"
     );
-
-    std::fs::write(
-        &config_path,
-        format!("{good}\nversion_policy: {{ specific {{ versions: [ 1 ] }} }}\n"),
-    )
-    .unwrap();
     assert_eq!(
-        post(&s, "/v2/repository/models/simple/load", json!({})).status(),
-        200
+        reload_with_policy("{ specific { versions: [ 1 ] } }"),
+        json!(["1"])
     );
-    let meta: Value = http()
-        .get(s.url("/v2/models/simple"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    assert_eq!(meta["versions"], json!(["1"]));
+    assert_eq!(
+        reload_with_policy("{ latest { num_versions: 1 } }"),
+        json!(["2"])
+    );
 }
 
 #[test]

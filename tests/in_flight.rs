@@ -1,4 +1,5 @@
-//! SIGTERM: readiness flips at once, requests already accepted finish, the process exits 0.
+//! Requests already accepted are never lost: not on SIGTERM (readiness flips at once, the
+//! process drains and exits 0), not on unload, not on reload.
 
 mod common;
 
@@ -102,4 +103,55 @@ fn sigterm_drains_in_flight_requests_then_exits_zero() {
         .terminate(Duration::from_secs(120))
         .expect("server exits after draining");
     assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn unload_and_reload_let_accepted_requests_finish() {
+    let repo = temp_repository(&["slow", "simple"]);
+    let s = TestServer::start(
+        repo.path(),
+        &["--model-control-mode", "explicit", "--load-model", "*"],
+    );
+    let url = s.url("/v2/models/slow/infer");
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || post_slow_binary(&url, 1024))
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(120), || pending(&s) >= 2),
+        "requests never queued"
+    );
+    // A reload swaps in a new version set while the old one finishes its queue...
+    let reload = http()
+        .post(s.url("/v2/repository/models/slow/load"))
+        .json(&json!({}))
+        .send()
+        .unwrap();
+    assert_eq!(reload.status(), 200);
+    // ...and an unload takes the model away without dropping what was accepted.
+    let unload = http()
+        .post(s.url("/v2/repository/models/slow/unload"))
+        .json(&json!({}))
+        .send()
+        .unwrap();
+    assert_eq!(unload.status(), 200);
+    assert_eq!(
+        http()
+            .get(s.url("/v2/models/slow/ready"))
+            .send()
+            .unwrap()
+            .status(),
+        400
+    );
+    for c in clients {
+        assert_eq!(
+            c.join().unwrap().unwrap(),
+            200,
+            "an accepted request was lost"
+        );
+    }
+    let after = http().post(&url).json(&slow_request(1)).send().unwrap();
+    assert_eq!(after.status(), 404);
 }
