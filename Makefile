@@ -15,7 +15,7 @@ run: deps build-release
 	  --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1
 
 test: deps perf-analyzer
-	$(CARGO) fmt --all -- --check
+	$(MAKE) lint
 	$(MAKE) test-rust
 	$(MAKE) test-python
 
