@@ -6,8 +6,10 @@ CARGO ?= cargo
 VENV := .venv
 VPY := $(VENV)/bin/python
 PERF_ANALYZER := .cache/perf_analyzer/bin/perf_analyzer
+WASM_TARGET := wasm32-wasip2
+STAGE_OUT := target/$(WASM_TARGET)/stage
 
-.PHONY: run test deps toolchain venv onnxruntime models perf-analyzer build build-release \
+.PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer build build-release \
         test-rust test-python lint bench clean
 
 run: deps build-release
@@ -19,7 +21,7 @@ test: deps perf-analyzer
 	$(MAKE) test-rust
 	$(MAKE) test-python
 
-deps: toolchain onnxruntime models
+deps: toolchain onnxruntime models stages
 
 toolchain:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first"; exit 1; }
@@ -37,6 +39,13 @@ onnxruntime:
 models: venv
 	$(VPY) scripts/gen_models.py model_repository tests/models
 
+# WebAssembly stages: the examples served from model_repository/ and the test-only probe.
+stages: toolchain
+	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
+	$(CARGO) build --locked --profile stage --target $(WASM_TARGET) -p topk -p probe
+	install -D -m 644 $(STAGE_OUT)/topk.wasm model_repository/topk/1/model.wasm
+	install -D -m 644 $(STAGE_OUT)/probe.wasm tests/models/probe/1/model.wasm
+
 perf-analyzer: venv
 	PYTHON=$(VPY) scripts/fetch-perf-analyzer.sh
 
@@ -47,7 +56,7 @@ build-release:
 	$(CARGO) build --locked --release
 
 test-rust:
-	$(CARGO) test --locked --workspace
+	$(CARGO) test --locked -p wasmtron -p wasmtron-guest
 
 test-python: build
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) \
@@ -56,6 +65,7 @@ test-python: build
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --target $(WASM_TARGET) -p topk -p probe -- -D warnings
 
 bench: deps perf-analyzer build-release
 	benches/perf_analyzer.sh

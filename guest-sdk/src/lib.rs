@@ -1,1 +1,313 @@
-//! Wasmtron guest SDK: helpers for writing WebAssembly stages (filled in with the Wasm stage work).
+//! Write Wasmtron stages in Rust.
+//!
+//! A stage is a WebAssembly component that implements the `wasmtron:stage` world
+//! (`wit/stage.wit`). With this crate it is a type implementing [`Stage`] and one macro:
+//!
+//! ```ignore
+//! use wasmtron_guest::{export_stage, Config, Request, Result, Stage, Tensor};
+//!
+//! struct Doubler;
+//!
+//! impl Stage for Doubler {
+//!     fn init(_config: &Config) -> Result<Self> {
+//!         Ok(Doubler)
+//!     }
+//!     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
+//!         let x = request.input("INPUT0")?;
+//!         let doubled: Vec<f32> = x.to_f32()?.iter().map(|v| v * 2.0).collect();
+//!         Ok(vec![Tensor::from_f32("OUTPUT0", &x.shape, &doubled)])
+//!     }
+//! }
+//!
+//! export_stage!(Doubler);
+//! ```
+//!
+//! Build with `cargo build --target wasm32-wasip2 --release` (crate type `cdylib`) and put the
+//! `.wasm` file at `<repository>/<model>/1/model.wasm` next to a config.pbtxt that says
+//! `backend: "wasm"`.
+
+/// Bindings generated from `wit/stage.wit`.
+#[allow(missing_docs, clippy::all)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "stage",
+        pub_export_macro: true,
+        export_macro_name: "__export_stage_world",
+        default_bindings_module: "wasmtron_guest::bindings",
+    });
+}
+
+pub use bindings::wasmtron::stage::host::LogLevel;
+pub use bindings::wasmtron::stage::types::{
+    Datatype, Error as WitError, ErrorCode, ParamValue, Parameter, Request, Tensor,
+};
+
+/// A stage failure: a code (mapped to the HTTP status / gRPC code) and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    /// Classification.
+    pub code: ErrorCode,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl Error {
+    /// The request does not fit (HTTP 400).
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::InvalidArgument,
+            message: message.into(),
+        }
+    }
+    /// A failure inside the stage (HTTP 500).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::Internal,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for WitError {
+    fn from(e: Error) -> Self {
+        WitError {
+            code: e.code,
+            message: e.message,
+        }
+    }
+}
+
+impl From<WitError> for Error {
+    fn from(e: WitError) -> Self {
+        Error {
+            code: e.code,
+            message: e.message,
+        }
+    }
+}
+
+/// Result of stage code.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// What `init` receives: the model configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The model configuration as JSON (as `GET /v2/models/<name>/config` returns it).
+    pub json: String,
+    /// `parameters` of config.pbtxt.
+    pub parameters: Vec<(String, String)>,
+}
+
+impl Config {
+    /// A `parameters` value of config.pbtxt.
+    pub fn parameter(&self, key: &str) -> Option<&str> {
+        self.parameters
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A stage: created once per instance, then asked to execute requests.
+pub trait Stage: Sized + 'static {
+    /// Called once per instance before the first request.
+    fn init(config: &Config) -> Result<Self>;
+    /// Produces the request's `requested_outputs`, in that order.
+    fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>>;
+}
+
+impl Request {
+    /// The input tensor with this name.
+    pub fn input(&self, name: &str) -> Result<&Tensor> {
+        self.inputs
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::invalid(format!("missing input '{name}'")))
+    }
+    /// A request parameter sent by the client.
+    pub fn parameter(&self, key: &str) -> Option<&ParamValue> {
+        self.parameters
+            .iter()
+            .find(|p| p.key == key)
+            .map(|p| &p.value)
+    }
+    /// Keeps only the requested outputs, in the requested order.
+    pub fn select(&self, mut produced: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        self.requested_outputs
+            .iter()
+            .map(|name| {
+                let i = produced
+                    .iter()
+                    .position(|t| &t.name == name)
+                    .ok_or_else(|| {
+                        Error::internal(format!("stage does not produce output '{name}'"))
+                    })?;
+                Ok(produced.swap_remove(i))
+            })
+            .collect()
+    }
+}
+
+macro_rules! numeric {
+    ($from:ident, $to:ident, $t:ty, $dt:ident) => {
+        /// Builds a tensor from values of this type.
+        pub fn $from(name: &str, shape: &[i64], values: &[$t]) -> Tensor {
+            let mut data = Vec::with_capacity(values.len() * core::mem::size_of::<$t>());
+            for v in values {
+                data.extend_from_slice(&v.to_le_bytes());
+            }
+            Tensor {
+                name: name.to_owned(),
+                datatype: Datatype::$dt,
+                shape: shape.to_vec(),
+                data,
+            }
+        }
+        /// The elements, if the tensor has this datatype.
+        pub fn $to(&self) -> Result<Vec<$t>> {
+            self.expect(Datatype::$dt)?;
+            const N: usize = core::mem::size_of::<$t>();
+            Ok(self
+                .data
+                .chunks_exact(N)
+                .map(|c| {
+                    let mut a = [0u8; N];
+                    a.copy_from_slice(c);
+                    <$t>::from_le_bytes(a)
+                })
+                .collect())
+        }
+    };
+}
+
+impl Tensor {
+    numeric!(from_f32, to_f32, f32, Fp32);
+    numeric!(from_f64, to_f64, f64, Fp64);
+    numeric!(from_i32, to_i32, i32, Int32);
+    numeric!(from_i64, to_i64, i64, Int64);
+    numeric!(from_u8, to_u8, u8, Uint8);
+
+    /// Fails unless the tensor has `datatype`.
+    pub fn expect(&self, datatype: Datatype) -> Result<()> {
+        if self.datatype == datatype {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "tensor '{}' is {:?}, expected {:?}",
+                self.name, self.datatype, datatype
+            )))
+        }
+    }
+
+    /// Builds a BYTES tensor from byte strings.
+    pub fn from_bytes_elements<I, B>(name: &str, shape: &[i64], items: I) -> Tensor
+    where
+        I: IntoIterator<Item = B>,
+        B: AsRef<[u8]>,
+    {
+        let mut data = Vec::new();
+        for item in items {
+            let item = item.as_ref();
+            data.extend_from_slice(&(item.len() as u32).to_le_bytes());
+            data.extend_from_slice(item);
+        }
+        Tensor {
+            name: name.to_owned(),
+            datatype: Datatype::Bytes,
+            shape: shape.to_vec(),
+            data,
+        }
+    }
+
+    /// The elements of a BYTES tensor.
+    pub fn bytes_elements(&self) -> Result<Vec<&[u8]>> {
+        self.expect(Datatype::Bytes)?;
+        let mut out = Vec::new();
+        let mut rest = &self.data[..];
+        while !rest.is_empty() {
+            let malformed =
+                || Error::invalid(format!("tensor '{}' has malformed BYTES data", self.name));
+            let len = rest.get(..4).ok_or_else(malformed)?;
+            let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+            let item = rest.get(4..4 + len).ok_or_else(malformed)?;
+            out.push(item);
+            rest = &rest[4 + len..];
+        }
+        Ok(out)
+    }
+
+    /// Number of elements the shape describes.
+    pub fn element_count(&self) -> usize {
+        self.shape.iter().map(|&d| d.max(0) as usize).product()
+    }
+}
+
+/// Services of the host.
+pub mod host {
+    use super::{bindings::wasmtron::stage::host, LogLevel, Result, Tensor};
+
+    /// Writes a line to the server log.
+    pub fn log(level: LogLevel, message: &str) {
+        host::log(level, message);
+    }
+
+    /// Runs another model on the server and returns its outputs (all of them when
+    /// `outputs` is empty).
+    pub fn infer(
+        model: &str,
+        version: Option<i64>,
+        inputs: &[Tensor],
+        outputs: &[&str],
+    ) -> Result<Vec<Tensor>> {
+        let outputs: Vec<String> = outputs.iter().map(|s| s.to_string()).collect();
+        host::infer(model, version, inputs, &outputs).map_err(Into::into)
+    }
+}
+
+/// Exports a [`Stage`] implementation as the component's `wasmtron:stage/model`.
+#[macro_export]
+macro_rules! export_stage {
+    ($stage:ty) => {
+        #[doc(hidden)]
+        pub struct __WasmtronStageExport;
+
+        ::std::thread_local! {
+            static __WASMTRON_STAGE: ::core::cell::RefCell<::core::option::Option<$stage>> =
+                const { ::core::cell::RefCell::new(::core::option::Option::None) };
+        }
+
+        impl $crate::bindings::exports::wasmtron::stage::model::Guest for __WasmtronStageExport {
+            fn init(
+                config_json: ::std::string::String,
+                parameters: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
+            ) -> ::core::result::Result<(), $crate::WitError> {
+                let config = $crate::Config { json: config_json, parameters };
+                let stage = <$stage as $crate::Stage>::init(&config).map_err($crate::WitError::from)?;
+                __WASMTRON_STAGE.with(|s| *s.borrow_mut() = ::core::option::Option::Some(stage));
+                Ok(())
+            }
+
+            fn execute(
+                requests: ::std::vec::Vec<$crate::Request>,
+            ) -> ::std::vec::Vec<::core::result::Result<::std::vec::Vec<$crate::Tensor>, $crate::WitError>> {
+                __WASMTRON_STAGE.with(|s| {
+                    let mut s = s.borrow_mut();
+                    requests
+                        .iter()
+                        .map(|r| match s.as_mut() {
+                            ::core::option::Option::Some(stage) => {
+                                <$stage as $crate::Stage>::execute(stage, r).map_err($crate::WitError::from)
+                            }
+                            ::core::option::Option::None => {
+                                Err($crate::Error::internal("stage used before init").into())
+                            }
+                        })
+                        .collect()
+                })
+            }
+        }
+
+        $crate::bindings::__export_stage_world!(__WasmtronStageExport with_types_in $crate::bindings);
+    };
+}

@@ -82,6 +82,9 @@ struct Cli {
     /// Requests each model version may queue before answering UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     model_queue_capacity: usize,
+    /// Directory for compiled Wasm stages (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
+    #[arg(long)]
+    wasm_cache_dir: Option<PathBuf>,
     /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
     #[arg(long)]
     onnxruntime_library: Option<PathBuf>,
@@ -162,6 +165,11 @@ async fn main() -> anyhow::Result<()> {
             onnxruntime_library: cli.onnxruntime_library.clone(),
             disable_auto_complete: cli.disable_auto_complete_config,
             default_max_batch_size: default_max_batch_size(&cli.backend_config)?,
+            wasm_cache_dir: cli
+                .wasm_cache_dir
+                .clone()
+                .or_else(wasmtron::runtime::wasm::engine::default_cache_dir),
+            model_caller: None,
         },
         queue_capacity: cli.model_queue_capacity,
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),

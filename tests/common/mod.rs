@@ -24,6 +24,29 @@ pub fn example_repository() -> PathBuf {
     workspace().join("model_repository")
 }
 
+/// Adds a copy of the probe stage (tests/guests/probe) as `name` with the given `mode` and
+/// extra config.pbtxt parameters.
+pub fn add_probe(repo: &Path, name: &str, mode: &str, params: &[(&str, &str)]) {
+    let src = workspace().join("tests/models/probe");
+    assert!(
+        src.join("1/model.wasm").exists(),
+        "probe stage not built; run `make stages`"
+    );
+    let dst = repo.join(name);
+    copy_dir(&src, &dst);
+    let mut config = std::fs::read_to_string(dst.join("config.pbtxt")).unwrap();
+    config = config.replace(
+        "string_value: \"echo\"",
+        &format!("string_value: \"{mode}\""),
+    );
+    for (k, v) in params {
+        config.push_str(&format!(
+            "parameters [ {{ key: \"{k}\", value: {{ string_value: \"{v}\" }} }} ]\n"
+        ));
+    }
+    std::fs::write(dst.join("config.pbtxt"), config).unwrap();
+}
+
 /// A fresh repository in a temp dir holding copies of the named models from the example
 /// repository or `tests/models`.
 pub fn temp_repository(models: &[&str]) -> TempDir {
@@ -111,6 +134,11 @@ impl TestServer {
             .args(["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"])
             .args(["--metrics-address", "127.0.0.1"])
             .args(extra)
+            // Compiled stages are shared by the tests of one run, never written to $HOME.
+            .env(
+                "WASMTRON_CACHE_DIR",
+                std::env::temp_dir().join(format!("wasmtron-test-cache-{}", std::process::id())),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start wasmtron");

@@ -4,11 +4,13 @@
 
 pub mod onnx;
 pub mod request_check;
+pub mod wasm;
 
 use std::{path::PathBuf, time::Duration};
 
 use crate::{
     error::{Error, Result},
+    inference::{InferRequest, InferResponse},
     proto::inference::ModelConfig,
     repository::validate::{backend_name, ONNXRUNTIME},
     tensor::Tensor,
@@ -25,14 +27,34 @@ pub struct ExecTimings {
     pub compute_output: Duration,
 }
 
-/// One execution instance of a model (one ONNX Runtime session, ...).
+/// One execution instance of a model (an ONNX Runtime session, a Wasm stage instance).
 pub trait ModelInstance: Send {
-    /// Runs the model on validated inputs and returns the named outputs, in that order.
+    /// Runs the model on a validated request and returns the named outputs, in that order.
     fn execute(
         &mut self,
-        inputs: &[Tensor],
+        request: &InferRequest,
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)>;
+}
+
+/// How a backend reaches other models (a stage's `infer` import) without knowing the layers
+/// above it: the scheduling layer provides the implementation. Blocking; called from model
+/// worker threads only.
+pub trait ModelCaller: Send + Sync + std::fmt::Debug {
+    /// Runs a request through the target model's normal scheduling and waits for the result.
+    fn infer(&self, request: InferRequest) -> Result<InferResponse>;
+}
+
+/// Total instances over all instance groups (a group's count of 0 means 1); 1 without groups.
+pub fn instance_count(config: &ModelConfig) -> usize {
+    if config.instance_group.is_empty() {
+        return 1;
+    }
+    config
+        .instance_group
+        .iter()
+        .map(|g| g.count.max(1) as usize)
+        .sum()
 }
 
 /// A model version ready to serve: its completed configuration and its instances.
@@ -52,6 +74,10 @@ pub struct RuntimeOptions {
     pub disable_auto_complete: bool,
     /// `max_batch_size` that auto-completion gives to models with a variable first dimension.
     pub default_max_batch_size: i32,
+    /// Where compiled Wasm components are cached; `None` compiles every time.
+    pub wasm_cache_dir: Option<PathBuf>,
+    /// Lets Wasm stages call other models.
+    pub model_caller: Option<std::sync::Arc<dyn ModelCaller>>,
 }
 
 /// Loads one version of a model with the backend its configuration names.
@@ -63,9 +89,11 @@ pub fn load(
     let backend = backend_name(&config).unwrap_or_else(|| ONNXRUNTIME.to_owned());
     match backend.as_str() {
         ONNXRUNTIME => onnx::load(config, version_dir, options),
+        wasm::BACKEND => wasm::load(config, version_dir, options),
         other => Err(Error::invalid(format!(
-            "model '{}': backend '{other}' is not available (this server runs: {ONNXRUNTIME})",
-            config.name
+            "model '{}': backend '{other}' is not available (this server runs: {ONNXRUNTIME}, {})",
+            config.name,
+            wasm::BACKEND
         ))),
     }
 }

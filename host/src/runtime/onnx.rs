@@ -19,9 +19,10 @@ use ort::{
     },
 };
 
-use super::{ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions};
+use super::{instance_count, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions};
 use crate::{
     error::{Error, Result},
+    inference::InferRequest,
     proto::inference::{model_instance_group::Kind, ModelConfig, ModelInput, ModelOutput},
     tensor::{bytes_elements, push_bytes_element, shape_string, DataType, Tensor},
 };
@@ -198,18 +199,6 @@ fn output_types(config: &ModelConfig) -> Vec<(String, DataType)> {
         .iter()
         .filter_map(|o| Some((o.name.clone(), DataType::from_config_value(o.data_type)?)))
         .collect()
-}
-
-/// Total instances over all instance groups (a group's count of 0 means 1); 1 without groups.
-pub fn instance_count(config: &ModelConfig) -> usize {
-    if config.instance_group.is_empty() {
-        return 1;
-    }
-    config
-        .instance_group
-        .iter()
-        .map(|g| g.count.max(1) as usize)
-        .sum()
 }
 
 fn thread_counts(config: &ModelConfig, instances: usize) -> Result<(usize, usize)> {
@@ -428,10 +417,11 @@ struct OnnxInstance {
 impl ModelInstance for OnnxInstance {
     fn execute(
         &mut self,
-        inputs: &[Tensor],
+        request: &InferRequest,
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
         let start = Instant::now();
+        let inputs = &request.inputs;
         let mut values: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
             Vec::with_capacity(inputs.len());
         for tensor in inputs {

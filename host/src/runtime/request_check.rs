@@ -7,7 +7,7 @@ use crate::{
     error::{Error, Result},
     inference::InferRequest,
     proto::inference::ModelConfig,
-    tensor::{shape_string, DataType},
+    tensor::{shape_string, DataType, Tensor},
 };
 
 /// Validates inputs and requested outputs; returns the request's batch size (1 for models
@@ -106,10 +106,119 @@ pub fn check_request(config: &ModelConfig, request: &InferRequest) -> Result<usi
     Ok(batch.map_or(1, |b| b as usize))
 }
 
+/// Checks what a backend returned against the configuration: exactly the requested outputs
+/// (returned in the requested order), declared datatypes and dimensions, the request's batch
+/// size, consistent data sizes and at most `max_bytes` in total.
+pub fn check_outputs(
+    config: &ModelConfig,
+    requested: &[String],
+    mut tensors: Vec<Tensor>,
+    batch: Option<i64>,
+    max_bytes: usize,
+) -> Result<Vec<Tensor>> {
+    let mut ordered = Vec::with_capacity(requested.len());
+    let mut total = 0usize;
+    for name in requested {
+        let index = tensors
+            .iter()
+            .position(|t| &t.name == name)
+            .ok_or_else(|| {
+                Error::internal(format!("did not return the requested output '{name}'"))
+            })?;
+        let tensor = tensors.swap_remove(index);
+        let Some(declared) = config.output.iter().find(|o| &o.name == name) else {
+            return Err(Error::internal(format!(
+                "returned output '{name}' that config.pbtxt does not declare"
+            )));
+        };
+        let want = DataType::from_config_value(declared.data_type);
+        if want != Some(tensor.datatype) {
+            return Err(Error::internal(format!(
+                "returned output '{name}' as {} but config.pbtxt declares {}",
+                tensor.datatype,
+                want.map_or("TYPE_INVALID", |d| d.config_name())
+            )));
+        }
+        let mut expected = declared.dims.clone();
+        if config.max_batch_size > 0 {
+            expected.insert(0, batch.unwrap_or(-1));
+        }
+        let fits = tensor.shape.len() == expected.len()
+            && tensor
+                .shape
+                .iter()
+                .zip(&expected)
+                .all(|(&got, &want)| got >= 0 && (want == -1 || got == want));
+        if !fits {
+            return Err(Error::internal(format!(
+                "returned output '{name}' with shape {} but config.pbtxt expects {}",
+                shape_string(&tensor.shape),
+                shape_string(&expected)
+            )));
+        }
+        tensor.validate_size().map_err(|e| {
+            Error::internal(format!(
+                "returned a malformed output: {}",
+                e.message.replacen("input", "output", 1)
+            ))
+        })?;
+        total = total.saturating_add(tensor.data.len());
+        if total > max_bytes {
+            return Err(Error::internal(format!(
+                "returned more than {} MiB of output (parameter max_output_mb)",
+                max_bytes >> 20
+            )));
+        }
+        ordered.push(tensor);
+    }
+    if let Some(extra) = tensors.first() {
+        return Err(Error::internal(format!(
+            "returned output '{}' that was not requested",
+            extra.name
+        )));
+    }
+    Ok(ordered)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{proto::inference::ModelInput, tensor::Tensor};
+    use crate::proto::inference::{ModelInput, ModelOutput};
+
+    #[test]
+    fn outputs_are_reordered_and_checked() {
+        let mut c = config();
+        c.output = vec![ModelOutput {
+            name: "y".into(),
+            data_type: DataType::Int32.config_value(),
+            dims: vec![2],
+            ..Default::default()
+        }];
+        let t = |shape: Vec<i64>, len: usize| Tensor {
+            name: "y".into(),
+            datatype: DataType::Int32,
+            shape,
+            data: vec![0u8; len].into(),
+        };
+        let ok =
+            check_outputs(&c, &["y".into()], vec![t(vec![3, 2], 24)], Some(3), 1 << 20).unwrap();
+        assert_eq!(ok.len(), 1);
+        let e = check_outputs(&c, &["y".into()], vec![t(vec![2, 2], 16)], Some(3), 1 << 20)
+            .unwrap_err();
+        assert!(e.message.contains("expects [3,2]"), "{}", e.message);
+        let e = check_outputs(&c, &["y".into()], vec![t(vec![3, 2], 20)], Some(3), 1 << 20)
+            .unwrap_err();
+        assert!(e.message.contains("malformed output"), "{}", e.message);
+        let e = check_outputs(&c, &["y".into()], vec![t(vec![3, 2], 24)], Some(3), 10).unwrap_err();
+        assert!(e.message.contains("max_output_mb"), "{}", e.message);
+        let e = check_outputs(&c, &["y".into()], vec![], Some(3), 10).unwrap_err();
+        assert!(
+            e.message
+                .contains("did not return the requested output 'y'"),
+            "{}",
+            e.message
+        );
+    }
 
     fn config() -> ModelConfig {
         ModelConfig {

@@ -123,7 +123,7 @@ fn run_job(
     let started = Instant::now();
     let queued = started - job.enqueued;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        instance.execute(&job.request.inputs, &job.outputs)
+        instance.execute(&job.request, &job.outputs)
     }))
     .unwrap_or_else(|_| {
         Err(Error::internal(format!(

@@ -20,7 +20,7 @@ use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse},
     repository::ModelRepository,
-    runtime::{request_check::check_request, RuntimeOptions},
+    runtime::{request_check::check_request, ModelCaller, RuntimeOptions},
 };
 
 /// How the set of loaded models may change (`--model-control-mode`).
@@ -51,6 +51,25 @@ pub struct ServerOptions {
     pub queue_capacity: usize,
     /// Poll interval in poll mode.
     pub poll_interval: Duration,
+}
+
+/// Lets stages call models through the server's normal path (BLS). Holds the server weakly so
+/// that the server can be dropped.
+#[derive(Debug)]
+struct ServerCaller {
+    server: std::sync::Weak<Server>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl ModelCaller for ServerCaller {
+    fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let server = self
+            .server
+            .upgrade()
+            .ok_or_else(|| Error::unavailable("the server is shutting down"))?;
+        // Called on a model worker thread, never on the async runtime.
+        self.runtime.block_on(server.infer(request))
+    }
 }
 
 /// Shared state behind every frontend.
@@ -86,31 +105,41 @@ impl Server {
                 )));
             }
         }
-        let manager = Arc::new(ModelManager::new(
-            repository,
-            ManagerOptions {
-                runtime: options.runtime.clone(),
-                queue_capacity: options.queue_capacity,
-            },
-        ));
-        match options.control_mode {
+        let runtime = tokio::runtime::Handle::current();
+        let server = Arc::new_cyclic(|weak| {
+            let mut runtime_options = options.runtime.clone();
+            runtime_options.model_caller = Some(Arc::new(ServerCaller {
+                server: weak.clone(),
+                runtime,
+            }));
+            let manager = Arc::new(ModelManager::new(
+                repository,
+                ManagerOptions {
+                    runtime: runtime_options,
+                    queue_capacity: options.queue_capacity,
+                },
+            ));
+            Self {
+                manager,
+                options,
+                started: AtomicBool::new(false),
+                stopping: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
+                idle: Notify::new(),
+            }
+        });
+        let manager = &server.manager;
+        match server.options.control_mode {
             ControlMode::None | ControlMode::Poll => manager.load_all().await?,
             ControlMode::Explicit => {
-                if options.load_models.iter().any(|m| m == "*") {
+                if server.options.load_models.iter().any(|m| m == "*") {
                     manager.load_all().await?;
                 } else {
-                    manager.load_many(&options.load_models).await;
+                    manager.load_many(&server.options.load_models).await;
                 }
             }
         }
-        let server = Arc::new(Self {
-            manager,
-            options,
-            started: AtomicBool::new(true),
-            stopping: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
-            idle: Notify::new(),
-        });
+        server.started.store(true, Ordering::Release);
         if server.options.control_mode == ControlMode::Poll {
             let poller = server.clone();
             tokio::spawn(async move {

@@ -1,0 +1,123 @@
+//! The one wasmtime engine of the process: configured once (epoch interruption for
+//! deadlines), ticked by a background thread, and backed by an on-disk cache of compiled
+//! components so that a restart does not recompile (Python/JS stages take seconds to compile).
+
+use std::{
+    hash::{Hash, Hasher},
+    path::{Path, PathBuf},
+    sync::OnceLock,
+    time::Duration,
+};
+
+use sha2::{Digest, Sha256};
+use wasmtime::{component::Component, Config, Engine};
+
+use crate::error::{Error, Result};
+
+/// How often the epoch advances; deadlines are whole numbers of ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// The shared engine, created on first use with its ticker thread.
+pub fn engine() -> Result<&'static Engine> {
+    static ENGINE: OnceLock<std::result::Result<Engine, String>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let mut config = Config::new();
+            // Deadlines without fuel's per-instruction cost: a ticker bumps the epoch and each
+            // store traps once it is past its deadline.
+            config.epoch_interruption(true);
+            config.parallel_compilation(true);
+            let engine = Engine::new(&config).map_err(|e| format!("cannot start wasmtime: {e}"))?;
+            let ticker = engine.clone();
+            std::thread::Builder::new()
+                .name("wasm-epoch".into())
+                .spawn(move || loop {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticker.increment_epoch();
+                })
+                .map_err(|e| format!("cannot start the epoch ticker: {e}"))?;
+            Ok(engine)
+        })
+        .as_ref()
+        .map_err(|e| Error::internal(e.clone()))
+}
+
+/// Where compiled components are kept: `WASMTRON_CACHE_DIR`, else `$XDG_CACHE_HOME/wasmtron`,
+/// else `$HOME/.cache/wasmtron`. The cache holds native code that is loaded without
+/// re-validation, so it must live somewhere only this user can write.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("WASMTRON_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("wasmtron"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("wasmtron"))
+}
+
+/// Cache key: the engine's compatibility hash (wasmtime version and configuration) and the
+/// component bytes.
+fn cache_key(engine: &Engine, wasm: &[u8]) -> String {
+    let mut engine_hash = std::collections::hash_map::DefaultHasher::new();
+    engine
+        .precompile_compatibility_hash()
+        .hash(&mut engine_hash);
+    let mut sha = Sha256::new();
+    sha.update(engine_hash.finish().to_le_bytes());
+    sha.update(wasm);
+    sha.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether a component came from the cache or was compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompileSource {
+    /// Loaded from a previously compiled artifact.
+    Cache,
+    /// Compiled now (and stored, when a cache directory is set).
+    Compiled,
+}
+
+/// Loads a component: from the cache when a matching compiled artifact exists, otherwise by
+/// compiling and storing the result.
+pub fn load_component(
+    engine: &Engine,
+    wasm_path: &Path,
+    cache_dir: Option<&Path>,
+) -> Result<(Component, CompileSource)> {
+    let wasm = std::fs::read(wasm_path)
+        .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", wasm_path.display())))?;
+    let cached = cache_dir.map(|dir| dir.join(format!("{}.cwasm", cache_key(engine, &wasm))));
+    if let Some(path) = cached.as_ref().filter(|p| p.is_file()) {
+        // SAFETY: the file was written by `Component::serialize` of an engine with the same
+        // compatibility hash (it is in the file name), in a directory only this user writes.
+        match unsafe { Component::deserialize_file(engine, path) } {
+            Ok(component) => return Ok((component, CompileSource::Cache)),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "ignoring unusable compiled component")
+            }
+        }
+    }
+    let component = Component::new(engine, &wasm).map_err(|e| {
+        Error::invalid(format!(
+            "'{}' is not a valid WebAssembly component: {e:#}",
+            wasm_path.display()
+        ))
+    })?;
+    if let Some(path) = cached {
+        if let Err(e) = store(&component, &path) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot cache the compiled component");
+        }
+    }
+    Ok((component, CompileSource::Compiled))
+}
+
+fn store(component: &Component, path: &Path) -> std::io::Result<()> {
+    let bytes = component.serialize().map_err(std::io::Error::other)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    // Write-then-rename so that a concurrent reader never sees half a file.
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(tmp, path)
+}

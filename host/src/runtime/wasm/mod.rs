@@ -1,0 +1,421 @@
+//! The WebAssembly backend: a model whose configuration says `backend: "wasm"` is a component
+//! targeting the `wasmtron:stage` world (`wit/stage.wit`). Each execution instance owns a
+//! sandboxed store; a trap (panic, deadline, memory cap) discards it and the next request
+//! gets a fresh, re-initialised instance.
+
+pub mod engine;
+pub mod sandbox;
+
+use std::{path::Path, sync::Arc};
+
+use wasmtime::{
+    component::{HasSelf, Linker},
+    Store, Trap,
+};
+
+use self::sandbox::{SandboxLimits, StageState};
+use super::{
+    instance_count, request_check::check_outputs, ExecTimings, LoadedBackend, ModelInstance,
+    RuntimeOptions,
+};
+use crate::{
+    error::{Code, Error, Result},
+    inference::{InferRequest, ParamValue, RequestedOutput},
+    proto::inference::ModelConfig,
+    repository::config::to_json,
+    tensor::{DataType, Tensor},
+};
+
+/// Generated from `wit/stage.wit`.
+mod bindings {
+    #![allow(missing_docs)]
+    wasmtime::component::bindgen!({ path: "../wit", world: "stage" });
+}
+
+use bindings::wasmtron::stage::{host as wit_host, types as wit};
+
+/// Default file name of a stage inside a version directory.
+pub const DEFAULT_MODEL_FILENAME: &str = "model.wasm";
+
+/// The backend name in config.pbtxt.
+pub const BACKEND: &str = "wasm";
+
+fn to_wit_datatype(d: DataType) -> wit::Datatype {
+    match d {
+        DataType::Bool => wit::Datatype::Bool,
+        DataType::Uint8 => wit::Datatype::Uint8,
+        DataType::Uint16 => wit::Datatype::Uint16,
+        DataType::Uint32 => wit::Datatype::Uint32,
+        DataType::Uint64 => wit::Datatype::Uint64,
+        DataType::Int8 => wit::Datatype::Int8,
+        DataType::Int16 => wit::Datatype::Int16,
+        DataType::Int32 => wit::Datatype::Int32,
+        DataType::Int64 => wit::Datatype::Int64,
+        DataType::Fp16 => wit::Datatype::Fp16,
+        DataType::Fp32 => wit::Datatype::Fp32,
+        DataType::Fp64 => wit::Datatype::Fp64,
+        DataType::Bf16 => wit::Datatype::Bf16,
+        DataType::Bytes => wit::Datatype::Bytes,
+    }
+}
+
+fn from_wit_datatype(d: wit::Datatype) -> DataType {
+    match d {
+        wit::Datatype::Bool => DataType::Bool,
+        wit::Datatype::Uint8 => DataType::Uint8,
+        wit::Datatype::Uint16 => DataType::Uint16,
+        wit::Datatype::Uint32 => DataType::Uint32,
+        wit::Datatype::Uint64 => DataType::Uint64,
+        wit::Datatype::Int8 => DataType::Int8,
+        wit::Datatype::Int16 => DataType::Int16,
+        wit::Datatype::Int32 => DataType::Int32,
+        wit::Datatype::Int64 => DataType::Int64,
+        wit::Datatype::Fp16 => DataType::Fp16,
+        wit::Datatype::Fp32 => DataType::Fp32,
+        wit::Datatype::Fp64 => DataType::Fp64,
+        wit::Datatype::Bf16 => DataType::Bf16,
+        wit::Datatype::Bytes => DataType::Bytes,
+    }
+}
+
+fn to_wit_tensor(t: &Tensor) -> wit::Tensor {
+    wit::Tensor {
+        name: t.name.clone(),
+        datatype: to_wit_datatype(t.datatype),
+        shape: t.shape.clone(),
+        data: t.data.to_vec(),
+    }
+}
+
+fn from_wit_tensor(t: wit::Tensor) -> Tensor {
+    Tensor {
+        name: t.name,
+        datatype: from_wit_datatype(t.datatype),
+        shape: t.shape,
+        data: t.data.into(),
+    }
+}
+
+fn to_wit_error(e: Error) -> wit::Error {
+    let code = match e.code {
+        Code::InvalidArg | Code::AlreadyExists | Code::Cancelled => wit::ErrorCode::InvalidArgument,
+        Code::NotFound => wit::ErrorCode::NotFound,
+        Code::Unavailable => wit::ErrorCode::Unavailable,
+        Code::Unsupported => wit::ErrorCode::Unsupported,
+        Code::Internal => wit::ErrorCode::Internal,
+    };
+    wit::Error {
+        code,
+        message: e.message,
+    }
+}
+
+fn from_wit_error(model: &str, e: wit::Error) -> Error {
+    let code = match e.code {
+        wit::ErrorCode::InvalidArgument => Code::InvalidArg,
+        wit::ErrorCode::NotFound => Code::NotFound,
+        wit::ErrorCode::Unavailable => Code::Unavailable,
+        wit::ErrorCode::Unsupported => Code::Unsupported,
+        wit::ErrorCode::Internal => Code::Internal,
+    };
+    Error::new(code, format!("stage '{model}': {}", e.message))
+}
+
+impl wit::Host for StageState {}
+
+impl wit_host::Host for StageState {
+    fn log(&mut self, level: wit_host::LogLevel, message: String) {
+        let model = self.model.as_str();
+        match level {
+            wit_host::LogLevel::Error => tracing::error!(model, "{message}"),
+            wit_host::LogLevel::Warn => tracing::warn!(model, "{message}"),
+            wit_host::LogLevel::Info => tracing::info!(model, "{message}"),
+            wit_host::LogLevel::Debug => tracing::debug!(model, "{message}"),
+        }
+    }
+
+    fn infer(
+        &mut self,
+        model: String,
+        version: Option<i64>,
+        inputs: Vec<wit::Tensor>,
+        requested_outputs: Vec<String>,
+    ) -> std::result::Result<Vec<wit::Tensor>, wit::Error> {
+        let Some(caller) = self.caller.clone() else {
+            return Err(to_wit_error(Error::unsupported(
+                "calling other models is not available in this context",
+            )));
+        };
+        let request = InferRequest {
+            model_name: model,
+            model_version: version,
+            id: String::new(),
+            parameters: Default::default(),
+            inputs: inputs.into_iter().map(from_wit_tensor).collect(),
+            outputs: requested_outputs
+                .into_iter()
+                .map(|name| RequestedOutput {
+                    name,
+                    parameters: Default::default(),
+                })
+                .collect(),
+        };
+        caller
+            .infer(request)
+            .map(|resp| resp.outputs.iter().map(to_wit_tensor).collect())
+            .map_err(to_wit_error)
+    }
+}
+
+/// What every instance of one stage model shares.
+struct StageModel {
+    name: String,
+    config: ModelConfig,
+    config_json: String,
+    parameters: Vec<(String, String)>,
+    limits: SandboxLimits,
+    pre: bindings::StagePre<StageState>,
+    caller: Option<Arc<dyn super::ModelCaller>>,
+}
+
+type Live = (Store<StageState>, bindings::Stage);
+
+impl StageModel {
+    fn deadline_ticks(&self) -> u64 {
+        let tick = engine::EPOCH_TICK.as_millis() as u64;
+        self.limits.execution_timeout_ms.div_ceil(tick).max(1)
+    }
+
+    /// Explains a trap: deadline, memory cap, or whatever the stage printed.
+    fn trap_error(&self, store: &Store<StageState>, err: &wasmtime::Error, during: &str) -> Error {
+        let printed = store.data().printed();
+        let detail = if printed.is_empty() {
+            String::new()
+        } else {
+            format!("; stage output: {printed}")
+        };
+        let reason = if matches!(err.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
+            format!(
+                "exceeded its execution deadline of {} ms (parameter execution_timeout_ms)",
+                self.limits.execution_timeout_ms
+            )
+        } else if store.data().limits.exceeded {
+            format!(
+                "exceeded its memory limit of {} MiB (parameter memory_limit_mb)",
+                self.limits.memory_limit_mb
+            )
+        } else {
+            format!("trapped: {}", err.root_cause())
+        };
+        Error::internal(format!(
+            "stage '{}' {reason} during {during}; the instance was discarded{detail}",
+            self.name
+        ))
+    }
+
+    fn instantiate(&self) -> Result<Live> {
+        let engine = engine::engine()?;
+        let mut store = Store::new(
+            engine,
+            StageState::new(&self.name, &self.limits, self.caller.clone()),
+        );
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(self.deadline_ticks());
+        let stage = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| self.trap_error(&store, &e, "instantiation"))?;
+        match stage.wasmtron_stage_model().call_init(
+            &mut store,
+            &self.config_json,
+            &self.parameters,
+        ) {
+            Ok(Ok(())) => Ok((store, stage)),
+            Ok(Err(e)) => Err(from_wit_error(
+                &self.name,
+                wit::Error {
+                    message: format!("init failed: {}", e.message),
+                    ..e
+                },
+            )),
+            Err(e) => Err(self.trap_error(&store, &e, "init")),
+        }
+    }
+}
+
+/// One execution instance of a stage.
+struct StageInstance {
+    model: Arc<StageModel>,
+    live: Option<Live>,
+}
+
+fn wit_parameters(request: &InferRequest) -> Vec<wit::Parameter> {
+    request
+        .parameters
+        .iter()
+        .map(|(key, value)| wit::Parameter {
+            key: key.clone(),
+            value: match value {
+                ParamValue::Bool(b) => wit::ParamValue::Bool(*b),
+                ParamValue::Int(i) => wit::ParamValue::Int(*i),
+                ParamValue::Uint(u) => match i64::try_from(*u) {
+                    Ok(i) => wit::ParamValue::Int(i),
+                    Err(_) => wit::ParamValue::Double(*u as f64),
+                },
+                ParamValue::Double(d) => wit::ParamValue::Double(*d),
+                ParamValue::String(s) => wit::ParamValue::String(s.clone()),
+            },
+        })
+        .collect()
+}
+
+impl ModelInstance for StageInstance {
+    fn execute(
+        &mut self,
+        request: &InferRequest,
+        outputs: &[String],
+    ) -> Result<(Vec<Tensor>, ExecTimings)> {
+        let start = std::time::Instant::now();
+        let (mut store, stage) = match self.live.take() {
+            Some(live) => live,
+            None => self.model.instantiate()?,
+        };
+        store.set_epoch_deadline(self.model.deadline_ticks());
+        let wit_request = wit::Request {
+            id: request.id.clone(),
+            inputs: request.inputs.iter().map(to_wit_tensor).collect(),
+            requested_outputs: outputs.to_vec(),
+            parameters: wit_parameters(request),
+        };
+        let prepared = std::time::Instant::now();
+        let result = stage
+            .wasmtron_stage_model()
+            .call_execute(&mut store, std::slice::from_ref(&wit_request));
+        let ran = std::time::Instant::now();
+        let mut results = match result {
+            Ok(results) => results,
+            // The store is dropped here: a trapped instance is never entered again.
+            Err(e) => return Err(self.model.trap_error(&store, &e, "execute")),
+        };
+        self.live = Some((store, stage));
+        if results.len() != 1 {
+            return Err(Error::internal(format!(
+                "stage '{}' returned {} results for 1 request",
+                self.model.name,
+                results.len()
+            )));
+        }
+        let tensors = results
+            .pop()
+            .unwrap_or_else(|| {
+                Err(wit::Error {
+                    code: wit::ErrorCode::Internal,
+                    message: "no result".into(),
+                })
+            })
+            .map_err(|e| from_wit_error(&self.model.name, e))?;
+        let tensors: Vec<Tensor> = tensors.into_iter().map(from_wit_tensor).collect();
+        let batch = if self.model.config.max_batch_size > 0 {
+            request
+                .inputs
+                .first()
+                .and_then(|t| t.shape.first())
+                .copied()
+        } else {
+            None
+        };
+        let max_bytes = usize::try_from(self.model.limits.max_output_mb.saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX);
+        let tensors = check_outputs(&self.model.config, outputs, tensors, batch, max_bytes)
+            .map_err(|e| {
+                Error::new(e.code, format!("stage '{}' {}", self.model.name, e.message))
+            })?;
+        let timings = ExecTimings {
+            compute_input: prepared - start,
+            compute_infer: ran - prepared,
+            compute_output: ran.elapsed(),
+        };
+        Ok((tensors, timings))
+    }
+}
+
+/// Loads a stage: compiles (or loads from cache) the component, links the sandbox, and
+/// creates the instances, initialising the first one so that a broken `init` fails the load.
+pub fn load(
+    config: ModelConfig,
+    version_dir: &Path,
+    options: &RuntimeOptions,
+) -> Result<LoadedBackend> {
+    let name = config.name.clone();
+    if config.input.is_empty() || config.output.is_empty() {
+        return Err(Error::invalid(format!(
+            "model '{name}': a wasm stage must declare its inputs and outputs in config.pbtxt"
+        )));
+    }
+    let file = if config.default_model_filename.is_empty() {
+        DEFAULT_MODEL_FILENAME
+    } else {
+        config.default_model_filename.as_str()
+    };
+    let path = version_dir.join(file);
+    if !path.is_file() {
+        return Err(Error::invalid(format!(
+            "model '{name}': stage file '{}' not found",
+            path.display()
+        )));
+    }
+    let limits = SandboxLimits::from_config(&config)?;
+    let engine = engine::engine()?;
+    let started = std::time::Instant::now();
+    let (component, source) =
+        engine::load_component(engine, &path, options.wasm_cache_dir.as_deref())
+            .map_err(|e| Error::invalid(format!("model '{name}': {}", e.message)))?;
+    let how = match source {
+        engine::CompileSource::Cache => "loaded from cache",
+        engine::CompileSource::Compiled => "compiled",
+    };
+    tracing::info!(model = %name, ms = started.elapsed().as_millis() as u64, "stage component {how}");
+    let mut linker = Linker::<StageState>::new(engine);
+    let link = |e: wasmtime::Error| {
+        Error::internal(format!("model '{name}': cannot set up the sandbox: {e}"))
+    };
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(link)?;
+    bindings::Stage::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).map_err(link)?;
+    let pre = linker
+        .instantiate_pre(&component)
+        .and_then(bindings::StagePre::new)
+        .map_err(|e| {
+            Error::invalid(format!(
+                "model '{name}': '{}' does not fit the wasmtron:stage world (it must export wasmtron:stage/model and import only wasmtron:stage/host and WASI 0.2): {e:#}",
+                path.display()
+            ))
+        })?;
+    let parameters = config
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.string_value.clone()))
+        .collect();
+    let model = Arc::new(StageModel {
+        name: name.clone(),
+        config_json: to_json(&config).to_string(),
+        config: config.clone(),
+        parameters,
+        limits,
+        pre,
+        caller: options.model_caller.clone(),
+    });
+    let count = instance_count(&config);
+    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
+    let first = model.instantiate()?;
+    instances.push(Box::new(StageInstance {
+        model: model.clone(),
+        live: Some(first),
+    }));
+    for _ in 1..count {
+        instances.push(Box::new(StageInstance {
+            model: model.clone(),
+            live: None,
+        }));
+    }
+    Ok(LoadedBackend { config, instances })
+}

@@ -1,0 +1,159 @@
+//! The sandbox of one stage instance: limits read from the model's `parameters` with safe
+//! defaults, the store state (an empty WASI context whose only output is a bounded in-memory
+//! pipe for stdout/stderr), and a memory limiter that remembers when it refused growth.
+
+use wasmtime::ResourceLimiter;
+use wasmtime_wasi::{
+    p2::pipe::MemoryOutputPipe, ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
+};
+
+use crate::{
+    error::{Error, Result},
+    proto::inference::ModelConfig,
+};
+
+/// Per-model sandbox settings (`parameters` in config.pbtxt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxLimits {
+    /// `execution_timeout_ms`: wall-clock deadline of one `init` or `execute` call.
+    pub execution_timeout_ms: u64,
+    /// `memory_limit_mb`: the most linear memory an instance may grow to.
+    pub memory_limit_mb: u64,
+    /// `max_output_mb`: the most output bytes one request may return.
+    pub max_output_mb: u64,
+    /// `stderr_limit_kb`: how much of the stage's stdout/stderr is kept for error messages.
+    pub stderr_limit_kb: u64,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        Self {
+            execution_timeout_ms: 10_000,
+            memory_limit_mb: 512,
+            max_output_mb: 64,
+            stderr_limit_kb: 16,
+        }
+    }
+}
+
+impl SandboxLimits {
+    /// Reads the limits from the configuration's parameters.
+    pub fn from_config(config: &ModelConfig) -> Result<Self> {
+        let mut limits = Self::default();
+        for (key, slot) in [
+            ("execution_timeout_ms", &mut limits.execution_timeout_ms),
+            ("memory_limit_mb", &mut limits.memory_limit_mb),
+            ("max_output_mb", &mut limits.max_output_mb),
+            ("stderr_limit_kb", &mut limits.stderr_limit_kb),
+        ] {
+            if let Some(p) = config.parameters.get(key) {
+                *slot = p
+                    .string_value
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|v| *v > 0)
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "model '{}': parameter '{key}' must be a positive integer, got \"{}\"",
+                            config.name, p.string_value
+                        ))
+                    })?;
+            }
+        }
+        Ok(limits)
+    }
+
+    /// Memory cap in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        usize::try_from(self.memory_limit_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+}
+
+/// Caps linear memory and table growth; records a refusal so the error can say why the stage
+/// died.
+pub struct MemoryCap {
+    max_bytes: usize,
+    /// Set when a growth request was refused.
+    pub exceeded: bool,
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let allowed = desired <= self.max_bytes;
+        if !allowed {
+            self.exceeded = true;
+        }
+        Ok(allowed)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// Everything a stage's store holds.
+pub struct StageState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    /// The memory limiter.
+    pub limits: MemoryCap,
+    /// The stage's stdout and stderr, bounded.
+    pub output: MemoryOutputPipe,
+    /// Model name, for log lines.
+    pub model: String,
+    /// Calls into other models (BLS).
+    pub caller: Option<std::sync::Arc<dyn crate::runtime::ModelCaller>>,
+}
+
+impl StageState {
+    /// A fresh state: no files, no environment, no arguments, no network; output captured.
+    pub fn new(
+        model: &str,
+        limits: &SandboxLimits,
+        caller: Option<std::sync::Arc<dyn crate::runtime::ModelCaller>>,
+    ) -> Self {
+        let output = MemoryOutputPipe::new((limits.stderr_limit_kb as usize) << 10);
+        let wasi = WasiCtxBuilder::new()
+            .stdout(output.clone())
+            .stderr(output.clone())
+            .build();
+        Self {
+            wasi,
+            table: ResourceTable::new(),
+            limits: MemoryCap {
+                max_bytes: limits.memory_bytes(),
+                exceeded: false,
+            },
+            output,
+            model: model.to_owned(),
+            caller,
+        }
+    }
+
+    /// What the stage printed so far, lossily decoded and trimmed.
+    pub fn printed(&self) -> String {
+        String::from_utf8_lossy(&self.output.contents())
+            .trim()
+            .to_owned()
+    }
+}
+
+impl WasiView for StageState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! WebAssembly stages against the real binary: the Rust example with exact outputs over HTTP
+//! and gRPC, and purpose-built hostile guests (tests/guests/probe) that loop, hoard memory,
+//! panic, probe the sandbox and return bad outputs. After each, the server is healthy and the
+//! other models answer.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use wasmtron::proto::inference::{
+    grpc_inference_service_client::GrpcInferenceServiceClient,
+    model_infer_request::InferInputTensor, *,
+};
+
+fn probe_request(values: &[f32]) -> Value {
+    json!({"inputs": [{"name": "INPUT0", "shape": [1, values.len()], "datatype": "FP32", "data": values}]})
+}
+
+fn infer(s: &TestServer, model: &str, body: &Value) -> (u16, Value) {
+    let resp = http()
+        .post(s.url(&format!("/v2/models/{model}/infer")))
+        .json(body)
+        .send()
+        .unwrap();
+    (resp.status().as_u16(), resp.json().unwrap())
+}
+
+fn error(s: &TestServer, model: &str, body: &Value) -> (u16, String) {
+    let (status, body) = infer(s, model, body);
+    (
+        status,
+        body["error"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+fn report(body: &Value) -> String {
+    body["outputs"][1]["data"][0].as_str().unwrap().to_owned()
+}
+
+/// The other models still answer.
+fn assert_healthy(s: &TestServer) {
+    assert_eq!(
+        http()
+            .get(s.url("/v2/health/live"))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
+    let (status, body) = infer(s, "simple", &simple_request());
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = infer(s, "echo", &probe_request(&[1.0, 2.0]));
+    assert_eq!(status, 200, "{body}");
+}
+
+/// A probe copy: model name, mode, extra config parameters.
+type Probe<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+fn server_with(probes: &[Probe]) -> (TempDir, TestServer) {
+    let repo = temp_repository(&["simple", "topk"]);
+    add_probe(repo.path(), "echo", "echo", &[]);
+    for (name, mode, params) in probes {
+        add_probe(repo.path(), name, mode, params);
+    }
+    let s = TestServer::start(repo.path(), &["--strict-readiness", "false"]);
+    (repo, s)
+}
+
+#[test]
+fn rust_example_stage_over_http_and_grpc() {
+    let (_repo, s) = server_with(&[]);
+    let body = json!({"inputs": [{"name": "SCORES", "shape": [2, 4], "datatype": "FP32",
+        "data": [0.1, 0.7, 0.15, 0.05, 0.9, 0.02, 0.03, 0.05]}]});
+    let (status, out) = infer(&s, "topk", &body);
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(
+        out["outputs"][0],
+        json!({"name": "LABELS", "datatype": "BYTES", "shape": [2, 2],
+               "data": ["0.700000:1:90", "0.150000:2:180", "0.900000:0:0", "0.050000:3:270"]})
+    );
+    assert_eq!(out["outputs"][1]["data"], json!([1, 2, 0, 3]));
+    let meta: Value = http()
+        .get(s.url("/v2/models/topk"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(meta["platform"], "wasm");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = GrpcInferenceServiceClient::connect(s.grpc.clone())
+            .await
+            .unwrap();
+        let scores: Vec<f32> = vec![0.2, 0.1, 0.6, 0.1];
+        let resp = c
+            .model_infer(ModelInferRequest {
+                model_name: "topk".into(),
+                inputs: vec![InferInputTensor {
+                    name: "SCORES".into(),
+                    datatype: "FP32".into(),
+                    shape: vec![1, 4],
+                    parameters: Default::default(),
+                    contents: Some(InferTensorContents {
+                        fp32_contents: scores,
+                        ..Default::default()
+                    }),
+                }],
+                outputs: vec![model_infer_request::InferRequestedOutputTensor {
+                    name: "INDICES".into(),
+                    parameters: Default::default(),
+                }],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(resp.outputs.len(), 1);
+        let idx: Vec<i64> = resp.raw_output_contents[0]
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(idx, vec![2, 0]);
+    });
+}
+
+#[test]
+fn the_sandbox_denies_files_environment_arguments_and_sockets() {
+    let _ = std::fs::remove_file("/tmp/wasmtron-probe-escape");
+    let (_repo, s) = server_with(&[("sandbox", "sandbox", &[])]);
+    let (status, body) = infer(&s, "sandbox", &probe_request(&[1.0]));
+    assert_eq!(status, 200, "{body}");
+    let text = report(&body);
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no '{prefix}' in {text}"))
+            .to_owned()
+    };
+    assert!(line("read /etc/passwd:").contains("Err"), "{text}");
+    assert!(line("read_dir /:").contains("Err"), "{text}");
+    assert!(
+        line("write /tmp/wasmtron-probe-escape:").contains("Err"),
+        "{text}"
+    );
+    assert_eq!(line("env:"), "env: []");
+    assert_eq!(line("args:"), "args: []");
+    assert!(line("connect 127.0.0.1:22:").contains("Err"), "{text}");
+    assert!(
+        !std::path::Path::new("/tmp/wasmtron-probe-escape").exists(),
+        "the stage wrote a host file"
+    );
+    assert_healthy(&s);
+}
+
+#[test]
+fn an_infinite_loop_is_stopped_at_its_deadline_while_others_are_served() {
+    let (_repo, s) = server_with(&[("spin", "loop", &[("execution_timeout_ms", "1000")])]);
+    let url = s.url("/v2/models/spin/infer");
+    let spinner = std::thread::spawn(move || {
+        let resp = http()
+            .post(url)
+            .json(&probe_request(&[1.0]))
+            .send()
+            .unwrap();
+        (resp.status().as_u16(), resp.json::<Value>().unwrap())
+    });
+    // Served meanwhile, by other instances on other threads.
+    assert_healthy(&s);
+    let (status, body) = spinner.join().unwrap();
+    assert_eq!(status, 500);
+    let msg = body["error"].as_str().unwrap();
+    assert!(
+        msg.contains("stage 'spin' exceeded its execution deadline of 1000 ms"),
+        "{msg}"
+    );
+    assert_healthy(&s);
+}
+
+#[test]
+fn unbounded_allocation_stops_at_the_memory_cap() {
+    let (_repo, s) = server_with(&[("hog", "alloc", &[("memory_limit_mb", "64")])]);
+    let (status, msg) = error(&s, "hog", &probe_request(&[1.0]));
+    assert_eq!(status, 500);
+    assert!(
+        msg.contains("stage 'hog' exceeded its memory limit of 64 MiB"),
+        "{msg}"
+    );
+    assert_healthy(&s);
+}
+
+#[test]
+fn a_panic_names_the_stage_and_carries_its_message_then_a_fresh_instance_serves() {
+    let (_repo, s) = server_with(&[
+        ("fragile", "trap_on_negative", &[]),
+        ("panicky", "panic", &[]),
+    ]);
+    let (status, msg) = error(&s, "panicky", &probe_request(&[1.0]));
+    assert_eq!(status, 500);
+    assert!(msg.contains("stage 'panicky' trapped"), "{msg}");
+    assert!(msg.contains("probe panicked on purpose"), "{msg}");
+
+    let (_, body) = infer(&s, "fragile", &probe_request(&[1.0]));
+    assert_eq!(report(&body), "calls=1");
+    let (_, body) = infer(&s, "fragile", &probe_request(&[1.0]));
+    assert_eq!(report(&body), "calls=2", "the live instance is reused");
+    let (status, msg) = error(&s, "fragile", &probe_request(&[-1.0]));
+    assert_eq!(status, 500);
+    assert!(msg.contains("negative input"), "{msg}");
+    let (status, body) = infer(&s, "fragile", &probe_request(&[1.0]));
+    assert_eq!(status, 200);
+    assert_eq!(
+        report(&body),
+        "calls=1",
+        "a fresh instance took over after the trap"
+    );
+    assert_healthy(&s);
+}
+
+#[test]
+fn bad_outputs_are_refused_and_bad_inputs_never_reach_the_stage() {
+    let (_repo, s) = server_with(&[("huge", "huge_output", &[]), ("wrong", "wrong_output", &[])]);
+    let (status, msg) = error(&s, "huge", &probe_request(&[1.0]));
+    assert_eq!(status, 500);
+    assert!(msg.contains("max_output_mb"), "{msg}");
+    let (status, msg) = error(&s, "wrong", &probe_request(&[1.0]));
+    assert_eq!(status, 500);
+    assert!(
+        msg.contains("returned output 'OUTPUT0' as INT32 but config.pbtxt declares TYPE_FP32"),
+        "{msg}"
+    );
+
+    let wrong_type = json!({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}]});
+    let (status, msg) = error(&s, "echo", &wrong_type);
+    assert_eq!(status, 400);
+    assert!(msg.contains("expects 'FP32'"), "{msg}");
+    let wrong_shape =
+        json!({"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]}]});
+    let (status, _) = error(&s, "echo", &wrong_shape);
+    assert_eq!(status, 400);
+    let (_, body) = infer(&s, "echo", &probe_request(&[3.0]));
+    assert_eq!(
+        report(&body),
+        "calls=1",
+        "rejected requests never reached the stage"
+    );
+    assert_healthy(&s);
+}
+
+#[test]
+fn a_stage_calls_another_model_through_the_server() {
+    let (_repo, s) = server_with(&[("caller", "bls", &[])]);
+    let values: Vec<f32> = (0..16).map(|v| v as f32).collect();
+    let (status, body) = infer(&s, "caller", &probe_request(&values));
+    assert_eq!(status, 200, "{body}");
+    let doubled: Vec<f64> = (0..16).map(|v| (2 * v) as f64).collect();
+    assert_eq!(body["outputs"][0]["data"], json!(doubled));
+    let stats: Value = http()
+        .get(s.url("/v2/models/simple/stats"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        stats["model_stats"][0]["inference_count"], 1,
+        "the call went through simple's scheduler"
+    );
+}
+
+#[test]
+fn a_failing_init_fails_the_load_with_the_stage_message() {
+    let (_repo, s) = server_with(&[("refuser", "fail_init", &[])]);
+    let idx: Vec<Value> = http()
+        .post(s.url("/v2/repository/index"))
+        .json(&json!({}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let entry = idx.iter().find(|e| e["name"] == "refuser").unwrap();
+    assert_eq!(entry["state"], "UNAVAILABLE");
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("init failed: probe refuses to start"),
+        "{reason}"
+    );
+    assert_healthy(&s);
+}
+
+#[test]
+fn a_second_start_loads_compiled_stages_from_the_cache() {
+    let cache = TempDir::new();
+    let repo = temp_repository(&["topk"]);
+    let args = ["--wasm-cache-dir", cache.path().to_str().unwrap()];
+    let first = TestServer::start(repo.path(), &args);
+    assert!(wait_until(Duration::from_secs(30), || first
+        .log_text()
+        .contains("stage component compiled")));
+    drop(first);
+    let second = TestServer::start(repo.path(), &args);
+    assert!(
+        wait_until(Duration::from_secs(30), || second
+            .log_text()
+            .contains("stage component loaded from cache")),
+        "{}",
+        second.log_text()
+    );
+    assert!(!second.log_text().contains("stage component compiled"));
+}
