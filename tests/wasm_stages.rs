@@ -309,3 +309,42 @@ fn a_second_start_loads_compiled_stages_from_the_cache() {
     );
     assert!(!second.log_text().contains("stage component compiled"));
 }
+
+#[test]
+fn a_crash_looping_stage_reports_not_ready_until_it_recovers() {
+    let (_repo, s) = server_with(&[(
+        "flappy",
+        "trap_on_negative",
+        &[("max_consecutive_failures", "2")],
+    )]);
+    let ready = |s: &TestServer| {
+        http()
+            .get(s.url("/v2/models/flappy/ready"))
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(ready(&s), 200);
+    for _ in 0..2 {
+        assert_eq!(error(&s, "flappy", &probe_request(&[-1.0])).0, 500);
+    }
+    assert_eq!(ready(&s), 400, "two crashes in a row: not ready");
+    let metrics = http()
+        .get(format!("{}/metrics", s.metrics))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains("wasmtron_instance_restarts{model=\"flappy\",version=\"1\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("wasmtron_model_healthy{model=\"flappy\",version=\"1\"} 0"),
+        "{metrics}"
+    );
+    // Requests are still served by fresh instances; one success makes it healthy again.
+    assert_eq!(infer(&s, "flappy", &probe_request(&[1.0])).0, 200);
+    assert_eq!(ready(&s), 200);
+}

@@ -31,9 +31,12 @@ fn counter(name: &str, help: &str, labels: &[&str]) -> Option<IntCounterVec> {
 
 /// Renders every metric in the Prometheus text format.
 pub fn render(server: &Server) -> String {
-    let families = collect(server);
+    let mut families = collect(server);
+    // With no model loaded the vectors are empty, which the encoder refuses.
+    families.retain(|f| !f.get_metric().is_empty());
     let mut out = Vec::new();
-    if TextEncoder::new().encode(&families, &mut out).is_err() {
+    if let Err(e) = TextEncoder::new().encode(&families, &mut out) {
+        tracing::error!("cannot render metrics: {e}");
         return String::new();
     }
     String::from_utf8(out).unwrap_or_default()
@@ -60,6 +63,22 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
             "Instantaneous number of pending requests awaiting execution per-model.",
         ),
         &mv,
+    ) else {
+        return vec![];
+    };
+    let (Some(restarts), Ok(healthy)) = (
+        counter(
+            "wasmtron_instance_restarts",
+            "Model instances replaced after a crash (trap, deadline, memory cap)",
+            &mv,
+        ),
+        IntGaugeVec::new(
+            Opts::new(
+                "wasmtron_model_healthy",
+                "1 while the model's instances are not crash-looping",
+            ),
+            &mv,
+        ),
     ) else {
         return vec![];
     };
@@ -98,6 +117,10 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
         pending.with_label_values(&l).set(s.pending.load(Relaxed));
         load.with_label_values(&l)
             .set(m.load_duration.as_secs_f64());
+        restarts.with_label_values(&l).inc_by(m.health.restarts());
+        healthy
+            .with_label_values(&l)
+            .set(i64::from(m.health.is_healthy()));
     }
     let mut families = Vec::new();
     for c in [
@@ -106,6 +129,8 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
         families.extend(c.collect());
     }
     families.extend(pending.collect());
+    families.extend(restarts.collect());
+    families.extend(healthy.collect());
     families.extend(load.collect());
     families
 }

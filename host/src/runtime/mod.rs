@@ -6,7 +6,14 @@ pub mod onnx;
 pub mod request_check;
 pub mod wasm;
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use crate::{
     error::{Error, Result},
@@ -63,6 +70,56 @@ pub struct LoadedBackend {
     pub config: ModelConfig,
     /// One entry per execution instance.
     pub instances: Vec<Box<dyn ModelInstance>>,
+    /// Crash accounting shared by the instances.
+    pub health: Arc<InstanceHealth>,
+}
+
+/// Crash accounting for a model version: instances that trap are replaced, and a version
+/// whose instances keep trapping reports itself unhealthy (not ready) instead of flapping
+/// silently. One success makes it healthy again.
+#[derive(Debug)]
+pub struct InstanceHealth {
+    consecutive_failures: AtomicU64,
+    restarts: AtomicU64,
+    threshold: u64,
+}
+
+impl InstanceHealth {
+    /// Unhealthy after `threshold` consecutive crashes (0 never).
+    pub fn new(threshold: u64) -> Self {
+        Self {
+            consecutive_failures: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            threshold,
+        }
+    }
+    /// An instance crashed and will be replaced.
+    pub fn record_crash(&self) {
+        self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+    /// An execution succeeded.
+    pub fn record_success(&self) {
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+    }
+    /// Instances replaced after a crash so far.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+    /// Crashes since the last success.
+    pub fn consecutive_failures(&self) -> u64 {
+        self.consecutive_failures.load(Ordering::Relaxed)
+    }
+    /// False once the crashes since the last success reach the threshold.
+    pub fn is_healthy(&self) -> bool {
+        self.threshold == 0 || self.consecutive_failures() < self.threshold
+    }
+}
+
+impl Default for InstanceHealth {
+    fn default() -> Self {
+        Self::new(0)
+    }
 }
 
 /// Settings that apply to every backend.
@@ -77,7 +134,7 @@ pub struct RuntimeOptions {
     /// Where compiled Wasm components are cached; `None` compiles every time.
     pub wasm_cache_dir: Option<PathBuf>,
     /// Lets Wasm stages call other models.
-    pub model_caller: Option<std::sync::Arc<dyn ModelCaller>>,
+    pub model_caller: Option<Arc<dyn ModelCaller>>,
 }
 
 /// Loads one version of a model with the backend its configuration names.

@@ -190,7 +190,11 @@ pub fn load(
             output_types: output_types.clone(),
         }));
     }
-    Ok(LoadedBackend { config, instances })
+    Ok(LoadedBackend {
+        config,
+        instances,
+        health: Default::default(),
+    })
 }
 
 fn output_types(config: &ModelConfig) -> Vec<(String, DataType)> {

@@ -38,6 +38,8 @@ pub struct ModelVersion {
     pub load_duration: Duration,
     /// Queue and workers.
     pub scheduler: Scheduler,
+    /// Crash accounting of the instances.
+    pub health: Arc<crate::runtime::InstanceHealth>,
 }
 
 /// Lifecycle state of a model, as the repository index reports it.
@@ -154,9 +156,9 @@ impl ModelManager {
         })
     }
 
-    /// Whether the model (version) is loaded and serving.
+    /// Whether the model (version) is loaded and its instances are not crash-looping.
     pub fn is_ready(&self, name: &str, version: Option<i64>) -> bool {
-        self.get(name, version).is_ok()
+        self.get(name, version).is_ok_and(|m| m.health.is_healthy())
     }
 
     /// Versions loaded for `name`, ascending.
@@ -189,8 +191,11 @@ impl ModelManager {
         self.models
             .read()
             .map(|m| {
-                m.values()
-                    .all(|e| e.state == ModelState::Ready || e.reason == UNLOADED)
+                m.values().all(|e| {
+                    (e.state == ModelState::Ready
+                        && e.versions.values().all(|v| v.health.is_healthy()))
+                        || e.reason == UNLOADED
+                })
             })
             .unwrap_or(false)
     }
@@ -365,6 +370,7 @@ impl ModelManager {
             let loaded = runtime::load(config.clone(), &dir, &self.options.runtime)
                 .map_err(|e| Error::new(e.code, format!("{} (version {version})", e.message)))?;
             let stats = Arc::new(ModelStats::default());
+            let health = loaded.health.clone();
             let scheduler = Scheduler::start(
                 name,
                 version,
@@ -381,6 +387,7 @@ impl ModelManager {
                     stats,
                     load_duration: started.elapsed(),
                     scheduler,
+                    health,
                 }),
             );
         }

@@ -14,6 +14,7 @@ use wasmtime::{
 };
 
 use self::sandbox::{SandboxLimits, StageState};
+use super::InstanceHealth;
 use super::{
     instance_count, request_check::check_outputs, ExecTimings, LoadedBackend, ModelInstance,
     RuntimeOptions,
@@ -176,6 +177,7 @@ struct StageModel {
     limits: SandboxLimits,
     pre: bindings::StagePre<StageState>,
     caller: Option<Arc<dyn super::ModelCaller>>,
+    health: Arc<InstanceHealth>,
 }
 
 type Live = (Store<StageState>, bindings::Stage);
@@ -186,8 +188,9 @@ impl StageModel {
         self.limits.execution_timeout_ms.div_ceil(tick).max(1)
     }
 
-    /// Explains a trap: deadline, memory cap, or whatever the stage printed.
+    /// Counts the crash and explains it: deadline, memory cap, or what the stage printed.
     fn trap_error(&self, store: &Store<StageState>, err: &wasmtime::Error, during: &str) -> Error {
+        self.health.record_crash();
         let printed = store.data().printed();
         let detail = if printed.is_empty() {
             String::new()
@@ -298,6 +301,7 @@ impl ModelInstance for StageInstance {
             Err(e) => return Err(self.model.trap_error(&store, &e, "execute")),
         };
         self.live = Some((store, stage));
+        self.model.health.record_success();
         if results.len() != 1 {
             return Err(Error::internal(format!(
                 "stage '{}' returned {} results for 1 request",
@@ -400,10 +404,12 @@ pub fn load(
         config_json: to_json(&config).to_string(),
         config: config.clone(),
         parameters,
+        health: Arc::new(InstanceHealth::new(limits.max_consecutive_failures)),
         limits,
         pre,
         caller: options.model_caller.clone(),
     });
+    let health = model.health.clone();
     let count = instance_count(&config);
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
     let first = model.instantiate()?;
@@ -417,5 +423,9 @@ pub fn load(
             live: None,
         }));
     }
-    Ok(LoadedBackend { config, instances })
+    Ok(LoadedBackend {
+        config,
+        instances,
+        health,
+    })
 }

@@ -23,6 +23,8 @@ pub struct SandboxLimits {
     pub max_output_mb: u64,
     /// `stderr_limit_kb`: how much of the stage's stdout/stderr is kept for error messages.
     pub stderr_limit_kb: u64,
+    /// `max_consecutive_failures`: crashes in a row after which the model reports not ready.
+    pub max_consecutive_failures: u64,
 }
 
 impl Default for SandboxLimits {
@@ -32,6 +34,7 @@ impl Default for SandboxLimits {
             memory_limit_mb: 512,
             max_output_mb: 64,
             stderr_limit_kb: 16,
+            max_consecutive_failures: 5,
         }
     }
 }
@@ -45,6 +48,10 @@ impl SandboxLimits {
             ("memory_limit_mb", &mut limits.memory_limit_mb),
             ("max_output_mb", &mut limits.max_output_mb),
             ("stderr_limit_kb", &mut limits.stderr_limit_kb),
+            (
+                "max_consecutive_failures",
+                &mut limits.max_consecutive_failures,
+            ),
         ] {
             if let Some(p) = config.parameters.get(key) {
                 *slot = p
