@@ -8,6 +8,8 @@ VPY := $(VENV)/bin/python
 PERF_ANALYZER := .cache/perf_analyzer/bin/perf_analyzer
 WASM_TARGET := wasm32-wasip2
 STAGE_OUT := target/$(WASM_TARGET)/stage
+# Rust example stages: examples/rust/<name> is served as model_repository/<name>.
+STAGE_CRATES := topk preprocess orientation
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer build build-release \
         test-rust test-python lint bench clean
@@ -42,8 +44,8 @@ models: venv
 # WebAssembly stages: the examples served from model_repository/ and the test-only probe.
 stages: toolchain
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
-	$(CARGO) build --locked --profile stage --target $(WASM_TARGET) -p topk -p probe
-	install -D -m 644 $(STAGE_OUT)/topk.wasm model_repository/topk/1/model.wasm
+	$(CARGO) build --locked --profile stage --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe
+	for s in $(STAGE_CRATES); do install -D -m 644 $(STAGE_OUT)/$$s.wasm model_repository/$$s/1/model.wasm; done
 	install -D -m 644 $(STAGE_OUT)/probe.wasm tests/models/probe/1/model.wasm
 
 perf-analyzer: venv
@@ -65,7 +67,7 @@ test-python: build
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
-	$(CARGO) clippy --locked --target $(WASM_TARGET) -p topk -p probe -- -D warnings
+	$(CARGO) clippy --locked --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe -- -D warnings
 
 bench: deps perf-analyzer build-release
 	benches/perf_analyzer.sh

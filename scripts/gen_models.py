@@ -98,6 +98,22 @@ def slow():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def png(width, height, pixel):
+    """A PNG of one RGB color, written with the standard library only."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+
+    rows = b"".join(b"\x00" + bytes(pixel) * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))
+
+
 def main():
     repo = sys.argv[1] if len(sys.argv) > 1 else "model_repository"
     targets = {
@@ -112,6 +128,12 @@ def main():
             make(path)
             print(f"generated {path}")
     if len(sys.argv) > 2:
+        fixture = os.path.join(sys.argv[2], "..", "fixtures", "red.png")
+        if not os.path.exists(fixture):
+            os.makedirs(os.path.dirname(fixture), exist_ok=True)
+            with open(fixture, "wb") as f:
+                f.write(png(64, 48, (255, 0, 0)))
+            print(f"generated {fixture}")
         path = os.path.join(sys.argv[2], "slow", "1", "model.onnx")
         if not os.path.exists(path):
             save(slow(), path)

