@@ -428,3 +428,49 @@ fn image_preprocessing_and_a_pipeline_that_calls_other_models() {
         .unwrap();
     assert_eq!(stats["model_stats"][0]["inference_count"], 2);
 }
+
+#[test]
+fn stage_run_executes_a_stage_without_a_server() {
+    let dir = TempDir::new();
+    let scores = dir.path().join("scores.json");
+    std::fs::write(
+        &scores,
+        r#"{"shape": [1, 4], "datatype": "FP32", "data": [0.1, 0.5, 0.3, 0.1]}"#,
+    )
+    .unwrap();
+    let wasm = example_repository().join("topk/1/model.wasm");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_wasmtron"))
+            .args(["stage", "run", wasm.to_str().unwrap()])
+            .args(args)
+            .env("WASMTRON_CACHE_DIR", dir.path().join("cache"))
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "--input",
+        &format!("SCORES={}", scores.display()),
+        "--output",
+        "LABELS",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outputs"][0]["name"], "LABELS");
+    assert_eq!(
+        v["outputs"][0]["data"],
+        json!(["0.500000:1:90", "0.300000:2:180"])
+    );
+
+    let image = workspace().join("tests/fixtures/red.png");
+    let out = run(&["--input", &format!("SCORES={}", image.display())]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("data-type is 'BYTES', but model 'topk' expects 'FP32'"),
+        "{err}"
+    );
+}

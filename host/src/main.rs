@@ -18,10 +18,14 @@ use wasmtron::{
     scheduling::server::{ControlMode, Server, ServerOptions},
 };
 
+mod stage_cmd;
+
 /// A Triton-compatible inference server with sandboxed WebAssembly stages.
 #[derive(Parser, Debug)]
-#[command(name = "wasmtron", version)]
+#[command(name = "wasmtron", version, subcommand_negates_reqs = true)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Model repository directory; repeat for several.
     #[arg(long = "model-repository", alias = "model-store", required = true)]
     model_repository: Vec<PathBuf>,
@@ -90,6 +94,20 @@ struct Cli {
     onnxruntime_library: Option<PathBuf>,
 }
 
+/// Tools besides serving.
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Work with WebAssembly stages.
+    #[command(subcommand)]
+    Stage(StageCommand),
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum StageCommand {
+    /// Execute a stage once, without a server, and print its outputs as JSON.
+    Run(stage_cmd::RunArgs),
+}
+
 fn default_max_batch_size(settings: &[String]) -> anyhow::Result<i32> {
     let mut value = 4;
     for setting in settings {
@@ -146,6 +164,13 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(Command::Stage(StageCommand::Run(args))) = cli.command {
+        if let Err(e) = tokio::task::spawn_blocking(move || stage_cmd::run(args)).await? {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     let level = if cli.log_verbose > 0 { "debug" } else { "info" };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
