@@ -42,11 +42,16 @@ models: venv
 	$(VPY) scripts/gen_models.py model_repository tests/models
 
 # WebAssembly stages: the examples served from model_repository/ and the test-only probe.
-stages: toolchain
+PY_STAGES := model_repository/tokenize/1/model.wasm
+stages: toolchain $(PY_STAGES)
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
 	$(CARGO) build --locked --profile stage --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe
 	for s in $(STAGE_CRATES); do install -D -m 644 $(STAGE_OUT)/$$s.wasm model_repository/$$s/1/model.wasm; done
 	install -D -m 644 $(STAGE_OUT)/probe.wasm tests/models/probe/1/model.wasm
+
+model_repository/tokenize/1/model.wasm: examples/python/tokenize/app.py wit/stage.wit $(VENV)/.installed
+	mkdir -p $(@D)
+	$(VENV)/bin/componentize-py -d wit -w stage componentize app -p examples/python/tokenize -o $@
 
 perf-analyzer: venv
 	PYTHON=$(VPY) scripts/fetch-perf-analyzer.sh

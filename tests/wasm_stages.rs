@@ -474,3 +474,21 @@ fn stage_run_executes_a_stage_without_a_server() {
         "{err}"
     );
 }
+
+#[test]
+fn a_python_stage_tokenizes_text() {
+    let repo = temp_repository(&["tokenize"]);
+    let s = TestServer::start(repo.path(), &[]);
+    let body = json!({"inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES",
+        "data": ["Hello, World! It's a TEST of the tokenizer, really.", "Short one"]}]});
+    let (status, out) = infer(&s, "tokenize", &body);
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outputs"][0]["name"], "TOKENS");
+    assert_eq!(out["outputs"][0]["shape"], json!([2, 6]));
+    assert_eq!(
+        out["outputs"][0]["data"],
+        json!(["hello", "world", "it's", "a", "test", "of", "short", "one", "", "", "", ""])
+    );
+    assert_eq!(out["outputs"][1]["data"], json!([9, 2]));
+    assert!(s.log_text().contains("tokenize: up to 6 tokens per text"), "host.log reaches the server log");
+}
