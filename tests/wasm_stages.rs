@@ -490,5 +490,32 @@ fn a_python_stage_tokenizes_text() {
         json!(["hello", "world", "it's", "a", "test", "of", "short", "one", "", "", "", ""])
     );
     assert_eq!(out["outputs"][1]["data"], json!([9, 2]));
-    assert!(s.log_text().contains("tokenize: up to 6 tokens per text"), "host.log reaches the server log");
+    assert!(
+        s.log_text().contains("tokenize: up to 6 tokens per text"),
+        "host.log reaches the server log"
+    );
+}
+
+#[test]
+fn fresh_instance_per_request_keeps_no_state_between_requests() {
+    let (_repo, s) = server_with(&[(
+        "stateless",
+        "echo",
+        &[("fresh_instance_per_request", "true")],
+    )]);
+    for _ in 0..3 {
+        let (status, body) = infer(&s, "stateless", &probe_request(&[1.0]));
+        assert_eq!(status, 200);
+        assert_eq!(
+            report(&body),
+            "calls=1",
+            "every request sees a new instance"
+        );
+    }
+    let (_, body) = infer(&s, "echo", &probe_request(&[1.0]));
+    let (_, body2) = infer(&s, "echo", &probe_request(&[1.0]));
+    assert_eq!(
+        (report(&body), report(&body2)),
+        ("calls=1".to_owned(), "calls=2".to_owned())
+    );
 }

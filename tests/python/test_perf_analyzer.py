@@ -1,5 +1,7 @@
 """perf_analyzer (2.51) completes short runs against the server over HTTP and gRPC. A smoke
-test: it checks that every run finishes and reports throughput, never how fast."""
+test: it checks that every run finishes and reports throughput, never how fast. The stability
+threshold is set so wide (-s 1000) that a loaded machine cannot make a run "unstable"; the
+load scripts in benches/ are where stability matters."""
 import csv
 import os
 import subprocess
@@ -17,7 +19,7 @@ def run_perf(args, tmp_path):
     out = tmp_path / "perf.csv"
     env = dict(os.environ, LD_LIBRARY_PATH=CUDA_LIB + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
     proc = subprocess.run(
-        [PERF_ANALYZER, *args, "-s", "50", "--max-trials", "10", "-p", "500", "-f", str(out)],
+        [PERF_ANALYZER, *args, "-s", "1000", "--max-trials", "5", "-p", "500", "-f", str(out)],
         env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(out) as f:

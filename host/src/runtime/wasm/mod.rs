@@ -300,7 +300,9 @@ impl ModelInstance for StageInstance {
             // The store is dropped here: a trapped instance is never entered again.
             Err(e) => return Err(self.model.trap_error(&store, &e, "execute")),
         };
-        self.live = Some((store, stage));
+        if !self.model.limits.fresh_instance_per_request {
+            self.live = Some((store, stage));
+        }
         self.model.health.record_success();
         if results.len() != 1 {
             return Err(Error::internal(format!(

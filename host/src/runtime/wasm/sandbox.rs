@@ -25,6 +25,9 @@ pub struct SandboxLimits {
     pub stderr_limit_kb: u64,
     /// `max_consecutive_failures`: crashes in a row after which the model reports not ready.
     pub max_consecutive_failures: u64,
+    /// `fresh_instance_per_request`: discard the instance after every request, so that no
+    /// state can leak from one request to the next (costs one instantiation and `init`).
+    pub fresh_instance_per_request: bool,
 }
 
 impl Default for SandboxLimits {
@@ -35,6 +38,7 @@ impl Default for SandboxLimits {
             max_output_mb: 64,
             stderr_limit_kb: 16,
             max_consecutive_failures: 5,
+            fresh_instance_per_request: false,
         }
     }
 }
@@ -67,6 +71,18 @@ impl SandboxLimits {
                         ))
                     })?;
             }
+        }
+        if let Some(p) = config.parameters.get("fresh_instance_per_request") {
+            limits.fresh_instance_per_request = match p.string_value.trim() {
+                "true" => true,
+                "false" => false,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "model '{}': parameter 'fresh_instance_per_request' must be \"true\" or \"false\", got \"{other}\"",
+                        config.name
+                    )))
+                }
+            };
         }
         Ok(limits)
     }

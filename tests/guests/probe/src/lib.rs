@@ -1,7 +1,7 @@
 //! A test stage whose behaviour is chosen by the `mode` parameter of its config.pbtxt. It
 //! echoes `INPUT0` (FP32) to `OUTPUT0` and writes what it observed to `REPORT` (BYTES [1]).
 //!
-//! Modes: `echo`, `loop` (spins forever), `alloc` (grows memory without bound), `panic`,
+//! Modes: `echo`, `raw_echo` (returns INPUT0's bytes untouched, OUTPUT0 only), `loop` (spins forever), `alloc` (grows memory without bound), `panic`,
 //! `sandbox` (tries files, environment, arguments and sockets and reports each outcome),
 //! `huge_output` (returns 100 MiB), `wrong_output` (returns INT32 for an FP32 output),
 //! `trap_on_negative` (panics when the first input value is negative), `bls` (adds INPUT0 to
@@ -60,6 +60,13 @@ impl Stage for Probe {
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
         self.calls += 1;
         let input = request.input("INPUT0")?;
+        if self.mode == "raw_echo" {
+            // The bytes go back untouched: what crossing the boundary costs, without guest work.
+            return request.select(vec![Tensor {
+                name: "OUTPUT0".into(),
+                ..input.clone()
+            }]);
+        }
         let values = input.to_f32()?;
         let echo = Tensor::from_f32("OUTPUT0", &input.shape, &values);
         match self.mode.as_str() {

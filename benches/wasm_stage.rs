@@ -1,0 +1,131 @@
+//! What a Wasm stage costs per request, measured in-process on the backend (no protocol):
+//! a call on a live instance, a call on a fresh instance (instantiate + `init` + call), and
+//! moving 1 KiB / 150 KiB / 600 KiB tensors across the boundary, for the Rust probe stage
+//! (echo) and the Python example (tokenize). The baseline in the same run is the native work
+//! the echo stands for: copying the same tensor on the host.
+//!
+//! Run: `make stages && cargo bench -p wasmtron --bench wasm_stage`
+
+use std::{hint::black_box, path::Path};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use wasmtron::{
+    inference::InferRequest,
+    proto::inference::ModelConfig,
+    repository::config::parse_text,
+    runtime::{self, RuntimeOptions},
+    tensor::{push_bytes_element, DataType, Tensor},
+};
+
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+fn load(dir: &str, name: &str, extra: &str) -> Box<dyn runtime::ModelInstance> {
+    let model_dir = workspace().join(dir);
+    let text = std::fs::read_to_string(model_dir.join("config.pbtxt")).unwrap() + extra;
+    let mut config: ModelConfig = parse_text(&text, Path::new("config.pbtxt")).unwrap();
+    config.name = name.to_owned();
+    let options = RuntimeOptions {
+        wasm_cache_dir: Some(std::env::temp_dir().join("wasmtron-bench-cache")),
+        ..Default::default()
+    };
+    let mut loaded =
+        runtime::load(config, &model_dir.join("1"), &options).expect("run `make stages` first");
+    loaded.instances.remove(0)
+}
+
+fn request(tensor: Tensor) -> InferRequest {
+    InferRequest {
+        model_name: String::new(),
+        model_version: None,
+        id: String::new(),
+        parameters: Default::default(),
+        inputs: vec![tensor],
+        outputs: vec![],
+    }
+}
+
+fn fp32(bytes: usize) -> Tensor {
+    let n = bytes / 4;
+    Tensor {
+        name: "INPUT0".into(),
+        datatype: DataType::Fp32,
+        shape: vec![1, n as i64],
+        data: vec![0u8; n * 4].into(),
+    }
+}
+
+fn text(bytes: usize) -> Tensor {
+    let words = "the quick brown fox jumps over the lazy dog ".repeat(bytes / 44 + 1);
+    let mut data = Vec::new();
+    push_bytes_element(&mut data, &words.as_bytes()[..bytes]);
+    Tensor {
+        name: "TEXT".into(),
+        datatype: DataType::Bytes,
+        shape: vec![1, 1],
+        data: data.into(),
+    }
+}
+
+const SIZES: [(usize, &str); 3] = [
+    (1 << 10, "1KiB"),
+    (150 << 10, "150KiB"),
+    (600 << 10, "600KiB"),
+];
+
+fn rust_stage(c: &mut Criterion) {
+    let raw = "parameters [ { key: \"mode\", value: { string_value: \"raw_echo\" } } ]\n";
+    let mut live = load("tests/models/probe", "echo", raw);
+    let mut fresh = load(
+        "tests/models/probe",
+        "echo_fresh",
+        &format!("{raw}parameters [ {{ key: \"fresh_instance_per_request\", value: {{ string_value: \"true\" }} }} ]\n"),
+    );
+    let outputs = vec!["OUTPUT0".to_owned()];
+    let mut group = c.benchmark_group("rust_echo");
+    for (bytes, label) in SIZES {
+        let req = request(fp32(bytes));
+        group.throughput(Throughput::Bytes(bytes as u64));
+        group.bench_with_input(
+            BenchmarkId::new("native_copy_baseline", label),
+            &req,
+            |b, req| b.iter(|| black_box(req.inputs[0].data.to_vec())),
+        );
+        group.bench_with_input(BenchmarkId::new("live_instance", label), &req, |b, req| {
+            b.iter(|| live.execute(black_box(req), &outputs).unwrap())
+        });
+    }
+    let small = request(fp32(1 << 10));
+    group.bench_function("fresh_instance/1KiB", |b| {
+        b.iter(|| fresh.execute(black_box(&small), &outputs).unwrap())
+    });
+    group.finish();
+}
+
+fn python_stage(c: &mut Criterion) {
+    let mut live = load("model_repository/tokenize", "tokenize", "");
+    let mut fresh = load(
+        "model_repository/tokenize",
+        "tokenize_fresh",
+        "parameters [ { key: \"fresh_instance_per_request\", value: { string_value: \"true\" } } ]\n",
+    );
+    let outputs = vec!["TOKEN_COUNT".to_owned()];
+    let mut group = c.benchmark_group("python_tokenize");
+    group.sample_size(20);
+    for (bytes, label) in SIZES {
+        let req = request(text(bytes));
+        group.throughput(Throughput::Bytes(bytes as u64));
+        group.bench_with_input(BenchmarkId::new("live_instance", label), &req, |b, req| {
+            b.iter(|| live.execute(black_box(req), &outputs).unwrap())
+        });
+    }
+    let small = request(text(1 << 10));
+    group.bench_function("fresh_instance/1KiB", |b| {
+        b.iter(|| fresh.execute(black_box(&small), &outputs).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, rust_stage, python_stage);
+criterion_main!(benches);
