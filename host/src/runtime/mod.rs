@@ -52,6 +52,30 @@ pub trait ModelCaller: Send + Sync + std::fmt::Debug {
     fn infer(&self, request: InferRequest) -> Result<InferResponse>;
 }
 
+/// The model file of a version: `default_model_filename` from the configuration, or the
+/// backend's default name; an error naming the path when it is missing.
+pub fn model_file(
+    config: &ModelConfig,
+    version_dir: &std::path::Path,
+    default: &str,
+) -> Result<PathBuf> {
+    let name = if config.default_model_filename.is_empty() {
+        default
+    } else {
+        config.default_model_filename.as_str()
+    };
+    let path = version_dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::invalid(format!(
+            "model '{}': model file '{}' not found",
+            config.name,
+            path.display()
+        )))
+    }
+}
+
 /// Total instances over all instance groups (a group's count of 0 means 1); 1 without groups.
 pub fn instance_count(config: &ModelConfig) -> usize {
     if config.instance_group.is_empty() {

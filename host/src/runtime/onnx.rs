@@ -19,7 +19,9 @@ use ort::{
     },
 };
 
-use super::{instance_count, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions};
+use super::{
+    instance_count, model_file, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions,
+};
 use crate::{
     error::{Error, Result},
     inference::InferRequest,
@@ -143,19 +145,7 @@ pub fn load(
     version_dir: &Path,
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
-    let file_name = if config.default_model_filename.is_empty() {
-        DEFAULT_MODEL_FILENAME
-    } else {
-        config.default_model_filename.as_str()
-    };
-    let model_path = version_dir.join(file_name);
-    if !model_path.is_file() {
-        return Err(Error::invalid(format!(
-            "model '{}': model file '{}' not found",
-            config.name,
-            model_path.display()
-        )));
-    }
+    let model_path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
     let env = environment(options)?;
     let wants_gpu = config
         .instance_group

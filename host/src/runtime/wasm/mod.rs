@@ -358,18 +358,7 @@ pub fn load(
             "model '{name}': a wasm stage must declare its inputs and outputs in config.pbtxt"
         )));
     }
-    let file = if config.default_model_filename.is_empty() {
-        DEFAULT_MODEL_FILENAME
-    } else {
-        config.default_model_filename.as_str()
-    };
-    let path = version_dir.join(file);
-    if !path.is_file() {
-        return Err(Error::invalid(format!(
-            "model '{name}': stage file '{}' not found",
-            path.display()
-        )));
-    }
+    let path = super::model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
     let limits = SandboxLimits::from_config(&config)?;
     let engine = engine::engine()?;
     let started = std::time::Instant::now();
