@@ -11,7 +11,8 @@ use std::{
 };
 
 /// Generous: the machine may be loaded and a debug build loads models slowly.
-pub const STARTUP: Duration = Duration::from_secs(120);
+/// Models load before the server listens; a Python stage compiles for ~30 s in a debug build.
+pub const STARTUP: Duration = Duration::from_secs(300);
 
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -134,10 +135,10 @@ impl TestServer {
             .args(["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"])
             .args(["--metrics-address", "127.0.0.1"])
             .args(extra)
-            // Compiled stages are shared by the tests of one run, never written to $HOME.
+            // Compiled stages are shared by all tests (keyed by content), never written to $HOME.
             .env(
                 "WASMTRON_CACHE_DIR",
-                std::env::temp_dir().join(format!("wasmtron-test-cache-{}", std::process::id())),
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache"),
             )
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
