@@ -178,13 +178,6 @@ fn json_inference_returns_exact_outputs() {
     assert_eq!(resp["outputs"][0]["datatype"], "BYTES");
 }
 
-fn binary_body(json_part: &Value, binary: &[u8]) -> (Vec<u8>, usize) {
-    let mut body = serde_json::to_vec(json_part).unwrap();
-    let len = body.len();
-    body.extend_from_slice(binary);
-    (body, len)
-}
-
 fn post_binary(s: &TestServer, model: &str, body: Vec<u8>, header_len: usize) -> Response {
     http()
         .post(s.url(&format!("/v2/models/{model}/infer")))
@@ -474,12 +467,7 @@ fn statistics_and_metrics_follow_inferences() {
         .unwrap();
     assert_eq!(all["model_stats"].as_array().unwrap().len(), 3);
 
-    let text = http()
-        .get(format!("{}/metrics", s.metrics))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let text = s.metrics_text();
     for line in [
         "nv_inference_request_success{model=\"simple\",version=\"1\"} 3",
         "nv_inference_count{model=\"simple\",version=\"1\"} 6",

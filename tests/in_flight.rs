@@ -17,9 +17,7 @@ fn slow_request(batch: usize) -> Value {
 fn post_slow_binary(url: &str, batch: usize) -> reqwest::Result<u16> {
     let header = json!({"inputs": [{"name": "INPUT0", "shape": [batch, 512], "datatype": "FP32",
         "parameters": {"binary_data_size": batch * 512 * 4}}]});
-    let mut body = serde_json::to_vec(&header).unwrap();
-    let len = body.len();
-    body.extend(std::iter::repeat_n(0u8, batch * 512 * 4));
+    let (body, len) = binary_body(&header, &vec![0u8; batch * 512 * 4]);
     http()
         .post(url)
         .header("Inference-Header-Content-Length", len.to_string())
@@ -29,12 +27,7 @@ fn post_slow_binary(url: &str, batch: usize) -> reqwest::Result<u16> {
 }
 
 fn pending(s: &TestServer) -> u64 {
-    let text = http()
-        .get(format!("{}/metrics", s.metrics))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let text = s.metrics_text();
     text.lines()
         .find(|l| l.starts_with("nv_inference_pending_request_count{model=\"slow\""))
         .and_then(|l| l.rsplit(' ').next())

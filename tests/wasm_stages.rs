@@ -330,12 +330,7 @@ fn a_crash_looping_stage_reports_not_ready_until_it_recovers() {
         assert_eq!(error(&s, "flappy", &probe_request(&[-1.0])).0, 500);
     }
     assert_eq!(ready(&s), 400, "two crashes in a row: not ready");
-    let metrics = http()
-        .get(format!("{}/metrics", s.metrics))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = s.metrics_text();
     assert!(
         metrics.contains("wasmtron_instance_restarts{model=\"flappy\",version=\"1\"} 2"),
         "{metrics}"
@@ -357,10 +352,7 @@ fn image_request(images: &[&[u8]]) -> (Vec<u8>, usize) {
     }
     let header = json!({"inputs": [{"name": "IMAGE", "shape": [images.len(), 1], "datatype": "BYTES",
         "parameters": {"binary_data_size": binary.len()}}]});
-    let mut body = serde_json::to_vec(&header).unwrap();
-    let len = body.len();
-    body.extend_from_slice(&binary);
-    (body, len)
+    binary_body(&header, &binary)
 }
 
 fn post_images(s: &TestServer, model: &str, images: &[&[u8]]) -> Value {

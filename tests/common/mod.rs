@@ -213,6 +213,16 @@ impl TestServer {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.http)
     }
+
+    /// The Prometheus text from the metrics port.
+    pub fn metrics_text(&self) -> String {
+        http()
+            .get(format!("{}/metrics", self.metrics))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+    }
 }
 
 impl Drop for TestServer {
@@ -240,6 +250,15 @@ pub fn simple_request() -> serde_json::Value {
             {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": vec![1; 16]},
         ]
     })
+}
+
+/// A binary-extension body: the JSON header followed by `binary`; returns the body and the
+/// value for `Inference-Header-Content-Length`.
+pub fn binary_body(header: &serde_json::Value, binary: &[u8]) -> (Vec<u8>, usize) {
+    let mut body = serde_json::to_vec(header).unwrap();
+    let len = body.len();
+    body.extend_from_slice(binary);
+    (body, len)
 }
 
 /// Polls `f` until it returns true or the timeout passes.
