@@ -43,7 +43,9 @@ models: venv
 
 # WebAssembly stages: the examples served from model_repository/ and the test-only probe.
 PY_STAGES := model_repository/tokenize/1/model.wasm
-stages: toolchain $(PY_STAGES)
+JS_STAGES := model_repository/scores_json/1/model.wasm
+C_STAGES := model_repository/softmax/1/model.wasm
+stages: toolchain $(PY_STAGES) $(JS_STAGES) $(C_STAGES)
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
 	$(CARGO) build --locked --profile stage --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe
 	for s in $(STAGE_CRATES); do install -D -m 644 $(STAGE_OUT)/$$s.wasm model_repository/$$s/1/model.wasm; done
@@ -52,6 +54,31 @@ stages: toolchain $(PY_STAGES)
 model_repository/tokenize/1/model.wasm: examples/python/tokenize/app.py wit/stage.wit $(VENV)/.installed
 	mkdir -p $(@D)
 	$(VENV)/bin/componentize-py -d wit -w stage componentize app -p examples/python/tokenize -o $@
+
+# JavaScript: componentize-js, pinned by examples/js/package-lock.json.
+JS_TOOLS := examples/js/node_modules/.package-lock.json
+$(JS_TOOLS): examples/js/package.json examples/js/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 18+ (apt install nodejs npm)"; exit 1; }
+	npm ci --prefix examples/js --no-audit --no-fund --loglevel=error
+	touch $@
+
+model_repository/scores_json/1/model.wasm: examples/js/scores_json/app.js wit/stage.wit $(JS_TOOLS)
+	mkdir -p $(@D)
+	examples/js/node_modules/.bin/componentize-js $< --wit wit --world-name stage -d http fetch-event -o $@
+
+# C: clang-19 + wasi-libc from apt; bindings and the component step from tools/componentize-c.
+COMPONENTIZE_C := target/debug/componentize-c
+C_BUILD := target/c-stages
+$(COMPONENTIZE_C): tools/componentize-c/src/main.rs tools/componentize-c/Cargo.toml Cargo.lock
+	$(CARGO) build --locked -p componentize-c
+
+model_repository/softmax/1/model.wasm: examples/c/softmax/softmax.c wit/stage.wit $(COMPONENTIZE_C)
+	scripts/install-c-toolchain.sh
+	rm -rf $(C_BUILD)/gen && $(COMPONENTIZE_C) bindings --wit wit --world stage --out-dir $(C_BUILD)/gen
+	clang-19 --target=wasm32-wasi -mexec-model=reactor -O2 -Wall -Wextra -Werror -I$(C_BUILD)/gen \
+	  -o $(C_BUILD)/softmax.core.wasm $< $(C_BUILD)/gen/stage.c $(C_BUILD)/gen/stage_component_type.o
+	mkdir -p $(@D)
+	$(COMPONENTIZE_C) component $(C_BUILD)/softmax.core.wasm -o $@
 
 perf-analyzer: venv
 	PYTHON=$(VPY) scripts/fetch-perf-analyzer.sh

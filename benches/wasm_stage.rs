@@ -1,8 +1,9 @@
 //! What a Wasm stage costs per request, measured in-process on the backend (no protocol):
 //! a call on a live instance, a call on a fresh instance (instantiate + `init` + call), and
 //! moving 1 KiB / 150 KiB / 600 KiB tensors across the boundary, for the Rust probe stage
-//! (echo) and the Python example (tokenize). The baseline in the same run is the native work
-//! the echo stands for: copying the same tensor on the host.
+//! (echo) and the Python (tokenize), JavaScript (scores_json) and C (softmax) examples. The
+//! baseline in the same run is the native work the echo stands for: copying the same tensor on
+//! the host.
 //!
 //! Run: `make stages && cargo bench -p wasmtron --bench wasm_stage`
 
@@ -103,29 +104,71 @@ fn rust_stage(c: &mut Criterion) {
     group.finish();
 }
 
-fn python_stage(c: &mut Criterion) {
-    let mut live = load("model_repository/tokenize", "tokenize", "");
+/// Live and fresh-instance calls on one of the example stages in `model_repository/`.
+fn example_stage(
+    c: &mut Criterion,
+    group_name: &str,
+    model: &str,
+    input: fn(usize) -> Tensor,
+    output: &str,
+    sizes: &[(usize, &str)],
+) {
+    let dir = format!("model_repository/{model}");
+    let mut live = load(&dir, model, "");
     let mut fresh = load(
-        "model_repository/tokenize",
-        "tokenize_fresh",
+        &dir,
+        &format!("{model}_fresh"),
         "parameters [ { key: \"fresh_instance_per_request\", value: { string_value: \"true\" } } ]\n",
     );
-    let outputs = vec!["TOKEN_COUNT".to_owned()];
-    let mut group = c.benchmark_group("python_tokenize");
+    let outputs = vec![output.to_owned()];
+    let mut group = c.benchmark_group(group_name);
     group.sample_size(20);
-    for (bytes, label) in SIZES {
-        let req = request(text(bytes));
+    for &(bytes, label) in sizes {
+        let req = request(input(bytes));
         group.throughput(Throughput::Bytes(bytes as u64));
         group.bench_with_input(BenchmarkId::new("live_instance", label), &req, |b, req| {
             b.iter(|| live.execute(black_box(req), &outputs).unwrap())
         });
     }
-    let small = request(text(1 << 10));
+    let small = request(input(1 << 10));
     group.bench_function("fresh_instance/1KiB", |b| {
         b.iter(|| fresh.execute(black_box(&small), &outputs).unwrap())
     });
     group.finish();
 }
 
-criterion_group!(benches, rust_stage, python_stage);
+fn named(mut tensor: Tensor, name: &str) -> Tensor {
+    tensor.name = name.into();
+    tensor
+}
+
+fn python_stage(c: &mut Criterion) {
+    example_stage(
+        c,
+        "python_tokenize",
+        "tokenize",
+        text,
+        "TOKEN_COUNT",
+        &SIZES,
+    );
+}
+
+fn javascript_stage(c: &mut Criterion) {
+    let scores = |bytes| named(fp32(bytes), "SCORES");
+    example_stage(
+        c,
+        "js_scores_json",
+        "scores_json",
+        scores,
+        "JSON",
+        &SIZES[..1],
+    );
+}
+
+fn c_stage(c: &mut Criterion) {
+    let logits = |bytes| named(fp32(bytes), "LOGITS");
+    example_stage(c, "c_softmax", "softmax", logits, "PROBS", &SIZES);
+}
+
+criterion_group!(benches, rust_stage, python_stage, javascript_stage, c_stage);
 criterion_main!(benches);

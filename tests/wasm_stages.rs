@@ -89,41 +89,32 @@ fn rust_example_stage_over_http_and_grpc() {
         .unwrap();
     assert_eq!(meta["platform"], "wasm");
 
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let mut c = GrpcInferenceServiceClient::connect(s.grpc.clone())
-            .await
-            .unwrap();
-        let scores: Vec<f32> = vec![0.2, 0.1, 0.6, 0.1];
-        let resp = c
-            .model_infer(ModelInferRequest {
-                model_name: "topk".into(),
-                inputs: vec![InferInputTensor {
-                    name: "SCORES".into(),
-                    datatype: "FP32".into(),
-                    shape: vec![1, 4],
-                    parameters: Default::default(),
-                    contents: Some(InferTensorContents {
-                        fp32_contents: scores,
-                        ..Default::default()
-                    }),
-                }],
-                outputs: vec![model_infer_request::InferRequestedOutputTensor {
-                    name: "INDICES".into(),
-                    parameters: Default::default(),
-                }],
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(resp.outputs.len(), 1);
-        let idx: Vec<i64> = resp.raw_output_contents[0]
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        assert_eq!(idx, vec![2, 0]);
-    });
+    let resp = grpc_infer(
+        &s,
+        ModelInferRequest {
+            model_name: "topk".into(),
+            inputs: vec![grpc_input(
+                "SCORES",
+                "FP32",
+                &[1, 4],
+                InferTensorContents {
+                    fp32_contents: vec![0.2, 0.1, 0.6, 0.1],
+                    ..Default::default()
+                },
+            )],
+            outputs: vec![model_infer_request::InferRequestedOutputTensor {
+                name: "INDICES".into(),
+                parameters: Default::default(),
+            }],
+            ..Default::default()
+        },
+    );
+    assert_eq!(resp.outputs.len(), 1);
+    let idx: Vec<i64> = resp.raw_output_contents[0]
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(idx, vec![2, 0]);
 }
 
 #[test]
@@ -467,8 +458,51 @@ fn stage_run_executes_a_stage_without_a_server() {
     );
 }
 
+/// One gRPC ModelInfer call on a fresh client.
+fn grpc_infer(s: &TestServer, request: ModelInferRequest) -> ModelInferResponse {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = GrpcInferenceServiceClient::connect(s.grpc.clone())
+            .await
+            .unwrap();
+        c.model_infer(request).await.unwrap().into_inner()
+    })
+}
+
+fn grpc_input(
+    name: &str,
+    datatype: &str,
+    shape: &[i64],
+    contents: InferTensorContents,
+) -> InferInputTensor {
+    InferInputTensor {
+        name: name.into(),
+        datatype: datatype.into(),
+        shape: shape.to_vec(),
+        parameters: Default::default(),
+        contents: Some(contents),
+    }
+}
+
+/// Splits a BYTES tensor's raw contents (4-byte little-endian length + bytes per element).
+fn bytes_elements(mut raw: &[u8]) -> Vec<String> {
+    let mut items = Vec::new();
+    while raw.len() >= 4 {
+        let len = u32::from_le_bytes(raw[..4].try_into().unwrap()) as usize;
+        items.push(String::from_utf8(raw[4..4 + len].to_vec()).unwrap());
+        raw = &raw[4 + len..];
+    }
+    items
+}
+
+fn f32_elements(raw: &[u8]) -> Vec<f32> {
+    raw.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
 #[test]
-fn a_python_stage_tokenizes_text() {
+fn a_python_stage_tokenizes_text_over_http_and_grpc() {
     let repo = temp_repository(&["tokenize"]);
     let s = TestServer::start(repo.path(), &[]);
     let body = json!({"inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES",
@@ -485,6 +519,153 @@ fn a_python_stage_tokenizes_text() {
     assert!(
         s.log_text().contains("tokenize: up to 6 tokens per text"),
         "host.log reaches the server log"
+    );
+
+    let resp = grpc_infer(
+        &s,
+        ModelInferRequest {
+            model_name: "tokenize".into(),
+            inputs: vec![grpc_input(
+                "TEXT",
+                "BYTES",
+                &[1, 1],
+                InferTensorContents {
+                    bytes_contents: vec![b"Wasm stages, not stubs".to_vec()],
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        },
+    );
+    let names: Vec<&str> = resp.outputs.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["TOKENS", "TOKEN_COUNT"]);
+    assert_eq!(resp.outputs[0].shape, [1, 6]);
+    assert_eq!(
+        bytes_elements(&resp.raw_output_contents[0]),
+        ["wasm", "stages", "not", "stubs", "", ""]
+    );
+    assert_eq!(resp.raw_output_contents[1], 4i64.to_le_bytes());
+}
+
+#[test]
+fn a_javascript_stage_formats_scores_as_json_over_http_and_grpc() {
+    let repo = temp_repository(&["scores_json"]);
+    let s = TestServer::start(
+        repo.path(),
+        &[
+            "--model-control-mode",
+            "explicit",
+            "--load-model",
+            "scores_json",
+        ],
+    );
+    let body = json!({"inputs": [{"name": "SCORES", "shape": [2, 4], "datatype": "FP32",
+        "data": [0.1, 0.7, 0.15, 0.05, 0.25, 0.25, 0.5, 0.0]}]});
+    let (status, out) = infer(&s, "scores_json", &body);
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(
+        out["outputs"][0],
+        json!({"name": "JSON", "datatype": "BYTES", "shape": [2, 1], "data": [
+            r#"{"top":[{"label":"rotated 90","index":1,"score":0.7},{"label":"upside down","index":2,"score":0.15}]}"#,
+            r#"{"top":[{"label":"upside down","index":2,"score":0.5},{"label":"upright","index":0,"score":0.25}]}"#,
+        ]})
+    );
+    assert!(
+        s.log_text().contains("scores_json: top 2 of 4 labels"),
+        "console-free logging through host.log"
+    );
+
+    let resp = grpc_infer(
+        &s,
+        ModelInferRequest {
+            model_name: "scores_json".into(),
+            inputs: vec![grpc_input(
+                "SCORES",
+                "FP32",
+                &[1, 3],
+                InferTensorContents {
+                    fp32_contents: vec![0.125, 0.5, 0.375],
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        },
+    );
+    assert_eq!(resp.outputs[0].shape, [1, 1]);
+    assert_eq!(
+        bytes_elements(&resp.raw_output_contents[0]),
+        [
+            r#"{"top":[{"label":"rotated 90","index":1,"score":0.5},{"label":"upside down","index":2,"score":0.375}]}"#
+        ]
+    );
+
+    // An error thrown by the JS `init` fails the reload with its message; the loaded
+    // version keeps serving.
+    let config = json!({"backend": "wasm", "max_batch_size": 8,
+        "input": [{"name": "SCORES", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "JSON", "data_type": "TYPE_STRING", "dims": [1]}],
+        "parameters": {"top_k": {"string_value": "many"}}});
+    let resp = http()
+        .post(s.url("/v2/repository/models/scores_json/load"))
+        .json(&json!({"parameters": {"config": config.to_string()}}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err = resp.text().unwrap();
+    assert!(
+        err.contains("parameter 'top_k' must be a non-negative integer"),
+        "{err}"
+    );
+    let (status, out) = infer(&s, "scores_json", &body);
+    assert_eq!(status, 200, "{out}");
+}
+
+#[test]
+fn a_c_stage_computes_softmax_over_http_and_grpc() {
+    let repo = temp_repository(&["softmax"]);
+    let s = TestServer::start(repo.path(), &[]);
+    let body = json!({"inputs": [{"name": "LOGITS", "shape": [2, 4], "datatype": "FP32",
+        "data": [0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]}]});
+    let (status, out) = infer(&s, "softmax", &body);
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outputs"][0]["shape"], json!([2, 4]));
+    let probs: Vec<f64> = serde_json::from_value(out["outputs"][0]["data"].clone()).unwrap();
+    let expected = [
+        0.25, 0.25, 0.25, 0.25, 0.0320586, 0.0871443, 0.2368828, 0.6439143,
+    ];
+    for (p, e) in probs.iter().zip(expected) {
+        assert!((p - e).abs() < 1e-6, "{probs:?} != {expected:?}");
+    }
+
+    let resp = grpc_infer(
+        &s,
+        ModelInferRequest {
+            model_name: "softmax".into(),
+            inputs: vec![grpc_input(
+                "LOGITS",
+                "FP32",
+                &[1, 2],
+                InferTensorContents {
+                    fp32_contents: vec![5.0, 5.0],
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        },
+    );
+    assert_eq!(resp.outputs[0].name, "PROBS");
+    assert_eq!(f32_elements(&resp.raw_output_contents[0]), [0.5, 0.5]);
+
+    // The datatype declared in config.pbtxt is enforced before the C code runs.
+    let (status, err) = error(
+        &s,
+        "softmax",
+        &json!({"inputs": [{"name": "LOGITS", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}]}),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        err.contains("data-type is 'INT32', but model 'softmax' expects 'FP32'"),
+        "{err}"
     );
 }
 
