@@ -38,12 +38,8 @@ fn load(dir: &str, name: &str, extra: &str) -> Box<dyn runtime::ModelInstance> {
 
 fn request(tensor: Tensor) -> InferRequest {
     InferRequest {
-        model_name: String::new(),
-        model_version: None,
-        id: String::new(),
-        parameters: Default::default(),
         inputs: vec![tensor],
-        outputs: vec![],
+        ..Default::default()
     }
 }
 

@@ -260,6 +260,65 @@ fn a_stage_calls_another_model_through_the_server() {
     );
 }
 
+/// Gives a probe copy `count` instances.
+fn set_instances(repo: &TempDir, name: &str, count: u32) {
+    let path = repo.path().join(name).join("config.pbtxt");
+    let mut config = std::fs::read_to_string(&path).unwrap();
+    config.push_str(&format!("instance_group [ {{ count: {count} }} ]\n"));
+    std::fs::write(path, config).unwrap();
+}
+
+#[test]
+fn a_stage_calling_itself_with_one_instance_fails_at_once() {
+    let (_repo, s) = server_with(&[("selfish", "call", &[("target", "selfish")])]);
+    let (status, err) = error(&s, "selfish", &probe_request(&[1.0]));
+    assert_eq!(status, 400, "{err}");
+    assert!(
+        err.contains("stage 'selfish' calls itself but has a single instance"),
+        "{err}"
+    );
+    // Forwarding to another model still works.
+    let (_repo, s) = server_with(&[("forwarder", "call", &[("target", "echo")])]);
+    let (status, body) = infer(&s, "forwarder", &probe_request(&[4.0, 5.0]));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outputs"][0]["data"], json!([4.0, 5.0]));
+}
+
+#[test]
+fn a_cycle_of_stages_ends_at_the_deadline_and_leaves_no_work_behind() {
+    // ping calls pong, pong calls ping: ping's single instance is busy waiting, so no call
+    // ever completes.
+    let to_pong = [("target", "pong"), ("execution_timeout_ms", "1500")];
+    let to_ping = [("target", "ping"), ("execution_timeout_ms", "1500")];
+    let repo = temp_repository(&["simple"]);
+    add_probe(repo.path(), "echo", "echo", &[]);
+    add_probe(repo.path(), "ping", "call", &to_pong);
+    add_probe(repo.path(), "pong", "call", &to_ping);
+    set_instances(&repo, "pong", 2);
+    let s = TestServer::start(repo.path(), &[]);
+
+    let (status, err) = error(&s, "ping", &probe_request(&[1.0]));
+    assert_eq!(status, 503, "{err}");
+    assert!(
+        err.contains(
+            "stage 'ping': model 'pong' did not answer before the calling stage's deadline"
+        ),
+        "{err}"
+    );
+    // The calls left queued behind the failed request are dropped at their deadline instead
+    // of calling each other forever: both models go quiet with nothing pending.
+    let quiet = wait_until(Duration::from_secs(120), || {
+        let executed = |m| s.metric("nv_inference_exec_count", m);
+        let before = (executed("ping"), executed("pong"));
+        std::thread::sleep(Duration::from_secs(4));
+        let pending = s.metric("nv_inference_pending_request_count", "ping")
+            + s.metric("nv_inference_pending_request_count", "pong");
+        pending == 0.0 && before == (executed("ping"), executed("pong"))
+    });
+    assert!(quiet, "{}", s.metrics_text());
+    assert_healthy(&s);
+}
+
 #[test]
 fn a_failing_init_fails_the_load_with_the_stage_message() {
     let (_repo, s) = server_with(&[("refuser", "fail_init", &[])]);

@@ -51,7 +51,7 @@ pub struct RequestedOutput {
 }
 
 /// One inference request, already decoded from the wire.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct InferRequest {
     /// Target model.
     pub model_name: String,
@@ -65,6 +65,10 @@ pub struct InferRequest {
     pub inputs: Vec<Tensor>,
     /// Requested outputs; empty means all.
     pub outputs: Vec<RequestedOutput>,
+    /// When the request stops being worth running: a request still queued at its deadline is
+    /// answered with an error instead of executed. Set for calls from a stage (the caller's
+    /// own deadline), so that work nobody waits for any more is dropped.
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// The result of a successful inference.

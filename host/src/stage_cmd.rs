@@ -94,9 +94,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let request = InferRequest {
         model_name: name,
-        model_version: None,
-        id: String::new(),
-        parameters: Default::default(),
         inputs,
         outputs: args
             .outputs
@@ -106,6 +103,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 parameters: Default::default(),
             })
             .collect(),
+        ..Default::default()
     };
     check_request(&config, &request).map_err(|e| anyhow!(e.message))?;
     let outputs: Vec<String> = if request.outputs.is_empty() {

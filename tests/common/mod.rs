@@ -223,6 +223,16 @@ impl TestServer {
             .text()
             .unwrap()
     }
+
+    /// The value of metric `name` for `model` (summed over versions and other labels).
+    pub fn metric(&self, name: &str, model: &str) -> f64 {
+        let label = format!("model=\"{model}\"");
+        self.metrics_text()
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
 }
 
 impl Drop for TestServer {

@@ -189,6 +189,7 @@ pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
                 parameters: params_from_proto(o.parameters),
             })
             .collect(),
+        deadline: None,
     })
 }
 

@@ -237,16 +237,13 @@ mod tests {
     fn request(shape: Vec<i64>, datatype: DataType, len: usize) -> InferRequest {
         InferRequest {
             model_name: "m".into(),
-            model_version: None,
-            id: String::new(),
-            parameters: Default::default(),
             inputs: vec![Tensor {
                 name: "x".into(),
                 datatype,
                 shape,
                 data: vec![0u8; len].into(),
             }],
-            outputs: vec![],
+            ..Default::default()
         }
     }
 

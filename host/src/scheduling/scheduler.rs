@@ -122,6 +122,14 @@ fn run_job(
     stats.pending.fetch_sub(1, Relaxed);
     let started = Instant::now();
     let queued = started - job.enqueued;
+    if job.request.deadline.is_some_and(|d| d <= started) {
+        // Whoever sent it has given up waiting: running it would only delay the others.
+        stats.record_failure(FailureReason::Rejected, job.received.elapsed());
+        let _ = job.reply.send(Err(Error::unavailable(format!(
+            "model '{model}' version {version}: the request reached its deadline while queued"
+        ))));
+        return;
+    }
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         instance.execute(&job.request, &job.outputs)
     }))

@@ -67,8 +67,22 @@ impl ModelCaller for ServerCaller {
             .server
             .upgrade()
             .ok_or_else(|| Error::unavailable("the server is shutting down"))?;
-        // Called on a model worker thread, never on the async runtime.
-        self.runtime.block_on(server.infer(request))
+        // Called on a model worker thread, never on the async runtime. The wait ends at the
+        // caller's deadline even if the target never gets to the request (e.g. a cycle of
+        // stages calling each other with every instance busy).
+        let Some(deadline) = request.deadline else {
+            return self.runtime.block_on(server.infer(request));
+        };
+        let model = request.model_name.clone();
+        self.runtime
+            .block_on(async {
+                tokio::time::timeout_at(deadline.into(), server.infer(request)).await
+            })
+            .unwrap_or_else(|_| {
+                Err(Error::unavailable(format!(
+                    "model '{model}' did not answer before the calling stage's deadline"
+                )))
+            })
     }
 }
 

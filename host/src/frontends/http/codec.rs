@@ -193,6 +193,7 @@ pub fn decode_request(
         parameters: parameters_from_json(parsed.parameters, "the request")?,
         inputs,
         outputs,
+        deadline: None,
     })
 }
 
@@ -290,6 +291,7 @@ fn raw_request(
             data,
         }],
         outputs: vec![],
+        deadline: None,
     }
 }
 

@@ -147,6 +147,13 @@ impl wit_host::Host for StageState {
                 "calling other models is not available in this context",
             )));
         };
+        if self.single_instance && model == self.model {
+            return Err(to_wit_error(Error::invalid(format!(
+                "stage '{model}' calls itself but has a single instance, which is busy running \
+                 the caller: the call could never be served (give it more instances with \
+                 instance_group, or call another model)"
+            ))));
+        }
         let request = InferRequest {
             model_name: model,
             model_version: version,
@@ -160,6 +167,7 @@ impl wit_host::Host for StageState {
                     parameters: Default::default(),
                 })
                 .collect(),
+            deadline: self.call_deadline,
         };
         caller
             .infer(request)
@@ -178,14 +186,21 @@ struct StageModel {
     pre: bindings::StagePre<StageState>,
     caller: Option<Arc<dyn super::ModelCaller>>,
     health: Arc<InstanceHealth>,
+    single_instance: bool,
 }
 
 type Live = (Store<StageState>, bindings::Stage);
 
 impl StageModel {
-    fn deadline_ticks(&self) -> u64 {
+    /// Starts the clock of one `init` or `execute` call: the epoch deadline that interrupts
+    /// the guest, and the wall-clock deadline that calls into other models inherit.
+    fn arm_deadline(&self, store: &mut Store<StageState>) {
         let tick = engine::EPOCH_TICK.as_millis() as u64;
-        self.limits.execution_timeout_ms.div_ceil(tick).max(1)
+        store.set_epoch_deadline(self.limits.execution_timeout_ms.div_ceil(tick).max(1));
+        store.data_mut().call_deadline = Some(
+            std::time::Instant::now()
+                + std::time::Duration::from_millis(self.limits.execution_timeout_ms),
+        );
     }
 
     /// Counts the crash and explains it: deadline, memory cap, or what the stage printed.
@@ -223,7 +238,8 @@ impl StageModel {
             StageState::new(&self.name, &self.limits, self.caller.clone()),
         );
         store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(self.deadline_ticks());
+        store.data_mut().single_instance = self.single_instance;
+        self.arm_deadline(&mut store);
         let stage = self
             .pre
             .instantiate(&mut store)
@@ -283,7 +299,12 @@ impl ModelInstance for StageInstance {
             Some(live) => live,
             None => self.model.instantiate()?,
         };
-        store.set_epoch_deadline(self.model.deadline_ticks());
+        self.model.arm_deadline(&mut store);
+        // Work done for a stage that called us must not outlive that caller's wait.
+        if let Some(inherited) = request.deadline {
+            let own = &mut store.data_mut().call_deadline;
+            *own = Some(own.map_or(inherited, |d| d.min(inherited)));
+        }
         let wit_request = wit::Request {
             id: request.id.clone(),
             inputs: request.inputs.iter().map(to_wit_tensor).collect(),
@@ -399,6 +420,7 @@ pub fn load(
         limits,
         pre,
         caller: options.model_caller.clone(),
+        single_instance: instance_count(&config) == 1,
     });
     let health = model.health.clone();
     let count = instance_count(&config);

@@ -137,6 +137,11 @@ pub struct StageState {
     pub model: String,
     /// Calls into other models (BLS).
     pub caller: Option<std::sync::Arc<dyn crate::runtime::ModelCaller>>,
+    /// When the current `init` or `execute` call runs out of time; calls into other models
+    /// carry it, so they neither outlive the caller nor leave work behind.
+    pub call_deadline: Option<std::time::Instant>,
+    /// The model has one instance, so a call into itself could never be served.
+    pub single_instance: bool,
 }
 
 impl StageState {
@@ -161,6 +166,8 @@ impl StageState {
             output,
             model: model.to_owned(),
             caller,
+            call_deadline: None,
+            single_instance: false,
         }
     }
 

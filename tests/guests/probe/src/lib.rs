@@ -1,17 +1,21 @@
 //! A test stage whose behaviour is chosen by the `mode` parameter of its config.pbtxt. It
 //! echoes `INPUT0` (FP32) to `OUTPUT0` and writes what it observed to `REPORT` (BYTES [1]).
 //!
-//! Modes: `echo`, `raw_echo` (returns INPUT0's bytes untouched, OUTPUT0 only), `loop` (spins forever), `alloc` (grows memory without bound), `panic`,
-//! `sandbox` (tries files, environment, arguments and sockets and reports each outcome),
-//! `huge_output` (returns 100 MiB), `wrong_output` (returns INT32 for an FP32 output),
-//! `trap_on_negative` (panics when the first input value is negative), `bls` (adds INPUT0 to
-//! itself through the `simple` model via the host), `fail_init`.
+//! Modes: `echo`, `raw_echo` (returns INPUT0's bytes untouched, OUTPUT0 only), `loop` (spins
+//! forever), `alloc` (grows memory without bound), `panic`, `sandbox` (tries files,
+//! environment, arguments and sockets and reports each outcome), `huge_output` (returns
+//! 100 MiB), `wrong_output` (returns INT32 for an FP32 output), `trap_on_negative` (panics
+//! when the first input value is negative), `bls` (adds INPUT0 to itself through the `simple`
+//! model via the host), `call` (forwards INPUT0 to the probe named by parameter `target` and
+//! returns its OUTPUT0), `fail_init`.
 
 use wasmtron_guest::{export_stage, host, Config, Error, LogLevel, Request, Result, Stage, Tensor};
 
 struct Probe {
     mode: String,
     calls: u64,
+    /// Model that `call` mode forwards to (parameter `target`).
+    target: String,
 }
 
 /// Echo plus one REPORT string per batch row.
@@ -54,7 +58,12 @@ impl Stage for Probe {
             return Err(Error::invalid("probe refuses to start (mode fail_init)"));
         }
         host::log(LogLevel::Info, &format!("probe started in mode {mode}"));
-        Ok(Probe { mode, calls: 0 })
+        let target = config.parameter("target").unwrap_or("echo").to_owned();
+        Ok(Probe {
+            mode,
+            calls: 0,
+            target,
+        })
     }
 
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
@@ -116,6 +125,11 @@ impl Stage for Probe {
                     Tensor::from_f32("OUTPUT0", &input.shape, &sums),
                     "bls",
                 )
+            }
+            "call" => {
+                let forward = Tensor::from_f32("INPUT0", &input.shape, &values);
+                let out = host::infer(&self.target, None, &[forward], &["OUTPUT0"])?;
+                report(request, out[0].clone(), "called")
             }
             other => Err(Error::invalid(format!("unknown mode '{other}'"))),
         }
