@@ -320,6 +320,56 @@ fn a_cycle_of_stages_ends_at_the_deadline_and_leaves_no_work_behind() {
 }
 
 #[test]
+fn the_pooling_allocator_serves_fresh_instances_and_refuses_oversized_limits() {
+    let repo = temp_repository(&["simple", "topk", "tokenize"]);
+    add_probe(repo.path(), "echo", "echo", &[]);
+    let fresh = [("fresh_instance_per_request", "true")];
+    add_probe(repo.path(), "fresh", "echo", &fresh);
+    add_probe(
+        repo.path(),
+        "greedy",
+        "echo",
+        &[("memory_limit_mb", "1024")],
+    );
+    let s = TestServer::start(
+        repo.path(),
+        &[
+            "--wasm-pooling-instances",
+            "16",
+            "--strict-readiness",
+            "false",
+        ],
+    );
+    for _ in 0..40 {
+        let (status, body) = infer(&s, "fresh", &probe_request(&[3.0]));
+        assert_eq!((status, report(&body)), (200, "calls=1".to_owned()));
+    }
+    let body = json!({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
+        "data": ["Pooled Python"]}]});
+    let (status, out) = infer(&s, "tokenize", &body);
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outputs"][1]["data"], json!([2]));
+    let (status, err) = error(&s, "greedy", &probe_request(&[1.0]));
+    assert_eq!(status, 404, "{err}");
+    let idx: Vec<Value> = http()
+        .post(s.url("/v2/repository/index"))
+        .json(&json!({}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let greedy = idx.iter().find(|e| e["name"] == "greedy").unwrap();
+    assert!(
+        greedy["reason"]
+            .as_str()
+            .unwrap()
+            .contains("memory_limit_mb is 1024 but the pooling allocator"),
+        "{greedy}"
+    );
+    assert_healthy(&s);
+}
+
+#[test]
 fn a_failing_init_fails_the_load_with_the_stage_message() {
     let (_repo, s) = server_with(&[("refuser", "fail_init", &[])]);
     let idx: Vec<Value> = http()

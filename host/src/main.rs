@@ -86,6 +86,10 @@ struct Cli {
     /// Requests each model version may queue before answering UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     model_queue_capacity: usize,
+    /// Preallocate slots for this many Wasm stage instances (wasmtime's pooling allocator:
+    /// cheaper instantiation, e.g. with `fresh_instance_per_request`); 0 allocates on demand.
+    #[arg(long, default_value_t = 0)]
+    wasm_pooling_instances: u32,
     /// Directory for compiled Wasm stages (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
     #[arg(long)]
     wasm_cache_dir: Option<PathBuf>,
@@ -181,6 +185,10 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
 
+    wasmtron::runtime::wasm::engine::configure(wasmtron::runtime::wasm::engine::EngineOptions {
+        pooling_instances: cli.wasm_pooling_instances,
+    })
+    .map_err(|e| anyhow::anyhow!(e.message))?;
     let options = ServerOptions {
         model_repositories: cli.model_repository.clone(),
         control_mode: cli.model_control_mode,

@@ -10,12 +10,63 @@ use std::{
 };
 
 use sha2::{Digest, Sha256};
-use wasmtime::{component::Component, Config, Engine};
+use wasmtime::{
+    component::Component, Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig,
+};
 
 use crate::error::{Error, Result};
 
 /// How often the epoch advances; deadlines are whole numbers of ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Process-wide engine settings, fixed before the first stage loads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Instances the pooling allocator preallocates slots for; 0 allocates on demand.
+    pub pooling_instances: u32,
+}
+
+/// The linear-memory slot of the pooling allocator: stages whose `memory_limit_mb` is larger
+/// cannot load while pooling is on.
+pub const POOLING_MEMORY_MB: u64 = 512;
+
+static OPTIONS: OnceLock<EngineOptions> = OnceLock::new();
+
+/// Sets the engine options; call once before any stage loads.
+pub fn configure(options: EngineOptions) -> Result<()> {
+    if OPTIONS.get_or_init(|| options) == &options {
+        Ok(())
+    } else {
+        Err(Error::internal(
+            "the wasm engine was already configured differently",
+        ))
+    }
+}
+
+/// The options the engine runs with.
+pub fn options() -> EngineOptions {
+    OPTIONS.get().copied().unwrap_or_default()
+}
+
+/// Slots for `n` stage instances. Python and JavaScript components hold several core
+/// instances, memories and tables each, hence the multiples.
+fn pooling(n: u32) -> PoolingAllocationConfig {
+    let mut p = PoolingAllocationConfig::new();
+    p.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(4))
+        .total_memories(n.saturating_mul(2))
+        .total_tables(n.saturating_mul(4))
+        .total_stacks(n)
+        .max_core_instances_per_component(64)
+        .max_memories_per_component(4)
+        .max_tables_per_component(16)
+        .max_tables_per_module(4)
+        .max_memories_per_module(2)
+        .max_core_instance_size(1 << 20)
+        .max_component_instance_size(1 << 20)
+        .max_memory_size((POOLING_MEMORY_MB as usize) << 20);
+    p
+}
 
 /// The shared engine, created on first use with its ticker thread.
 pub fn engine() -> Result<&'static Engine> {
@@ -27,6 +78,13 @@ pub fn engine() -> Result<&'static Engine> {
             // store traps once it is past its deadline.
             config.epoch_interruption(true);
             config.parallel_compilation(true);
+            let options = options();
+            if options.pooling_instances > 0 {
+                // Preallocated slots make instantiation cheaper (fresh instances per request).
+                config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(
+                    options.pooling_instances,
+                )));
+            }
             let engine = Engine::new(&config).map_err(|e| format!("cannot start wasmtime: {e}"))?;
             let ticker = engine.clone();
             std::thread::Builder::new()

@@ -381,6 +381,16 @@ pub fn load(
     }
     let path = super::model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
     let limits = SandboxLimits::from_config(&config)?;
+    if engine::options().pooling_instances > 0 && limits.memory_limit_mb > engine::POOLING_MEMORY_MB
+    {
+        return Err(Error::invalid(format!(
+            "model '{}': parameter memory_limit_mb is {} but the pooling allocator \
+             (--wasm-pooling-instances) gives each instance at most {} MiB",
+            config.name,
+            limits.memory_limit_mb,
+            engine::POOLING_MEMORY_MB
+        )));
+    }
     let engine = engine::engine()?;
     let started = std::time::Instant::now();
     let (component, source) =
