@@ -59,7 +59,9 @@ model_repository/tokenize/1/model.wasm: examples/python/tokenize/app.py wit/stag
 JS_TOOLS := examples/js/node_modules/.package-lock.json
 $(JS_TOOLS): examples/js/package.json examples/js/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js 18+ (apt install nodejs npm)"; exit 1; }
-	npm ci --prefix examples/js --no-audit --no-fund --loglevel=error
+	# `npm install --no-save` rather than `npm ci`: npm drops other platforms' optional packages
+	# from the lock file and `npm ci` then refuses it; the lock still pins every version here.
+	cd examples/js && npm install --no-save --no-audit --no-fund --loglevel=error
 	touch $@
 
 model_repository/scores_json/1/model.wasm: examples/js/scores_json/app.js wit/stage.wit $(JS_TOOLS)
