@@ -1,10 +1,14 @@
 //! Checks on a parsed configuration that need neither the model file nor a backend: names,
-//! datatypes, dimensions, batch size and instance groups. Messages name the field at fault.
+//! datatypes, dimensions, batch size, instance groups and dynamic batching. Messages name the
+//! field at fault.
 
 use std::collections::HashSet;
 
 use super::ConfigError;
-use crate::{proto::inference::ModelConfig, tensor::DataType};
+use crate::{
+    proto::inference::{model_config::SchedulingChoice, ModelConfig, ModelDynamicBatching},
+    tensor::DataType,
+};
 
 /// The backend that serves ONNX models.
 pub const ONNXRUNTIME: &str = "onnxruntime";
@@ -60,6 +64,49 @@ pub fn validate(config: &mut ModelConfig, model_name: &str, file: &str) -> Resul
                 group.count
             )));
         }
+    }
+    if let Some(SchedulingChoice::DynamicBatching(db)) = &config.scheduling_choice {
+        check_dynamic_batching(db, config.max_batch_size).map_err(&invalid)?;
+    }
+    Ok(())
+}
+
+fn check_dynamic_batching(db: &ModelDynamicBatching, max_batch_size: i32) -> Result<(), String> {
+    for size in &db.preferred_batch_size {
+        if *size <= 0 || (max_batch_size > 0 && *size > max_batch_size) {
+            return Err(format!(
+                "field 'dynamic_batching.preferred_batch_size': {size} is not between 1 and \
+                 max_batch_size ({max_batch_size})"
+            ));
+        }
+    }
+    let levels = db.priority_levels;
+    if levels == 0 {
+        if db.default_priority_level != 0 || !db.priority_queue_policy.is_empty() {
+            return Err(
+                "field 'dynamic_batching.priority_levels': must be set to use \
+                        default_priority_level or priority_queue_policy"
+                    .into(),
+            );
+        }
+        return Ok(());
+    }
+    if !(1..=levels).contains(&db.default_priority_level) {
+        return Err(format!(
+            "field 'dynamic_batching.default_priority_level': {} is not between 1 and \
+             priority_levels ({levels})",
+            db.default_priority_level
+        ));
+    }
+    if let Some(level) = db
+        .priority_queue_policy
+        .keys()
+        .find(|l| !(1..=levels).contains(l))
+    {
+        return Err(format!(
+            "field 'dynamic_batching.priority_queue_policy': level {level} is not between 1 \
+             and priority_levels ({levels})"
+        ));
     }
     Ok(())
 }
@@ -137,5 +184,50 @@ mod tests {
         c.input[0].dims = vec![-2];
         let e = validate(&mut c, "m", "f").unwrap_err().to_string();
         assert!(e.contains("dims"), "{e}");
+    }
+
+    #[test]
+    fn dynamic_batching_settings_must_fit_the_model() {
+        let with = |db: ModelDynamicBatching| ModelConfig {
+            max_batch_size: 8,
+            scheduling_choice: Some(SchedulingChoice::DynamicBatching(db)),
+            ..Default::default()
+        };
+        let e = validate(
+            &mut with(ModelDynamicBatching {
+                preferred_batch_size: vec![4, 16],
+                ..Default::default()
+            }),
+            "m",
+            "f",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("'dynamic_batching.preferred_batch_size': 16 is not between 1 and max_batch_size (8)"),
+            "{e}"
+        );
+        let e = validate(
+            &mut with(ModelDynamicBatching {
+                priority_levels: 2,
+                default_priority_level: 3,
+                ..Default::default()
+            }),
+            "m",
+            "f",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("default_priority_level': 3 is not between 1 and priority_levels (2)"),
+            "{e}"
+        );
+        let ok = ModelDynamicBatching {
+            preferred_batch_size: vec![2, 8],
+            priority_levels: 2,
+            default_priority_level: 1,
+            ..Default::default()
+        };
+        validate(&mut with(ok), "m", "f").unwrap();
     }
 }

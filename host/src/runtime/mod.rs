@@ -2,6 +2,7 @@
 //! directory into execution instances; each instance runs whole requests (later, batches) on a
 //! thread the scheduler owns, never on the async runtime.
 
+pub mod batch;
 pub mod onnx;
 pub mod request_check;
 pub mod wasm;
@@ -42,6 +43,32 @@ pub trait ModelInstance: Send {
         request: &InferRequest,
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)>;
+
+    /// Runs several [`batch::compatible`] requests as one execution and answers each, in
+    /// order; `outputs` applies to all of them. By default the inputs are concatenated along
+    /// the batch dimension, [`execute`](Self::execute) runs once, and the outputs are cut
+    /// back into each request's rows.
+    fn execute_batch(
+        &mut self,
+        requests: &[&InferRequest],
+        outputs: &[String],
+    ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
+        if let [one] = requests {
+            return match self.execute(one, outputs) {
+                Ok((tensors, timings)) => (vec![Ok(tensors)], timings),
+                Err(e) => (vec![Err(e)], ExecTimings::default()),
+            };
+        }
+        let rows: Vec<usize> = requests.iter().map(|r| batch::rows(r)).collect();
+        let merged = batch::merge(requests);
+        match self.execute(&merged, outputs) {
+            Ok((tensors, timings)) => match batch::split(&merged.model_name, tensors, &rows) {
+                Ok(parts) => (parts.into_iter().map(Ok).collect(), timings),
+                Err(e) => (vec![Err(e); requests.len()], timings),
+            },
+            Err(e) => (vec![Err(e); requests.len()], ExecTimings::default()),
+        }
+    }
 }
 
 /// How a backend reaches other models (a stage's `infer` import) without knowing the layers

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{scheduler::Scheduler, stats::ModelStats};
+use super::{queue::BatchPolicy, scheduler::Scheduler, stats::ModelStats};
 use crate::{
     error::{Code, Error, Result},
     proto::inference::ModelConfig,
@@ -375,6 +375,7 @@ impl ModelManager {
                 name,
                 version,
                 loaded.instances,
+                BatchPolicy::from_config(&loaded.config),
                 self.options.queue_capacity,
                 stats.clone(),
             )?;
@@ -400,7 +401,9 @@ impl ModelManager {
         let mut models = self.models.write().map_err(|_| poisoned())?;
         match models.get_mut(name) {
             Some(entry) if !entry.versions.is_empty() => {
-                entry.versions.clear();
+                for version in std::mem::take(&mut entry.versions).into_values() {
+                    version.scheduler.close();
+                }
                 entry.state = ModelState::Unavailable;
                 entry.reason = UNLOADED.to_owned();
                 tracing::info!(model = name, "model unloaded");

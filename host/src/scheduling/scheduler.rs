@@ -1,170 +1,383 @@
-//! The default scheduler: a bounded queue per model version feeding one worker thread per
-//! execution instance. Model code never runs on the async runtime; a full queue answers
-//! UNAVAILABLE at once instead of growing without bound.
+//! The scheduler of one model version: a bounded, prioritised [`RequestQueue`] shared by one
+//! worker thread per execution instance. A free worker asks the queue what to run (the dynamic
+//! batcher's decision when `dynamic_batching` is configured, else the next request), runs it
+//! on its instance and answers every request of the batch. Model code never runs on the async
+//! runtime; a full queue answers UNAVAILABLE at once instead of growing without bound.
+//!
+//! One shared queue rather than one per instance: an idle instance always takes the oldest
+//! work, and a batch can gather requests that arrived while every instance was busy.
 
 use std::{
+    collections::BTreeMap,
     panic::{catch_unwind, AssertUnwindSafe},
-    sync::{atomic::Ordering::Relaxed, Arc},
-    time::Instant,
+    sync::{atomic::Ordering::Relaxed, Arc, Condvar, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
 };
 
-use crossbeam_channel::{bounded, Sender, TrySendError};
 use tokio::sync::oneshot;
 
-use super::stats::{FailureReason, ModelStats};
+use super::{
+    queue::{BatchPolicy, Batchable, Decision, Entry, Refusal, RequestQueue},
+    stats::{FailureReason, ModelStats},
+};
 use crate::{
     error::{Error, Result},
-    inference::{InferRequest, InferResponse},
-    runtime::ModelInstance,
+    inference::{InferRequest, InferResponse, ParamValue},
+    runtime::{batch, ExecTimings, ModelInstance},
+    tensor::Tensor,
 };
 
 struct Job {
     request: InferRequest,
     outputs: Vec<String>,
-    batch_size: u64,
+    rows: u64,
     received: Instant,
-    enqueued: Instant,
+    /// Arrival order, for `preserve_ordering`.
+    seq: u64,
     reply: oneshot::Sender<Result<InferResponse>>,
 }
 
-/// Queue and workers of one model version. Dropping it lets the workers finish what is queued
-/// and exit.
-pub struct Scheduler {
+impl Batchable for Job {
+    fn rows(&self) -> usize {
+        self.rows as usize
+    }
+    fn fits_with(&self, other: &Self) -> bool {
+        self.outputs == other.outputs && batch::compatible(&self.request, &other.request)
+    }
+}
+
+struct State {
+    queue: RequestQueue<Job>,
+    closed: bool,
+    next_seq: u64,
+}
+
+/// Responses held back until every earlier request has been answered (`preserve_ordering`).
+#[derive(Default)]
+struct Reorder {
+    next: u64,
+    held: BTreeMap<
+        u64,
+        (
+            oneshot::Sender<Result<InferResponse>>,
+            Result<InferResponse>,
+        ),
+    >,
+}
+
+struct Shared {
     model: String,
     version: i64,
-    sender: Sender<Job>,
+    policy: BatchPolicy,
+    /// The same policy without waiting, used while shutting down.
+    drain_policy: BatchPolicy,
+    state: Mutex<State>,
+    work: Condvar,
     stats: Arc<ModelStats>,
+    reorder: Option<Mutex<Reorder>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic never happens while these locks are held (model code runs outside them).
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Queue and workers of one model version. Dropping it lets the workers finish what is queued
+/// (without waiting for batches to fill) and exit.
+pub struct Scheduler {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// A request parameter as a non-negative integer.
+fn uint_param(request: &InferRequest, key: &str) -> Option<u64> {
+    match request.parameters.get(key)? {
+        ParamValue::Uint(u) => Some(*u),
+        other => other.as_i64().and_then(|i| u64::try_from(i).ok()),
+    }
 }
 
 impl Scheduler {
-    /// Starts one worker thread per instance behind a queue of `queue_capacity` requests.
+    /// Stops taking requests: what is queued runs at once (batches no longer wait to fill),
+    /// then the workers exit. Called when the version is unloaded or replaced.
+    pub fn close(&self) {
+        lock(&self.shared.state).closed = true;
+        self.shared.work.notify_all();
+    }
+
+    /// Starts one worker thread per instance behind a queue of at most `queue_capacity`
+    /// requests, scheduling by `policy`.
     pub fn start(
         model: &str,
         version: i64,
         instances: Vec<Box<dyn ModelInstance>>,
+        policy: BatchPolicy,
         queue_capacity: usize,
         stats: Arc<ModelStats>,
     ) -> Result<Self> {
-        let (sender, receiver) = bounded::<Job>(queue_capacity.max(1));
-        for (index, mut instance) in instances.into_iter().enumerate() {
-            let receiver = receiver.clone();
-            let stats = stats.clone();
-            let model_name = model.to_owned();
+        let drain_policy = BatchPolicy {
+            max_queue_delay: Duration::ZERO,
+            preferred: Vec::new(),
+            ..policy.clone()
+        };
+        let shared = Arc::new(Shared {
+            model: model.to_owned(),
+            version,
+            state: Mutex::new(State {
+                queue: RequestQueue::new(&policy.levels, queue_capacity),
+                closed: false,
+                next_seq: 0,
+            }),
+            reorder: policy.preserve_ordering.then(Default::default),
+            policy,
+            drain_policy,
+            work: Condvar::new(),
+            stats,
+        });
+        for (index, instance) in instances.into_iter().enumerate() {
+            let shared = shared.clone();
             std::thread::Builder::new()
                 .name(format!("{model}-v{version}-{index}"))
-                .spawn(move || {
-                    while let Ok(job) = receiver.recv() {
-                        run_job(&model_name, version, instance.as_mut(), job, &stats);
-                    }
-                })
+                .spawn(move || shared.work_loop(instance))
                 .map_err(|e| {
                     Error::internal(format!("cannot start a worker for '{model}': {e}"))
                 })?;
         }
-        Ok(Self {
-            model: model.to_owned(),
-            version,
-            sender,
-            stats,
-        })
+        Ok(Self { shared })
     }
 
     /// Queues a validated request and waits for its response. `outputs` are the output names
-    /// to return, in order; `received` is when the frontend took the request.
+    /// to return, in order; `rows` its batch size; `received` is when the frontend took it.
+    /// The request parameters `priority` and `timeout` (microseconds) choose its priority
+    /// level and shorten its queue timeout where the model's queue policy allows.
     pub async fn infer(
         &self,
         request: InferRequest,
         outputs: Vec<String>,
-        batch_size: u64,
+        rows: u64,
         received: Instant,
     ) -> Result<InferResponse> {
+        let s = &self.shared;
+        let level = s
+            .policy
+            .level_of(uint_param(&request, "priority").unwrap_or(0));
+        let timeout = uint_param(&request, "timeout").map(Duration::from_micros);
         let (reply, response) = oneshot::channel();
-        let job = Job {
-            request,
-            outputs,
-            batch_size,
-            received,
-            enqueued: Instant::now(),
-            reply,
-        };
-        self.stats.pending.fetch_add(1, Relaxed);
-        if let Err(err) = self.sender.try_send(job) {
-            self.stats.pending.fetch_sub(1, Relaxed);
-            self.stats
-                .record_failure(FailureReason::Rejected, received.elapsed());
-            return Err(match err {
-                TrySendError::Full(_) => Error::unavailable(format!(
-                    "model '{}' version {}: the request queue is full; retry later",
-                    self.model, self.version
-                )),
-                TrySendError::Disconnected(_) => Error::unavailable(format!(
+        let refused = {
+            let mut state = lock(&s.state);
+            if state.closed {
+                drop(state);
+                s.stats
+                    .record_failure(FailureReason::Rejected, received.elapsed());
+                return Err(Error::unavailable(format!(
                     "model '{}' version {} is unloading",
-                    self.model, self.version
-                )),
-            });
+                    s.model, s.version
+                )));
+            }
+            let seq = state.next_seq;
+            let job = Job {
+                request,
+                outputs,
+                rows: rows.max(1),
+                received,
+                seq,
+                reply,
+            };
+            let pushed = state.queue.push(level, job, timeout, Instant::now());
+            if pushed.is_ok() {
+                state.next_seq += 1;
+                s.stats.pending.fetch_add(1, Relaxed);
+            }
+            pushed.err()
+        };
+        if let Some((_, refusal)) = refused {
+            s.stats
+                .record_failure(FailureReason::Rejected, received.elapsed());
+            return Err(Error::unavailable(match refusal {
+                Refusal::Full { capacity } => format!(
+                    "model '{}' version {}: the request queue is full ({capacity} requests); \
+                     retry later",
+                    s.model, s.version
+                ),
+                Refusal::LevelFull { priority, max } => format!(
+                    "model '{}' version {}: the queue of priority level {priority} is full \
+                     (max_queue_size {max}); retry later",
+                    s.model, s.version
+                ),
+            }));
         }
+        s.work.notify_one();
         response.await.unwrap_or_else(|_| {
             Err(Error::internal(format!(
                 "model '{}' version {}: the worker stopped before answering",
-                self.model, self.version
+                s.model, s.version
             )))
         })
     }
 }
 
-fn run_job(
-    model: &str,
-    version: i64,
-    instance: &mut dyn ModelInstance,
-    job: Job,
-    stats: &ModelStats,
-) {
-    stats.pending.fetch_sub(1, Relaxed);
-    let started = Instant::now();
-    let queued = started - job.enqueued;
-    if job.request.deadline.is_some_and(|d| d <= started) {
-        // Whoever sent it has given up waiting: running it would only delay the others.
-        stats.record_failure(FailureReason::Rejected, job.received.elapsed());
-        let _ = job.reply.send(Err(Error::unavailable(format!(
-            "model '{model}' version {version}: the request reached its deadline while queued"
-        ))));
-        return;
+impl Shared {
+    fn work_loop(&self, mut instance: Box<dyn ModelInstance>) {
+        while let Some(batch) = self.next_batch() {
+            self.run_batch(instance.as_mut(), batch);
+        }
     }
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        instance.execute(&job.request, &job.outputs)
-    }))
-    .unwrap_or_else(|_| {
-        Err(Error::internal(format!(
-            "model '{model}' version {version}: the backend panicked"
-        )))
-    });
-    let result = match outcome {
-        Ok((outputs, timings)) => {
-            stats.queue.record(queued);
-            stats.compute_input.record(timings.compute_input);
-            stats.compute_infer.record(timings.compute_infer);
-            stats.compute_output.record(timings.compute_output);
-            stats.record_execution(
-                job.batch_size,
+
+    /// Waits until the queue says a batch should run and takes it; `None` once closed and
+    /// empty.
+    fn next_batch(&self) -> Option<Vec<Entry<Job>>> {
+        let mut state = lock(&self.state);
+        loop {
+            let now = Instant::now();
+            let expired = state.queue.expire(now);
+            if !expired.is_empty() {
+                self.stats.pending.fetch_sub(expired.len() as i64, Relaxed);
+                for job in expired {
+                    self.fail(
+                        job,
+                        FailureReason::Rejected,
+                        Error::unavailable(format!(
+                            "model '{}' version {}: the request timed out in the queue \
+                             (queue policy timeout)",
+                            self.model, self.version
+                        )),
+                    );
+                }
+            }
+            let policy = if state.closed {
+                &self.drain_policy
+            } else {
+                &self.policy
+            };
+            match state.queue.decide(policy, now) {
+                Decision::Run(n) => {
+                    let batch = state.queue.take(n);
+                    self.stats.pending.fetch_sub(batch.len() as i64, Relaxed);
+                    if !state.queue.is_empty() {
+                        // More work: another free worker may take it.
+                        self.work.notify_one();
+                    }
+                    return Some(batch);
+                }
+                Decision::WaitUntil(at) => {
+                    let wait = at.saturating_duration_since(now);
+                    state = self
+                        .work
+                        .wait_timeout(state, wait)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                Decision::Idle if state.closed => return None,
+                Decision::Idle => {
+                    state = self
+                        .work
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+        }
+    }
+
+    fn run_batch(&self, instance: &mut dyn ModelInstance, batch: Vec<Entry<Job>>) {
+        let started = Instant::now();
+        let mut jobs = Vec::with_capacity(batch.len());
+        for entry in batch {
+            if entry.job.request.deadline.is_some_and(|d| d <= started) {
+                // Whoever sent it has given up waiting: running it would only delay others.
+                let err = Error::unavailable(format!(
+                    "model '{}' version {}: the request reached its deadline while queued",
+                    self.model, self.version
+                ));
+                self.fail(entry.job, FailureReason::Rejected, err);
+            } else {
+                jobs.push((entry.job, started - entry.enqueued));
+            }
+        }
+        let Some((first, _)) = jobs.first() else {
+            return;
+        };
+        let requests: Vec<&InferRequest> = jobs.iter().map(|(j, _)| &j.request).collect();
+        let (results, timings) = catch_unwind(AssertUnwindSafe(|| {
+            instance.execute_batch(&requests, &first.outputs)
+        }))
+        .unwrap_or_else(|_| {
+            let err = Error::internal(format!(
+                "model '{}' version {}: the backend panicked",
+                self.model, self.version
+            ));
+            (vec![Err(err); requests.len()], ExecTimings::default())
+        });
+        let succeeded: u64 = jobs
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|((j, _), _)| j.rows)
+            .sum();
+        if succeeded > 0 {
+            self.stats.record_execution(
+                succeeded,
                 timings.compute_input,
                 timings.compute_infer,
                 timings.compute_output,
             );
-            stats.success.record(job.received.elapsed());
-            stats.touch();
-            Ok(InferResponse {
-                model_name: model.to_owned(),
-                model_version: version,
-                id: job.request.id,
-                parameters: Default::default(),
-                outputs,
-            })
         }
-        Err(err) => {
-            stats.record_failure(FailureReason::Backend, job.received.elapsed());
-            Err(err)
+        for ((job, queued), result) in jobs.into_iter().zip(results) {
+            match result {
+                Ok(outputs) => self.succeed(job, queued, &timings, outputs),
+                Err(err) => self.fail(job, FailureReason::Backend, err),
+            }
         }
-    };
-    // The client may have gone away; its response is then simply dropped.
-    let _ = job.reply.send(result);
+    }
+
+    fn succeed(&self, job: Job, queued: Duration, timings: &ExecTimings, outputs: Vec<Tensor>) {
+        let stats = &self.stats;
+        stats.queue.record(queued);
+        stats.compute_input.record(timings.compute_input);
+        stats.compute_infer.record(timings.compute_infer);
+        stats.compute_output.record(timings.compute_output);
+        stats.success.record(job.received.elapsed());
+        stats.touch();
+        let response = InferResponse {
+            model_name: self.model.clone(),
+            model_version: self.version,
+            id: job.request.id,
+            parameters: Default::default(),
+            outputs,
+        };
+        self.deliver(job.seq, job.reply, Ok(response));
+    }
+
+    fn fail(&self, job: Job, reason: FailureReason, err: Error) {
+        self.stats.record_failure(reason, job.received.elapsed());
+        self.deliver(job.seq, job.reply, Err(err));
+    }
+
+    /// Sends a response, or with `preserve_ordering` holds it until every earlier request has
+    /// been answered. A client that went away simply does not get its response.
+    fn deliver(
+        &self,
+        seq: u64,
+        reply: oneshot::Sender<Result<InferResponse>>,
+        result: Result<InferResponse>,
+    ) {
+        let Some(reorder) = &self.reorder else {
+            let _ = reply.send(result);
+            return;
+        };
+        let mut order = lock(reorder);
+        order.held.insert(seq, (reply, result));
+        loop {
+            let next = order.next;
+            let Some((reply, result)) = order.held.remove(&next) else {
+                break;
+            };
+            let _ = reply.send(result);
+            order.next += 1;
+        }
+    }
 }

@@ -288,59 +288,16 @@ fn wit_parameters(request: &InferRequest) -> Vec<wit::Parameter> {
         .collect()
 }
 
-impl ModelInstance for StageInstance {
-    fn execute(
-        &mut self,
+impl StageInstance {
+    /// Checks one result of `execute` against the configuration.
+    fn finish(
+        &self,
         request: &InferRequest,
         outputs: &[String],
-    ) -> Result<(Vec<Tensor>, ExecTimings)> {
-        let start = std::time::Instant::now();
-        let (mut store, stage) = match self.live.take() {
-            Some(live) => live,
-            None => self.model.instantiate()?,
-        };
-        self.model.arm_deadline(&mut store);
-        // Work done for a stage that called us must not outlive that caller's wait.
-        if let Some(inherited) = request.deadline {
-            let own = &mut store.data_mut().call_deadline;
-            *own = Some(own.map_or(inherited, |d| d.min(inherited)));
-        }
-        let wit_request = wit::Request {
-            id: request.id.clone(),
-            inputs: request.inputs.iter().map(to_wit_tensor).collect(),
-            requested_outputs: outputs.to_vec(),
-            parameters: wit_parameters(request),
-        };
-        let prepared = std::time::Instant::now();
-        let result = stage
-            .wasmtron_stage_model()
-            .call_execute(&mut store, std::slice::from_ref(&wit_request));
-        let ran = std::time::Instant::now();
-        let mut results = match result {
-            Ok(results) => results,
-            // The store is dropped here: a trapped instance is never entered again.
-            Err(e) => return Err(self.model.trap_error(&store, &e, "execute")),
-        };
-        if !self.model.limits.fresh_instance_per_request {
-            self.live = Some((store, stage));
-        }
-        self.model.health.record_success();
-        if results.len() != 1 {
-            return Err(Error::internal(format!(
-                "stage '{}' returned {} results for 1 request",
-                self.model.name,
-                results.len()
-            )));
-        }
-        let tensors = results
-            .pop()
-            .unwrap_or_else(|| {
-                Err(wit::Error {
-                    code: wit::ErrorCode::Internal,
-                    message: "no result".into(),
-                })
-            })
-            .map_err(|e| from_wit_error(&self.model.name, e))?;
+        result: std::result::Result<Vec<wit::Tensor>, wit::Error>,
+        max_bytes: usize,
+    ) -> Result<Vec<Tensor>> {
+        let tensors = result.map_err(|e| from_wit_error(&self.model.name, e))?;
         let tensors: Vec<Tensor> = tensors.into_iter().map(from_wit_tensor).collect();
         let batch = if self.model.config.max_batch_size > 0 {
             request
@@ -351,18 +308,97 @@ impl ModelInstance for StageInstance {
         } else {
             None
         };
+        check_outputs(&self.model.config, outputs, tensors, batch, max_bytes)
+            .map_err(|e| Error::new(e.code, format!("stage '{}' {}", self.model.name, e.message)))
+    }
+}
+
+impl ModelInstance for StageInstance {
+    fn execute(
+        &mut self,
+        request: &InferRequest,
+        outputs: &[String],
+    ) -> Result<(Vec<Tensor>, ExecTimings)> {
+        let (mut results, timings) = self.execute_batch(&[request], outputs);
+        let result = results.pop().unwrap_or_else(|| {
+            Err(Error::internal(format!(
+                "stage '{}' gave no result",
+                self.model.name
+            )))
+        });
+        result.map(|tensors| (tensors, timings))
+    }
+
+    /// A batch reaches the stage as a list of requests, like Triton's `execute(requests)`:
+    /// each keeps its own shapes, parameters and result.
+    fn execute_batch(
+        &mut self,
+        requests: &[&InferRequest],
+        outputs: &[String],
+    ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
+        let all = |e: Error| vec![Err(e); requests.len()];
+        let start = std::time::Instant::now();
+        let (mut store, stage) = match self.live.take() {
+            Some(live) => live,
+            None => match self.model.instantiate() {
+                Ok(live) => live,
+                Err(e) => return (all(e), ExecTimings::default()),
+            },
+        };
+        self.model.arm_deadline(&mut store);
+        // Work done for a stage that called us must not outlive that caller's wait.
+        if let Some(inherited) = requests.iter().filter_map(|r| r.deadline).min() {
+            let own = &mut store.data_mut().call_deadline;
+            *own = Some(own.map_or(inherited, |d| d.min(inherited)));
+        }
+        let wit_requests: Vec<wit::Request> = requests
+            .iter()
+            .map(|request| wit::Request {
+                id: request.id.clone(),
+                inputs: request.inputs.iter().map(to_wit_tensor).collect(),
+                requested_outputs: outputs.to_vec(),
+                parameters: wit_parameters(request),
+            })
+            .collect();
+        let prepared = std::time::Instant::now();
+        let result = stage
+            .wasmtron_stage_model()
+            .call_execute(&mut store, &wit_requests);
+        let ran = std::time::Instant::now();
+        let results = match result {
+            Ok(results) => results,
+            // The store is dropped here: a trapped instance is never entered again.
+            Err(e) => {
+                let err = self.model.trap_error(&store, &e, "execute");
+                return (all(err), ExecTimings::default());
+            }
+        };
+        if !self.model.limits.fresh_instance_per_request {
+            self.live = Some((store, stage));
+        }
+        self.model.health.record_success();
+        if results.len() != requests.len() {
+            let err = Error::internal(format!(
+                "stage '{}' returned {} results for {} requests",
+                self.model.name,
+                results.len(),
+                requests.len()
+            ));
+            return (all(err), ExecTimings::default());
+        }
         let max_bytes = usize::try_from(self.model.limits.max_output_mb.saturating_mul(1 << 20))
             .unwrap_or(usize::MAX);
-        let tensors = check_outputs(&self.model.config, outputs, tensors, batch, max_bytes)
-            .map_err(|e| {
-                Error::new(e.code, format!("stage '{}' {}", self.model.name, e.message))
-            })?;
+        let answers = requests
+            .iter()
+            .zip(results)
+            .map(|(request, result)| self.finish(request, outputs, result, max_bytes))
+            .collect();
         let timings = ExecTimings {
             compute_input: prepared - start,
             compute_infer: ran - prepared,
             compute_output: ran.elapsed(),
         };
-        Ok((tensors, timings))
+        (answers, timings)
     }
 }
 

@@ -1,0 +1,576 @@
+//! The request queue of one model version and the batching decision over it: priority levels,
+//! each with its queue policy (size limit, timeout, REJECT or DELAY), and the dynamic batcher's
+//! rule for what to run next. Plain data, no threads or locks: the scheduler owns one behind a
+//! mutex and its workers ask it what to do.
+
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
+
+use crate::proto::inference::{
+    model_config::SchedulingChoice, model_queue_policy::TimeoutAction, ModelConfig,
+    ModelQueuePolicy,
+};
+
+/// What happens to a request whose queue timeout expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTimeout {
+    /// Answer it with an error at once.
+    Reject,
+    /// Keep it, behind every request of the same or a higher priority that has not timed out.
+    Delay,
+}
+
+/// The queue policy of one priority level (`ModelQueuePolicy`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuePolicy {
+    /// Requests this level may hold; 0 means no limit of its own.
+    pub max_queue_size: usize,
+    /// Timeout of a request that names none.
+    pub default_timeout: Option<Duration>,
+    /// Whether a request's `timeout` parameter may shorten the default.
+    pub allow_timeout_override: bool,
+    /// What an expired request gets.
+    pub on_timeout: OnTimeout,
+}
+
+impl Default for QueuePolicy {
+    fn default() -> Self {
+        Self {
+            max_queue_size: 0,
+            default_timeout: None,
+            allow_timeout_override: false,
+            on_timeout: OnTimeout::Reject,
+        }
+    }
+}
+
+impl QueuePolicy {
+    fn from_proto(p: &ModelQueuePolicy) -> Self {
+        Self {
+            max_queue_size: p.max_queue_size as usize,
+            default_timeout: (p.default_timeout_microseconds > 0)
+                .then(|| Duration::from_micros(p.default_timeout_microseconds)),
+            allow_timeout_override: p.allow_timeout_override,
+            on_timeout: if p.timeout_action == TimeoutAction::Delay as i32 {
+                OnTimeout::Delay
+            } else {
+                OnTimeout::Reject
+            },
+        }
+    }
+
+    /// The timeout of a request that asked for `requested` (its `timeout` parameter): the
+    /// request may shorten the default when the policy allows it, never lengthen it.
+    pub fn timeout_for(&self, requested: Option<Duration>) -> Option<Duration> {
+        match (
+            requested.filter(|_| self.allow_timeout_override),
+            self.default_timeout,
+        ) {
+            (Some(r), Some(d)) => Some(r.min(d)),
+            (Some(r), None) => Some(r),
+            (None, d) => d,
+        }
+    }
+}
+
+/// How a model version schedules: the dynamic batcher's settings, or one request at a time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchPolicy {
+    /// Largest batch (in rows); 1 means requests run one by one.
+    pub max_batch_size: usize,
+    /// Batch sizes to dispatch at once when they can be formed, ascending.
+    pub preferred: Vec<usize>,
+    /// How long the oldest request may wait for a batch to fill.
+    pub max_queue_delay: Duration,
+    /// Whether several requests may run as one batch.
+    pub batching: bool,
+    /// Answer requests in the order they arrived.
+    pub preserve_ordering: bool,
+    /// One policy per priority level; index 0 is priority 1, the highest.
+    pub levels: Vec<QueuePolicy>,
+    /// Level (index) of requests that name no priority.
+    pub default_level: usize,
+}
+
+impl BatchPolicy {
+    /// The policy a configuration asks for. `dynamic_batching` with `max_batch_size` > 0
+    /// batches; without it requests run one at a time from a single FIFO level.
+    pub fn from_config(config: &ModelConfig) -> Self {
+        let Some(SchedulingChoice::DynamicBatching(db)) = &config.scheduling_choice else {
+            return Self::one_at_a_time();
+        };
+        let count = db.priority_levels.max(1) as usize;
+        let default = QueuePolicy::from_proto(&db.default_queue_policy.unwrap_or_default());
+        let levels = (1..=count as u64)
+            .map(|level| {
+                db.priority_queue_policy
+                    .get(&level)
+                    .map(QueuePolicy::from_proto)
+                    .unwrap_or_else(|| default.clone())
+            })
+            .collect();
+        let mut preferred: Vec<usize> = db
+            .preferred_batch_size
+            .iter()
+            .filter(|s| **s > 0)
+            .map(|s| *s as usize)
+            .collect();
+        preferred.sort_unstable();
+        preferred.dedup();
+        Self {
+            max_batch_size: config.max_batch_size.max(1) as usize,
+            preferred,
+            max_queue_delay: Duration::from_micros(db.max_queue_delay_microseconds),
+            batching: config.max_batch_size > 0,
+            preserve_ordering: db.preserve_ordering,
+            levels,
+            default_level: (db.default_priority_level.clamp(1, count as u64) - 1) as usize,
+        }
+    }
+
+    /// The default scheduler: one level, no timeouts, one request per execution.
+    pub fn one_at_a_time() -> Self {
+        Self {
+            max_batch_size: 1,
+            preferred: Vec::new(),
+            max_queue_delay: Duration::ZERO,
+            batching: false,
+            preserve_ordering: false,
+            levels: vec![QueuePolicy::default()],
+            default_level: 0,
+        }
+    }
+
+    /// The level (index) of a request with priority `priority`: 0, or one beyond the
+    /// configured levels, means the default level, as in Triton.
+    pub fn level_of(&self, priority: u64) -> usize {
+        match usize::try_from(priority) {
+            Ok(p) if p >= 1 && p <= self.levels.len() => p - 1,
+            _ => self.default_level,
+        }
+    }
+}
+
+/// What a queued request needs to be batched: its rows and a key saying which requests it can
+/// share an execution with.
+pub trait Batchable {
+    /// Rows (the batch dimension) this request contributes.
+    fn rows(&self) -> usize;
+    /// Whether it can run in one execution with `other` (same inputs apart from the batch
+    /// dimension, same outputs).
+    fn fits_with(&self, other: &Self) -> bool;
+}
+
+/// A queued request.
+#[derive(Debug)]
+pub struct Entry<J> {
+    /// The request and whatever answers it.
+    pub job: J,
+    /// When it entered the queue.
+    pub enqueued: Instant,
+    /// When its queue timeout expires.
+    pub expires: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Level<J> {
+    policy: QueuePolicy,
+    waiting: VecDeque<Entry<J>>,
+    /// Timed out under a DELAY policy: served after every level's `waiting`.
+    delayed: VecDeque<Entry<J>>,
+}
+
+/// Why a request could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The model version's queue holds `capacity` requests already.
+    Full {
+        /// The server-wide bound per model version.
+        capacity: usize,
+    },
+    /// The priority level's `max_queue_size` is reached.
+    LevelFull {
+        /// The level, 1-based as in config.pbtxt.
+        priority: usize,
+        /// Its `max_queue_size`.
+        max: usize,
+    },
+}
+
+/// What a free worker should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Take this many requests from the front (in dispatch order) and run them as one batch.
+    Run(usize),
+    /// Nothing can run before this instant (a batch is filling, or a timeout is due); a new
+    /// request may change that.
+    WaitUntil(Instant),
+    /// The queue is empty.
+    Idle,
+}
+
+/// Priority levels of queued requests, bounded.
+#[derive(Debug)]
+pub struct RequestQueue<J> {
+    levels: Vec<Level<J>>,
+    len: usize,
+    capacity: usize,
+}
+
+impl<J: Batchable> RequestQueue<J> {
+    /// An empty queue with one level per policy, holding at most `capacity` requests.
+    pub fn new(policies: &[QueuePolicy], capacity: usize) -> Self {
+        Self {
+            levels: policies
+                .iter()
+                .map(|policy| Level {
+                    policy: policy.clone(),
+                    waiting: VecDeque::new(),
+                    delayed: VecDeque::new(),
+                })
+                .collect(),
+            len: 0,
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Requests queued.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Queues a request at `level` (an index below the number of levels) with the request's
+    /// own `timeout`, if it named one.
+    pub fn push(
+        &mut self,
+        level: usize,
+        job: J,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<(), (J, Refusal)> {
+        let level_index = level.min(self.levels.len() - 1);
+        let lvl = &mut self.levels[level_index];
+        if self.len >= self.capacity {
+            return Err((
+                job,
+                Refusal::Full {
+                    capacity: self.capacity,
+                },
+            ));
+        }
+        let max = lvl.policy.max_queue_size;
+        if max > 0 && lvl.waiting.len() + lvl.delayed.len() >= max {
+            return Err((
+                job,
+                Refusal::LevelFull {
+                    priority: level_index + 1,
+                    max,
+                },
+            ));
+        }
+        let expires = lvl.policy.timeout_for(timeout).map(|t| now + t);
+        lvl.waiting.push_back(Entry {
+            job,
+            enqueued: now,
+            expires,
+        });
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Applies the timeouts due at `now`: REJECT levels give their expired requests back (to
+    /// be answered with an error), DELAY levels move them behind the others.
+    pub fn expire(&mut self, now: Instant) -> Vec<J> {
+        let mut rejected = Vec::new();
+        for lvl in &mut self.levels {
+            if !lvl
+                .waiting
+                .iter()
+                .any(|e| e.expires.is_some_and(|t| t <= now))
+            {
+                continue;
+            }
+            let mut kept = VecDeque::with_capacity(lvl.waiting.len());
+            for mut entry in lvl.waiting.drain(..) {
+                if entry.expires.is_none_or(|t| t > now) {
+                    kept.push_back(entry);
+                } else if lvl.policy.on_timeout == OnTimeout::Reject {
+                    rejected.push(entry.job);
+                } else {
+                    entry.expires = None;
+                    lvl.delayed.push_back(entry);
+                }
+            }
+            lvl.waiting = kept;
+        }
+        self.len -= rejected.len();
+        rejected
+    }
+
+    /// Queued requests in dispatch order: every level's punctual requests by priority, then
+    /// the delayed ones by priority.
+    pub fn iter(&self) -> impl Iterator<Item = &Entry<J>> {
+        self.levels
+            .iter()
+            .flat_map(|l| l.waiting.iter())
+            .chain(self.levels.iter().flat_map(|l| l.delayed.iter()))
+    }
+
+    /// Removes the first `n` requests in dispatch order.
+    pub fn take(&mut self, n: usize) -> Vec<Entry<J>> {
+        let mut taken = Vec::with_capacity(n);
+        for delayed in [false, true] {
+            for lvl in &mut self.levels {
+                let q = if delayed {
+                    &mut lvl.delayed
+                } else {
+                    &mut lvl.waiting
+                };
+                while taken.len() < n {
+                    match q.pop_front() {
+                        Some(e) => taken.push(e),
+                        None => break,
+                    }
+                }
+            }
+        }
+        self.len -= taken.len();
+        taken
+    }
+
+    /// Removes every request (shutdown).
+    pub fn drain(&mut self) -> Vec<J> {
+        let n = self.len;
+        self.take(n).into_iter().map(|e| e.job).collect()
+    }
+
+    fn next_expiry(&self) -> Option<Instant> {
+        self.levels
+            .iter()
+            .flat_map(|l| l.waiting.iter())
+            .filter_map(|e| e.expires)
+            .min()
+    }
+
+    /// The dynamic batcher's rule. Starting from the first request in dispatch order, gather
+    /// the requests after it that fit with it, in order, up to `max_batch_size` rows, stopping
+    /// at the first that does not fit. Run them at once when they reach `max_batch_size` or
+    /// a request that does not fit waits behind them; run the largest prefix that adds up to
+    /// a preferred size at once; run them all once the oldest has waited `max_queue_delay`;
+    /// otherwise wait for more requests until then.
+    pub fn decide(&self, policy: &BatchPolicy, now: Instant) -> Decision {
+        let mut entries = self.iter();
+        let Some(first) = entries.next() else {
+            return Decision::Idle;
+        };
+        if !policy.batching {
+            return Decision::Run(1);
+        }
+        let mut rows = first.job.rows();
+        let mut count = 1;
+        let mut oldest = first.enqueued;
+        let mut preferred_prefix = policy.preferred.contains(&rows).then_some(1);
+        let mut blocked = false;
+        for entry in entries {
+            let r = entry.job.rows();
+            if !entry.job.fits_with(&first.job) || rows + r > policy.max_batch_size {
+                blocked = true;
+                break;
+            }
+            rows += r;
+            count += 1;
+            oldest = oldest.min(entry.enqueued);
+            if policy.preferred.contains(&rows) {
+                preferred_prefix = Some(count);
+            }
+        }
+        if rows >= policy.max_batch_size || blocked {
+            return Decision::Run(count);
+        }
+        if let Some(n) = preferred_prefix {
+            return Decision::Run(n);
+        }
+        let due = oldest + policy.max_queue_delay;
+        if now >= due {
+            return Decision::Run(count);
+        }
+        Decision::WaitUntil(self.next_expiry().map_or(due, |t| t.min(due)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request of `rows` rows whose inputs have shape class `shape`.
+    #[derive(Debug, PartialEq)]
+    struct J(usize, u8);
+
+    impl Batchable for J {
+        fn rows(&self) -> usize {
+            self.0
+        }
+        fn fits_with(&self, other: &Self) -> bool {
+            self.1 == other.1
+        }
+    }
+
+    fn policy(max: usize, preferred: &[usize], delay_us: u64) -> BatchPolicy {
+        BatchPolicy {
+            max_batch_size: max,
+            preferred: preferred.to_vec(),
+            max_queue_delay: Duration::from_micros(delay_us),
+            batching: true,
+            ..BatchPolicy::one_at_a_time()
+        }
+    }
+
+    fn queue(jobs: &[J], now: Instant) -> RequestQueue<J> {
+        let mut q = RequestQueue::new(&[QueuePolicy::default()], 100);
+        for j in jobs {
+            q.push(0, J(j.0, j.1), None, now).unwrap();
+        }
+        q
+    }
+
+    #[test]
+    fn batches_whatever_is_queued_without_a_delay() {
+        let now = Instant::now();
+        let q = queue(&[J(1, 0), J(2, 0), J(1, 0)], now);
+        assert_eq!(q.decide(&policy(8, &[], 0), now), Decision::Run(3));
+        assert_eq!(
+            q.decide(&BatchPolicy::one_at_a_time(), now),
+            Decision::Run(1)
+        );
+    }
+
+    #[test]
+    fn stops_at_the_first_request_that_does_not_fit() {
+        let now = Instant::now();
+        let q = queue(&[J(1, 0), J(1, 0), J(1, 7), J(1, 0)], now);
+        assert_eq!(q.decide(&policy(8, &[], 1_000_000), now), Decision::Run(2));
+        let q = queue(&[J(3, 0), J(3, 0), J(3, 0)], now);
+        assert_eq!(q.decide(&policy(8, &[], 1_000_000), now), Decision::Run(2));
+    }
+
+    #[test]
+    fn waits_for_the_delay_then_runs_what_it_has() {
+        let now = Instant::now();
+        let q = queue(&[J(1, 0), J(1, 0)], now);
+        let p = policy(8, &[], 500);
+        assert_eq!(
+            q.decide(&p, now),
+            Decision::WaitUntil(now + Duration::from_micros(500))
+        );
+        assert_eq!(
+            q.decide(&p, now + Duration::from_micros(500)),
+            Decision::Run(2)
+        );
+    }
+
+    #[test]
+    fn runs_a_preferred_size_at_once() {
+        let now = Instant::now();
+        let p = policy(8, &[2, 4], 1_000_000);
+        assert_eq!(
+            queue(&[J(1, 0)], now).decide(&p, now),
+            Decision::WaitUntil(now + Duration::from_secs(1))
+        );
+        assert_eq!(
+            queue(&[J(1, 0), J(1, 0), J(1, 0)], now).decide(&p, now),
+            Decision::Run(2)
+        );
+        assert_eq!(
+            queue(&[J(1, 0), J(1, 0), J(2, 0)], now).decide(&p, now),
+            Decision::Run(3)
+        );
+        let full = policy(8, &[4], 1_000_000);
+        assert_eq!(
+            queue(&[J(2, 0), J(2, 0), J(1, 0)], now).decide(&full, now),
+            Decision::Run(2),
+            "the largest prefix that adds up to a preferred size"
+        );
+    }
+
+    #[test]
+    fn higher_priorities_go_first_and_levels_have_their_own_limits() {
+        let now = Instant::now();
+        let limited = QueuePolicy {
+            max_queue_size: 1,
+            ..QueuePolicy::default()
+        };
+        let mut q = RequestQueue::new(&[QueuePolicy::default(), limited], 10);
+        q.push(1, J(1, 1), None, now).unwrap();
+        assert_eq!(
+            q.push(1, J(1, 2), None, now).unwrap_err().1,
+            Refusal::LevelFull {
+                priority: 2,
+                max: 1
+            }
+        );
+        q.push(0, J(1, 3), None, now).unwrap();
+        let order: Vec<u8> = q.take(2).into_iter().map(|e| e.job.1).collect();
+        assert_eq!(order, [3, 1]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn timeouts_reject_or_delay_per_policy() {
+        let now = Instant::now();
+        let reject = QueuePolicy {
+            default_timeout: Some(Duration::from_millis(10)),
+            ..QueuePolicy::default()
+        };
+        let delay = QueuePolicy {
+            on_timeout: OnTimeout::Delay,
+            ..reject.clone()
+        };
+        let mut q = RequestQueue::new(&[reject, delay], 10);
+        q.push(0, J(1, 1), None, now).unwrap();
+        q.push(0, J(1, 2), Some(Duration::from_secs(1)), now)
+            .unwrap(); // cannot lengthen the default
+        q.push(1, J(1, 3), None, now).unwrap();
+        q.push(0, J(1, 4), None, now + Duration::from_millis(9))
+            .unwrap();
+        q.push(1, J(1, 5), None, now + Duration::from_millis(5))
+            .unwrap();
+        let later = now + Duration::from_millis(11);
+        let rejected: Vec<u8> = q.expire(later).into_iter().map(|j| j.1).collect();
+        assert_eq!(rejected, [1, 2]);
+        let order: Vec<u8> = q.iter().map(|e| e.job.1).collect();
+        assert_eq!(order, [4, 5, 3], "the delayed request goes behind");
+        assert_eq!(q.len(), 3);
+    }
+
+    #[test]
+    fn a_full_queue_refuses() {
+        let now = Instant::now();
+        let mut q = RequestQueue::new(&[QueuePolicy::default()], 2);
+        q.push(0, J(1, 0), None, now).unwrap();
+        q.push(0, J(1, 0), None, now).unwrap();
+        assert_eq!(
+            q.push(0, J(1, 0), None, now).unwrap_err().1,
+            Refusal::Full { capacity: 2 }
+        );
+    }
+
+    #[test]
+    fn priority_zero_or_out_of_range_uses_the_default_level() {
+        let p = BatchPolicy {
+            levels: vec![QueuePolicy::default(); 3],
+            default_level: 1,
+            ..BatchPolicy::one_at_a_time()
+        };
+        assert_eq!(
+            (p.level_of(0), p.level_of(1), p.level_of(3), p.level_of(4)),
+            (1, 0, 2, 1)
+        );
+    }
+}
