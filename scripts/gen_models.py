@@ -99,7 +99,8 @@ def slow():
 
 
 def png(width, height, pixel):
-    """A PNG of one RGB color, written with the standard library only."""
+    """An RGB PNG written with the standard library only; `pixel` is a color or a function
+    (x, y) -> color."""
     import struct
     import zlib
 
@@ -107,7 +108,8 @@ def png(width, height, pixel):
         body = kind + data
         return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
 
-    rows = b"".join(b"\x00" + bytes(pixel) * width for _ in range(height))
+    at = pixel if callable(pixel) else (lambda x, y: pixel)
+    rows = b"".join(b"\x00" + b"".join(bytes(at(x, y)) for x in range(width)) for y in range(height))
     return (b"\x89PNG\r\n\x1a\n"
             + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(rows))
@@ -128,12 +130,21 @@ def main():
             make(path)
             print(f"generated {path}")
     if len(sys.argv) > 2:
-        fixture = os.path.join(sys.argv[2], "..", "fixtures", "red.png")
-        if not os.path.exists(fixture):
-            os.makedirs(os.path.dirname(fixture), exist_ok=True)
-            with open(fixture, "wb") as f:
-                f.write(png(64, 48, (255, 0, 0)))
-            print(f"generated {fixture}")
+        # Test images: a plain one and "text lines" running across and down the page.
+        ink = (20, 20, 20)
+        paper = (250, 250, 245)
+        fixtures = {
+            "red.png": png(64, 48, (255, 0, 0)),
+            "lines_across.png": png(96, 128, lambda x, y: ink if y % 12 < 3 and 8 <= x < 88 else paper),
+            "lines_down.png": png(128, 96, lambda x, y: ink if x % 12 < 3 and 8 <= y < 88 else paper),
+        }
+        for name, data in fixtures.items():
+            fixture = os.path.join(sys.argv[2], "..", "fixtures", name)
+            if not os.path.exists(fixture):
+                os.makedirs(os.path.dirname(fixture), exist_ok=True)
+                with open(fixture, "wb") as f:
+                    f.write(data)
+                print(f"generated {fixture}")
         path = os.path.join(sys.argv[2], "slow", "1", "model.onnx")
         if not os.path.exists(path):
             save(slow(), path)

@@ -420,9 +420,16 @@ impl GrpcInferenceService for GrpcService {
         r: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
         self.server.check_model_control().map_err(to_status)?;
+        let r = r.into_inner();
+        let unload_dependents = matches!(
+            r.parameters
+                .get("unload_dependents")
+                .and_then(|p| p.parameter_choice.as_ref()),
+            Some(RepoParam::BoolParam(true))
+        );
         self.server
             .models()
-            .unload(&r.into_inner().model_name)
+            .unload(&r.model_name, unload_dependents)
             .await
             .map_err(to_status)?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))

@@ -1,6 +1,7 @@
 //! Scheduling: queues and instance workers per model version, the model lifecycle, statistics,
 //! and the [`server::Server`] facade that the frontends call.
 
+pub mod ensemble;
 pub mod model_manager;
 pub mod queue;
 pub mod scheduler;

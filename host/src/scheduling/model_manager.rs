@@ -4,13 +4,18 @@
 //! reload leaves the old versions serving.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, RwLock},
     time::{Duration, Instant},
 };
 
-use super::{queue::BatchPolicy, scheduler::Scheduler, stats::ModelStats};
+use super::{
+    ensemble::{self, Ensemble},
+    queue::BatchPolicy,
+    scheduler::Scheduler,
+    stats::ModelStats,
+};
 use crate::{
     error::{Code, Error, Result},
     proto::inference::ModelConfig,
@@ -36,10 +41,32 @@ pub struct ModelVersion {
     pub stats: Arc<ModelStats>,
     /// How long loading took.
     pub load_duration: Duration,
-    /// Queue and workers.
-    pub scheduler: Scheduler,
+    /// What executes its requests.
+    pub runner: Runner,
     /// Crash accounting of the instances.
     pub health: Arc<crate::runtime::InstanceHealth>,
+}
+
+/// What executes a model version's requests.
+pub enum Runner {
+    /// A backend's instances behind a queue.
+    Scheduler(Scheduler),
+    /// Other models, called step by step.
+    Ensemble(Ensemble),
+}
+
+impl ModelVersion {
+    /// Stops taking requests (queued ones still run); ensembles hold no queue.
+    fn close(&self) {
+        if let Runner::Scheduler(s) = &self.runner {
+            s.close();
+        }
+    }
+
+    /// Whether this version is an ensemble that calls `model`.
+    fn uses(&self, model: &str) -> bool {
+        matches!(&self.runner, Runner::Ensemble(e) if e.models().any(|m| m == model))
+    }
 }
 
 /// Lifecycle state of a model, as the repository index reports it.
@@ -250,9 +277,69 @@ impl ModelManager {
     }
 
     /// Loads (or reloads) a model from the repository, or from the override content.
+    /// An ensemble's composing models that are not loaded yet are loaded first, as in Triton.
     pub async fn load(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
         let _guard = self.lifecycle.lock().await;
-        self.load_locked(name, overrides).await
+        self.load_with_composing(name, overrides, &mut HashSet::new())
+            .await
+    }
+
+    /// Loads `name` after the composing models it needs (if it is an ensemble); `done` holds
+    /// the models loaded by this call so far, so that none loads twice.
+    fn load_with_composing<'a>(
+        self: &'a Arc<Self>,
+        name: &'a str,
+        overrides: LoadOverride,
+        done: &'a mut HashSet<String>,
+    ) -> futures::future::BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            done.insert(name.to_owned());
+            for model in self.composing_of(name, &overrides) {
+                if !done.contains(&model) && self.get(&model, None).is_err() {
+                    // A failure shows in the ensemble's own error, which names the step.
+                    let _ = self
+                        .load_with_composing(&model, LoadOverride::default(), done)
+                        .await;
+                }
+            }
+            self.load_locked(name, overrides).await
+        })
+    }
+
+    /// The models an ensemble calls (none for other models or an unreadable config).
+    fn composing_of(&self, name: &str, overrides: &LoadOverride) -> Vec<String> {
+        let config = match &overrides.config_json {
+            Some(json) => config::parse_json(json).ok(),
+            None => self
+                .repository
+                .find(name)
+                .ok()
+                .and_then(|s| s.read_config().ok()),
+        };
+        config
+            .filter(ensemble::is_ensemble)
+            .map(|c| {
+                ensemble::composing_models(&c)
+                    .into_iter()
+                    .map(|(m, _)| m)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Why a model cannot serve: not in the repositories, or its load error.
+    fn unavailable_reason(&self, name: &str, version: Option<i64>) -> Error {
+        let reason = self
+            .models
+            .read()
+            .ok()
+            .and_then(|m| m.get(name).map(|e| e.reason.clone()))
+            .filter(|r| !r.is_empty());
+        match (reason, version) {
+            (Some(r), _) => Error::invalid(format!("model '{name}' is not available: {r}")),
+            (None, Some(v)) => Error::invalid(format!("model '{name}' version {v} is not loaded")),
+            (None, None) => Error::invalid(format!("model '{name}' is not loaded")),
+        }
     }
 
     async fn load_locked(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
@@ -364,6 +451,28 @@ impl ModelManager {
             )));
         }
         let mut versions = BTreeMap::new();
+        if ensemble::is_ensemble(&config) {
+            let plan = Ensemble::plan(&config, |model, version| {
+                self.get(model, version)
+                    .map(|m| m.config.clone())
+                    .map_err(|_| self.unavailable_reason(model, version))
+            })?;
+            for version in chosen {
+                versions.insert(
+                    version,
+                    Arc::new(ModelVersion {
+                        name: name.to_owned(),
+                        version,
+                        config: config.clone(),
+                        stats: Arc::new(ModelStats::default()),
+                        load_duration: Duration::ZERO,
+                        runner: Runner::Ensemble(plan.clone()),
+                        health: Default::default(),
+                    }),
+                );
+            }
+            return Ok(versions);
+        }
         for version in chosen {
             let started = Instant::now();
             let dir = source.dir.join(version.to_string());
@@ -387,7 +496,7 @@ impl ModelManager {
                     config: loaded.config,
                     stats,
                     load_duration: started.elapsed(),
-                    scheduler,
+                    runner: Runner::Scheduler(scheduler),
                     health,
                 }),
             );
@@ -395,18 +504,54 @@ impl ModelManager {
         Ok(versions)
     }
 
-    /// Unloads every version of a model; requests already running finish first.
-    pub async fn unload(&self, name: &str) -> Result<()> {
+    /// Unloads every version of a model; requests already running finish first. A model that
+    /// a loaded ensemble calls is refused; with `unload_dependents`, unloading an ensemble
+    /// also unloads the models it calls (those no other loaded ensemble needs), as in Triton.
+    pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<()> {
         let _guard = self.lifecycle.lock().await;
         let mut models = self.models.write().map_err(|_| poisoned())?;
+        let users = |models: &HashMap<String, ModelEntry>, model: &str, except: &str| {
+            let mut users: Vec<String> = models
+                .iter()
+                .filter(|(n, e)| n.as_str() != except && e.versions.values().any(|v| v.uses(model)))
+                .map(|(n, _)| n.clone())
+                .collect();
+            users.sort();
+            users
+        };
+        let using = users(&models, name, name);
+        if !using.is_empty() {
+            return Err(Error::invalid(format!(
+                "failed to unload '{name}': the loaded ensemble(s) {} call it; unload them first \
+                 (with unload_dependents to take their models along)",
+                using.join(", ")
+            )));
+        }
+        if unload_dependents {
+            let composing: HashSet<String> = models
+                .get(name)
+                .map(|e| {
+                    e.versions
+                        .values()
+                        .filter_map(|v| match &v.runner {
+                            Runner::Ensemble(plan) => Some(plan.models().map(str::to_owned)),
+                            Runner::Scheduler(_) => None,
+                        })
+                        .flatten()
+                        .collect()
+                })
+                .unwrap_or_default();
+            for model in composing {
+                if users(&models, &model, name).is_empty() {
+                    if let Some(entry) = models.get_mut(&model) {
+                        Self::unload_entry(&model, entry);
+                    }
+                }
+            }
+        }
         match models.get_mut(name) {
             Some(entry) if !entry.versions.is_empty() => {
-                for version in std::mem::take(&mut entry.versions).into_values() {
-                    version.scheduler.close();
-                }
-                entry.state = ModelState::Unavailable;
-                entry.reason = UNLOADED.to_owned();
-                tracing::info!(model = name, "model unloaded");
+                Self::unload_entry(name, entry);
                 Ok(())
             }
             _ => Err(Error::new(
@@ -414,6 +559,15 @@ impl ModelManager {
                 format!("failed to unload '{name}', no version is available"),
             )),
         }
+    }
+
+    fn unload_entry(name: &str, entry: &mut ModelEntry) {
+        for version in std::mem::take(&mut entry.versions).into_values() {
+            version.close();
+        }
+        entry.state = ModelState::Unavailable;
+        entry.reason = UNLOADED.to_owned();
+        tracing::info!(model = name, "model unloaded");
     }
 
     /// Loads every model found in the repositories; failures are recorded, not fatal.
@@ -430,8 +584,14 @@ impl ModelManager {
 
     /// Loads the named models; failures are recorded in the index.
     pub async fn load_many(self: &Arc<Self>, names: &[String]) {
+        let _guard = self.lifecycle.lock().await;
+        let mut done = HashSet::new();
         for name in names {
-            let _ = self.load(name, LoadOverride::default()).await;
+            if !done.contains(name) {
+                let _ = self
+                    .load_with_composing(name, LoadOverride::default(), &mut done)
+                    .await;
+            }
         }
     }
 
@@ -446,7 +606,7 @@ impl ModelManager {
             .map(|m| m.iter().map(|(k, e)| (k.clone(), e.fingerprint)).collect())
             .unwrap_or_default();
         for (name, _) in known.iter().filter(|(n, _)| !found.contains_key(n)) {
-            let _ = self.unload(name).await;
+            let _ = self.unload(name, false).await;
             if let Ok(mut m) = self.models.write() {
                 m.remove(name);
             }

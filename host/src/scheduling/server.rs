@@ -13,7 +13,8 @@ use std::{
 use tokio::sync::Notify;
 
 use super::{
-    model_manager::{ManagerOptions, ModelManager},
+    ensemble::StepRunner,
+    model_manager::{ManagerOptions, ModelManager, Runner},
     stats::FailureReason,
 };
 use crate::{
@@ -83,6 +84,16 @@ impl ModelCaller for ServerCaller {
                     "model '{model}' did not answer before the calling stage's deadline"
                 )))
             })
+    }
+}
+
+impl StepRunner for Server {
+    fn run_step(
+        &self,
+        request: InferRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<InferResponse>> + Send + '_>>
+    {
+        Box::pin(self.infer(request))
     }
 }
 
@@ -228,10 +239,42 @@ impl Server {
         } else {
             request.outputs.iter().map(|o| o.name.clone()).collect()
         };
-        model
-            .scheduler
-            .infer(request, outputs, batch_size as u64, received)
-            .await
+        match &model.runner {
+            Runner::Scheduler(scheduler) => {
+                scheduler
+                    .infer(request, outputs, batch_size as u64, received)
+                    .await
+            }
+            Runner::Ensemble(plan) => {
+                let id = request.id.clone();
+                match plan.run(self, request, &outputs).await {
+                    Ok(tensors) => {
+                        let stats = &model.stats;
+                        stats.record_execution(
+                            batch_size as u64,
+                            Duration::ZERO,
+                            Duration::ZERO,
+                            Duration::ZERO,
+                        );
+                        stats.success.record(received.elapsed());
+                        stats.touch();
+                        Ok(InferResponse {
+                            model_name: model.name.clone(),
+                            model_version: model.version,
+                            id,
+                            parameters: Default::default(),
+                            outputs: tensors,
+                        })
+                    }
+                    Err(err) => {
+                        model
+                            .stats
+                            .record_failure(FailureReason::Backend, received.elapsed());
+                        Err(err)
+                    }
+                }
+            }
+        }
     }
 
     /// Flips readiness off and waits (up to `timeout`) for in-flight inferences to finish.

@@ -457,9 +457,14 @@ async fn load(
 async fn unload(
     State(st): State<HttpState>,
     Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
 ) -> ApiResult<Json<Value>> {
     st.server.check_model_control()?;
     let (model, _) = path_parts(&p);
-    st.server.models().unload(&model).await?;
+    let body = read_body(&st, &headers, body).await?;
+    let request = optional_json(&body)?;
+    let unload_dependents = request["parameters"]["unload_dependents"].as_bool() == Some(true);
+    st.server.models().unload(&model, unload_dependents).await?;
     Ok(Json(json!({})))
 }

@@ -1,0 +1,446 @@
+//! Ensembles (`platform: "ensemble"`): a graph of steps, each a model called through its own
+//! scheduler (so composing models keep batching their traffic), wired by `input_map` /
+//! `output_map` through named ensemble tensors. The graph is checked when the ensemble loads,
+//! against the composing models' configurations, with messages that name the step and tensor;
+//! at run time a step starts as soon as its inputs exist.
+
+use std::{
+    collections::{HashMap, HashSet},
+    future::Future,
+    pin::Pin,
+};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use crate::{
+    error::{Error, Result},
+    inference::{InferRequest, InferResponse, RequestedOutput},
+    proto::inference::{model_config::SchedulingChoice, ModelConfig},
+    tensor::{shape_string, DataType, Tensor},
+};
+
+/// The platform name of ensembles.
+pub const PLATFORM: &str = "ensemble";
+
+/// Whether a configuration describes an ensemble.
+pub fn is_ensemble(config: &ModelConfig) -> bool {
+    config.platform == PLATFORM
+}
+
+/// The models an ensemble's steps call, as `(name, version)` (`None` = latest).
+pub fn composing_models(config: &ModelConfig) -> Vec<(String, Option<i64>)> {
+    match &config.scheduling_choice {
+        Some(SchedulingChoice::EnsembleScheduling(e)) => e
+            .step
+            .iter()
+            .map(|s| {
+                (
+                    s.model_name.clone(),
+                    (s.model_version >= 0).then_some(s.model_version),
+                )
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// How an ensemble reaches the models of its steps: the server's own inference path.
+pub trait StepRunner: Send + Sync {
+    /// Runs one request through the target model's normal path.
+    fn run_step(
+        &self,
+        request: InferRequest,
+    ) -> Pin<Box<dyn Future<Output = Result<InferResponse>> + Send + '_>>;
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    model: String,
+    version: Option<i64>,
+    /// (composing model tensor, ensemble tensor)
+    inputs: Vec<(String, String)>,
+    /// (composing model tensor, ensemble tensor)
+    outputs: Vec<(String, String)>,
+}
+
+/// A validated ensemble, ready to run.
+#[derive(Debug, Clone)]
+pub struct Ensemble {
+    name: String,
+    steps: Vec<Step>,
+}
+
+/// Datatype and full shape (batch dimension included as -1) of a tensor.
+#[derive(Debug, Clone, PartialEq)]
+struct Signature {
+    datatype: i32,
+    shape: Vec<i64>,
+}
+
+impl Signature {
+    fn new(datatype: i32, dims: &[i64], max_batch_size: i32) -> Self {
+        let mut shape = Vec::with_capacity(dims.len() + 1);
+        if max_batch_size > 0 {
+            shape.push(-1);
+        }
+        shape.extend_from_slice(dims);
+        Self { datatype, shape }
+    }
+
+    fn type_name(&self) -> &'static str {
+        DataType::from_config_value(self.datatype).map_or("TYPE_INVALID", |d| d.config_name())
+    }
+
+    fn fits(&self, other: &Signature) -> bool {
+        self.shape.len() == other.shape.len()
+            && self
+                .shape
+                .iter()
+                .zip(&other.shape)
+                .all(|(a, b)| *a == -1 || *b == -1 || a == b)
+    }
+}
+
+/// Who writes an ensemble tensor.
+#[derive(Debug, Clone)]
+enum Producer {
+    Input,
+    Step(usize),
+}
+
+fn describe(p: &Producer) -> String {
+    match p {
+        Producer::Input => "the ensemble's input".to_owned(),
+        Producer::Step(i) => format!("step {i}"),
+    }
+}
+
+impl Ensemble {
+    /// Checks an ensemble configuration against the composing models' configurations
+    /// (`lookup` finds a loaded model's configuration) and returns the runnable plan.
+    pub fn plan(
+        config: &ModelConfig,
+        lookup: impl Fn(&str, Option<i64>) -> Result<ModelConfig>,
+    ) -> Result<Self> {
+        let name = &config.name;
+        let invalid = |msg: String| Error::invalid(format!("ensemble '{name}': {msg}"));
+        let Some(SchedulingChoice::EnsembleScheduling(sched)) = &config.scheduling_choice else {
+            return Err(invalid(
+                "platform \"ensemble\" needs an 'ensemble_scheduling' section with its steps"
+                    .into(),
+            ));
+        };
+        if sched.step.is_empty() {
+            return Err(invalid(
+                "field 'ensemble_scheduling.step' is empty: an ensemble needs at least one step"
+                    .into(),
+            ));
+        }
+        // Every ensemble tensor: its signature and who writes it.
+        let mut tensors: HashMap<String, (Signature, Producer)> = HashMap::new();
+        for input in &config.input {
+            let sig = Signature::new(input.data_type, &input.dims, config.max_batch_size);
+            tensors.insert(input.name.clone(), (sig, Producer::Input));
+        }
+        let mut steps = Vec::with_capacity(sched.step.len());
+        let mut composing = Vec::with_capacity(sched.step.len());
+        for (i, s) in sched.step.iter().enumerate() {
+            let at = |msg: String| invalid(format!("step {i} (model '{}'): {msg}", s.model_name));
+            if s.model_name.is_empty() {
+                return Err(invalid(format!("step {i}: field 'model_name' is empty")));
+            }
+            if s.model_name == *name {
+                return Err(at("an ensemble cannot call itself".into()));
+            }
+            let version = (s.model_version >= 0).then_some(s.model_version);
+            let model = lookup(&s.model_name, version).map_err(|e| {
+                at(format!(
+                    "{} (composing models load before the ensemble)",
+                    e.message
+                ))
+            })?;
+            if config.max_batch_size > model.max_batch_size && model.max_batch_size > 0 {
+                return Err(at(format!(
+                    "max_batch_size {} is smaller than the ensemble's {}",
+                    model.max_batch_size, config.max_batch_size
+                )));
+            }
+            let mut inputs: Vec<(String, String)> = s
+                .input_map
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            inputs.sort();
+            let mut outputs: Vec<(String, String)> = s
+                .output_map
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            outputs.sort();
+            for (model_tensor, _) in &inputs {
+                if !model.input.iter().any(|t| t.name == *model_tensor) {
+                    let names: Vec<&str> = model.input.iter().map(|t| t.name.as_str()).collect();
+                    return Err(at(format!(
+                        "input_map names '{model_tensor}', which is not an input of '{}' (its inputs: {})",
+                        s.model_name,
+                        names.join(", ")
+                    )));
+                }
+            }
+            for input in model.input.iter().filter(|t| !t.optional) {
+                if !inputs.iter().any(|(k, _)| *k == input.name) {
+                    return Err(at(format!(
+                        "input '{}' of '{}' is not in input_map",
+                        input.name, s.model_name
+                    )));
+                }
+            }
+            for (model_tensor, ensemble_tensor) in &outputs {
+                let Some(out) = model.output.iter().find(|t| t.name == *model_tensor) else {
+                    let names: Vec<&str> = model.output.iter().map(|t| t.name.as_str()).collect();
+                    return Err(at(format!(
+                        "output_map names '{model_tensor}', which is not an output of '{}' (its outputs: {})",
+                        s.model_name,
+                        names.join(", ")
+                    )));
+                };
+                let sig = Signature::new(out.data_type, &out.dims, model.max_batch_size);
+                if let Some((_, other)) = tensors.get(ensemble_tensor) {
+                    return Err(at(format!(
+                        "ensemble tensor '{ensemble_tensor}' is written by {} already; each \
+                         tensor has one producer",
+                        describe(other)
+                    )));
+                }
+                tensors.insert(ensemble_tensor.clone(), (sig, Producer::Step(i)));
+            }
+            steps.push(Step {
+                model: s.model_name.clone(),
+                version,
+                inputs,
+                outputs,
+            });
+            composing.push(model);
+        }
+        // Every read has a producer of the same type and a fitting shape.
+        let mut read: HashSet<&str> = HashSet::new();
+        for (i, (step, model)) in steps.iter().zip(&composing).enumerate() {
+            for (model_tensor, ensemble_tensor) in &step.inputs {
+                let at = |msg: String| invalid(format!("step {i} (model '{}'): {msg}", step.model));
+                let Some((sig, producer)) = tensors.get(ensemble_tensor) else {
+                    return Err(at(format!(
+                        "input '{model_tensor}' reads ensemble tensor '{ensemble_tensor}', which \
+                         is neither an ensemble input nor any step's output"
+                    )));
+                };
+                read.insert(ensemble_tensor);
+                let wanted = model.input.iter().find(|t| t.name == *model_tensor);
+                let Some(wanted) = wanted else { continue };
+                let want = Signature::new(wanted.data_type, &wanted.dims, model.max_batch_size);
+                if want.datatype != sig.datatype {
+                    return Err(at(format!(
+                        "input '{model_tensor}' is {} but ensemble tensor '{ensemble_tensor}' \
+                         (from {}) is {}",
+                        want.type_name(),
+                        describe(producer),
+                        sig.type_name()
+                    )));
+                }
+                if !want.fits(sig) {
+                    return Err(at(format!(
+                        "input '{model_tensor}' has shape {} but ensemble tensor \
+                         '{ensemble_tensor}' (from {}) has shape {}",
+                        shape_string(&want.shape),
+                        describe(producer),
+                        shape_string(&sig.shape)
+                    )));
+                }
+            }
+        }
+        for output in &config.output {
+            let want = Signature::new(output.data_type, &output.dims, config.max_batch_size);
+            let Some((sig, producer)) = tensors.get(&output.name) else {
+                return Err(invalid(format!(
+                    "output '{}' is not written by any step's output_map",
+                    output.name
+                )));
+            };
+            if !matches!(producer, Producer::Step(_)) {
+                continue;
+            }
+            if want.datatype != sig.datatype || !want.fits(sig) {
+                return Err(invalid(format!(
+                    "output '{}' is declared {} {} but {} writes {} {}",
+                    output.name,
+                    want.type_name(),
+                    shape_string(&want.shape),
+                    describe(producer),
+                    sig.type_name(),
+                    shape_string(&sig.shape)
+                )));
+            }
+        }
+        let outputs: HashSet<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
+        for (tensor, (_, producer)) in &tensors {
+            if !read.contains(tensor.as_str()) && !outputs.contains(tensor.as_str()) {
+                return Err(invalid(match producer {
+                    Producer::Input => format!("input '{tensor}' is not read by any step"),
+                    Producer::Step(i) => format!(
+                        "step {i} (model '{}') writes ensemble tensor '{tensor}', which no step \
+                         reads and is not an ensemble output",
+                        steps[*i].model
+                    ),
+                }));
+            }
+        }
+        let plan = Self {
+            name: name.clone(),
+            steps,
+        };
+        plan.check_acyclic(&tensors)?;
+        Ok(plan)
+    }
+
+    /// Steps can all run in some order: otherwise some of them wait on each other.
+    fn check_acyclic(&self, tensors: &HashMap<String, (Signature, Producer)>) -> Result<()> {
+        let mut available: HashSet<&str> = tensors
+            .iter()
+            .filter(|(_, (_, p))| matches!(p, Producer::Input))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let mut left: Vec<usize> = (0..self.steps.len()).collect();
+        loop {
+            let ready: Vec<usize> = left
+                .iter()
+                .copied()
+                .filter(|i| {
+                    self.steps[*i]
+                        .inputs
+                        .iter()
+                        .all(|(_, t)| available.contains(t.as_str()))
+                })
+                .collect();
+            if ready.is_empty() {
+                break;
+            }
+            for i in &ready {
+                for (_, t) in &self.steps[*i].outputs {
+                    available.insert(t);
+                }
+            }
+            left.retain(|i| !ready.contains(i));
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = left
+            .iter()
+            .map(|i| format!("step {i} (model '{}')", self.steps[*i].model))
+            .collect();
+        Err(Error::invalid(format!(
+            "ensemble '{}': {} wait on each other's outputs (a cycle)",
+            self.name,
+            names.join(", ")
+        )))
+    }
+
+    /// Runs the steps, each as soon as its inputs exist, and returns the ensemble's `outputs`
+    /// in that order. Request parameters and the deadline go to every step; the first failing
+    /// step ends the run (steps not started yet never start).
+    pub async fn run(
+        &self,
+        runner: &dyn StepRunner,
+        request: InferRequest,
+        outputs: &[String],
+    ) -> Result<Vec<Tensor>> {
+        let mut tensors: HashMap<String, Tensor> = request
+            .inputs
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        let mut waiting: Vec<usize> = (0..self.steps.len()).collect();
+        let mut running = FuturesUnordered::new();
+        loop {
+            let (ready, still): (Vec<usize>, Vec<usize>) = waiting.iter().partition(|i| {
+                self.steps[**i]
+                    .inputs
+                    .iter()
+                    .all(|(_, t)| tensors.contains_key(t))
+            });
+            waiting = still;
+            for i in ready {
+                let step = &self.steps[i];
+                let inputs = step
+                    .inputs
+                    .iter()
+                    .filter_map(|(model_tensor, ensemble_tensor)| {
+                        let t = tensors.get(ensemble_tensor)?;
+                        Some(Tensor {
+                            name: model_tensor.clone(),
+                            ..t.clone()
+                        })
+                    })
+                    .collect();
+                let step_request = InferRequest {
+                    model_name: step.model.clone(),
+                    model_version: step.version,
+                    id: request.id.clone(),
+                    parameters: request.parameters.clone(),
+                    inputs,
+                    outputs: step
+                        .outputs
+                        .iter()
+                        .map(|(name, _)| RequestedOutput {
+                            name: name.clone(),
+                            parameters: Default::default(),
+                        })
+                        .collect(),
+                    deadline: request.deadline,
+                };
+                running.push(async move { (i, runner.run_step(step_request).await) });
+            }
+            let Some((i, result)) = running.next().await else {
+                break;
+            };
+            let step = &self.steps[i];
+            let response = result.map_err(|e| {
+                Error::new(
+                    e.code,
+                    format!(
+                        "ensemble '{}' step {i} (model '{}'): {}",
+                        self.name, step.model, e.message
+                    ),
+                )
+            })?;
+            for out in response.outputs {
+                if let Some((_, ensemble_tensor)) =
+                    step.outputs.iter().find(|(m, _)| *m == out.name)
+                {
+                    tensors.insert(
+                        ensemble_tensor.clone(),
+                        Tensor {
+                            name: ensemble_tensor.clone(),
+                            ..out
+                        },
+                    );
+                }
+            }
+        }
+        outputs
+            .iter()
+            .map(|name| {
+                tensors.remove(name).ok_or_else(|| {
+                    Error::internal(format!(
+                        "ensemble '{}': no step produced output '{name}'",
+                        self.name
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The models this ensemble calls.
+    pub fn models(&self) -> impl Iterator<Item = &str> {
+        self.steps.iter().map(|s| s.model.as_str())
+    }
+}
