@@ -319,3 +319,92 @@ fn random_shapes_under_concurrency_never_mix_outputs() {
     assert_eq!(st["inference_stats"]["success"]["count"], 120);
     assert_eq!(st["inference_stats"]["fail"]["count"], 0);
 }
+
+#[test]
+fn a_client_that_goes_away_frees_its_queue_slot() {
+    let repo = TempDir::new();
+    add_model(
+        repo.path(),
+        "waiting",
+        "probe",
+        &probe_config(WAIT_FOR_FOUR),
+    );
+    let s = TestServer::start(repo.path(), &[]);
+    let canceled = || {
+        s.metrics_text()
+            .lines()
+            .filter(|l| {
+                l.starts_with("nv_inference_request_failure{")
+                    && l.contains("model=\"waiting\"")
+                    && l.contains("reason=\"CANCELED\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+
+    // HTTP: the client gives up while its request waits for a batch that never fills.
+    let impatient = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let sent = impatient
+        .post(s.url("/v2/models/waiting/infer"))
+        .json(&probe_body(1.0, None, None))
+        .send();
+    assert!(
+        sent.is_err(),
+        "the request should have been held in the queue"
+    );
+    assert!(
+        wait_until(Duration::from_secs(120), || canceled() == 1.0),
+        "{}",
+        s.metrics_text()
+    );
+    wait_pending(&s, "waiting", 0.0);
+
+    // gRPC: the call is dropped (cancelled) while queued.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use wasmtron::proto::inference::{
+            grpc_inference_service_client::GrpcInferenceServiceClient,
+            model_infer_request::InferInputTensor, InferTensorContents, ModelInferRequest,
+        };
+        let mut c = GrpcInferenceServiceClient::connect(s.grpc.clone())
+            .await
+            .unwrap();
+        let call = c.model_infer(ModelInferRequest {
+            model_name: "waiting".into(),
+            inputs: vec![InferInputTensor {
+                name: "INPUT0".into(),
+                datatype: "FP32".into(),
+                shape: vec![1, 1],
+                parameters: Default::default(),
+                contents: Some(InferTensorContents {
+                    fp32_contents: vec![1.0],
+                    ..Default::default()
+                }),
+            }],
+            ..Default::default()
+        });
+        assert!(tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .is_err());
+    });
+    assert!(
+        wait_until(Duration::from_secs(120), || canceled() == 2.0),
+        "{}",
+        s.metrics_text()
+    );
+    wait_pending(&s, "waiting", 0.0);
+
+    // Three more fill a batch of four only if the cancelled ones really left the queue.
+    std::thread::scope(|scope| {
+        let first = send_queued(scope, &s, "waiting", probe_body(1.0, None, None), 1.0);
+        let second = send_queued(scope, &s, "waiting", probe_body(2.0, None, None), 2.0);
+        let third = send_queued(scope, &s, "waiting", probe_body(3.0, None, None), 3.0);
+        let fourth = scope.spawn(|| infer(&s, "waiting", &probe_body(4.0, None, None)));
+        for (h, pos) in [first, second, third, fourth].into_iter().zip(1..) {
+            assert_eq!(served_position(&h.join().unwrap()), format!("calls={pos}"));
+        }
+    });
+}

@@ -345,6 +345,19 @@ impl<J: Batchable> RequestQueue<J> {
         taken
     }
 
+    /// Removes the first queued request that `pred` picks (a request whose client left).
+    pub fn remove_where(&mut self, pred: impl Fn(&J) -> bool) -> Option<J> {
+        for lvl in &mut self.levels {
+            for q in [&mut lvl.waiting, &mut lvl.delayed] {
+                if let Some(pos) = q.iter().position(|e| pred(&e.job)) {
+                    self.len -= 1;
+                    return q.remove(pos).map(|e| e.job);
+                }
+            }
+        }
+        None
+    }
+
     /// Removes every request (shutdown).
     pub fn drain(&mut self) -> Vec<J> {
         let n = self.len;

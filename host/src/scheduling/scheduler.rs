@@ -168,7 +168,7 @@ impl Scheduler {
             .level_of(uint_param(&request, "priority").unwrap_or(0));
         let timeout = uint_param(&request, "timeout").map(Duration::from_micros);
         let (reply, response) = oneshot::channel();
-        let refused = {
+        let (refused, seq) = {
             let mut state = lock(&s.state);
             if state.closed {
                 drop(state);
@@ -193,7 +193,7 @@ impl Scheduler {
                 state.next_seq += 1;
                 s.stats.pending.fetch_add(1, Relaxed);
             }
-            pushed.err()
+            (pushed.err(), seq)
         };
         if let Some((_, refusal)) = refused {
             s.stats
@@ -212,12 +212,43 @@ impl Scheduler {
             }));
         }
         s.work.notify_one();
-        response.await.unwrap_or_else(|_| {
+        // If the caller goes away (client disconnect, gRPC cancel, a failed ensemble step),
+        // this future is dropped and the guard takes the request out of the queue.
+        let mut guard = Waiting {
+            shared: s,
+            seq,
+            answered: false,
+        };
+        let result = response.await;
+        guard.answered = true;
+        result.unwrap_or_else(|_| {
             Err(Error::internal(format!(
                 "model '{}' version {}: the worker stopped before answering",
                 s.model, s.version
             )))
         })
+    }
+}
+
+/// A queued request whose caller is waiting; dropped unanswered, it leaves the queue.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    seq: u64,
+    answered: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let s = self.shared;
+        let removed = lock(&s.state).queue.remove_where(|j| j.seq == self.seq);
+        if let Some(job) = removed {
+            s.stats.pending.fetch_sub(1, Relaxed);
+            let err = Error::new(crate::error::Code::Cancelled, "the request was cancelled");
+            s.fail(job, FailureReason::Canceled, err);
+        }
     }
 }
 
@@ -287,7 +318,11 @@ impl Shared {
         let started = Instant::now();
         let mut jobs = Vec::with_capacity(batch.len());
         for entry in batch {
-            if entry.job.request.deadline.is_some_and(|d| d <= started) {
+            if entry.job.reply.is_closed() {
+                // Its caller left between the queue and here: nothing to run it for.
+                let err = Error::new(crate::error::Code::Cancelled, "the request was cancelled");
+                self.fail(entry.job, FailureReason::Canceled, err);
+            } else if entry.job.request.deadline.is_some_and(|d| d <= started) {
                 // Whoever sent it has given up waiting: running it would only delay others.
                 let err = Error::unavailable(format!(
                     "model '{}' version {}: the request reached its deadline while queued",
