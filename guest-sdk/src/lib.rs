@@ -263,6 +263,26 @@ pub mod host {
         let outputs: Vec<String> = outputs.iter().map(|s| s.to_string()).collect();
         host::infer(model, version, inputs, &outputs).map_err(Into::into)
     }
+
+    /// Decoupled models: sends one response to the request being executed, at once. Return
+    /// an empty list from `execute` to end the request without a further response.
+    pub fn respond(outputs: &[Tensor]) -> Result<()> {
+        host::respond(super::current_request(), outputs).map_err(Into::into)
+    }
+}
+
+::std::thread_local! {
+    static CURRENT_REQUEST: ::core::cell::Cell<u32> = const { ::core::cell::Cell::new(0) };
+}
+
+/// Index of the request `execute` is working on, within its batch.
+fn current_request() -> u32 {
+    CURRENT_REQUEST.with(|c| c.get())
+}
+
+#[doc(hidden)]
+pub fn __set_current_request(index: usize) {
+    CURRENT_REQUEST.with(|c| c.set(index as u32));
 }
 
 /// Exports a [`Stage`] implementation as the component's `wasmtron:stage/model`.
@@ -295,8 +315,10 @@ macro_rules! export_stage {
                     let mut s = s.borrow_mut();
                     requests
                         .iter()
-                        .map(|r| match s.as_mut() {
+                        .enumerate()
+                        .map(|(i, r)| match s.as_mut() {
                             ::core::option::Option::Some(stage) => {
+                                $crate::__set_current_request(i);
                                 <$stage as $crate::Stage>::execute(stage, r).map_err($crate::WitError::from)
                             }
                             ::core::option::Option::None => {

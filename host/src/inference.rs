@@ -69,6 +69,63 @@ pub struct InferRequest {
     /// answered with an error instead of executed. Set for calls from a stage (the caller's
     /// own deadline), so that work nobody waits for any more is dropped.
     pub deadline: Option<std::time::Instant>,
+    /// For decoupled models: where responses go as the model produces them.
+    pub responses: Option<ResponseSink>,
+}
+
+/// The sending end of a decoupled request's response stream (outputs of one response each).
+/// Bounded: a model that produces faster than its client reads waits.
+#[derive(Clone)]
+pub struct ResponseSink(tokio::sync::mpsc::Sender<Vec<Tensor>>);
+
+impl ResponseSink {
+    /// A sink and its receiving end, holding up to `capacity` unread responses.
+    pub fn channel(capacity: usize) -> (Self, tokio::sync::mpsc::Receiver<Vec<Tensor>>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+        (Self(tx), rx)
+    }
+
+    /// Sends one response from a model worker thread (never the async runtime), waiting while
+    /// the stream is full but not past `deadline`.
+    pub fn send_blocking(
+        &self,
+        mut outputs: Vec<Tensor>,
+        deadline: Option<std::time::Instant>,
+    ) -> crate::error::Result<()> {
+        use tokio::sync::mpsc::error::TrySendError;
+        loop {
+            match self.0.try_send(outputs) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Closed(_)) => {
+                    return Err(crate::error::Error::new(
+                        crate::error::Code::Cancelled,
+                        "the client has gone away",
+                    ))
+                }
+                Err(TrySendError::Full(back)) => {
+                    if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                        return Err(crate::error::Error::unavailable(
+                            "the client does not read its responses",
+                        ));
+                    }
+                    outputs = back;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for ResponseSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResponseSink")
+    }
+}
+
+impl PartialEq for ResponseSink {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same_channel(&other.0)
+    }
 }
 
 /// The result of a successful inference.

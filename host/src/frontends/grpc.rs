@@ -190,6 +190,7 @@ pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
             })
             .collect(),
         deadline: None,
+        responses: None,
     })
 }
 
@@ -239,6 +240,82 @@ async fn infer_one(server: &Server, req: ModelInferRequest) -> Result<ModelInfer
 }
 
 type StreamResult = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+fn stream_error(id: String, err: Error) -> ModelStreamInferResponse {
+    ModelStreamInferResponse {
+        error_message: err.message,
+        infer_response: Some(ModelInferResponse {
+            id,
+            ..Default::default()
+        }),
+    }
+}
+
+/// The responses of one request on a `ModelStreamInfer` stream. For decoupled models each
+/// response says `triton_final_response: false`, and with the request parameter
+/// `triton_enable_empty_final_response` an empty response with `triton_final_response: true`
+/// marks the end, as Triton does.
+fn stream_one(
+    server: Arc<Server>,
+    req: ModelInferRequest,
+) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
+    let id = req.id.clone();
+    let request = match decode_request(req) {
+        Ok(r) => r,
+        Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
+    };
+    let decoupled = server
+        .models()
+        .get(&request.model_name, request.model_version)
+        .is_ok_and(|m| crate::runtime::is_decoupled(&m.config));
+    let empty_final = matches!(
+        request.parameters.get("triton_enable_empty_final_response"),
+        Some(ParamValue::Bool(true))
+    );
+    let final_flag = |last: bool| {
+        let mut p = Parameters::new();
+        p.insert("triton_final_response".into(), ParamValue::Bool(last));
+        params_to_proto(&p)
+    };
+    let (model, version) = (request.model_name.clone(), request.model_version);
+    let final_id = id.clone();
+    let items = server.infer_stream(request);
+    let responses = tokio_stream_from(items).map(move |item| {
+        Ok(match item {
+            Ok(resp) => {
+                let mut resp = encode_response(resp);
+                if decoupled {
+                    resp.parameters.extend(final_flag(false));
+                }
+                ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(resp),
+                }
+            }
+            Err(err) => stream_error(id.clone(), err),
+        })
+    });
+    let end = (decoupled && empty_final).then(|| {
+        Ok(ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(ModelInferResponse {
+                model_name: model,
+                model_version: version.map(|v| v.to_string()).unwrap_or_default(),
+                id: final_id,
+                parameters: final_flag(true),
+                ..Default::default()
+            }),
+        })
+    });
+    responses.chain(futures::stream::iter(end)).boxed()
+}
+
+/// A tokio receiver as a stream.
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
 
 #[tonic::async_trait]
 impl GrpcInferenceService for GrpcService {
@@ -310,29 +387,11 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         let server = self.server.clone();
         let incoming = r.into_inner();
-        // Requests on one stream are answered in order; errors travel in-band as Triton does.
-        let responses = incoming.then(move |item| {
-            let server = server.clone();
-            async move {
-                let req = match item {
-                    Ok(req) => req,
-                    Err(status) => return Err(status),
-                };
-                let id = req.id.clone();
-                Ok(match infer_one(&server, req).await {
-                    Ok(resp) => ModelStreamInferResponse {
-                        error_message: String::new(),
-                        infer_response: Some(resp),
-                    },
-                    Err(err) => ModelStreamInferResponse {
-                        error_message: err.message,
-                        infer_response: Some(ModelInferResponse {
-                            id,
-                            ..Default::default()
-                        }),
-                    },
-                })
-            }
+        // Requests on one stream are answered in order, each with all of its responses (0..N
+        // for a decoupled model); errors travel in-band as Triton does.
+        let responses = incoming.flat_map(move |item| match item {
+            Ok(req) => stream_one(server.clone(), req),
+            Err(status) => futures::stream::once(async { Err(status) }).boxed(),
         });
         Ok(Response::new(Box::pin(responses)))
     }

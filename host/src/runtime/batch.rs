@@ -65,6 +65,7 @@ pub fn merge(requests: &[&InferRequest]) -> InferRequest {
         inputs,
         outputs: first.outputs.clone(),
         deadline: requests.iter().filter_map(|r| r.deadline).min(),
+        responses: None,
         ..Default::default()
     }
 }

@@ -188,6 +188,14 @@ pub struct RuntimeOptions {
     pub model_caller: Option<Arc<dyn ModelCaller>>,
 }
 
+/// Whether the model answers 0..N times per request (`model_transaction_policy.decoupled`).
+pub fn is_decoupled(config: &ModelConfig) -> bool {
+    config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
+}
+
 /// Loads one version of a model with the backend its configuration names.
 pub fn load(
     config: ModelConfig,
@@ -195,6 +203,13 @@ pub fn load(
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
     let backend = backend_name(&config).unwrap_or_else(|| ONNXRUNTIME.to_owned());
+    if is_decoupled(&config) && backend != wasm::BACKEND {
+        return Err(Error::invalid(format!(
+            "model '{}': field 'model_transaction_policy.decoupled': only wasm stages can be \
+             decoupled (backend '{backend}' answers each request once)",
+            config.name
+        )));
+    }
     match backend.as_str() {
         ONNXRUNTIME => onnx::load(config, version_dir, options),
         wasm::BACKEND => wasm::load(config, version_dir, options),

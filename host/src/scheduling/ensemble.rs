@@ -159,6 +159,11 @@ impl Ensemble {
                     e.message
                 ))
             })?;
+            if crate::runtime::is_decoupled(&model) {
+                return Err(at(
+                    "a decoupled model cannot be an ensemble step (it answers 0..N times)".into(),
+                ));
+            }
             if config.max_batch_size > model.max_batch_size && model.max_batch_size > 0 {
                 return Err(at(format!(
                     "max_batch_size {} is smaller than the ensemble's {}",
@@ -396,6 +401,7 @@ impl Ensemble {
                         })
                         .collect(),
                     deadline: request.deadline,
+                    responses: None,
                 };
                 running.push(async move { (i, runner.run_step(step_request).await) });
             }

@@ -225,6 +225,16 @@ impl Server {
         let model = self
             .manager
             .get(&request.model_name, request.model_version)?;
+        if request.responses.is_none() && crate::runtime::is_decoupled(&model.config) {
+            model
+                .stats
+                .record_failure(FailureReason::Other, received.elapsed());
+            return Err(Error::invalid(format!(
+                "model '{}' is decoupled (0..N responses per request): use the gRPC stream \
+                 (ModelStreamInfer) or POST /v2/models/{}/generate_stream",
+                model.name, model.name
+            )));
+        }
         let batch_size = match check_request(&model.config, &request) {
             Ok(b) => b,
             Err(err) => {
@@ -275,6 +285,57 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Runs one request with its responses streamed: every response a decoupled model sends,
+    /// then its final one (if it has outputs), then the end of the stream; an error ends the
+    /// stream too. Models that are not decoupled give exactly one item.
+    pub fn infer_stream(
+        self: &Arc<Self>,
+        mut request: InferRequest,
+    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
+        let (out, items) = tokio::sync::mpsc::channel(16);
+        let (sink, mut produced) = crate::inference::ResponseSink::channel(16);
+        request.responses = Some(sink);
+        let server = self.clone();
+        tokio::spawn(async move {
+            let version = server
+                .manager
+                .get(&request.model_name, request.model_version)
+                .map(|m| m.version)
+                .unwrap_or_default();
+            let wrap = |outputs, name: &str, id: &str| InferResponse {
+                model_name: name.to_owned(),
+                model_version: version,
+                id: id.to_owned(),
+                parameters: Default::default(),
+                outputs,
+            };
+            let (name, id) = (request.model_name.clone(), request.id.clone());
+            let final_response = server.infer(request);
+            tokio::pin!(final_response);
+            let result = loop {
+                tokio::select! {
+                    Some(outputs) = produced.recv() => {
+                        if out.send(Ok(wrap(outputs, &name, &id))).await.is_err() {
+                            return; // the client left; dropping the request cancels it
+                        }
+                    }
+                    result = &mut final_response => break result,
+                }
+            };
+            // Everything sent during execution is queued ahead of the final response.
+            while let Ok(outputs) = produced.try_recv() {
+                let _ = out.send(Ok(wrap(outputs, &name, &id))).await;
+            }
+            match result {
+                Ok(last) if last.outputs.is_empty() => {}
+                other => {
+                    let _ = out.send(other).await;
+                }
+            }
+        });
+        items
     }
 
     /// Flips readiness off and waits (up to `timeout`) for in-flight inferences to finish.

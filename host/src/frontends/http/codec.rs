@@ -194,6 +194,7 @@ pub fn decode_request(
         inputs,
         outputs,
         deadline: None,
+        responses: None,
     })
 }
 
@@ -292,6 +293,7 @@ fn raw_request(
         }],
         outputs: vec![],
         deadline: None,
+        responses: None,
     }
 }
 

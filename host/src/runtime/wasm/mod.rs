@@ -125,6 +125,21 @@ fn from_wit_error(model: &str, e: wit::Error) -> Error {
 impl wit::Host for StageState {}
 
 impl wit_host::Host for StageState {
+    fn respond(
+        &mut self,
+        request: u32,
+        outputs: Vec<wit::Tensor>,
+    ) -> std::result::Result<(), wit::Error> {
+        let Some(respond) = self.respond.as_mut() else {
+            return Err(to_wit_error(Error::invalid(format!(
+                "model '{}' is not decoupled: it answers each request once, by returning from \
+                 execute (set model_transaction_policy {{ decoupled: true }} to stream)",
+                self.model
+            ))));
+        };
+        respond(request, outputs.into_iter().map(from_wit_tensor).collect()).map_err(to_wit_error)
+    }
+
     fn log(&mut self, level: wit_host::LogLevel, message: String) {
         let model = self.model.as_str();
         match level {
@@ -168,6 +183,7 @@ impl wit_host::Host for StageState {
                 })
                 .collect(),
             deadline: self.call_deadline,
+            responses: None,
         };
         caller
             .infer(request)
@@ -187,6 +203,7 @@ struct StageModel {
     caller: Option<Arc<dyn super::ModelCaller>>,
     health: Arc<InstanceHealth>,
     single_instance: bool,
+    decoupled: bool,
 }
 
 type Live = (Store<StageState>, bindings::Stage);
@@ -289,6 +306,44 @@ fn wit_parameters(request: &InferRequest) -> Vec<wit::Parameter> {
 }
 
 impl StageInstance {
+    /// What `host.respond` does during one `execute` of a decoupled model: check the outputs
+    /// like a final response, then send them down the request's stream.
+    fn responder(&self, requests: &[&InferRequest], outputs: &[String]) -> sandbox::Responder {
+        let model = self.model.clone();
+        let outputs = outputs.to_vec();
+        let targets: Vec<(Option<crate::inference::ResponseSink>, Option<i64>)> = requests
+            .iter()
+            .map(|r| {
+                let batch = (model.config.max_batch_size > 0)
+                    .then(|| r.inputs.first().and_then(|t| t.shape.first()).copied())
+                    .flatten();
+                (r.responses.clone(), batch)
+            })
+            .collect();
+        let deadline = std::time::Instant::now()
+            + std::time::Duration::from_millis(model.limits.execution_timeout_ms);
+        Box::new(move |index, tensors| {
+            let Some((sink, batch)) = targets.get(index as usize) else {
+                return Err(Error::invalid(format!(
+                    "stage '{}': respond to request {index}, but the batch has {} requests",
+                    model.name,
+                    targets.len()
+                )));
+            };
+            let Some(sink) = sink else {
+                return Err(Error::invalid(format!(
+                    "stage '{}': request {index} does not take streamed responses",
+                    model.name
+                )));
+            };
+            let max_bytes = usize::try_from(model.limits.max_output_mb.saturating_mul(1 << 20))
+                .unwrap_or(usize::MAX);
+            let tensors = check_outputs(&model.config, &outputs, tensors, *batch, max_bytes)
+                .map_err(|e| Error::new(e.code, format!("stage '{}' {}", model.name, e.message)))?;
+            sink.send_blocking(tensors, Some(deadline))
+        })
+    }
+
     /// Checks one result of `execute` against the configuration.
     fn finish(
         &self,
@@ -298,6 +353,10 @@ impl StageInstance {
         max_bytes: usize,
     ) -> Result<Vec<Tensor>> {
         let tensors = result.map_err(|e| from_wit_error(&self.model.name, e))?;
+        if self.model.decoupled && tensors.is_empty() {
+            // A decoupled request may end without a last response.
+            return Ok(Vec::new());
+        }
         let tensors: Vec<Tensor> = tensors.into_iter().map(from_wit_tensor).collect();
         let batch = if self.model.config.max_batch_size > 0 {
             request
@@ -360,11 +419,16 @@ impl ModelInstance for StageInstance {
                 parameters: wit_parameters(request),
             })
             .collect();
+        if self.model.decoupled {
+            store.data_mut().respond = Some(self.responder(requests, outputs));
+        }
         let prepared = std::time::Instant::now();
         let result = stage
             .wasmtron_stage_model()
             .call_execute(&mut store, &wit_requests);
         let ran = std::time::Instant::now();
+        // Dropping the senders lets each response stream end once its request is answered.
+        store.data_mut().respond = None;
         let results = match result {
             Ok(results) => results,
             // The store is dropped here: a trapped instance is never entered again.
@@ -467,6 +531,10 @@ pub fn load(
         pre,
         caller: options.model_caller.clone(),
         single_instance: instance_count(&config) == 1,
+        decoupled: config
+            .model_transaction_policy
+            .as_ref()
+            .is_some_and(|p| p.decoupled),
     });
     let health = model.health.clone();
     let count = instance_count(&config);

@@ -142,7 +142,13 @@ pub struct StageState {
     pub call_deadline: Option<std::time::Instant>,
     /// The model has one instance, so a call into itself could never be served.
     pub single_instance: bool,
+    /// Decoupled models, during `execute`: sends one response to the request at an index.
+    pub respond: Option<Responder>,
 }
+
+/// Sends a response (checked outputs) to the request at an index of the current batch.
+pub type Responder =
+    Box<dyn FnMut(u32, Vec<crate::tensor::Tensor>) -> crate::error::Result<()> + Send>;
 
 impl StageState {
     /// A fresh state: no files, no environment, no arguments, no network; output captured.
@@ -168,6 +174,7 @@ impl StageState {
             caller,
             call_deadline: None,
             single_instance: false,
+            respond: None,
         }
     }
 

@@ -7,7 +7,8 @@
 //! 100 MiB), `wrong_output` (returns INT32 for an FP32 output), `trap_on_negative` (panics
 //! when the first input value is negative), `bls` (adds INPUT0 to itself through the `simple`
 //! model via the host), `call` (forwards INPUT0 to the probe named by parameter `target` and
-//! returns its OUTPUT0), `fail_init`.
+//! returns its OUTPUT0), `stream` (decoupled: one response per input value, then none),
+//! `fail_init`.
 
 use wasmtron_guest::{export_stage, host, Config, Error, LogLevel, Request, Result, Stage, Tensor};
 
@@ -125,6 +126,20 @@ impl Stage for Probe {
                     Tensor::from_f32("OUTPUT0", &input.shape, &sums),
                     "bls",
                 )
+            }
+            "stream" => {
+                // One response per input value (OUTPUT0 [1, 1] and REPORT "i/n"), then none.
+                let n = values.len();
+                for (i, v) in values.iter().enumerate() {
+                    let one = Tensor::from_f32("OUTPUT0", &[1, 1], &[*v]);
+                    let report = Tensor::from_bytes_elements(
+                        "REPORT",
+                        &[1, 1],
+                        vec![format!("{}/{n}", i + 1)],
+                    );
+                    host::respond(&request.select(vec![one, report])?)?;
+                }
+                Ok(Vec::new())
             }
             "call" => {
                 let forward = Tensor::from_f32("INPUT0", &input.shape, &values);
