@@ -177,3 +177,93 @@ fn unary_calls_to_a_decoupled_model_are_refused_and_only_decoupled_models_respon
         "{seen:?}"
     );
 }
+
+/// The `data:` payloads of a server-sent-events body.
+fn events(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[test]
+fn generate_and_generate_stream_speak_flat_json_and_server_sent_events() {
+    let (_repo, s) = streaming_server();
+    let resp = http()
+        .post(s.url("/v2/models/streamer/generate_stream"))
+        .json(&json!({"INPUT0": [1.5, 2.5], "parameters": {"note": "x"}}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    assert_eq!(
+        events(&resp.text().unwrap()),
+        [
+            json!({"model_name": "streamer", "model_version": "1", "OUTPUT0": 1.5, "REPORT": "1/2"}),
+            json!({"model_name": "streamer", "model_version": "1", "OUTPUT0": 2.5, "REPORT": "2/2"}),
+        ]
+    );
+
+    // One response: /generate answers with the flat object.
+    let a: Vec<i32> = (0..16).collect();
+    let resp = http()
+        .post(s.url("/v2/models/simple/generate"))
+        .json(&json!({"INPUT0": a, "INPUT1": vec![2; 16]}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let out: Value = resp.json().unwrap();
+    let sums: Vec<i32> = (2..18).collect();
+    assert_eq!(out["OUTPUT0"], json!(sums));
+    assert_eq!(out["model_version"], "1");
+
+    // Several responses do not fit /generate; a bad field is refused before inference.
+    let resp = http()
+        .post(s.url("/v2/models/streamer/generate"))
+        .json(&json!({"INPUT0": [1.0, 2.0]}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().unwrap();
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("sent 2 responses; use generate_stream"),
+        "{err}"
+    );
+    let resp = http()
+        .post(s.url("/v2/models/simple/generate_stream"))
+        .json(&json!({"INPUT0": [1, 2, 3], "INPUT1": vec![2; 16]}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().unwrap();
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("field 'INPUT0' has 3 element(s)"),
+        "{err}"
+    );
+
+    // An inference error after the stream started arrives in-band.
+    let resp = http()
+        .post(s.url("/v2/models/undecided/generate_stream"))
+        .json(&json!({"INPUT0": [1.0]}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = events(&resp.text().unwrap());
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not decoupled"),
+        "{got:?}"
+    );
+}

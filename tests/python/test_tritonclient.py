@@ -197,3 +197,50 @@ def test_repository_control(explicit_server):
                  '{"name":"INPUT1","data_type":"TYPE_INT32","dims":[16]}],'
                  '"output":[{"name":"OUTPUT0","data_type":"TYPE_INT32","dims":[16]}]}')
     assert h.get_model_config("simple")["max_batch_size"] == 2
+
+
+@pytest.fixture(scope="module")
+def streaming_server(tmp_path_factory):
+    """A decoupled copy of the probe stage (tests/guests/probe, mode `stream`)."""
+    import os
+    import shutil
+    from conftest import ROOT, Server
+    repo = tmp_path_factory.mktemp("streaming")
+    dest = os.path.join(str(repo), "streamer")
+    shutil.copytree(os.path.join(ROOT, "tests", "models", "probe"), dest)
+    path = os.path.join(dest, "config.pbtxt")
+    with open(path) as f:
+        config = f.read().replace('string_value: "echo"', 'string_value: "stream"')
+    with open(path, "w") as f:
+        f.write(config + "model_transaction_policy { decoupled: true }\n")
+    s = Server(str(repo))
+    yield s
+    s.stop()
+
+
+def test_decoupled_stream_with_the_stock_grpc_client(streaming_server):
+    """One request, three responses, then the empty final one the client asked for."""
+    import queue
+    g = grpcclient.InferenceServerClient(streaming_server.grpc)
+    results = queue.Queue()
+    g.start_stream(callback=lambda result, error: results.put((result, error)))
+    x = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+    x.set_data_from_numpy(np.array([[0.5, 1.5, 2.5]], dtype=np.float32))
+    g.async_stream_infer("streamer", [x], request_id="r1", enable_empty_final_response=True)
+    seen = []
+    while True:
+        result, error = results.get(timeout=120)
+        assert error is None, error
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        if final:
+            assert len(response.outputs) == 0
+            break
+        seen.append((response.id, float(result.as_numpy("OUTPUT0")[0][0]),
+                     result.as_numpy("REPORT")[0][0].decode()))
+    g.stop_stream()
+    assert seen == [("r1", 0.5, "1/3"), ("r1", 1.5, "2/3"), ("r1", 2.5, "3/3")]
+
+    # A unary call to a decoupled model is refused with the reason.
+    with pytest.raises(InferenceServerException, match="is decoupled"):
+        g.infer("streamer", [x])

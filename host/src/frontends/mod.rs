@@ -25,8 +25,11 @@ pub const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
     "statistics",
     "parameters",
+    "generate",
 ];
 
 /// Parses a version from a URL or message; empty means "let the policy choose".

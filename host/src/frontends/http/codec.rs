@@ -304,6 +304,27 @@ fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
     }
 }
 
+/// A tensor from JSON data (nested or flat) of the given datatype and shape.
+pub fn json_tensor(
+    name: &str,
+    datatype: DataType,
+    shape: Vec<i64>,
+    value: &Value,
+) -> Result<Tensor> {
+    let data = json_to_bytes(name, datatype, &shape, value)?;
+    Ok(Tensor {
+        name: name.to_owned(),
+        datatype,
+        shape,
+        data,
+    })
+}
+
+/// A tensor's elements as a flat JSON array (BYTES as strings where they are UTF-8).
+pub fn tensor_json_data(tensor: &Tensor) -> Value {
+    bytes_to_json(tensor)
+}
+
 fn json_to_bytes(name: &str, datatype: DataType, shape: &[i64], value: &Value) -> Result<Bytes> {
     let mut leaves = Vec::new();
     flatten(value, &mut leaves);

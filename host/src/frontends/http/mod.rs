@@ -3,6 +3,7 @@
 //! bodies and status codes.
 
 pub mod codec;
+pub mod generate;
 
 use std::{collections::HashMap, io::Read, sync::Arc};
 
@@ -86,6 +87,16 @@ pub fn router(state: HttpState) -> Router {
         )
         .route("/v2/models/{model}/infer", post(infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(infer))
+        .route("/v2/models/{model}/generate", post(generate))
+        .route(
+            "/v2/models/{model}/versions/{version}/generate",
+            post(generate),
+        )
+        .route("/v2/models/{model}/generate_stream", post(generate_stream))
+        .route(
+            "/v2/models/{model}/versions/{version}/generate_stream",
+            post(generate_stream),
+        )
         .route("/v2/models/{model}/config", get(config))
         .route("/v2/models/{model}/versions/{version}/config", get(config))
         .route("/v2/models/{model}/stats", get(stats))
@@ -373,6 +384,70 @@ async fn infer(
         h.insert(header::CONTENT_ENCODING, HeaderValue::from_static(enc));
     }
     Ok(resp)
+}
+
+/// Decodes a generate request for the model named in the path.
+async fn generate_request(
+    st: &HttpState,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<crate::inference::InferRequest, Error> {
+    let (model, version) = path_parts(p);
+    let version = parse_version(&model, &version)?;
+    let body = read_body(st, headers, body).await?;
+    let json: Value = serde_json::from_slice(&body)
+        .map_err(|e| Error::invalid(format!("generate: the body is not valid JSON: {e}")))?;
+    let config = st.server.models().get(&model, version)?.config.clone();
+    generate::to_request(&config, &model, version, json)
+}
+
+/// `…/generate`: exactly one response, as JSON.
+async fn generate(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    let request = generate_request(&st, &p, &headers, body).await?;
+    let model = request.model_name.clone();
+    let mut items = st.server.infer_stream(request);
+    let mut responses = Vec::new();
+    while let Some(item) = items.recv().await {
+        responses.push(item?);
+    }
+    match responses.as_slice() {
+        [one] => Ok(Json(generate::to_json(one))),
+        other => Err(Error::invalid(format!(
+            "generate: model '{model}' sent {} responses; use generate_stream to receive them all",
+            other.len()
+        ))
+        .into()),
+    }
+}
+
+/// `…/generate_stream`: every response as a server-sent event, errors in-band.
+async fn generate_stream(
+    State(st): State<HttpState>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    use axum::response::sse::{Event, Sse};
+    let request = generate_request(&st, &p, &headers, body).await?;
+    let items = st.server.infer_stream(request);
+    let events = futures::stream::unfold(items, |mut items| async move {
+        let item = items.recv().await?;
+        let data = match item {
+            Ok(resp) => generate::to_json(&resp),
+            Err(err) => json!({"error": err.message}),
+        };
+        Some((
+            Ok::<_, std::convert::Infallible>(Event::default().data(data.to_string())),
+            items,
+        ))
+    });
+    Ok(Sse::new(events).into_response())
 }
 
 fn optional_json(body: &Bytes) -> Result<Value, Error> {
