@@ -26,15 +26,6 @@ fn add_model(repo: &Path, name: &str, source: &str, config: &str) {
     std::fs::write(repo.join(name).join("config.pbtxt"), config).unwrap();
 }
 
-fn infer(s: &TestServer, model: &str, body: &Value) -> (u16, Value) {
-    let resp = http()
-        .post(s.url(&format!("/v2/models/{model}/infer")))
-        .json(body)
-        .send()
-        .unwrap();
-    (resp.status().as_u16(), resp.json().unwrap())
-}
-
 fn stats(s: &TestServer, model: &str) -> Value {
     let body: Value = http()
         .get(s.url(&format!("/v2/models/{model}/stats")))

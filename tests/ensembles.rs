@@ -14,16 +14,6 @@ use wasmtron::proto::inference::{
     model_infer_request::InferInputTensor, InferTensorContents, ModelInferRequest,
 };
 
-fn post(s: &TestServer, path: &str, body: &Value) -> (u16, Value) {
-    let resp = http().post(s.url(path)).json(body).send().unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().unwrap_or(Value::Null))
-}
-
-fn infer(s: &TestServer, model: &str, body: &Value) -> (u16, Value) {
-    post(s, &format!("/v2/models/{model}/infer"), body)
-}
-
 fn image(name: &str) -> Vec<u8> {
     std::fs::read(workspace().join("tests/fixtures").join(name)).expect("run `make models`")
 }
@@ -154,7 +144,7 @@ fn loading_an_ensemble_loads_its_models_and_they_cannot_be_unloaded_under_it() {
     assert!(ready("classify_orientation") && ready("preprocess") && ready("topk"));
     assert!(!ready("orientation"), "only what the ensemble calls");
 
-    let (status, body) = post(&s, "/v2/repository/models/topk/unload", &json!({}));
+    let (status, body) = post_json(&s, "/v2/repository/models/topk/unload", &json!({}));
     assert_eq!(status, 400, "{body}");
     let err = body["error"].as_str().unwrap();
     assert!(
@@ -165,7 +155,7 @@ fn loading_an_ensemble_loads_its_models_and_they_cannot_be_unloaded_under_it() {
     );
     assert!(ready("topk"));
 
-    let (status, body) = post(
+    let (status, body) = post_json(
         &s,
         "/v2/repository/models/classify_orientation/unload",
         &json!({"parameters": {"unload_dependents": true}}),
@@ -207,7 +197,7 @@ fn ensemble_configs_are_checked_at_load_and_the_message_names_the_step_and_tenso
         &["--model-control-mode", "explicit", "--load-model", "simple"],
     );
     let load = |config: String| {
-        post(
+        post_json(
             &s,
             "/v2/repository/models/ens/load",
             &json!({"parameters": {"config": config}}),

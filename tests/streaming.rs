@@ -143,32 +143,15 @@ fn unary_calls_to_a_decoupled_model_are_refused_and_only_decoupled_models_respon
     let (_repo, s) = streaming_server();
     let body =
         json!({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]});
-    let resp = http()
-        .post(s.url("/v2/models/streamer/infer"))
-        .json(&body)
-        .send()
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    let err: Value = resp.json().unwrap();
-    assert!(
-        err["error"].as_str().unwrap().contains(
-            "model 'streamer' is decoupled (0..N responses per request): use the gRPC stream"
-        ),
-        "{err}"
+    assert_error(
+        infer(&s, "streamer", &body),
+        400,
+        "model 'streamer' is decoupled (0..N responses per request): use the gRPC stream",
     );
-    let resp = http()
-        .post(s.url("/v2/models/undecided/infer"))
-        .json(&body)
-        .send()
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    let err: Value = resp.json().unwrap();
-    assert!(
-        err["error"]
-            .as_str()
-            .unwrap()
-            .contains("model 'undecided' is not decoupled"),
-        "{err}"
+    assert_error(
+        infer(&s, "undecided", &body),
+        400,
+        "model 'undecided' is not decoupled",
     );
     // The stream answers other models too, once each.
     let seen = stream(&s, vec![request("undecided", "x", &[1.0], false)], 1);
@@ -221,34 +204,15 @@ fn generate_and_generate_stream_speak_flat_json_and_server_sent_events() {
     assert_eq!(out["model_version"], "1");
 
     // Several responses do not fit /generate; a bad field is refused before inference.
-    let resp = http()
-        .post(s.url("/v2/models/streamer/generate"))
-        .json(&json!({"INPUT0": [1.0, 2.0]}))
-        .send()
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    let err: Value = resp.json().unwrap();
-    assert!(
-        err["error"]
-            .as_str()
-            .unwrap()
-            .contains("sent 2 responses; use generate_stream"),
-        "{err}"
+    let answer = post_json(
+        &s,
+        "/v2/models/streamer/generate",
+        &json!({"INPUT0": [1.0, 2.0]}),
     );
-    let resp = http()
-        .post(s.url("/v2/models/simple/generate_stream"))
-        .json(&json!({"INPUT0": [1, 2, 3], "INPUT1": vec![2; 16]}))
-        .send()
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    let err: Value = resp.json().unwrap();
-    assert!(
-        err["error"]
-            .as_str()
-            .unwrap()
-            .contains("field 'INPUT0' has 3 element(s)"),
-        "{err}"
-    );
+    assert_error(answer, 400, "sent 2 responses; use generate_stream");
+    let bad = json!({"INPUT0": [1, 2, 3], "INPUT1": vec![2; 16]});
+    let answer = post_json(&s, "/v2/models/simple/generate_stream", &bad);
+    assert_error(answer, 400, "field 'INPUT0' has 3 element(s)");
 
     // An inference error after the stream started arrives in-band.
     let resp = http()

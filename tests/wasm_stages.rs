@@ -18,15 +18,6 @@ fn probe_request(values: &[f32]) -> Value {
     json!({"inputs": [{"name": "INPUT0", "shape": [1, values.len()], "datatype": "FP32", "data": values}]})
 }
 
-fn infer(s: &TestServer, model: &str, body: &Value) -> (u16, Value) {
-    let resp = http()
-        .post(s.url(&format!("/v2/models/{model}/infer")))
-        .json(body)
-        .send()
-        .unwrap();
-    (resp.status().as_u16(), resp.json().unwrap())
-}
-
 fn error(s: &TestServer, model: &str, body: &Value) -> (u16, String) {
     let (status, body) = infer(s, model, body);
     (

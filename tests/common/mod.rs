@@ -244,6 +244,29 @@ impl Drop for TestServer {
     }
 }
 
+/// POSTs a JSON body; returns the status and the JSON answer (`Null` when there is none).
+pub fn post_json(s: &TestServer, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let resp = http().post(s.url(path)).json(body).send().unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().unwrap_or(serde_json::Value::Null))
+}
+
+/// One JSON inference request over HTTP.
+pub fn infer(s: &TestServer, model: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    post_json(s, &format!("/v2/models/{model}/infer"), body)
+}
+
+/// Asserts that an answer is an error with `status` whose message contains `expected`.
+pub fn assert_error(answer: (u16, serde_json::Value), status: u16, expected: &str) {
+    let (got, body) = answer;
+    assert_eq!(got, status, "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(expected),
+        "{message}\n  expected: {expected}"
+    );
+}
+
 /// A blocking HTTP client with a generous timeout.
 pub fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
