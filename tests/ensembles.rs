@@ -304,6 +304,31 @@ fn ensemble_configs_are_checked_at_load_and_the_message_names_the_step_and_tenso
         out["outputs"][0],
         json!({"name": "RESULT", "datatype": "INT32", "shape": [1, 16], "data": expected})
     );
+
+    // An ensemble can be a step of another: OUT = ens(X, Y) - Y = X + Y.
+    add_ensemble_dir(repo.path(), "outer");
+    let (status, body) = post_json(
+        &s,
+        "/v2/repository/models/outer/load",
+        &json!({"parameters": {"config": ensemble(
+            vec![int16("X"), int16("Y")],
+            vec![int16("OUT")],
+            json!([
+                step("ens", json!({"A": "X", "B": "Y"}), json!({"RESULT": "R"})),
+                step("simple", json!({"INPUT0": "R", "INPUT1": "Y"}), json!({"OUTPUT1": "OUT"})),
+            ]),
+        )}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, out) = infer(
+        &s,
+        "outer",
+        &json!({"inputs": [
+            {"name": "X", "shape": [1, 16], "datatype": "INT32", "data": vec![5; 16]},
+            {"name": "Y", "shape": [1, 16], "datatype": "INT32", "data": vec![3; 16]}]}),
+    );
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outputs"][0]["data"], json!(vec![8; 16]));
 }
 
 #[test]

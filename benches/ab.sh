@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# A/B load test with the stock perf_analyzer: two servers side by side in one run (two
+# binaries, or one binary on two repositories), measured alternately, several rounds each, so
+# that a busy machine affects both sides alike. Prints throughput and latency per side and the
+# B/A ratio of the medians over rounds.
+#
+#   BIN_A=/tmp/wasmtron-old BIN_B=target/release/wasmtron benches/ab.sh
+#   REPO_B=/tmp/batched-repo MODEL=simple CONCURRENCY="1 8" benches/ab.sh
+#
+# Environment: BIN_A, BIN_B (default target/release/wasmtron), REPO_A, REPO_B (default
+# model_repository), MODEL (simple), PROTOCOL (http|grpc), CONCURRENCY ("1 4"), ROUNDS (3),
+# INTERVAL (ms per measurement, 2000).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+BIN_A="${BIN_A:-$root/target/release/wasmtron}"
+BIN_B="${BIN_B:-$root/target/release/wasmtron}"
+REPO_A="${REPO_A:-$root/model_repository}"
+REPO_B="${REPO_B:-$root/model_repository}"
+MODEL="${MODEL:-simple}"
+PROTOCOL="${PROTOCOL:-http}"
+CONCURRENCY="${CONCURRENCY:-1 4}"
+ROUNDS="${ROUNDS:-3}"
+INTERVAL="${INTERVAL:-2000}"
+PA="${PERF_ANALYZER:-$root/.cache/perf_analyzer/bin/perf_analyzer}"
+export LD_LIBRARY_PATH="$root/.cache/perf_analyzer/cuda/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
+out="$root/benches/results/ab-$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$out"
+
+start() { # side binary repo -> prints the address for $PROTOCOL
+  local side=$1 bin=$2 repo=$3 log="$out/server-$1.log"
+  "$bin" --model-repository "$repo" --http-port 0 --grpc-port 0 --metrics-port 0 \
+    --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 2>"$log" &
+  echo $! >"$out/pid-$side"
+  for _ in $(seq 1 1200); do
+    grep -q "Started Metrics Service" "$log" 2>/dev/null && break
+    sleep 0.1
+  done
+  if [ "$PROTOCOL" = grpc ]; then
+    sed -n 's/^Started GRPCInferenceService at //p' "$log"
+  else
+    sed -n 's/^Started HTTPService at //p' "$log"
+  fi
+}
+trap 'kill $(cat "$out"/pid-* 2>/dev/null) 2>/dev/null || true' EXIT
+url_a=$(start A "$BIN_A" "$REPO_A")
+url_b=$(start B "$BIN_B" "$REPO_B")
+
+for round in $(seq 1 "$ROUNDS"); do
+  for side in A B; do
+    url=$url_a; [ "$side" = B ] && url=$url_b
+    for c in $CONCURRENCY; do
+      f="$out/$side-c$c-r$round"
+      "$PA" -m "$MODEL" -i "$PROTOCOL" -u "$url" --concurrency-range "$c:$c" -s 50 \
+        --max-trials 10 -p "$INTERVAL" --verbose-csv -f "$f.csv" >"$f.txt" 2>&1 \
+        || { echo "perf_analyzer failed ($side c=$c):"; tail -5 "$f.txt"; exit 1; }
+    done
+  done
+done
+
+python3 - "$out" "$CONCURRENCY" <<'PY'
+import csv, glob, statistics, sys
+out, levels = sys.argv[1], sys.argv[2].split()
+def rows(side, c):
+    got = []
+    for path in sorted(glob.glob(f"{out}/{side}-c{c}-r*.csv")):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                got.append((float(row["Inferences/Second"]), float(row["p50 latency"]), float(row["p99 latency"])))
+    return got
+print(f"results in {out}\n")
+print("| concurrency | A infer/s | B infer/s | B/A | A p50 µs | B p50 µs | A p99 µs | B p99 µs |")
+print("|---|---|---|---|---|---|---|---|")
+for c in levels:
+    a, b = rows("A", c), rows("B", c)
+    if not a or not b:
+        print(f"| {c} | (no data) |"); continue
+    med = lambda xs, i: statistics.median(x[i] for x in xs)
+    print(f"| {c} | {med(a,0):.0f} | {med(b,0):.0f} | {med(b,0)/med(a,0):.2f} | "
+          f"{med(a,1):.0f} | {med(b,1):.0f} | {med(a,2):.0f} | {med(b,2):.0f} |")
+PY
