@@ -53,17 +53,35 @@ struct State {
 }
 
 /// Responses held back until every earlier request has been answered (`preserve_ordering`).
-#[derive(Default)]
-struct Reorder {
+struct Reorder<T> {
     next: u64,
-    held: BTreeMap<
-        u64,
-        (
-            oneshot::Sender<Result<InferResponse>>,
-            Result<InferResponse>,
-        ),
-    >,
+    held: BTreeMap<u64, T>,
 }
+
+impl<T> Default for Reorder<T> {
+    fn default() -> Self {
+        Self {
+            next: 0,
+            held: BTreeMap::new(),
+        }
+    }
+}
+
+impl<T> Reorder<T> {
+    /// Takes the answer to request `seq` and gives back every answer that may leave now, in
+    /// arrival order.
+    fn release(&mut self, seq: u64, answer: T) -> Vec<T> {
+        self.held.insert(seq, answer);
+        let mut ready = Vec::new();
+        while let Some(answer) = self.held.remove(&self.next) {
+            ready.push(answer);
+            self.next += 1;
+        }
+        ready
+    }
+}
+
+type Answer = (oneshot::Sender<Result<InferResponse>>, Result<InferResponse>);
 
 struct Shared {
     model: String,
@@ -74,7 +92,7 @@ struct Shared {
     state: Mutex<State>,
     work: Condvar,
     stats: Arc<ModelStats>,
-    reorder: Option<Mutex<Reorder>>,
+    reorder: Option<Mutex<Reorder<Answer>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -404,15 +422,23 @@ impl Shared {
             let _ = reply.send(result);
             return;
         };
-        let mut order = lock(reorder);
-        order.held.insert(seq, (reply, result));
-        loop {
-            let next = order.next;
-            let Some((reply, result)) = order.held.remove(&next) else {
-                break;
-            };
+        let ready = lock(reorder).release(seq, (reply, result));
+        for (reply, result) in ready {
             let _ = reply.send(result);
-            order.next += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reorder;
+
+    #[test]
+    fn answers_leave_in_arrival_order() {
+        let mut r = Reorder::default();
+        assert!(r.release(1, "b").is_empty(), "waits for request 0");
+        assert!(r.release(2, "c").is_empty());
+        assert_eq!(r.release(0, "a"), ["a", "b", "c"]);
+        assert_eq!(r.release(3, "d"), ["d"]);
     }
 }
