@@ -7,15 +7,13 @@
 #   BIN_A=/tmp/wasmtron-old BIN_B=target/release/wasmtron benches/ab.sh
 #   REPO_B=/tmp/batched-repo MODEL=simple CONCURRENCY="1 8" benches/ab.sh
 #
-# Environment: BIN_A, BIN_B (default target/release/wasmtron), REPO_A, REPO_B (default
-# model_repository), MODEL (simple), PROTOCOL (http|grpc), CONCURRENCY ("1 4"), ROUNDS (3),
+# Environment: BIN_A, BIN_B (default target/release/wasmtron), REPO_A, REPO_B (default: a
+# repository with just MODEL), MODEL (simple), PROTOCOL (http|grpc), CONCURRENCY ("1 4"), ROUNDS (3),
 # INTERVAL (ms per measurement, 2000).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 BIN_A="${BIN_A:-$root/target/release/wasmtron}"
 BIN_B="${BIN_B:-$root/target/release/wasmtron}"
-REPO_A="${REPO_A:-$root/model_repository}"
-REPO_B="${REPO_B:-$root/model_repository}"
 MODEL="${MODEL:-simple}"
 PROTOCOL="${PROTOCOL:-http}"
 CONCURRENCY="${CONCURRENCY:-1 4}"
@@ -25,11 +23,22 @@ PA="${PERF_ANALYZER:-$root/.cache/perf_analyzer/bin/perf_analyzer}"
 export LD_LIBRARY_PATH="$root/.cache/perf_analyzer/cuda/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
 out="$root/benches/results/ab-$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
+# By default both sides serve a repository holding just the model under test, so that one
+# side's other models (say, stages built for a newer WIT) cannot get in the way.
+if [ -z "${REPO_A:-}" ] || [ -z "${REPO_B:-}" ]; then
+  mkdir -p "$out/repo"
+  cp -r "$root/model_repository/$MODEL" "$out/repo/"
+fi
+REPO_A="${REPO_A:-$out/repo}"
+REPO_B="${REPO_B:-$out/repo}"
+# A binary built elsewhere looks for ONNX Runtime where it was built.
+export ORT_DYLIB_PATH="${ORT_DYLIB_PATH:-$root/.cache/onnxruntime/lib/libonnxruntime.so}"
 
 start() { # side binary repo -> prints the address for $PROTOCOL
   local side=$1 bin=$2 repo=$3 log="$out/server-$1.log"
   "$bin" --model-repository "$repo" --http-port 0 --grpc-port 0 --metrics-port 0 \
-    --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 2>"$log" &
+    --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 \
+    >/dev/null 2>"$log" &  # not our stdout: the caller's $(...) would wait for the server
   echo $! >"$out/pid-$side"
   for _ in $(seq 1 1200); do
     grep -q "Started Metrics Service" "$log" 2>/dev/null && break
