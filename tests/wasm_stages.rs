@@ -581,6 +581,18 @@ fn grpc_infer(s: &TestServer, request: ModelInferRequest) -> ModelInferResponse 
     })
 }
 
+/// A gRPC inference with one input and every output.
+fn grpc_infer_one(s: &TestServer, model: &str, input: InferInputTensor) -> ModelInferResponse {
+    grpc_infer(
+        s,
+        ModelInferRequest {
+            model_name: model.into(),
+            inputs: vec![input],
+            ..Default::default()
+        },
+    )
+}
+
 fn grpc_input(
     name: &str,
     datatype: &str,
@@ -633,21 +645,18 @@ fn a_python_stage_tokenizes_text_over_http_and_grpc() {
         "host.log reaches the server log"
     );
 
-    let resp = grpc_infer(
+    let resp = grpc_infer_one(
         &s,
-        ModelInferRequest {
-            model_name: "tokenize".into(),
-            inputs: vec![grpc_input(
-                "TEXT",
-                "BYTES",
-                &[1, 1],
-                InferTensorContents {
-                    bytes_contents: vec![b"Wasm stages, not stubs".to_vec()],
-                    ..Default::default()
-                },
-            )],
-            ..Default::default()
-        },
+        "tokenize",
+        grpc_input(
+            "TEXT",
+            "BYTES",
+            &[1, 1],
+            InferTensorContents {
+                bytes_contents: vec![b"Wasm stages, not stubs".to_vec()],
+                ..Default::default()
+            },
+        ),
     );
     let names: Vec<&str> = resp.outputs.iter().map(|o| o.name.as_str()).collect();
     assert_eq!(names, ["TOKENS", "TOKEN_COUNT"]);
@@ -687,21 +696,18 @@ fn a_javascript_stage_formats_scores_as_json_over_http_and_grpc() {
         "console-free logging through host.log"
     );
 
-    let resp = grpc_infer(
+    let resp = grpc_infer_one(
         &s,
-        ModelInferRequest {
-            model_name: "scores_json".into(),
-            inputs: vec![grpc_input(
-                "SCORES",
-                "FP32",
-                &[1, 3],
-                InferTensorContents {
-                    fp32_contents: vec![0.125, 0.5, 0.375],
-                    ..Default::default()
-                },
-            )],
-            ..Default::default()
-        },
+        "scores_json",
+        grpc_input(
+            "SCORES",
+            "FP32",
+            &[1, 3],
+            InferTensorContents {
+                fp32_contents: vec![0.125, 0.5, 0.375],
+                ..Default::default()
+            },
+        ),
     );
     assert_eq!(resp.outputs[0].shape, [1, 1]);
     assert_eq!(
@@ -749,21 +755,18 @@ fn a_c_stage_computes_softmax_over_http_and_grpc() {
         assert!((p - e).abs() < 1e-6, "{probs:?} != {expected:?}");
     }
 
-    let resp = grpc_infer(
+    let resp = grpc_infer_one(
         &s,
-        ModelInferRequest {
-            model_name: "softmax".into(),
-            inputs: vec![grpc_input(
-                "LOGITS",
-                "FP32",
-                &[1, 2],
-                InferTensorContents {
-                    fp32_contents: vec![5.0, 5.0],
-                    ..Default::default()
-                },
-            )],
-            ..Default::default()
-        },
+        "softmax",
+        grpc_input(
+            "LOGITS",
+            "FP32",
+            &[1, 2],
+            InferTensorContents {
+                fp32_contents: vec![5.0, 5.0],
+                ..Default::default()
+            },
+        ),
     );
     assert_eq!(resp.outputs[0].name, "PROBS");
     assert_eq!(f32_elements(&resp.raw_output_contents[0]), [0.5, 0.5]);

@@ -193,31 +193,20 @@ mod tests {
             scheduling_choice: Some(SchedulingChoice::DynamicBatching(db)),
             ..Default::default()
         };
-        let e = validate(
-            &mut with(ModelDynamicBatching {
-                preferred_batch_size: vec![4, 16],
-                ..Default::default()
-            }),
-            "m",
-            "f",
-        )
-        .unwrap_err()
-        .to_string();
+        let error = |db| validate(&mut with(db), "m", "f").unwrap_err().to_string();
+        let e = error(ModelDynamicBatching {
+            preferred_batch_size: vec![4, 16],
+            ..Default::default()
+        });
         assert!(
             e.contains("'dynamic_batching.preferred_batch_size': 16 is not between 1 and max_batch_size (8)"),
             "{e}"
         );
-        let e = validate(
-            &mut with(ModelDynamicBatching {
-                priority_levels: 2,
-                default_priority_level: 3,
-                ..Default::default()
-            }),
-            "m",
-            "f",
-        )
-        .unwrap_err()
-        .to_string();
+        let e = error(ModelDynamicBatching {
+            priority_levels: 2,
+            default_priority_level: 3,
+            ..Default::default()
+        });
         assert!(
             e.contains("default_priority_level': 3 is not between 1 and priority_levels (2)"),
             "{e}"

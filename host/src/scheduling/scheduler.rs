@@ -81,7 +81,10 @@ impl<T> Reorder<T> {
     }
 }
 
-type Answer = (oneshot::Sender<Result<InferResponse>>, Result<InferResponse>);
+type Answer = (
+    oneshot::Sender<Result<InferResponse>>,
+    Result<InferResponse>,
+);
 
 struct Shared {
     model: String,
