@@ -231,3 +231,63 @@ fn generate_and_generate_stream_speak_flat_json_and_server_sent_events() {
         "{got:?}"
     );
 }
+
+#[test]
+fn the_words_example_streams_one_response_per_word_over_grpc_and_sse() {
+    let repo = temp_repository(&["words"]);
+    let s = TestServer::start(repo.path(), &[]);
+    let mut request = ModelInferRequest {
+        model_name: "words".into(),
+        id: "w".into(),
+        inputs: vec![InferInputTensor {
+            name: "TEXT".into(),
+            datatype: "BYTES".into(),
+            shape: vec![1],
+            parameters: Default::default(),
+            contents: Some(InferTensorContents {
+                bytes_contents: vec![b"streams beat stubs".to_vec()],
+                ..Default::default()
+            }),
+        }],
+        ..Default::default()
+    };
+    request.parameters.insert(
+        "triton_enable_empty_final_response".to_owned(),
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::BoolParam(true)),
+        },
+    );
+    let seen = stream(&s, vec![request], 4);
+    let words: Vec<(String, i64)> = seen[..3]
+        .iter()
+        .map(|r| {
+            let resp = r.infer_response.as_ref().unwrap();
+            let word = String::from_utf8(resp.raw_output_contents[0][4..].to_vec()).unwrap();
+            let position = i64::from_le_bytes(resp.raw_output_contents[1][..8].try_into().unwrap());
+            (word, position)
+        })
+        .collect();
+    assert_eq!(
+        words,
+        [
+            ("streams".into(), 0),
+            ("beat".into(), 1),
+            ("stubs".into(), 2)
+        ]
+    );
+    assert_eq!(describe(&seen[3]), ("w".into(), None, None, Some(true)));
+
+    let resp = http()
+        .post(s.url("/v2/models/words/generate_stream"))
+        .json(&json!({"TEXT": "two words"}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        events(&resp.text().unwrap()),
+        [
+            json!({"model_name": "words", "model_version": "1", "WORD": "two", "POSITION": 0}),
+            json!({"model_name": "words", "model_version": "1", "WORD": "words", "POSITION": 1}),
+        ]
+    );
+}

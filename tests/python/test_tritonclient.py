@@ -201,7 +201,8 @@ def test_repository_control(explicit_server):
 
 @pytest.fixture(scope="module")
 def streaming_server(tmp_path_factory):
-    """A decoupled copy of the probe stage (tests/guests/probe, mode `stream`)."""
+    """A decoupled copy of the probe stage (tests/guests/probe, mode `stream`) and the `words`
+    streaming example."""
     import os
     import shutil
     from conftest import ROOT, Server
@@ -213,6 +214,7 @@ def streaming_server(tmp_path_factory):
         config = f.read().replace('string_value: "echo"', 'string_value: "stream"')
     with open(path, "w") as f:
         f.write(config + "model_transaction_policy { decoupled: true }\n")
+    shutil.copytree(os.path.join(ROOT, "model_repository", "words"), os.path.join(str(repo), "words"))
     s = Server(str(repo))
     yield s
     s.stop()
@@ -244,3 +246,22 @@ def test_decoupled_stream_with_the_stock_grpc_client(streaming_server):
     # A unary call to a decoupled model is refused with the reason.
     with pytest.raises(InferenceServerException, match="is decoupled"):
         g.infer("streamer", [x])
+
+
+def test_the_words_example_streams_words_to_the_stock_client(streaming_server):
+    import queue
+    g = grpcclient.InferenceServerClient(streaming_server.grpc)
+    results = queue.Queue()
+    g.start_stream(callback=lambda result, error: results.put((result, error)))
+    text = grpcclient.InferInput("TEXT", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"one response per word"], dtype=object))
+    g.async_stream_infer("words", [text], enable_empty_final_response=True)
+    words = []
+    while True:
+        result, error = results.get(timeout=120)
+        assert error is None, error
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+        words.append((result.as_numpy("WORD")[0].decode(), int(result.as_numpy("POSITION")[0])))
+    g.stop_stream()
+    assert words == [("one", 0), ("response", 1), ("per", 2), ("word", 3)]
