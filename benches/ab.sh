@@ -8,8 +8,9 @@
 #   REPO_B=/tmp/batched-repo MODEL=simple CONCURRENCY="1 8" benches/ab.sh
 #
 # Environment: BIN_A, BIN_B (default target/release/wasmtron), REPO_A, REPO_B (default: a
-# repository with just MODEL), MODEL (simple), PROTOCOL (http|grpc), CONCURRENCY ("1 4"), ROUNDS (3),
-# INTERVAL (ms per measurement, 2000).
+# repository with just MODEL), MODEL (simple), PROTOCOL (http|grpc), CONCURRENCY ("1 4"),
+# ROUNDS (3),
+# INTERVAL (ms per measurement, 2000), BATCH (client batch size, 1).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 BIN_A="${BIN_A:-$root/target/release/wasmtron}"
@@ -19,6 +20,7 @@ PROTOCOL="${PROTOCOL:-http}"
 CONCURRENCY="${CONCURRENCY:-1 4}"
 ROUNDS="${ROUNDS:-3}"
 INTERVAL="${INTERVAL:-2000}"
+BATCH="${BATCH:-1}"
 PA="${PERF_ANALYZER:-$root/.cache/perf_analyzer/bin/perf_analyzer}"
 export LD_LIBRARY_PATH="$root/.cache/perf_analyzer/cuda/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
 out="$root/benches/results/ab-$(date -u +%Y%m%dT%H%M%SZ)"
@@ -59,7 +61,7 @@ for round in $(seq 1 "$ROUNDS"); do
     url=$url_a; [ "$side" = B ] && url=$url_b
     for c in $CONCURRENCY; do
       f="$out/$side-c$c-r$round"
-      "$PA" -m "$MODEL" -i "$PROTOCOL" -u "$url" --concurrency-range "$c:$c" -s 50 \
+      "$PA" -m "$MODEL" -i "$PROTOCOL" -u "$url" -b "$BATCH" --concurrency-range "$c:$c" -s 50 \
         --max-trials 10 -p "$INTERVAL" --verbose-csv -f "$f.csv" >"$f.txt" 2>&1 \
         || { echo "perf_analyzer failed ($side c=$c):"; tail -5 "$f.txt"; exit 1; }
     done
