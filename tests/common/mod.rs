@@ -267,6 +267,41 @@ pub fn assert_error(answer: (u16, serde_json::Value), status: u16, expected: &st
     );
 }
 
+/// Images as the BYTES elements of `IMAGE` ([n, 1]) in a binary-extension request; returns
+/// the body and the value for `Inference-Header-Content-Length`.
+pub fn image_body(images: &[&[u8]]) -> (Vec<u8>, usize) {
+    let mut binary = Vec::new();
+    for image in images {
+        binary.extend_from_slice(&(image.len() as u32).to_le_bytes());
+        binary.extend_from_slice(image);
+    }
+    let header = serde_json::json!({"inputs": [{"name": "IMAGE", "shape": [images.len(), 1],
+        "datatype": "BYTES", "parameters": {"binary_data_size": binary.len()}}]});
+    binary_body(&header, &binary)
+}
+
+/// POSTs images (see [`image_body`]) to a model; the outputs come back as JSON.
+pub fn post_image_body(
+    s: &TestServer,
+    model: &str,
+    images: &[&[u8]],
+) -> reqwest::blocking::Response {
+    let (body, len) = image_body(images);
+    http()
+        .post(s.url(&format!("/v2/models/{model}/infer")))
+        .header("Inference-Header-Content-Length", len.to_string())
+        .body(body)
+        .send()
+        .unwrap()
+}
+
+/// [`post_image_body`], expecting success.
+pub fn post_images(s: &TestServer, model: &str, images: &[&[u8]]) -> serde_json::Value {
+    let resp = post_image_body(s, model, images);
+    assert_eq!(resp.status(), 200);
+    resp.json().unwrap()
+}
+
 /// A blocking HTTP client with a generous timeout.
 pub fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
