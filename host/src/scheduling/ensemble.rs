@@ -14,7 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::{
     error::{Error, Result},
-    inference::{InferRequest, InferResponse, RequestedOutput},
+    inference::{InferRequest, InferResponse, RequestedOutput, StepDurations},
     proto::inference::{model_config::SchedulingChoice, ModelConfig},
     tensor::{shape_string, DataType, Tensor},
 };
@@ -357,6 +357,7 @@ impl Ensemble {
         runner: &dyn StepRunner,
         request: InferRequest,
         outputs: &[String],
+        durations: &StepDurations,
     ) -> Result<Vec<Tensor>> {
         let mut tensors: HashMap<String, Tensor> = request
             .inputs
@@ -402,6 +403,7 @@ impl Ensemble {
                         .collect(),
                     deadline: request.deadline,
                     responses: None,
+                    step_durations: Some(durations.clone()),
                 };
                 running.push(async move { (i, runner.run_step(step_request).await) });
             }

@@ -398,6 +398,14 @@ impl Shared {
         stats.compute_output.record(timings.compute_output);
         stats.success.record(job.received.elapsed());
         stats.touch();
+        if let Some(steps) = &job.request.step_durations {
+            steps.add([
+                queued,
+                timings.compute_input,
+                timings.compute_infer,
+                timings.compute_output,
+            ]);
+        }
         let response = InferResponse {
             model_name: self.model.clone(),
             model_version: self.version,

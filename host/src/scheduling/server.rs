@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    inference::{InferRequest, InferResponse},
+    inference::{InferRequest, InferResponse, StepDurations},
     repository::ModelRepository,
     runtime::{request_check::check_request, ModelCaller, RuntimeOptions},
 };
@@ -215,7 +215,7 @@ impl Server {
     }
 
     /// Runs one inference: picks the version, checks the request, queues it.
-    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+    pub async fn infer(&self, mut request: InferRequest) -> Result<InferResponse> {
         let received = Instant::now();
         if self.stopping.load(Ordering::Acquire) {
             return Err(Error::unavailable("the server is shutting down"));
@@ -257,17 +257,25 @@ impl Server {
             }
             Runner::Ensemble(plan) => {
                 let id = request.id.clone();
-                match plan.run(self, request, &outputs).await {
+                // Like Triton, an ensemble reports its steps' queue and compute time summed
+                // (perf_analyzer reads the ensemble's queue count to find its statistics).
+                let parent = request.step_durations.take();
+                let durations = StepDurations::default();
+                match plan.run(self, request, &outputs, &durations).await {
                     Ok(tensors) => {
                         let stats = &model.stats;
-                        stats.record_execution(
-                            batch_size as u64,
-                            Duration::ZERO,
-                            Duration::ZERO,
-                            Duration::ZERO,
-                        );
+                        let totals = durations.totals();
+                        let [queue, input, infer, output] = totals;
+                        stats.record_execution(batch_size as u64, input, infer, output);
+                        stats.queue.record(queue);
+                        stats.compute_input.record(input);
+                        stats.compute_infer.record(infer);
+                        stats.compute_output.record(output);
                         stats.success.record(received.elapsed());
                         stats.touch();
+                        if let Some(parent) = parent {
+                            parent.add(totals);
+                        }
                         Ok(InferResponse {
                             model_name: model.name.clone(),
                             model_version: model.version,

@@ -195,6 +195,7 @@ pub fn decode_request(
         outputs,
         deadline: None,
         responses: None,
+        step_durations: None,
     })
 }
 
@@ -294,6 +295,7 @@ fn raw_request(
         outputs: vec![],
         deadline: None,
         responses: None,
+        step_durations: None,
     }
 }
 

@@ -184,6 +184,7 @@ impl wit_host::Host for StageState {
                 .collect(),
             deadline: self.call_deadline,
             responses: None,
+            step_durations: None,
         };
         caller
             .infer(request)
