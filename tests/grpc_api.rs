@@ -329,3 +329,29 @@ async fn streaming_answers_in_order_with_in_band_errors() {
     assert_eq!(got[1].infer_response.as_ref().unwrap().id, "bad");
     assert_eq!(got[2].infer_response.as_ref().unwrap().id, "g2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_are_gzipped_only_when_the_server_is_told_to() {
+    use tonic::codec::CompressionEncoding::Gzip;
+    let repo = temp_repository(&["simple"]);
+    let level = ["--grpc-infer-response-compression-level", "high"];
+    for (flags, expected) in [(&[][..], None), (&level[..], Some("gzip"))] {
+        let s = TestServer::start(repo.path(), flags);
+        // Like the stock clients, offer gzip, and send the request compressed too.
+        let mut c = client(&s)
+            .await
+            .accept_compressed(Gzip)
+            .send_compressed(Gzip);
+        let resp = c.model_infer(typed_simple_request()).await.unwrap();
+        let encoding = resp
+            .metadata()
+            .get("grpc-encoding")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(encoding.as_deref(), expected, "flags {flags:?}");
+        let out = resp.into_inner();
+        assert_eq!(
+            i32s(&out.raw_output_contents[0]),
+            (2..18).collect::<Vec<_>>()
+        );
+    }
+}

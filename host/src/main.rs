@@ -86,6 +86,11 @@ struct Cli {
     /// Requests each model version may queue before answering UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     model_queue_capacity: usize,
+    /// Compress gRPC inference responses (gzip) for clients that accept it. Off by default,
+    /// as in Triton: stock clients always offer gzip, and compressing large tensors costs more
+    /// CPU than loopback or LAN transfer saves. low, medium and high all mean gzip here.
+    #[arg(long, value_enum, default_value_t = CompressionLevel::None)]
+    grpc_infer_response_compression_level: CompressionLevel,
     /// Preallocate slots for this many Wasm stage instances (wasmtime's pooling allocator:
     /// cheaper instantiation, e.g. with `fresh_instance_per_request`); 0 allocates on demand.
     #[arg(long, default_value_t = 0)]
@@ -96,6 +101,15 @@ struct Cli {
     /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
     #[arg(long)]
     onnxruntime_library: Option<PathBuf>,
+}
+
+/// `--grpc-infer-response-compression-level`, Triton's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CompressionLevel {
+    None,
+    Low,
+    Medium,
+    High,
 }
 
 /// Tools besides serving.
@@ -228,8 +242,11 @@ async fn main() -> anyhow::Result<()> {
         let service = GrpcInferenceServiceServer::new(GrpcService::new(server.clone()))
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
-            .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
-            .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        let service = match cli.grpc_infer_response_compression_level {
+            CompressionLevel::None => service,
+            _ => service.send_compressed(tonic::codec::CompressionEncoding::Gzip),
+        };
         // Small request/response messages stall on Nagle + delayed ACK without TCP_NODELAY.
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
