@@ -153,9 +153,12 @@ macro_rules! numeric {
     ($from:ident, $to:ident, $t:ty, $dt:ident) => {
         /// Builds a tensor from values of this type.
         pub fn $from(name: &str, shape: &[i64], values: &[$t]) -> Tensor {
-            let mut data = Vec::with_capacity(values.len() * core::mem::size_of::<$t>());
-            for v in values {
-                data.extend_from_slice(&v.to_le_bytes());
+            const N: usize = core::mem::size_of::<$t>();
+            // Fixed-size chunks of a zeroed buffer: compiles to a plain copy on little-endian
+            // targets, where pushing element by element re-checks the capacity each time.
+            let mut data = vec![0u8; values.len() * N];
+            for (chunk, v) in data.chunks_exact_mut(N).zip(values) {
+                chunk.copy_from_slice(&v.to_le_bytes());
             }
             Tensor {
                 name: name.to_owned(),
@@ -332,4 +335,21 @@ macro_rules! export_stage {
 
         $crate::bindings::__export_stage_world!(__WasmtronStageExport with_types_in $crate::bindings);
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_tensors_are_little_endian_and_round_trip() {
+        let t = Tensor::from_f32("x", &[1, 2], &[1.0, -2.5]);
+        assert_eq!(t.datatype, Datatype::Fp32);
+        assert_eq!(t.data, [0, 0, 128, 63, 0, 0, 32, 192]);
+        assert_eq!(t.to_f32().unwrap(), [1.0, -2.5]);
+        let t = Tensor::from_i64("y", &[3], &[1, -1, i64::MAX]);
+        assert_eq!(&t.data[..9], [1, 0, 0, 0, 0, 0, 0, 0, 255]);
+        assert_eq!(t.to_i64().unwrap(), [1, -1, i64::MAX]);
+        assert!(t.to_f32().is_err());
+    }
 }

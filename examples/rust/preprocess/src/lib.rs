@@ -3,7 +3,8 @@
 //! expect (`PIXELS`, FP32 [batch, 3, size, size]). Parameters in config.pbtxt: `size`
 //! (default 224), `mean` and `std` (three comma-separated values, default ImageNet's).
 
-use image::imageops::FilterType;
+mod resize;
+
 use wasmtron_guest::{export_stage, Config, Error, Request, Result, Stage, Tensor};
 
 struct Preprocess {
@@ -35,6 +36,9 @@ impl Stage for Preprocess {
             })?,
             None => 224,
         };
+        if size == 0 {
+            return Err(Error::invalid("parameter 'size' must be at least 1"));
+        }
         Ok(Preprocess {
             size,
             mean: triple(config, "mean", [0.485, 0.456, 0.406])?,
@@ -51,15 +55,19 @@ impl Stage for Preprocess {
             let decoded = image::load_from_memory(bytes).map_err(|e| {
                 Error::invalid(format!("IMAGE[{n}] is not a PNG or JPEG image: {e}"))
             })?;
-            let rgb = decoded
-                .resize_exact(self.size, self.size, FilterType::Triangle)
-                .to_rgb8();
-            let out = &mut pixels[n * 3 * plane..(n + 1) * 3 * plane];
-            for (i, p) in rgb.pixels().enumerate() {
-                for c in 0..3 {
-                    out[c * plane + i] = (p[c] as f32 / 255.0 - self.mean[c]) / self.std[c];
-                }
+            let rgb = decoded.into_rgb8();
+            if rgb.width() == 0 || rgb.height() == 0 {
+                return Err(Error::invalid(format!("IMAGE[{n}] has no pixels")));
             }
+            resize::resize_normalized(
+                rgb.as_raw(),
+                rgb.width() as usize,
+                rgb.height() as usize,
+                side,
+                self.mean,
+                self.std,
+                &mut pixels[n * 3 * plane..(n + 1) * 3 * plane],
+            );
         }
         let shape = [images.len() as i64, 3, side as i64, side as i64];
         request.select(vec![Tensor::from_f32("PIXELS", &shape, &pixels)])

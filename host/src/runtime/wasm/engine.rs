@@ -78,6 +78,11 @@ pub fn engine() -> Result<&'static Engine> {
             // store traps once it is past its deadline.
             config.epoch_interruption(true);
             config.parallel_compilation(true);
+            // `WASMTRON_PERF_MAP=1` names the stages' compiled functions for Linux `perf`
+            // (/tmp/perf-PID.map), so that a stage's hot spots show up in a profile.
+            if std::env::var_os("WASMTRON_PERF_MAP").is_some_and(|v| v == "1") {
+                config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+            }
             let options = options();
             if options.pooling_instances > 0 {
                 // Preallocated slots make instantiation cheaper (fresh instances per request).
