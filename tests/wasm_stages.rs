@@ -642,7 +642,7 @@ fn a_python_stage_tokenizes_text_over_http_and_grpc() {
         bytes_elements(&resp.raw_output_contents[0]),
         ["wasm", "stages", "not", "stubs", "", ""]
     );
-    assert_eq!(resp.raw_output_contents[1], 4i64.to_le_bytes());
+    assert_eq!(resp.raw_output_contents[1][..], 4i64.to_le_bytes());
 }
 
 #[test]

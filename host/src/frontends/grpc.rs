@@ -166,13 +166,13 @@ pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
             }
             raw_contents.next().unwrap_or_default()
         } else {
-            contents_to_bytes(&input, datatype)?
+            contents_to_bytes(&input, datatype)?.into()
         };
         inputs.push(Tensor {
             name: input.name,
             datatype,
             shape: input.shape,
-            data: data.into(),
+            data,
         });
     }
     Ok(InferRequest {
@@ -207,7 +207,7 @@ pub fn encode_response(resp: InferResponse) -> ModelInferResponse {
             parameters: Default::default(),
             contents: None,
         });
-        raw.push(t.data.to_vec());
+        raw.push(t.data);
     }
     ModelInferResponse {
         model_name: resp.model_name,

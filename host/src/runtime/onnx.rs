@@ -20,13 +20,13 @@ use ort::{
 };
 
 use super::{
-    instance_count, model_file, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions,
+    batch, instance_count, model_file, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions,
 };
 use crate::{
     error::{Error, Result},
     inference::InferRequest,
     proto::inference::{model_instance_group::Kind, ModelConfig, ModelInput, ModelOutput},
-    tensor::{bytes_elements, push_bytes_element, shape_string, DataType, Tensor},
+    tensor::{bytes_elements, element_count, push_bytes_element, shape_string, DataType, Tensor},
 };
 
 /// Default model file name inside a version directory.
@@ -169,6 +169,7 @@ pub fn load(
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
     let output_types = output_types(&config);
     instances.push(Box::new(OnnxInstance {
+        name: config.name.clone(),
         session: first,
         output_types: output_types.clone(),
     }));
@@ -176,6 +177,7 @@ pub fn load(
         let session = build_session(&env, &model_path, intra, inter, wants_gpu)
             .map_err(|e| Error::internal(format!("model '{}': {e}", config.name)))?;
         instances.push(Box::new(OnnxInstance {
+            name: config.name.clone(),
             session,
             output_types: output_types.clone(),
         }));
@@ -404,22 +406,29 @@ fn check_against_model(
 
 /// One ONNX Runtime session.
 struct OnnxInstance {
+    name: String,
     session: Session,
     output_types: Vec<(String, DataType)>,
 }
 
-impl ModelInstance for OnnxInstance {
-    fn execute(
+impl OnnxInstance {
+    /// Builds one ONNX Runtime input per model input from `requests` (several requests are
+    /// concatenated along the batch dimension while being copied in), runs the session and
+    /// collects `outputs`.
+    fn run(
         &mut self,
-        request: &InferRequest,
+        requests: &[&InferRequest],
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
         let start = Instant::now();
-        let inputs = &request.inputs;
+        let Some(first) = requests.first() else {
+            return Err(Error::internal("no request to run"));
+        };
         let mut values: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
-            Vec::with_capacity(inputs.len());
-        for tensor in inputs {
-            values.push((Cow::Borrowed(tensor.name.as_str()), to_ort_value(tensor)?));
+            Vec::with_capacity(first.inputs.len());
+        for (i, tensor) in first.inputs.iter().enumerate() {
+            let parts: Vec<&Tensor> = requests.iter().filter_map(|r| r.inputs.get(i)).collect();
+            values.push((Cow::Borrowed(tensor.name.as_str()), to_ort_value(&parts)?));
         }
         let prepared = Instant::now();
         let mut results = self
@@ -452,44 +461,104 @@ impl ModelInstance for OnnxInstance {
     }
 }
 
+impl ModelInstance for OnnxInstance {
+    fn execute(
+        &mut self,
+        request: &InferRequest,
+        outputs: &[String],
+    ) -> Result<(Vec<Tensor>, ExecTimings)> {
+        self.run(&[request], outputs)
+    }
+
+    /// Like the default, but each request's inputs are copied once, straight into ONNX
+    /// Runtime's tensors, instead of into a merged request first.
+    fn execute_batch(
+        &mut self,
+        requests: &[&InferRequest],
+        outputs: &[String],
+    ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
+        let rows: Vec<usize> = requests.iter().map(|r| batch::rows(r)).collect();
+        match self.run(requests, outputs) {
+            Ok((tensors, timings)) if requests.len() == 1 => (vec![Ok(tensors)], timings),
+            Ok((tensors, timings)) => match batch::split(&self.name, tensors, &rows) {
+                Ok(parts) => (parts.into_iter().map(Ok).collect(), timings),
+                Err(e) => (vec![Err(e); requests.len()], timings),
+            },
+            Err(e) => (vec![Err(e); requests.len()], ExecTimings::default()),
+        }
+    }
+}
+
 fn ort_error(name: &str, e: ort::Error) -> Error {
     Error::internal(format!("cannot hand tensor '{name}' to ONNX Runtime: {e}"))
 }
 
-fn to_ort_value(tensor: &Tensor) -> Result<SessionInputValue<'static>> {
-    let shape: Vec<i64> = tensor.shape.clone();
-    if tensor.datatype == DataType::Bytes {
-        let strings = bytes_elements(&tensor.data)
+/// One ONNX Runtime tensor holding `parts` (the same input of one or more compatible
+/// requests) one after the other along the first dimension.
+fn to_ort_value(parts: &[&Tensor]) -> Result<SessionInputValue<'static>> {
+    let Some(first) = parts.first() else {
+        return Err(Error::internal("no tensor to hand to ONNX Runtime"));
+    };
+    let mut shape: Vec<i64> = first.shape.clone();
+    if parts.len() > 1 {
+        if let Some(rows) = shape.first_mut() {
+            *rows = parts
+                .iter()
+                .map(|t| t.shape.first().copied().unwrap_or(1))
+                .sum();
+        }
+    }
+    if first.datatype == DataType::Bytes {
+        let strings = parts
+            .iter()
+            .flat_map(|t| bytes_elements(&t.data))
             .map(|b| {
                 if b.contains(&0) {
                     return Err(Error::invalid(format!(
                         "input '{}': ONNX string tensors cannot hold NUL bytes",
-                        tensor.name
+                        first.name
                     )));
                 }
                 std::str::from_utf8(b).map(str::to_owned).map_err(|_| {
                     Error::invalid(format!(
                         "input '{}': ONNX string tensors need UTF-8 text",
-                        tensor.name
+                        first.name
                     ))
                 })
             })
             .collect::<Result<Vec<String>>>()?;
         let value = OrtTensor::from_string_array((shape, strings.as_slice()))
-            .map_err(|e| ort_error(&tensor.name, e))?;
+            .map_err(|e| ort_error(&first.name, e))?;
         return Ok(value.into());
+    }
+    let total: usize = parts.iter().map(|t| t.data.len()).sum();
+    let expected = element_count(&shape)
+        .zip(first.datatype.element_size())
+        .map(|(n, size)| n * size);
+    if expected != Some(total) {
+        return Err(Error::invalid(format!(
+            "input '{}': {total} bytes of data for shape {}",
+            first.name,
+            shape_string(&shape)
+        )));
     }
     let mut value = DynTensor::new(
         &Allocator::default(),
-        to_element_type(tensor.datatype),
+        to_element_type(first.datatype),
         shape,
     )
-    .map_err(|e| ort_error(&tensor.name, e))?;
-    if !tensor.data.is_empty() {
+    .map_err(|e| ort_error(&first.name, e))?;
+    if total > 0 {
         let dst = value.data_ptr_mut().cast::<u8>();
-        // SAFETY: the tensor was allocated on the CPU for exactly this shape and element type,
-        // and `validate_size` has checked that `data` holds that many bytes.
-        unsafe { std::ptr::copy_nonoverlapping(tensor.data.as_ptr(), dst, tensor.data.len()) };
+        let mut offset = 0;
+        for part in parts {
+            // SAFETY: the tensor was allocated on the CPU for `shape` and this element type,
+            // which is `total` bytes (checked above), and the parts hold `total` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(part.data.as_ptr(), dst.add(offset), part.data.len())
+            };
+            offset += part.data.len();
+        }
     }
     Ok(value.into())
 }
