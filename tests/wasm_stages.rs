@@ -239,14 +239,9 @@ fn a_stage_calls_another_model_through_the_server() {
     assert_eq!(status, 200, "{body}");
     let doubled: Vec<f64> = (0..16).map(|v| (2 * v) as f64).collect();
     assert_eq!(body["outputs"][0]["data"], json!(doubled));
-    let stats: Value = http()
-        .get(s.url("/v2/models/simple/stats"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
     assert_eq!(
-        stats["model_stats"][0]["inference_count"], 1,
+        s.model_stats("simple")["inference_count"],
+        1,
         "the call went through simple's scheduler"
     );
 }
@@ -488,15 +483,7 @@ fn image_preprocessing_and_a_pipeline_that_calls_other_models() {
     );
 
     // Each inner call went through the callee's scheduler.
-    let count = |model: &str| {
-        let stats: Value = http()
-            .get(s.url(&format!("/v2/models/{model}/stats")))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        stats["model_stats"][0]["inference_count"].clone()
-    };
+    let count = |model: &str| s.model_stats(model)["inference_count"].clone();
     assert_eq!(count("rapid_orientation"), 3, "by hand, lines, red");
     assert_eq!(count("topk"), 2, "by hand and lines only");
 }

@@ -224,6 +224,17 @@ impl TestServer {
             .unwrap()
     }
 
+    /// The statistics extension's entry for `model` (its only or highest version).
+    pub fn model_stats(&self, model: &str) -> serde_json::Value {
+        let body: serde_json::Value = http()
+            .get(self.url(&format!("/v2/models/{model}/stats")))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        body["model_stats"][0].clone()
+    }
+
     /// The value of metric `name` for `model` (summed over versions and other labels).
     pub fn metric(&self, name: &str, model: &str) -> f64 {
         let label = format!("model=\"{model}\"");
