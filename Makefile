@@ -11,7 +11,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 # Rust example stages: examples/rust/<name> is served as model_repository/<name>.
 STAGE_CRATES := topk preprocess orientation words
 
-.PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer build build-release \
+.PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release \
         test-rust test-python lint bench clean
 
 run: deps build-release
@@ -84,6 +84,10 @@ model_repository/softmax/1/model.wasm: examples/c/softmax/softmax.c wit/stage.wi
 
 perf-analyzer: venv
 	PYTHON=$(VPY) scripts/fetch-perf-analyzer.sh
+
+# Triton 2.51 from the nvidia-pytriton wheel, the baseline of benches/side_by_side.sh.
+triton:
+	PYTHON=$(PYTHON) scripts/fetch-triton.sh
 
 build:
 	$(CARGO) build --locked

@@ -66,20 +66,24 @@ server_pin=(); client_pin=()
 export ORT_DYLIB_PATH="${ORT_DYLIB_PATH:-$root/.cache/onnxruntime/lib/libonnxruntime.so}"
 
 start() { # side binary repo -> prints the address for $PROTOCOL
-  local side=$1 bin=$2 repo=$3 log="$out/server-$1.log"
-  "${server_pin[@]}" "$bin" --model-repository "$repo" --http-port 0 --grpc-port 0 --metrics-port 0 \
-    --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 \
-    >/dev/null 2>"$log" &  # not our stdout: the caller's $(...) would wait for the server
+  # Explicit free ports and a readiness probe rather than port 0 and our log lines, so that
+  # either side may be tritonserver (the same flags) as in benches/side_by_side.sh.
+  local side=$1 bin=$2 repo=$3 log="$out/server-$1.log" ports
+  ports=$(python3 -c 'import socket
+s = [socket.socket() for _ in range(3)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))')
+  set -- $ports
+  "${server_pin[@]}" "$bin" --model-repository "$repo" --http-port "$1" --grpc-port "$2" \
+    --metrics-port "$3" --http-address 127.0.0.1 --grpc-address 127.0.0.1 \
+    --metrics-address 127.0.0.1 \
+    >"$log" 2>&1 &  # not our stdout: the caller's $(...) would wait for the server
   echo $! >"$out/pid-$side"
   for _ in $(seq 1 1200); do
-    grep -q "Started Metrics Service" "$log" 2>/dev/null && break
+    curl -sf -o /dev/null "http://127.0.0.1:$1/v2/health/ready" && break
     sleep 0.1
   done
-  if [ "$PROTOCOL" = grpc ]; then
-    sed -n 's/^Started GRPCInferenceService at //p' "$log"
-  else
-    sed -n 's/^Started HTTPService at //p' "$log"
-  fi
+  if [ "$PROTOCOL" = grpc ]; then echo "127.0.0.1:$2"; else echo "127.0.0.1:$1"; fi
 }
 trap 'kill $(cat "$out"/pid-* 2>/dev/null) 2>/dev/null || true' EXIT
 url_a=$(start A "$BIN_A" "$REPO_A")
