@@ -102,6 +102,17 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
+# Resident memory after the load, each server with its child processes (Triton's python
+# backend runs every model instance in a stub process of its own).
+rss_tree() { # pid -> KiB
+  local total c
+  total=$(awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || true)
+  total=${total:-0}
+  for c in $(pgrep -P "$1" || true); do total=$((total + $(rss_tree "$c"))); done
+  echo "$total"
+}
+echo "$(rss_tree "$(cat "$out/pid-A")") $(rss_tree "$(cat "$out/pid-B")")" >"$out/rss-kib"
+
 python3 - "$out" "$CONCURRENCY" <<'PY'
 import csv, glob, statistics, sys
 out, levels = sys.argv[1], sys.argv[2].split()
@@ -122,4 +133,7 @@ for c in levels:
     med = lambda xs, i: statistics.median(x[i] for x in xs)
     print(f"| {c} | {med(a,0):.0f} | {med(b,0):.0f} | {med(b,0)/med(a,0):.2f} | "
           f"{med(a,1):.0f} | {med(b,1):.0f} | {med(a,2):.0f} | {med(b,2):.0f} |")
+a_kib, b_kib = map(int, open(f"{out}/rss-kib").read().split())
+print(f"\nserver RSS after the load (with child processes): A {a_kib / 1024:.0f} MiB, "
+      f"B {b_kib / 1024:.0f} MiB, B/A {b_kib / max(a_kib, 1):.2f}")
 PY
