@@ -391,13 +391,13 @@ impl Shared {
     }
 
     fn succeed(&self, job: Job, queued: Duration, timings: &ExecTimings, outputs: Vec<Tensor>) {
-        let stats = &self.stats;
-        stats.queue.record(queued);
-        stats.compute_input.record(timings.compute_input);
-        stats.compute_infer.record(timings.compute_infer);
-        stats.compute_output.record(timings.compute_output);
-        stats.success.record(job.received.elapsed());
-        stats.touch();
+        self.stats.record_success(
+            queued,
+            timings.compute_input,
+            timings.compute_infer,
+            timings.compute_output,
+            job.received.elapsed(),
+        );
         if let Some(steps) = &job.request.step_durations {
             steps.add([
                 queued,

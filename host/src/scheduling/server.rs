@@ -267,12 +267,7 @@ impl Server {
                         let totals = durations.totals();
                         let [queue, input, infer, output] = totals;
                         stats.record_execution(batch_size as u64, input, infer, output);
-                        stats.queue.record(queue);
-                        stats.compute_input.record(input);
-                        stats.compute_infer.record(infer);
-                        stats.compute_output.record(output);
-                        stats.success.record(received.elapsed());
-                        stats.touch();
+                        stats.record_success(queue, input, infer, output, received.elapsed());
                         if let Some(parent) = parent {
                             parent.add(totals);
                         }

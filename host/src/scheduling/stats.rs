@@ -117,6 +117,23 @@ impl ModelStats {
         self.touch();
     }
 
+    /// Records a successful request: its queue and compute times and its end-to-end time.
+    pub fn record_success(
+        &self,
+        queue: Duration,
+        input: Duration,
+        infer: Duration,
+        output: Duration,
+        elapsed: Duration,
+    ) {
+        self.queue.record(queue);
+        self.compute_input.record(input);
+        self.compute_infer.record(infer);
+        self.compute_output.record(output);
+        self.success.record(elapsed);
+        self.touch();
+    }
+
     /// Failures with the given reason.
     pub fn failures(&self, reason: FailureReason) -> u64 {
         let index = FailureReason::ALL
