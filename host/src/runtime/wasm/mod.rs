@@ -203,6 +203,8 @@ struct StageModel {
     pre: bindings::StagePre<StageState>,
     caller: Option<Arc<dyn super::ModelCaller>>,
     health: Arc<InstanceHealth>,
+    /// The version directory, which the stage may read (sandbox::MODEL_FILES_DIR).
+    files: std::path::PathBuf,
     single_instance: bool,
     decoupled: bool,
 }
@@ -253,7 +255,12 @@ impl StageModel {
         let engine = engine::engine()?;
         let mut store = Store::new(
             engine,
-            StageState::new(&self.name, &self.limits, self.caller.clone()),
+            StageState::new(
+                &self.name,
+                &self.limits,
+                self.caller.clone(),
+                Some(&self.files),
+            )?,
         );
         store.limiter(|s| &mut s.limits);
         store.data_mut().single_instance = self.single_instance;
@@ -528,6 +535,7 @@ pub fn load(
         config: config.clone(),
         parameters,
         health: Arc::new(InstanceHealth::new(limits.max_consecutive_failures)),
+        files: version_dir.to_path_buf(),
         limits,
         pre,
         caller: options.model_caller.clone(),

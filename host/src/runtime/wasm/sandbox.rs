@@ -1,10 +1,14 @@
 //! The sandbox of one stage instance: limits read from the model's `parameters` with safe
-//! defaults, the store state (an empty WASI context whose only output is a bounded in-memory
-//! pipe for stdout/stderr), and a memory limiter that remembers when it refused growth.
+//! defaults, the store state (a WASI context whose only output is a bounded in-memory pipe for
+//! stdout/stderr and whose only file system is a read-only view of the model's own version
+//! directory), and a memory limiter that remembers when it refused growth.
+
+use std::path::Path;
 
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::{
-    p2::pipe::MemoryOutputPipe, ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
+    p2::pipe::MemoryOutputPipe, FsPerms, ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView,
+    WasiView,
 };
 
 use crate::{
@@ -150,19 +154,33 @@ pub struct StageState {
 pub type Responder =
     Box<dyn FnMut(u32, Vec<crate::tensor::Tensor>) -> crate::error::Result<()> + Send>;
 
+/// Where a stage sees its model's version directory (read-only), as Triton's Python models
+/// read files shipped next to `model.py` (a vocabulary, labels, a character set).
+pub const MODEL_FILES_DIR: &str = "/model";
+
 impl StageState {
-    /// A fresh state: no files, no environment, no arguments, no network; output captured.
+    /// A fresh state: no environment, no arguments, no network; output captured; `files`
+    /// (the model's version directory) readable at [`MODEL_FILES_DIR`] and nothing else.
     pub fn new(
         model: &str,
         limits: &SandboxLimits,
         caller: Option<std::sync::Arc<dyn crate::runtime::ModelCaller>>,
-    ) -> Self {
+        files: Option<&Path>,
+    ) -> Result<Self> {
         let output = MemoryOutputPipe::new((limits.stderr_limit_kb as usize) << 10);
-        let wasi = WasiCtxBuilder::new()
-            .stdout(output.clone())
-            .stderr(output.clone())
-            .build();
-        Self {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdout(output.clone()).stderr(output.clone());
+        if let Some(dir) = files {
+            wasi.preopened_dir(dir, MODEL_FILES_DIR, FsPerms::ReadOnly)
+                .map_err(|e| {
+                    Error::internal(format!(
+                        "model '{model}': cannot open '{}' for the stage: {e}",
+                        dir.display()
+                    ))
+                })?;
+        }
+        let wasi = wasi.build();
+        Ok(Self {
             wasi,
             table: ResourceTable::new(),
             limits: MemoryCap {
@@ -175,7 +193,7 @@ impl StageState {
             call_deadline: None,
             single_instance: false,
             respond: None,
-        }
+        })
     }
 
     /// What the stage printed so far, lossily decoded and trimmed.

@@ -3,7 +3,8 @@
 //!
 //! Modes: `echo`, `raw_echo` (returns INPUT0's bytes untouched, OUTPUT0 only), `loop` (spins
 //! forever), `alloc` (grows memory without bound), `panic`, `sandbox` (tries files,
-//! environment, arguments and sockets and reports each outcome), `huge_output` (returns
+//! environment, arguments and sockets, reads its own version directory, and reports each
+//! outcome), `huge_output` (returns
 //! 100 MiB), `wrong_output` (returns INT32 for an FP32 output), `trap_on_negative` (panics
 //! when the first input value is negative), `bls` (adds INPUT0 to itself through the `simple`
 //! model via the host), `call` (forwards INPUT0 to the probe named by parameter `target` and
@@ -42,6 +43,18 @@ fn sandbox_report() -> String {
     lines.push(format!(
         "write /tmp/wasmtron-probe-escape: {:?}",
         std::fs::write("/tmp/wasmtron-probe-escape", b"escaped")
+    ));
+    lines.push(format!(
+        "read /model/model.wasm: {:?}",
+        std::fs::read("/model/model.wasm").map(|b| b.len())
+    ));
+    lines.push(format!(
+        "read /model/../config.pbtxt: {:?}",
+        std::fs::read("/model/../config.pbtxt").map(|b| b.len())
+    ));
+    lines.push(format!(
+        "write /model/planted: {:?}",
+        std::fs::write("/model/planted", b"planted")
     ));
     lines.push(format!("env: {:?}", std::env::vars().collect::<Vec<_>>()));
     lines.push(format!("args: {:?}", std::env::args().collect::<Vec<_>>()));
