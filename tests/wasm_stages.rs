@@ -46,6 +46,20 @@ fn assert_healthy(s: &TestServer) {
     assert_eq!(status, 200, "{body}");
 }
 
+/// Why the repository index says `model` is unavailable (it must be).
+fn unavailable_reason(s: &TestServer, model: &str) -> String {
+    let index: Vec<Value> = http()
+        .post(s.url("/v2/repository/index"))
+        .json(&json!({}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let entry = index.iter().find(|e| e["name"] == model).unwrap();
+    assert_eq!(entry["state"], "UNAVAILABLE", "{entry}");
+    entry["reason"].as_str().unwrap().to_owned()
+}
+
 /// A probe copy: model name, mode, extra config parameters.
 type Probe<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
 
@@ -155,16 +169,7 @@ fn the_tokenizer_stage_reads_the_vocabulary_shipped_with_its_model() {
             .unwrap()[..]
     );
     // Without its tokenizer.json the model does not load, and says which file is missing.
-    let idx: Vec<Value> = http()
-        .post(s.url("/v2/repository/index"))
-        .json(&json!({}))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let entry = idx.iter().find(|e| e["name"] == "no_vocabulary").unwrap();
-    assert_eq!(entry["state"], "UNAVAILABLE");
-    let reason = entry["reason"].as_str().unwrap();
+    let reason = unavailable_reason(&s, "no_vocabulary");
     assert!(
         reason.contains("cannot read 'tokenizer.json' from the model's version directory"),
         "{reason}"
@@ -435,16 +440,7 @@ fn the_pooling_allocator_serves_fresh_instances_and_refuses_oversized_limits() {
 #[test]
 fn a_failing_init_fails_the_load_with_the_stage_message() {
     let (_repo, s) = server_with(&[("refuser", "fail_init", &[])]);
-    let idx: Vec<Value> = http()
-        .post(s.url("/v2/repository/index"))
-        .json(&json!({}))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let entry = idx.iter().find(|e| e["name"] == "refuser").unwrap();
-    assert_eq!(entry["state"], "UNAVAILABLE");
-    let reason = entry["reason"].as_str().unwrap();
+    let reason = unavailable_reason(&s, "refuser");
     assert!(
         reason.contains("init failed: probe refuses to start"),
         "{reason}"

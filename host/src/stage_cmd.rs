@@ -69,7 +69,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     validate(&mut config, &name, &config_path.display().to_string())?;
     config.backend = runtime::wasm::BACKEND.to_owned();
     config.instance_group.clear();
-    let dir = args.wasm.parent().unwrap_or(Path::new("."));
+    let dir = args
+        .wasm
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     config.default_model_filename = args
         .wasm
         .file_name()
