@@ -113,15 +113,15 @@ impl Ocr {
 
     fn detect(&self, image: &Bgr) -> Result<Vec<[boxes::Point; 4]>> {
         let (dw, dh) = self.detector_size(image.width, image.height);
-        let resized = image.resize(dw, dh);
-        let mut x = vec![0f32; 3 * dw * dh];
-        resized.normalized_chw(dw, &mut x);
-        let outputs = host::infer(
-            &self.det_model,
-            None,
-            &[Tensor::from_f32("x", &[1, 3, dh as i64, dw as i64], &x)],
-            &[],
-        )?;
+        let mut x = vec![0u8; 3 * dw * dh * 4];
+        image.resize_normalized(dw, dh, dw, &mut x);
+        let x = Tensor {
+            name: "x".into(),
+            datatype: Datatype::Fp32,
+            shape: vec![1, 3, dh as i64, dw as i64],
+            data: x,
+        };
+        let outputs = host::infer(&self.det_model, None, &[x], &[])?;
         let map = outputs.first().ok_or_else(|| {
             Error::internal(format!("model '{}' returned no output", self.det_model))
         })?;
@@ -155,21 +155,24 @@ impl Ocr {
                 .fold(REC_MIN_RATIO, f64::max);
             let width = (REC_HEIGHT as f64 * max_ratio) as usize;
             let plane = 3 * REC_HEIGHT * width;
-            let mut x = vec![0f32; batch.len() * plane];
+            let mut x = vec![0u8; batch.len() * plane * 4];
             for (slot, &i) in batch.iter().enumerate() {
                 let resized_w =
                     ((REC_HEIGHT as f64 * ratio(&crops[i])).ceil() as usize).clamp(1, width);
-                crops[i]
-                    .resize(resized_w, REC_HEIGHT)
-                    .normalized_chw(width, &mut x[slot * plane..][..plane]);
+                crops[i].resize_normalized(
+                    resized_w,
+                    REC_HEIGHT,
+                    width,
+                    &mut x[slot * plane * 4..][..plane * 4],
+                );
             }
-            let shape = [batch.len() as i64, 3, REC_HEIGHT as i64, width as i64];
-            let outputs = host::infer(
-                &self.rec_model,
-                None,
-                &[Tensor::from_f32("x", &shape, &x)],
-                &[],
-            )?;
+            let x = Tensor {
+                name: "x".into(),
+                datatype: Datatype::Fp32,
+                shape: vec![batch.len() as i64, 3, REC_HEIGHT as i64, width as i64],
+                data: x,
+            };
+            let outputs = host::infer(&self.rec_model, None, &[x], &[])?;
             let probs = outputs.first().ok_or_else(|| {
                 Error::internal(format!("model '{}' returned no output", self.rec_model))
             })?;

@@ -25,49 +25,44 @@ impl Bgr {
         }
     }
 
-    fn at(&self, x: usize, y: usize, c: usize) -> f32 {
-        f32::from(self.data[(y * self.width + x) * 3 + c])
-    }
-
-    /// `cv2.resize(img, (width, height))` with INTER_LINEAR.
-    pub fn resize(&self, width: usize, height: usize) -> Bgr {
-        let taps = |dst: usize, src: usize| -> Vec<(usize, usize, f32)> {
-            let scale = src as f64 / dst as f64;
-            (0..dst)
-                .map(|d| {
-                    let f = (d as f64 + 0.5) * scale - 0.5;
-                    let mut i = f.floor();
-                    let mut w = f - i;
-                    if i < 0.0 {
-                        i = 0.0;
-                        w = 0.0;
-                    }
-                    let i = i as usize;
-                    if i + 1 >= src {
-                        (src - 1, src - 1, 0.0)
-                    } else {
-                        (i, i + 1, w as f32)
-                    }
-                })
-                .collect()
-        };
+    /// `cv2.resize(img, (width, height))` (INTER_LINEAR, rounded to 8 bits as OpenCV's
+    /// output is) followed by PP-OCR's normalisation `(v / 255 - 0.5) / 0.5`, written as
+    /// little-endian FP32 planes (B, G, R) `canvas_width` wide into `out`; columns past
+    /// `width` are left as they are (the recogniser's zero padding). Separable: each source
+    /// row is interpolated horizontally once, then output rows blend two of those.
+    pub fn resize_normalized(
+        &self,
+        width: usize,
+        height: usize,
+        canvas_width: usize,
+        out: &mut [u8],
+    ) {
         let xs = taps(width, self.width);
         let ys = taps(height, self.height);
-        let mut data = vec![0u8; width * height * 3];
-        for (y, &(y0, y1, wy)) in ys.iter().enumerate() {
+        let mut rows = vec![0f32; self.height * 3 * width];
+        for (src, dst) in self
+            .data
+            .chunks_exact(self.width * 3)
+            .zip(rows.chunks_exact_mut(3 * width))
+        {
             for (x, &(x0, x1, wx)) in xs.iter().enumerate() {
                 for c in 0..3 {
-                    let top = self.at(x0, y0, c) * (1.0 - wx) + self.at(x1, y0, c) * wx;
-                    let bottom = self.at(x0, y1, c) * (1.0 - wx) + self.at(x1, y1, c) * wx;
-                    let v = top * (1.0 - wy) + bottom * wy;
-                    data[(y * width + x) * 3 + c] = v.round().clamp(0.0, 255.0) as u8;
+                    let (a, b) = (f32::from(src[x0 * 3 + c]), f32::from(src[x1 * 3 + c]));
+                    dst[c * width + x] = a + (b - a) * wx;
                 }
             }
         }
-        Bgr {
-            width,
-            height,
-            data,
+        let plane = canvas_width * height;
+        for (y, &(y0, y1, wy)) in ys.iter().enumerate() {
+            for c in 0..3 {
+                let r0 = &rows[(y0 * 3 + c) * width..][..width];
+                let r1 = &rows[(y1 * 3 + c) * width..][..width];
+                let o = &mut out[(c * plane + y * canvas_width) * 4..][..width * 4];
+                for ((o, a), b) in o.chunks_exact_mut(4).zip(r0).zip(r1) {
+                    let v = (a + (b - a) * wy).round();
+                    o.copy_from_slice(&(v / 127.5 - 1.0).to_le_bytes());
+                }
+            }
         }
     }
 
@@ -133,19 +128,27 @@ impl Bgr {
             data,
         }
     }
+}
 
-    /// Planar CHW floats, `(v / 255 - 0.5) / 0.5`, into a `width`-wide canvas (zero padding on
-    /// the right), as PP-OCR normalises its inputs.
-    pub fn normalized_chw(&self, canvas_width: usize, out: &mut [f32]) {
-        let plane = canvas_width * self.height;
-        for y in 0..self.height {
-            for x in 0..self.width.min(canvas_width) {
-                for c in 0..3 {
-                    out[c * plane + y * canvas_width + x] = self.at(x, y, c) / 255.0 * 2.0 - 1.0;
-                }
+/// For each of `dst` output positions: the two source positions and the weight of the second,
+/// with OpenCV's pixel-centre alignment and edge clamping.
+fn taps(dst: usize, src: usize) -> Vec<(usize, usize, f32)> {
+    let scale = src as f64 / dst as f64;
+    (0..dst)
+        .map(|d| {
+            let f = (d as f64 + 0.5) * scale - 0.5;
+            let (i, w) = if f < 0.0 {
+                (0, 0.0)
+            } else {
+                (f.floor() as usize, f - f.floor())
+            };
+            if i + 1 >= src {
+                (src - 1, src - 1, 0.0)
+            } else {
+                (i, i + 1, w as f32)
             }
-        }
-    }
+        })
+        .collect()
 }
 
 /// The projective map taking `from[i]` to `to[i]` (`cv2.getPerspectiveTransform`), as
@@ -184,6 +187,30 @@ fn homography(from: &[[f64; 2]; 4], to: &[[f64; 2]; 4]) -> Option<[f64; 8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resizing_aligns_pixel_centres_like_opencv_and_pads_the_canvas() {
+        // cv2.resize of the row [0, 100] to 4 pixels gives [0, 25, 75, 100].
+        let img = Bgr {
+            width: 2,
+            height: 1,
+            data: vec![0, 0, 0, 100, 100, 100],
+        };
+        let mut out = vec![0u8; 3 * 6 * 4];
+        img.resize_normalized(4, 1, 6, &mut out);
+        let values: Vec<f32> = out
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let expected: Vec<f32> = [0.0, 25.0, 75.0, 100.0]
+            .iter()
+            .map(|v| v / 127.5 - 1.0)
+            .collect();
+        for plane in values.chunks_exact(6) {
+            assert_eq!(&plane[..4], &expected[..]);
+            assert_eq!(&plane[4..], &[0.0, 0.0], "padding stays zero");
+        }
+    }
 
     #[test]
     fn an_upright_integer_box_warps_to_an_exact_copy() {
