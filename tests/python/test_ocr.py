@@ -2,7 +2,7 @@
 and recogniser as ONNX models called through the server) against the reference: the
 `rapidocr-onnxruntime` 1.4.4 package's own pipeline, imported from the wheel `make models`
 downloaded, on generated images. Same lines in the same order, same text, boxes within a few
-pixels."""
+pixels, confidences within 0.05."""
 import io
 import os
 import sys
@@ -40,6 +40,10 @@ IMAGES = {
     "grey_on_cream": page(["Side by side with Triton"], (520, 96), 34, ink=(60, 60, 70),
                           paper=(250, 246, 230)),
     "blank": page([], (200, 100), 20),
+    # rapidocr's special geometry: more than 8x wider than tall (black bands above and below),
+    # and under 30 pixels tall (scaled up first, then banded).
+    "one_line_strip": page(["Receipt total 42.00"], (420, 40), 24, origin=(10, 8)),
+    "tiny": page(["tiny label 7"], (300, 28), 18, origin=(6, 4)),
 }
 
 
@@ -83,7 +87,8 @@ def test_lines_match_rapidocr(ocr_server, rapidocr, name):
     assert boxes.dtype == np.int32 and boxes.shape == (len(expected), 4, 2)
     for got, line in zip(boxes, expected):
         assert np.abs(got - np.array(line[0])).max() <= BOX_TOLERANCE, (got.tolist(), line[0])
-    assert np.allclose(scores, [line[2] for line in expected], atol=0.02)
+    # A box a pixel off crops slightly different pixels: confidences move by a few hundredths.
+    assert np.allclose(scores, [line[2] for line in expected], atol=0.05)
     if name != "blank":
         assert texts, "the generated page has text"
 

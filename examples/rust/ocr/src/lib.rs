@@ -27,6 +27,12 @@ struct Ocr {
     /// Index 0 is the CTC blank; then the model's characters, then a space.
     characters: Vec<String>,
     limit_side_len: usize,
+    /// rapidocr's page geometry: very large or very small pages are rescaled, very flat ones
+    /// get black bands above and below before detection.
+    max_side_len: usize,
+    min_side_len: usize,
+    min_height: usize,
+    width_height_ratio: f64,
     db: DbParams,
     text_score: f32,
     rec_batch: usize,
@@ -47,6 +53,10 @@ impl Stage for Ocr {
             rec_model: config.parameter("rec_model").unwrap_or("ocr_rec").into(),
             characters,
             limit_side_len: config.parameter_or("limit_side_len", 736)?,
+            max_side_len: config.parameter_or("max_side_len", 2000)?,
+            min_side_len: config.parameter_or("min_side_len", 30)?,
+            min_height: config.parameter_or("min_height", 30)?,
+            width_height_ratio: config.parameter_or("width_height_ratio", 8.0)?,
             db: DbParams {
                 thresh: config.parameter_or("thresh", 0.3)?,
                 box_thresh: config.parameter_or("box_thresh", 0.5)?,
@@ -71,9 +81,9 @@ impl Stage for Ocr {
             .map_err(|e| Error::invalid(format!("IMAGE is not a PNG or JPEG image: {e}")))?
             .to_rgb8();
         let (w, h) = (decoded.width() as usize, decoded.height() as usize);
-        let image = Bgr::from_rgb(w, h, decoded.as_raw());
-        let boxes = self.detect(&image)?;
-        let crops: Vec<Bgr> = boxes.iter().map(|b| crop(&image, b)).collect();
+        let page = self.prepare(Bgr::from_rgb(w, h, decoded.as_raw()));
+        let boxes = self.detect(&page.image)?;
+        let crops: Vec<Bgr> = boxes.iter().map(|b| crop(&page.image, b)).collect();
         let read = self.recognize(&crops)?;
         let mut texts = Vec::new();
         let mut corners = Vec::new();
@@ -81,7 +91,12 @@ impl Stage for Ocr {
         for (b, (text, score)) in boxes.iter().zip(read) {
             if score >= self.text_score {
                 texts.push(text);
-                corners.extend(b.iter().flat_map(|p| [p[0] as i32, p[1] as i32]));
+                // Back to the caller's pixels: undo the bands, then the rescaling.
+                corners.extend(b.iter().flat_map(|p| {
+                    let x = (p[0] * page.ratio_w).clamp(0.0, w as f64);
+                    let y = ((p[1] - page.top as f64) * page.ratio_h).clamp(0.0, h as f64);
+                    [x.round() as i32, y.round() as i32]
+                }));
                 scores.push(score);
             }
         }
@@ -94,7 +109,63 @@ impl Stage for Ocr {
     }
 }
 
+/// The page as the detector sees it, and how to map its pixels back.
+struct Page {
+    image: Bgr,
+    /// Rows of black added above (and below) the page.
+    top: usize,
+    ratio_w: f64,
+    ratio_h: f64,
+}
+
+/// Both sides scaled by `ratio`, then rounded to multiples of 32 (rapidocr's
+/// `reduce_max_side` / `increase_min_side`).
+fn rescaled(image: &Bgr, ratio: f64) -> Bgr {
+    let side = |v: usize| {
+        (((v as f64 * ratio).trunc() / 32.0).round_ties_even() * 32.0).max(32.0) as usize
+    };
+    image.resize(side(image.width), side(image.height))
+}
+
 impl Ocr {
+    /// rapidocr's geometry before detection: a page longer than `max_side_len` is scaled
+    /// down, one shorter than `min_side_len` up; one at most `min_height` tall or more than
+    /// `width_height_ratio` times wider than tall gets black bands above and below.
+    fn prepare(&self, mut image: Bgr) -> Page {
+        let (w, h) = (image.width, image.height);
+        let (mut ratio_w, mut ratio_h) = (1.0, 1.0);
+        let longest = w.max(h);
+        if longest > self.max_side_len {
+            image = rescaled(&image, self.max_side_len as f64 / longest as f64);
+            (ratio_w, ratio_h) = (
+                w as f64 / image.width as f64,
+                h as f64 / image.height as f64,
+            );
+        }
+        let shortest = image.width.min(image.height);
+        if shortest < self.min_side_len {
+            let (w, h) = (image.width, image.height);
+            image = rescaled(&image, self.min_side_len as f64 / shortest as f64);
+            (ratio_w, ratio_h) = (
+                w as f64 / image.width as f64,
+                h as f64 / image.height as f64,
+            );
+        }
+        let (w, h) = (image.width, image.height);
+        let mut top = 0;
+        if h <= self.min_height || w as f64 / h as f64 > self.width_height_ratio {
+            let banded = ((w as f64 / self.width_height_ratio) as usize).max(self.min_height) * 2;
+            top = banded.abs_diff(h) / 2;
+            image = image.with_bands(top);
+        }
+        Page {
+            image,
+            top,
+            ratio_w,
+            ratio_h,
+        }
+    }
+
     /// The detector's input size: the shorter side brought up to `limit_side_len`, each side
     /// then rounded to a multiple of 32 (rapidocr's `DetPreProcess` with `limit_type: min`).
     fn detector_size(&self, w: usize, h: usize) -> (usize, usize) {

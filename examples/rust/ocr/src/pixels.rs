@@ -25,17 +25,59 @@ impl Bgr {
         }
     }
 
-    /// `cv2.resize(img, (width, height))` (INTER_LINEAR, rounded to 8 bits as OpenCV's
-    /// output is) followed by PP-OCR's normalisation `(v / 255 - 0.5) / 0.5`, written as
-    /// little-endian FP32 planes (B, G, R) `canvas_width` wide into `out`; columns past
-    /// `width` are left as they are (the recogniser's zero padding). Separable: each source
-    /// row is interpolated horizontally once, then output rows blend two of those.
+    /// `cv2.resize(img, (width, height))` with INTER_LINEAR.
+    pub fn resize(&self, width: usize, height: usize) -> Bgr {
+        let mut data = vec![0u8; width * height * 3];
+        self.resize_each(width, height, |x, y, c, v| {
+            data[(y * width + x) * 3 + c] = v as u8;
+        });
+        Bgr {
+            width,
+            height,
+            data,
+        }
+    }
+
+    /// `rows` black rows added above and below (`cv2.copyMakeBorder`, BORDER_CONSTANT 0).
+    pub fn with_bands(&self, rows: usize) -> Bgr {
+        let band = vec![0u8; rows * self.width * 3];
+        let mut data = Vec::with_capacity(self.data.len() + 2 * band.len());
+        data.extend_from_slice(&band);
+        data.extend_from_slice(&self.data);
+        data.extend_from_slice(&band);
+        Bgr {
+            width: self.width,
+            height: self.height + 2 * rows,
+            data,
+        }
+    }
+
+    /// `cv2.resize(img, (width, height))` followed by PP-OCR's normalisation
+    /// `(v / 255 - 0.5) / 0.5`, written as little-endian FP32 planes (B, G, R)
+    /// `canvas_width` wide into `out`; columns past `width` are left as they are (the
+    /// recogniser's zero padding).
     pub fn resize_normalized(
         &self,
         width: usize,
         height: usize,
         canvas_width: usize,
         out: &mut [u8],
+    ) {
+        let plane = canvas_width * height;
+        self.resize_each(width, height, |x, y, c, v| {
+            let at = (c * plane + y * canvas_width + x) * 4;
+            out[at..at + 4].copy_from_slice(&(v / 127.5 - 1.0).to_le_bytes());
+        });
+    }
+
+    /// INTER_LINEAR resampling to `width` x `height`, each value rounded to 8 bits as
+    /// OpenCV's output is, handed to `put(x, y, channel, value)`. Separable: each source row
+    /// is interpolated horizontally once, then output rows blend two of those.
+    fn resize_each(
+        &self,
+        width: usize,
+        height: usize,
+        mut put: impl FnMut(usize, usize, usize, f32),
     ) {
         let xs = taps(width, self.width);
         let ys = taps(height, self.height);
@@ -52,15 +94,12 @@ impl Bgr {
                 }
             }
         }
-        let plane = canvas_width * height;
         for (y, &(y0, y1, wy)) in ys.iter().enumerate() {
             for c in 0..3 {
                 let r0 = &rows[(y0 * 3 + c) * width..][..width];
                 let r1 = &rows[(y1 * 3 + c) * width..][..width];
-                let o = &mut out[(c * plane + y * canvas_width) * 4..][..width * 4];
-                for ((o, a), b) in o.chunks_exact_mut(4).zip(r0).zip(r1) {
-                    let v = (a + (b - a) * wy).round();
-                    o.copy_from_slice(&(v / 127.5 - 1.0).to_le_bytes());
+                for (x, (a, b)) in r0.iter().zip(r1).enumerate() {
+                    put(x, y, c, (a + (b - a) * wy).round());
                 }
             }
         }
