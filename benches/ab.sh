@@ -31,6 +31,9 @@ PA="${PERF_ANALYZER:-$root/.cache/perf_analyzer/bin/perf_analyzer}"
 export LD_LIBRARY_PATH="$root/.cache/perf_analyzer/cuda/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
 out="$root/benches/results/ab-$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
+printf 'model=%s\nprotocol=%s\nconcurrency=%s\n' "$MODEL" "$PROTOCOL" "$CONCURRENCY" >"$out/meta"
+# `make bench` collects its runs for one summary table (benches/summarize.py).
+if [ -n "${AB_RUNS:-}" ]; then echo "$out" >>"$AB_RUNS"; fi
 # By default both sides serve a repository holding just the models under test, so that one
 # side's other models (say, stages built for a newer WIT) cannot get in the way.
 MODELS="${MODELS:-$MODEL}"
@@ -114,27 +117,4 @@ rss_tree() { # pid -> KiB
 }
 echo "$(rss_tree "$(cat "$out/pid-A")") $(rss_tree "$(cat "$out/pid-B")")" >"$out/rss-kib"
 
-python3 - "$out" "$CONCURRENCY" <<'PY'
-import csv, glob, statistics, sys
-out, levels = sys.argv[1], sys.argv[2].split()
-def rows(side, c):
-    got = []
-    for path in sorted(glob.glob(f"{out}/{side}-c{c}-r*.csv")):
-        with open(path) as f:
-            for row in csv.DictReader(f):
-                got.append((float(row["Inferences/Second"]), float(row["p50 latency"]), float(row["p99 latency"])))
-    return got
-print(f"results in {out}\n")
-print("| concurrency | A infer/s | B infer/s | B/A | A p50 µs | B p50 µs | A p99 µs | B p99 µs |")
-print("|---|---|---|---|---|---|---|---|")
-for c in levels:
-    a, b = rows("A", c), rows("B", c)
-    if not a or not b:
-        print(f"| {c} | (no data) |"); continue
-    med = lambda xs, i: statistics.median(x[i] for x in xs)
-    print(f"| {c} | {med(a,0):.0f} | {med(b,0):.0f} | {med(b,0)/med(a,0):.2f} | "
-          f"{med(a,1):.0f} | {med(b,1):.0f} | {med(a,2):.0f} | {med(b,2):.0f} |")
-a_kib, b_kib = map(int, open(f"{out}/rss-kib").read().split())
-print(f"\nserver RSS after the load (with child processes): A {a_kib / 1024:.0f} MiB, "
-      f"B {b_kib / 1024:.0f} MiB, B/A {b_kib / max(a_kib, 1):.2f}")
-PY
+python3 "$root/benches/summarize.py" "$out"
