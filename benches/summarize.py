@@ -61,8 +61,8 @@ def one(out):
 
 def many(outs):
     print("| model | protocol | c | A infer/s | B infer/s | B/A | A p50 µs | B p50 µs | p50 B/A "
-          "| RSS A MiB | RSS B MiB | RSS B/A |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| A p99 µs | B p99 µs | RSS A MiB | RSS B MiB | RSS B/A |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for out in outs:
         meta, levels, rows, rss = load(out)
         model, protocol = meta.get("model", os.path.basename(out)), meta.get("protocol", "?")
@@ -74,7 +74,8 @@ def many(outs):
             memory = (f"{rss[0] / 1024:.0f} | {rss[1] / 1024:.0f} | {rss[1] / max(rss[0], 1):.2f}"
                       if rss else " | | ")
             print(f"| {model} | {protocol} | {c} | {number(a[0])} | {number(b[0])} | "
-                  f"{b[0] / a[0]:.2f} | {a[1]:.0f} | {b[1]:.0f} | {b[1] / a[1]:.2f} | {memory} |")
+                  f"{b[0] / a[0]:.2f} | {a[1]:.0f} | {b[1]:.0f} | {b[1] / a[1]:.2f} | "
+                  f"{a[2]:.0f} | {b[2]:.0f} | {memory} |")
 
 
 if __name__ == "__main__":
