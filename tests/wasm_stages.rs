@@ -419,20 +419,10 @@ fn the_pooling_allocator_serves_fresh_instances_and_refuses_oversized_limits() {
     assert_eq!(out["outputs"][1]["data"], json!([2]));
     let (status, err) = error(&s, "greedy", &probe_request(&[1.0]));
     assert_eq!(status, 404, "{err}");
-    let idx: Vec<Value> = http()
-        .post(s.url("/v2/repository/index"))
-        .json(&json!({}))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let greedy = idx.iter().find(|e| e["name"] == "greedy").unwrap();
+    let reason = unavailable_reason(&s, "greedy");
     assert!(
-        greedy["reason"]
-            .as_str()
-            .unwrap()
-            .contains("memory_limit_mb is 1024 but the pooling allocator"),
-        "{greedy}"
+        reason.contains("memory_limit_mb is 1024 but the pooling allocator"),
+        "{reason}"
     );
     assert_healthy(&s);
 }
