@@ -110,16 +110,19 @@ lint:
 # The load tests, then wasmtron against Triton 2.51 side by side (medians of 3 rounds, HTTP and
 # gRPC, concurrency 1/8/32, RSS, cold start), ending with one summary table of every run; about
 # 75 minutes on 2 cores, loopback only.
+# `make bench BENCH_ROUNDS=1`: one round each, about a third of the time (a quick full pass).
+BENCH_ROUNDS ?= 3
 bench: export AB_RUNS = $(CURDIR)/benches/results/bench-runs
 bench: deps perf-analyzer build-release triton
 	mkdir -p benches/results && : >$(AB_RUNS)
 	benches/perf_analyzer.sh
 	for p in grpc http; do for s in add_sub preprocess classify_orientation embed_text; do \
-	  PROTOCOL=$$p CONCURRENCY="1 8 32" ROUNDS=3 benches/side_by_side.sh $$s || exit 1; done; done
+	  PROTOCOL=$$p CONCURRENCY="1 8 32" ROUNDS=$(BENCH_ROUNDS) benches/side_by_side.sh $$s || exit 1; \
+	done; done
 	# OCR reads about one page a second on 2 cores: fewer clients, longer windows.
-	PROTOCOL=grpc CONCURRENCY="1 4" ROUNDS=3 INTERVAL=5000 benches/side_by_side.sh ocr
+	PROTOCOL=grpc CONCURRENCY="1 4" ROUNDS=$(BENCH_ROUNDS) INTERVAL=5000 benches/side_by_side.sh ocr
 	for s in classify_orientation embed_text ocr; do benches/side_by_side.sh $$s cold-start || exit 1; done
-	@echo; echo "A = Triton 2.51 (python backend), B = wasmtron; medians of 3 rounds:"; echo
+	@echo; echo "A = Triton 2.51 (python backend), B = wasmtron; medians of $(BENCH_ROUNDS) rounds:"; echo
 	@python3 benches/summarize.py $$(cat $(AB_RUNS))
 
 clean:
