@@ -109,7 +109,7 @@ lint:
 
 # The load tests, then wasmtron against Triton 2.51 side by side (medians of 3 rounds, HTTP and
 # gRPC, concurrency 1/8/32, RSS, cold start), ending with one summary table of every run; about
-# 75 minutes on 2 cores, loopback only.
+# 30 minutes on 2 cores (12 with BENCH_ROUNDS=1), loopback only.
 # `make bench BENCH_ROUNDS=1`: one round each, about a third of the time (a quick full pass).
 BENCH_ROUNDS ?= 3
 bench: export AB_RUNS = $(CURDIR)/benches/results/bench-runs
