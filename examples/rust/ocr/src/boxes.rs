@@ -62,12 +62,12 @@ pub fn detect(map: &ProbMap, params: &DbParams, image_w: usize, image_h: usize) 
                 .round_ties_even()
                 .clamp(0.0, to as f64)
         };
-        let scaled =
-            corners.map(|[x, y]| [scale(x, w, image_w).trunc(), scale(y, h, image_h).trunc()]);
+        // Whole pixels already (rounded), as rapidocr's int32 boxes.
+        let scaled = corners.map(|[x, y]| [scale(x, w, image_w), scale(y, h, image_h)]);
         let ordered = order_clockwise(scaled).map(|[x, y]| {
             [
-                x.clamp(0.0, image_w as f64 - 1.0).trunc(),
-                y.clamp(0.0, image_h as f64 - 1.0).trunc(),
+                x.clamp(0.0, image_w as f64 - 1.0),
+                y.clamp(0.0, image_h as f64 - 1.0),
             ]
         });
         let width = distance(ordered[0], ordered[1]) as i64;

@@ -255,12 +255,7 @@ impl StageModel {
         let engine = engine::engine()?;
         let mut store = Store::new(
             engine,
-            StageState::new(
-                &self.name,
-                &self.limits,
-                self.caller.clone(),
-                Some(&self.files),
-            )?,
+            StageState::new(&self.name, &self.limits, self.caller.clone(), &self.files)?,
         );
         store.limiter(|s| &mut s.limits);
         store.data_mut().single_instance = self.single_instance;

@@ -165,20 +165,18 @@ impl StageState {
         model: &str,
         limits: &SandboxLimits,
         caller: Option<std::sync::Arc<dyn crate::runtime::ModelCaller>>,
-        files: Option<&Path>,
+        files: &Path,
     ) -> Result<Self> {
         let output = MemoryOutputPipe::new((limits.stderr_limit_kb as usize) << 10);
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(output.clone()).stderr(output.clone());
-        if let Some(dir) = files {
-            wasi.preopened_dir(dir, MODEL_FILES_DIR, FsPerms::ReadOnly)
-                .map_err(|e| {
-                    Error::internal(format!(
-                        "model '{model}': cannot open '{}' for the stage: {e}",
-                        dir.display()
-                    ))
-                })?;
-        }
+        wasi.preopened_dir(files, MODEL_FILES_DIR, FsPerms::ReadOnly)
+            .map_err(|e| {
+                Error::internal(format!(
+                    "model '{model}': cannot open '{}' for the stage: {e}",
+                    files.display()
+                ))
+            })?;
         let wasi = wasi.build();
         Ok(Self {
             wasi,
