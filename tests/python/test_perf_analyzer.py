@@ -63,3 +63,17 @@ def test_ensemble_with_a_real_image(pipeline_server, tmp_path, protocol):
                      "--input-data", str(data), "--concurrency-range", "2:2"], tmp_path)
     # perf_analyzer found the ensemble's and its composing models' statistics on the server.
     assert float(rows[0]["Server Queue"]) >= 0 and float(rows[0]["Server Compute Infer"]) > 0, rows
+
+
+@pytest.fixture(scope="module")
+def vad_server(tmp_path_factory):
+    yield from serving(tmp_path_factory, "vad", ["silero_vad", "vad"])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_stateful_model(vad_server, tmp_path, protocol):
+    # perf_analyzer reads sequence_batching from the model's configuration and sends each of
+    # its concurrent streams as sequences of 8 requests (IDs, START and END flags).
+    url = vad_server.http if protocol == "http" else vad_server.grpc
+    run_perf(["-m", "vad", "-u", url, "-i", protocol, "--concurrency-range", "2:2",
+              "--sequence-length", "8"], tmp_path)

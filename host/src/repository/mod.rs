@@ -3,6 +3,7 @@
 //! not need the model file.
 
 pub mod config;
+pub mod sequence;
 pub mod validate;
 
 use std::{

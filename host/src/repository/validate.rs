@@ -68,6 +68,7 @@ pub fn validate(config: &mut ModelConfig, model_name: &str, file: &str) -> Resul
     if let Some(SchedulingChoice::DynamicBatching(db)) = &config.scheduling_choice {
         check_dynamic_batching(db, config.max_batch_size).map_err(&invalid)?;
     }
+    super::sequence::sequence_spec(config).map_err(&invalid)?;
     Ok(())
 }
 

@@ -26,6 +26,7 @@ use crate::{
     error::{Error, Result},
     inference::InferRequest,
     proto::inference::{model_instance_group::Kind, ModelConfig, ModelInput, ModelOutput},
+    repository::sequence::sequence_spec,
     tensor::{bytes_elements, element_count, push_bytes_element, shape_string, DataType, Tensor},
 };
 
@@ -168,10 +169,12 @@ pub fn load(
     )?;
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
     let output_types = output_types(&config);
+    let shapes = Reshapes::of(&config);
     instances.push(Box::new(OnnxInstance {
         name: config.name.clone(),
         session: first,
         output_types: output_types.clone(),
+        shapes: shapes.clone(),
     }));
     for _ in 1..count {
         let session = build_session(&env, &model_path, intra, inter, wants_gpu)
@@ -180,6 +183,7 @@ pub fn load(
             name: config.name.clone(),
             session,
             output_types: output_types.clone(),
+            shapes: shapes.clone(),
         }));
     }
     Ok(LoadedBackend {
@@ -261,6 +265,7 @@ fn reconcile(
 ) -> Result<()> {
     let name = config.name.clone();
     let invalid = |msg: String| Error::invalid(format!("model '{name}': {msg}"));
+    let all_inputs = inputs;
     for sig in inputs.iter().chain(outputs) {
         if sig.datatype.is_none() {
             return Err(invalid(format!(
@@ -269,12 +274,31 @@ fn reconcile(
             )));
         }
     }
+    // Control and state tensors of a sequence model are the server's, not the client's.
+    let sequence = sequence_spec(config).map_err(&invalid)?;
+    let injected: Vec<String> = sequence
+        .iter()
+        .flat_map(|s| s.injected_inputs().map(str::to_owned))
+        .collect();
+    let state_outputs: Vec<String> = sequence
+        .iter()
+        .flat_map(|s| s.states.iter().map(|st| st.output.clone()))
+        .collect();
+    let inputs: Vec<&Signature> = inputs
+        .iter()
+        .filter(|s| !injected.contains(&s.name))
+        .collect();
+    let model_outputs = outputs;
+    let outputs: Vec<&Signature> = outputs
+        .iter()
+        .filter(|s| !state_outputs.contains(&s.name))
+        .collect();
     if !options.disable_auto_complete && config.input.is_empty() && config.output.is_empty() {
         let batchable = config.max_batch_size == 0
             && options.default_max_batch_size > 0
             && inputs
                 .iter()
-                .chain(outputs)
+                .chain(&outputs)
                 .all(|s| s.shape.first() == Some(&-1));
         if batchable {
             config.max_batch_size = options.default_max_batch_size;
@@ -307,17 +331,19 @@ fn reconcile(
     }
     let batch = config.max_batch_size;
     for input in &config.input {
+        // With `reshape`, the model sees the reshaped form.
+        let shape = input.reshape.as_ref().map_or(&input.dims, |r| &r.shape);
         check_against_model(
             "input",
             &input.name,
             input.data_type,
-            &input.dims,
+            shape,
             batch,
-            inputs,
+            all_inputs,
         )
         .map_err(&invalid)?;
     }
-    for sig in inputs {
+    for sig in &inputs {
         if !config.input.iter().any(|i| i.name == sig.name) {
             return Err(invalid(format!(
                 "the ONNX model has input '{}' {} {} that config.pbtxt does not declare",
@@ -328,15 +354,42 @@ fn reconcile(
         }
     }
     for output in &config.output {
+        let shape = output.reshape.as_ref().map_or(&output.dims, |r| &r.shape);
         check_against_model(
             "output",
             &output.name,
             output.data_type,
-            &output.dims,
+            shape,
             batch,
-            outputs,
+            model_outputs,
         )
         .map_err(&invalid)?;
+    }
+    for control in sequence.iter().flat_map(|s| &s.controls) {
+        let data_type = control.datatype.config_value();
+        check_against_model("input", &control.name, data_type, &[1], batch, all_inputs)
+            .map_err(|e| invalid(format!("control {e}")))?;
+    }
+    for state in sequence.iter().flat_map(|s| &s.states) {
+        let data_type = state.datatype.config_value();
+        check_against_model(
+            "input",
+            &state.input,
+            data_type,
+            &state.dims,
+            batch,
+            all_inputs,
+        )
+        .map_err(|e| invalid(format!("state {e}")))?;
+        check_against_model(
+            "output",
+            &state.output,
+            data_type,
+            &state.dims,
+            batch,
+            model_outputs,
+        )
+        .map_err(|e| invalid(format!("state {e}")))?;
     }
     Ok(())
 }
@@ -409,6 +462,50 @@ struct OnnxInstance {
     name: String,
     session: Session,
     output_types: Vec<(String, DataType)>,
+    shapes: Reshapes,
+}
+
+/// The `reshape` settings of a model's tensors: inputs are handed to ONNX Runtime in their
+/// reshaped form, outputs come back to their declared dims.
+#[derive(Clone, Default)]
+struct Reshapes {
+    batching: bool,
+    /// Input name → the shape the model takes.
+    inputs: Vec<(String, Vec<i64>)>,
+    /// Output name → the declared dims.
+    outputs: Vec<(String, Vec<i64>)>,
+}
+
+impl Reshapes {
+    fn of(config: &ModelConfig) -> Self {
+        Self {
+            batching: config.max_batch_size > 0,
+            inputs: config
+                .input
+                .iter()
+                .filter_map(|i| Some((i.name.clone(), i.reshape.as_ref()?.shape.clone())))
+                .collect(),
+            outputs: config
+                .output
+                .iter()
+                .filter(|o| o.reshape.is_some())
+                .map(|o| (o.name.clone(), o.dims.clone()))
+                .collect(),
+        }
+    }
+
+    fn input(&self, name: &str) -> Option<&[i64]> {
+        let found = self.inputs.iter().find(|(n, _)| n == name);
+        found.map(|(_, shape)| shape.as_slice())
+    }
+
+    /// Gives an output its declared dims back (they hold the same elements).
+    fn output(&self, tensor: &mut Tensor) {
+        if let Some((_, dims)) = self.outputs.iter().find(|(n, _)| *n == tensor.name) {
+            let rows = tensor.shape.first().copied().filter(|_| self.batching);
+            tensor.shape = rows.into_iter().chain(dims.iter().copied()).collect();
+        }
+    }
 }
 
 impl OnnxInstance {
@@ -428,7 +525,9 @@ impl OnnxInstance {
             Vec::with_capacity(first.inputs.len());
         for (i, tensor) in first.inputs.iter().enumerate() {
             let parts: Vec<&Tensor> = requests.iter().filter_map(|r| r.inputs.get(i)).collect();
-            values.push((Cow::Borrowed(tensor.name.as_str()), to_ort_value(&parts)?));
+            let reshape = self.shapes.input(&tensor.name);
+            let value = to_ort_value(&parts, reshape, self.shapes.batching)?;
+            values.push((Cow::Borrowed(tensor.name.as_str()), value));
         }
         let prepared = Instant::now();
         let mut results = self
@@ -441,7 +540,8 @@ impl OnnxInstance {
             let value = results.remove(name.as_str()).ok_or_else(|| {
                 Error::internal(format!("ONNX Runtime did not produce output '{name}'"))
             })?;
-            let tensor = from_ort_value(name, value)?;
+            let mut tensor = from_ort_value(name, value)?;
+            self.shapes.output(&mut tensor);
             if let Some((_, want)) = self.output_types.iter().find(|(n, _)| n == name) {
                 if *want != tensor.datatype {
                     return Err(Error::internal(format!(
@@ -495,7 +595,14 @@ fn ort_error(name: &str, e: ort::Error) -> Error {
 
 /// One ONNX Runtime tensor holding `parts` (the same input of one or more compatible
 /// requests) one after the other along the first dimension.
-fn to_ort_value(parts: &[&Tensor]) -> Result<SessionInputValue<'static>> {
+/// One ONNX Runtime input from `parts` (one per request, concatenated along the batch
+/// dimension). With `reshape`, the model sees that shape (after the batch dimension when
+/// `batching`) instead of the declared dims.
+fn to_ort_value(
+    parts: &[&Tensor],
+    reshape: Option<&[i64]>,
+    batching: bool,
+) -> Result<SessionInputValue<'static>> {
     let Some(first) = parts.first() else {
         return Err(Error::internal("no tensor to hand to ONNX Runtime"));
     };
@@ -507,6 +614,10 @@ fn to_ort_value(parts: &[&Tensor]) -> Result<SessionInputValue<'static>> {
                 .map(|t| t.shape.first().copied().unwrap_or(1))
                 .sum();
         }
+    }
+    if let Some(reshape) = reshape {
+        let rows = shape.first().copied().filter(|_| batching);
+        shape = rows.into_iter().chain(reshape.iter().copied()).collect();
     }
     if first.datatype == DataType::Bytes {
         let strings = parts

@@ -7,6 +7,7 @@ use crate::{
     error::{Error, Result},
     inference::InferRequest,
     proto::inference::ModelConfig,
+    repository::sequence::state_output,
     tensor::{shape_string, DataType, Tensor},
 };
 
@@ -126,12 +127,18 @@ pub fn check_outputs(
                 Error::internal(format!("did not return the requested output '{name}'"))
             })?;
         let tensor = tensors.swap_remove(index);
-        let Some(declared) = config.output.iter().find(|o| &o.name == name) else {
+        let declared = config
+            .output
+            .iter()
+            .find(|o| &o.name == name)
+            .map(|o| (o.data_type, o.dims.as_slice()))
+            .or_else(|| state_output(config, name));
+        let Some((data_type, dims)) = declared else {
             return Err(Error::internal(format!(
                 "returned output '{name}' that config.pbtxt does not declare"
             )));
         };
-        let want = DataType::from_config_value(declared.data_type);
+        let want = DataType::from_config_value(data_type);
         if want != Some(tensor.datatype) {
             return Err(Error::internal(format!(
                 "returned output '{name}' as {} but config.pbtxt declares {}",
@@ -139,7 +146,7 @@ pub fn check_outputs(
                 want.map_or("TYPE_INVALID", |d| d.config_name())
             )));
         }
-        let mut expected = declared.dims.clone();
+        let mut expected = dims.to_vec();
         if config.max_batch_size > 0 {
             expected.insert(0, batch.unwrap_or(-1));
         }

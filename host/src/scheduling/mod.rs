@@ -5,5 +5,6 @@ pub mod ensemble;
 pub mod model_manager;
 pub mod queue;
 pub mod scheduler;
+pub mod sequence;
 pub mod server;
 pub mod stats;

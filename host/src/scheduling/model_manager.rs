@@ -14,13 +14,15 @@ use super::{
     ensemble::{self, Ensemble},
     queue::BatchPolicy,
     scheduler::Scheduler,
+    sequence::SequenceBatcher,
     stats::ModelStats,
 };
 use crate::{
     error::{Code, Error, Result},
     proto::inference::ModelConfig,
     repository::{
-        config, select_versions, validate::validate, ModelRepository, ModelSource, RepositoryError,
+        config, select_versions, sequence::sequence_spec, validate::validate, ModelRepository,
+        ModelSource, RepositoryError,
     },
     runtime::{self, RuntimeOptions},
 };
@@ -51,6 +53,8 @@ pub struct ModelVersion {
 pub enum Runner {
     /// A backend's instances behind a queue.
     Scheduler(Scheduler),
+    /// A stateful model: the sequence batcher in front of its queue.
+    Sequence(Box<SequenceBatcher>),
     /// Other models, called step by step.
     Ensemble(Ensemble),
 }
@@ -58,8 +62,10 @@ pub enum Runner {
 impl ModelVersion {
     /// Stops taking requests (queued ones still run); ensembles hold no queue.
     fn close(&self) {
-        if let Runner::Scheduler(s) = &self.runner {
-            s.close();
+        match &self.runner {
+            Runner::Scheduler(s) => s.close(),
+            Runner::Sequence(s) => s.scheduler().close(),
+            Runner::Ensemble(_) => {}
         }
     }
 
@@ -488,6 +494,17 @@ impl ModelManager {
                 self.options.queue_capacity,
                 stats.clone(),
             )?;
+            let runner = match sequence_spec(&loaded.config).map_err(Error::invalid)? {
+                Some(spec) => Runner::Sequence(Box::new(SequenceBatcher::new(
+                    name,
+                    loaded.config.max_batch_size,
+                    spec,
+                    &source.dir,
+                    scheduler,
+                    stats.clone(),
+                )?)),
+                None => Runner::Scheduler(scheduler),
+            };
             versions.insert(
                 version,
                 Arc::new(ModelVersion {
@@ -496,7 +513,7 @@ impl ModelManager {
                     config: loaded.config,
                     stats,
                     load_duration: started.elapsed(),
-                    runner: Runner::Scheduler(scheduler),
+                    runner,
                     health,
                 }),
             );
@@ -535,7 +552,7 @@ impl ModelManager {
                         .values()
                         .filter_map(|v| match &v.runner {
                             Runner::Ensemble(plan) => Some(plan.models().map(str::to_owned)),
-                            Runner::Scheduler(_) => None,
+                            Runner::Scheduler(_) | Runner::Sequence(_) => None,
                         })
                         .flatten()
                         .collect()

@@ -8,9 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::proto::inference::{
-    model_config::SchedulingChoice, model_queue_policy::TimeoutAction, ModelConfig,
-    ModelQueuePolicy,
+use crate::{
+    proto::inference::{
+        model_config::SchedulingChoice, model_queue_policy::TimeoutAction, ModelConfig,
+        ModelQueuePolicy,
+    },
+    repository::sequence::sequence_spec,
 };
 
 /// What happens to a request whose queue timeout expires.
@@ -75,6 +78,18 @@ impl QueuePolicy {
     }
 }
 
+/// Preferred batch sizes as the queue uses them: positive, ascending, each once.
+fn positive_sorted(sizes: &[i32]) -> Vec<usize> {
+    let mut sizes: Vec<usize> = sizes
+        .iter()
+        .filter_map(|&s| usize::try_from(s).ok())
+        .collect();
+    sizes.retain(|&s| s > 0);
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
 /// How a model version schedules: the dynamic batcher's settings, or one request at a time.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchPolicy {
@@ -98,6 +113,17 @@ impl BatchPolicy {
     /// The policy a configuration asks for. `dynamic_batching` with `max_batch_size` > 0
     /// batches; without it requests run one at a time from a single FIFO level.
     pub fn from_config(config: &ModelConfig) -> Self {
+        if let Ok(Some(sequences)) = sequence_spec(config) {
+            // Requests of different sequences batch (one row each); requests of one sequence
+            // never meet in a batch, as the sequence batcher sends them one after another.
+            return Self {
+                max_batch_size: config.max_batch_size.max(1) as usize,
+                preferred: positive_sorted(&sequences.preferred_batch_sizes),
+                max_queue_delay: sequences.max_queue_delay,
+                batching: config.max_batch_size > 0,
+                ..Self::one_at_a_time()
+            };
+        }
         let Some(SchedulingChoice::DynamicBatching(db)) = &config.scheduling_choice else {
             return Self::one_at_a_time();
         };
@@ -111,17 +137,9 @@ impl BatchPolicy {
                     .unwrap_or_else(|| default.clone())
             })
             .collect();
-        let mut preferred: Vec<usize> = db
-            .preferred_batch_size
-            .iter()
-            .filter(|s| **s > 0)
-            .map(|s| *s as usize)
-            .collect();
-        preferred.sort_unstable();
-        preferred.dedup();
         Self {
             max_batch_size: config.max_batch_size.max(1) as usize,
-            preferred,
+            preferred: positive_sorted(&db.preferred_batch_size),
             max_queue_delay: Duration::from_micros(db.max_queue_delay_microseconds),
             batching: config.max_batch_size > 0,
             preserve_ordering: db.preserve_ordering,

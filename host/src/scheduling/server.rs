@@ -255,6 +255,11 @@ impl Server {
                     .infer(request, outputs, batch_size as u64, received)
                     .await
             }
+            Runner::Sequence(sequences) => {
+                sequences
+                    .infer(request, outputs, batch_size as u64, received)
+                    .await
+            }
             Runner::Ensemble(plan) => {
                 let id = request.id.clone();
                 // Like Triton, an ensemble reports its steps' queue and compute time summed
