@@ -145,6 +145,21 @@ pub trait Stage: Sized + 'static {
     fn init(config: &Config) -> Result<Self>;
     /// Produces the request's `requested_outputs`, in that order.
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>>;
+
+    /// Executes the requests the server batched together (models with `max_batch_size` > 0
+    /// and a batcher), one result per request in order. The default runs [`Stage::execute`]
+    /// on each; override it to do the work once for the whole batch, such as one call of a
+    /// model for every request's rows.
+    fn execute_batch(&mut self, requests: &[Request]) -> Vec<Result<Vec<Tensor>>> {
+        requests
+            .iter()
+            .enumerate()
+            .map(|(i, request)| {
+                __set_current_request(i);
+                self.execute(request)
+            })
+            .collect()
+    }
 }
 
 impl Request {
@@ -346,18 +361,21 @@ macro_rules! export_stage {
             ) -> ::std::vec::Vec<::core::result::Result<::std::vec::Vec<$crate::Tensor>, $crate::WitError>> {
                 __WASMTRON_STAGE.with(|s| {
                     let mut s = s.borrow_mut();
-                    requests
-                        .iter()
-                        .enumerate()
-                        .map(|(i, r)| match s.as_mut() {
-                            ::core::option::Option::Some(stage) => {
-                                $crate::__set_current_request(i);
-                                <$stage as $crate::Stage>::execute(stage, r).map_err($crate::WitError::from)
-                            }
-                            ::core::option::Option::None => {
-                                Err($crate::Error::internal("stage used before init").into())
-                            }
-                        })
+                    let ::core::option::Option::Some(stage) = s.as_mut() else {
+                        return requests
+                            .iter()
+                            .map(|_| Err($crate::Error::internal("stage used before init").into()))
+                            .collect();
+                    };
+                    let mut results = <$stage as $crate::Stage>::execute_batch(stage, &requests);
+                    // One result per request, whatever the stage returned.
+                    results.resize_with(requests.len(), || {
+                        Err($crate::Error::internal("the stage returned no result for this request"))
+                    });
+                    results.truncate(requests.len());
+                    results
+                        .into_iter()
+                        .map(|r| r.map_err($crate::WitError::from))
                         .collect()
                 })
             }

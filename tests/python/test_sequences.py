@@ -23,10 +23,10 @@ TEST_MODELS = os.path.join(ROOT, "tests", "models")
 FIRST = 100
 
 
-def variant(repo, name, replace):
-    """A copy of tests/models/accumulate named `name`, its config edited by `replace`."""
+def variant(repo, name, replace, source=os.path.join(TEST_MODELS, "accumulate")):
+    """A copy of the model at `source` named `name`, its config edited by `replace`."""
     dest = os.path.join(repo, name)
-    shutil.copytree(os.path.join(TEST_MODELS, "accumulate"), dest)
+    shutil.copytree(source, dest)
     path = os.path.join(dest, "config.pbtxt")
     with open(path) as f:
         text = f.read()
@@ -62,6 +62,10 @@ def server(tmp_path_factory):
         f.write(ENSEMBLE)
     for name in ("silero_vad", "vad"):
         shutil.copytree(os.path.join(ROOT, "model_repository", name), os.path.join(repo, name))
+    variant(repo, "vad_batched",
+            [("direct { max_queue_delay_microseconds: 500 }",
+              "oldest { max_queue_delay_microseconds: 60000000 preferred_batch_size: [ 4 ] }")],
+            source=os.path.join(ROOT, "model_repository", "vad"))
     s = Server(repo)
     yield s
     s.stop()
@@ -129,6 +133,11 @@ def test_bad_sequence_requests_are_refused_by_name(server, protocol):
     assert step(mod, c, 4, base + 3, start=True)["OUTPUT"] == FIRST + 4
 
 
+def test_the_server_announces_the_sequence_extension(server):
+    metadata = httpclient.InferenceServerClient(server.http).get_server_metadata()
+    assert "sequence" in metadata["extensions"]
+
+
 def test_an_ensemble_step_keeps_the_sequence(server):
     c = grpcclient.InferenceServerClient(server.grpc)
 
@@ -145,11 +154,11 @@ def test_an_ensemble_step_keeps_the_sequence(server):
 def test_string_sequence_ids(server):
     # Triton takes strings as correlation IDs too; the vad stage has no CORRID input to type.
     c = grpcclient.InferenceServerClient(server.grpc)
-    chunk = grpcclient.InferInput("AUDIO", [512], "FP32")
-    chunk.set_data_from_numpy(np.zeros(512, dtype=np.float32))
+    chunk = grpcclient.InferInput("AUDIO", [1, 512], "FP32")
+    chunk.set_data_from_numpy(np.zeros((1, 512), dtype=np.float32))
     for k in range(3):
         r = c.infer("vad", [chunk], sequence_id="stream-1", sequence_start=k == 0)
-        assert r.as_numpy("SPEECH_PROBABILITY").shape == (1,)
+        assert r.as_numpy("SPEECH_PROBABILITY").shape == (1, 1)
     with pytest.raises(InferenceServerException, match='sequence "stream-2"'):
         c.infer("vad", [chunk], sequence_id="stream-2")
 
@@ -226,6 +235,15 @@ def audio(seed, voiced):
     return samples.astype(np.float32)[: 16000 * 2 // 512 * 512].reshape(-1, 512)
 
 
+def detect(mod, c, model, chunks, k, sid):
+    """Sends chunk k of a stream; returns its speech probability."""
+    tensor = mod.InferInput("AUDIO", [1, 512], "FP32")
+    tensor.set_data_from_numpy(chunks[k][None, :])
+    r = c.infer(model, [tensor], sequence_id=sid, sequence_start=k == 0,
+                sequence_end=k == len(chunks) - 1)
+    return r.as_numpy("SPEECH_PROBABILITY").item()
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_vad_streams_match_silero(server, protocol):
     mod, c = client(server, protocol)
@@ -235,13 +253,39 @@ def test_vad_streams_match_silero(server, protocol):
     count = len(next(iter(streams.values())))
     for k in range(count):  # the two streams interleaved, chunk by chunk
         for sid, chunks in streams.items():
-            tensor = mod.InferInput("AUDIO", [512], "FP32")
-            tensor.set_data_from_numpy(chunks[k])
-            r = c.infer("vad", [tensor], sequence_id=sid, sequence_start=k == 0,
-                        sequence_end=k == count - 1)
-            got[sid].append(r.as_numpy("SPEECH_PROBABILITY")[0])
+            got[sid].append(detect(mod, c, "vad", chunks, k, sid))
     voiced, quiet = streams
     for sid, chunks in streams.items():
         np.testing.assert_allclose(got[sid], silero_reference(chunks), atol=1e-5, rtol=0)
     # The pipeline tells the streams apart: speech in the second half of the voiced one only.
     assert max(got[voiced][count // 2 + 4:]) > 0.9 and max(got[quiet]) < 0.5
+
+
+def test_vad_streams_batched_together_match_silero(server):
+    """Four streams at once through a copy of `vad` whose queue waits for four chunks: every
+    silero-vad call carries one chunk of each stream, their states side by side."""
+    streams = {81 + i: audio(10 + i, i % 2 == 0) for i in range(4)}
+    got, errors = {}, []
+
+    def run(sid):
+        try:
+            c = grpcclient.InferenceServerClient(server.grpc)
+            chunks = streams[sid]
+            got[sid] = [detect(grpcclient, c, "vad_batched", chunks, k, sid)
+                        for k in range(len(chunks))]
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(sid,)) for sid in streams]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    for sid, chunks in streams.items():
+        np.testing.assert_allclose(got[sid], silero_reference(chunks), atol=1e-5, rtol=0)
+    stats = grpcclient.InferenceServerClient(server.grpc).get_inference_statistics(
+        "vad_batched", as_json=True)["model_stats"][0]
+    count = len(streams[81])
+    assert int(stats["inference_count"]) == 4 * count
+    assert int(stats["execution_count"]) == count

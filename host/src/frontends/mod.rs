@@ -27,6 +27,7 @@ pub const EXTENSIONS: &[&str] = &[
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
+    "sequence",
     "statistics",
     "parameters",
     "generate",
