@@ -133,6 +133,17 @@ def test_bad_sequence_requests_are_refused_by_name(server, protocol):
     assert step(mod, c, 4, base + 3, start=True)["OUTPUT"] == FIRST + 4
 
 
+def test_a_client_may_ask_for_a_state_listed_as_an_output(server):
+    c = grpcclient.InferenceServerClient(server.grpc)
+    x = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[3]], dtype=np.int32))
+    only_state = [grpcclient.InferRequestedOutput("ACC_OUT")]
+    r = c.infer("accumulate", [x], outputs=only_state, sequence_id=7001, sequence_start=True)
+    assert r.as_numpy("ACC_OUT").item() == FIRST + 3 and r.as_numpy("OUTPUT") is None
+    r = c.infer("accumulate", [x], sequence_id=7001, sequence_end=True)
+    assert r.as_numpy("ACC_OUT").item() == r.as_numpy("OUTPUT").item() == FIRST + 6
+
+
 def test_the_server_announces_the_sequence_extension(server):
     metadata = httpclient.InferenceServerClient(server.http).get_server_metadata()
     assert "sequence" in metadata["extensions"]

@@ -142,7 +142,7 @@ pub fn sequence_spec(config: &ModelConfig) -> Result<Option<SequenceSpec>, Strin
     let mut states = Vec::new();
     for (i, state) in sb.state.iter().enumerate() {
         let field = format!("sequence_batching.state[{i}]");
-        states.push(read_state(&field, state, &declared)?);
+        states.push(read_state(&field, state, config)?);
     }
     let mut names: Vec<&str> = controls
         .iter()
@@ -280,7 +280,7 @@ fn read_control(
 fn read_state(
     field: &str,
     state: &crate::proto::inference::model_sequence_batching::State,
-    declared: &impl Fn(&str) -> bool,
+    config: &ModelConfig,
 ) -> Result<State, String> {
     for (what, name) in [
         ("input_name", &state.input_name),
@@ -289,10 +289,21 @@ fn read_state(
         if name.is_empty() {
             return Err(format!("field '{field}.{what}': must not be empty"));
         }
-        if declared(name) {
+    }
+    if config.input.iter().any(|i| i.name == state.input_name) {
+        return Err(format!(
+            "field '{field}.input_name': '{}' is also declared in 'input'; the server supplies \
+             state inputs, so leave it out",
+            state.input_name
+        ));
+    }
+    // An output state may be listed in 'output' too: clients may then ask for it (to debug).
+    if let Some(output) = config.output.iter().find(|o| o.name == state.output_name) {
+        if output.data_type != state.data_type || output.dims != state.dims {
             return Err(format!(
-                "field '{field}.{what}': '{name}' is also declared in input/output; the server \
-                 carries state tensors, so leave them out of 'input' and 'output'"
+                "field '{field}.output_name': '{}' is also declared in 'output', with another \
+                 data_type or dims",
+                state.output_name
             ));
         }
     }
@@ -444,7 +455,11 @@ mod tests {
             ),
             (
                 r#"state [ { input_name: "S" output_name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]"#,
-                "'sequence_batching.state[0].output_name': 'OUTPUT' is also declared",
+                "'sequence_batching.state[0].output_name': 'OUTPUT' is also declared in 'output', with another data_type",
+            ),
+            (
+                r#"state [ { input_name: "INPUT" output_name: "T" data_type: TYPE_INT32 dims: [ 1 ] } ]"#,
+                "'sequence_batching.state[0].input_name': 'INPUT' is also declared in 'input'",
             ),
             (
                 r#"state [ { input_name: "S" output_name: "T" data_type: TYPE_FP32 dims: [ -1 ] } ]"#,

@@ -284,23 +284,30 @@ impl SequenceBatcher {
         self.add_controls(&mut request, &flags).map_err(refused)?;
         let states = carried.states.as_ref().unwrap_or(&self.initial);
         request.inputs.extend(states.iter().cloned());
+        // The state outputs the client did not ask for (it may, where `output` lists them)
+        // are asked for here and taken out of the response.
         let requested = outputs.len();
-        outputs.extend(self.spec.states.iter().map(|s| s.output.clone()));
+        for state in &self.spec.states {
+            if !outputs.contains(&state.output) {
+                outputs.push(state.output.clone());
+            }
+        }
         let result = self.scheduler.infer(request, outputs, rows, received).await;
         let result = result.and_then(|mut response| {
             let mut next = Vec::with_capacity(self.spec.states.len());
-            for (state, tensor) in self
-                .spec
-                .states
-                .iter()
-                .zip(response.outputs.drain(requested..))
-            {
-                if tensor.name != state.output {
+            for state in &self.spec.states {
+                let found = response.outputs.iter().position(|t| t.name == state.output);
+                let Some(index) = found else {
                     return Err(Error::internal(format!(
-                        "model '{}' returned '{}' where its state output '{}' was expected",
-                        self.model, tensor.name, state.output
+                        "model '{}' did not return its state output '{}'",
+                        self.model, state.output
                     )));
-                }
+                };
+                let tensor = if index >= requested {
+                    response.outputs.remove(index)
+                } else {
+                    response.outputs[index].clone()
+                };
                 next.push(Tensor {
                     name: state.input.clone(),
                     ..tensor
