@@ -109,7 +109,7 @@ lint:
 
 # The load tests, then wasmtron against Triton 2.51 side by side (medians of 3 rounds, HTTP and
 # gRPC, concurrency 1/8/32, RSS, cold start), ending with one summary table of every run; about
-# 30 minutes on 2 cores (12 with BENCH_ROUNDS=1), loopback only.
+# 30 minutes on 2 cores (13 with BENCH_ROUNDS=1), loopback only.
 # `make bench BENCH_ROUNDS=1`: one round each, about a third of the time (a quick full pass).
 BENCH_ROUNDS ?= 3
 bench: export AB_RUNS = $(CURDIR)/benches/results/bench-runs
@@ -121,7 +121,9 @@ bench: deps perf-analyzer build-release triton
 	done; done
 	# OCR reads about one page a second on 2 cores: fewer clients, longer windows.
 	PROTOCOL=grpc CONCURRENCY="1 4" ROUNDS=$(BENCH_ROUNDS) INTERVAL=5000 benches/side_by_side.sh ocr
-	for s in classify_orientation embed_text ocr; do benches/side_by_side.sh $$s cold-start || exit 1; done
+	# Stateful: audio streams as sequences (gRPC, as streaming clients use).
+	PROTOCOL=grpc CONCURRENCY="1 8 32" ROUNDS=$(BENCH_ROUNDS) benches/side_by_side.sh vad
+	for s in classify_orientation embed_text ocr vad; do benches/side_by_side.sh $$s cold-start || exit 1; done
 	@echo; echo "A = Triton 2.51 (python backend), B = wasmtron; medians of $(BENCH_ROUNDS) rounds:"; echo
 	@python3 benches/summarize.py $$(cat $(AB_RUNS))
 

@@ -16,7 +16,7 @@
 # INTERVAL (ms per measurement, 2000), BATCH (client batch size, 1), BYTES_FILE (a file, such
 # as a picture or a sentence, sent as the one element of the BYTES input BYTES_INPUT, default
 # IMAGE), SERVER_CPUS / CLIENT_CPUS (taskset CPU lists pinning the servers and perf_analyzer
-# apart).
+# apart), PA_ARGS (more perf_analyzer flags, e.g. "--sequence-length 64").
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 BIN_A="${BIN_A:-$root/target/release/wasmtron}"
@@ -98,7 +98,8 @@ for round in $(seq 1 "$ROUNDS"); do
     url=$url_a; [ "$side" = B ] && url=$url_b
     for c in $CONCURRENCY; do
       f="$out/$side-c$c-r$round"
-      "${client_pin[@]}" "$PA" -m "$MODEL" -i "$PROTOCOL" -u "$url" -b "$BATCH" "${input_args[@]}" \
+      # shellcheck disable=SC2086 # PA_ARGS: extra perf_analyzer flags, split on spaces
+      "${client_pin[@]}" "$PA" -m "$MODEL" -i "$PROTOCOL" -u "$url" -b "$BATCH" "${input_args[@]}" ${PA_ARGS:-} \
         --concurrency-range "$c:$c" -s 50 \
         --max-trials 10 -p "$INTERVAL" --verbose-csv -f "$f.csv" >"$f.txt" 2>&1 \
         || { echo "perf_analyzer failed ($side c=$c):"; tail -5 "$f.txt"; exit 1; }

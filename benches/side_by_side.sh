@@ -9,6 +9,7 @@
 #   benches/side_by_side.sh classify_orientation       # the whole ensemble
 #   benches/side_by_side.sh embed_text                 # tokenizer -> MiniLM -> pooling ensemble
 #   benches/side_by_side.sh ocr                        # PP-OCR: a BLS stage over two ONNX models
+#   benches/side_by_side.sh vad                        # stateful: audio streams as sequences
 #   PROTOCOL=http CONCURRENCY="1 8 32" benches/side_by_side.sh preprocess
 #   benches/side_by_side.sh classify_orientation cold-start   # process start -> ready, RUNS times
 #
@@ -28,7 +29,9 @@ case "$scenario" in
   embed_text) models="bert_tokenizer minilm mean_pool embed_text"; input=sentence ;;
   # Triton's twin is one python model; ours calls the two ONNX models through the server.
   ocr) models="ocr ocr_det ocr_rec"; triton_models="ocr"; input=page ;;
-  *) echo "unknown scenario '$scenario' (add_sub, preprocess, classify_orientation, embed_text, ocr)" >&2; exit 2 ;;
+  # Stateful: perf_analyzer sends each concurrent stream as sequences of 64 chunks (2 s).
+  vad) models="vad silero_vad"; triton_models="vad"; input=audio ;;
+  *) echo "unknown scenario '$scenario' (add_sub, preprocess, classify_orientation, embed_text, ocr, vad)" >&2; exit 2 ;;
 esac
 "$root/scripts/fetch-triton.sh"
 repo="$root/benches/results/triton-$scenario"
@@ -45,6 +48,9 @@ for m in ${triton_models:-$models}; do
       -exec cp {} "$repo/$m/1/" \;
   fi
 done
+if [ "$scenario" = vad ]; then
+  cp "$root/model_repository/silero_vad/1/model.onnx" "$repo/vad/1/silero_vad.onnx"
+fi
 if [ "$mode" = cold-start ]; then
   # Each server started RUNS times on its repository, timed from exec to the first 200 from
   # /v2/health/ready, after one unmeasured start that warms the page cache and wasmtron's
@@ -126,6 +132,7 @@ for i, text in enumerate(["Hello World 2026", "Wasmtron reads text"]):
 image.save(sys.argv[1])
 PY
     export BYTES_FILE="${BYTES_FILE:-$page}" BYTES_INPUT=IMAGE ;;
+  audio) export PA_ARGS="${PA_ARGS:---sequence-length 64}" ;;  # random audio, per chunk
 esac
 echo "A = Triton 2.51 (python backend), B = wasmtron"
 exec "$root/benches/ab.sh"

@@ -228,11 +228,6 @@ impl SequenceBatcher {
         &self.scheduler
     }
 
-    /// Sequences currently held (started, neither ended nor released as idle).
-    pub fn live_sequences(&self) -> usize {
-        lock(&self.table).sequences.len()
-    }
-
     /// Runs one request of a sequence: waits for the sequence's earlier requests, adds the
     /// control and state tensors, queues it, keeps the new state and answers with the
     /// requested outputs only. The arguments are those of [`Scheduler::infer`].
