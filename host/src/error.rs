@@ -19,6 +19,10 @@ pub enum Code {
     Cancelled,
     /// A failure inside the server or a backend (HTTP 500, gRPC INTERNAL).
     Internal,
+    /// No valid API key (HTTP 401, gRPC UNAUTHENTICATED).
+    Unauthenticated,
+    /// The caller's tenant may not do this (HTTP 403, gRPC PERMISSION_DENIED).
+    PermissionDenied,
 }
 
 /// A request-level error: what went wrong, with the code that classifies it.
@@ -63,6 +67,14 @@ impl Error {
     /// An internal failure.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(Code::Internal, message)
+    }
+    /// A missing or unknown API key.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(Code::Unauthenticated, message)
+    }
+    /// Something the caller's tenant may not do.
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self::new(Code::PermissionDenied, message)
     }
 }
 

@@ -16,4 +16,5 @@ pub mod proto;
 pub mod repository;
 pub mod runtime;
 pub mod scheduling;
+pub mod tenancy;
 pub mod tensor;

@@ -101,6 +101,10 @@ struct Cli {
     /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
     #[arg(long)]
     onnxruntime_library: Option<PathBuf>,
+    /// Server config file (TOML) naming the tenants, their hashed API keys and the models each
+    /// may use; without one the server serves everyone.
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 /// `--grpc-infer-response-compression-level`, Triton's values.
@@ -118,6 +122,12 @@ enum Command {
     /// Work with WebAssembly stages.
     #[command(subcommand)]
     Stage(StageCommand),
+    /// Print the line to store in the server config file for an API key (read from standard
+    /// input when not given, so that it stays out of the shell history).
+    HashKey {
+        /// The key.
+        key: Option<String>,
+    },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -182,13 +192,34 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Some(Command::Stage(StageCommand::Run(args))) = cli.command {
-        if let Err(e) = tokio::task::spawn_blocking(move || stage_cmd::run(args)).await? {
-            eprintln!("error: {e:#}");
-            std::process::exit(1);
+    match cli.command {
+        Some(Command::Stage(StageCommand::Run(args))) => {
+            if let Err(e) = tokio::task::spawn_blocking(move || stage_cmd::run(args)).await? {
+                eprintln!("error: {e:#}");
+                std::process::exit(1);
+            }
+            return Ok(());
         }
-        return Ok(());
+        Some(Command::HashKey { key }) => {
+            let key = match key {
+                Some(k) => k,
+                None => std::io::read_to_string(std::io::stdin())?,
+            };
+            let key = key.trim();
+            if key.is_empty() {
+                bail!("give a non-empty key");
+            }
+            println!("\"{}\"", wasmtron::tenancy::hash_key(key));
+            return Ok(());
+        }
+        None => {}
     }
+    let tenancy = match &cli.config {
+        Some(path) => Some(std::sync::Arc::new(
+            wasmtron::tenancy::Tenancy::load(path).map_err(anyhow::Error::from)?,
+        )),
+        None => None,
+    };
     let level = if cli.log_verbose > 0 { "debug" } else { "info" };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -239,7 +270,8 @@ async fn main() -> anyhow::Result<()> {
     if cli.allow_grpc {
         let listener = bind(&cli.grpc_address, cli.grpc_port, "grpc").await?;
         eprintln!("Started GRPCInferenceService at {}", listener.local_addr()?);
-        let service = GrpcInferenceServiceServer::new(GrpcService::new(server.clone()))
+        let grpc = GrpcService::new(server.clone()).with_tenancy(tenancy.clone());
+        let service = GrpcInferenceServiceServer::new(grpc)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
             .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
@@ -268,6 +300,7 @@ async fn main() -> anyhow::Result<()> {
         let app = http::router(HttpState {
             server: server.clone(),
             max_input_size: cli.http_max_input_size,
+            tenancy: tenancy.clone(),
         });
         let token = stop.clone();
         tasks.push(tokio::spawn(async move {

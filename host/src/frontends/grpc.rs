@@ -8,8 +8,8 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{
-    model_config, model_metadata, model_statistics, parse_version, EXTENSIONS, SERVER_NAME,
-    SERVER_VERSION,
+    check_load, check_unload, model_config, model_metadata, model_statistics, parse_version,
+    EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
     error::{Code, Error},
@@ -21,6 +21,7 @@ use crate::{
         repository_index_response::ModelIndex, *,
     },
     scheduling::{model_manager::LoadOverride, server::Server},
+    tenancy::{Caller, ModelAction, Tenancy},
     tensor::{push_bytes_element, DataType, Tensor},
 };
 
@@ -29,13 +30,41 @@ pub use crate::proto::inference::grpc_inference_service_server::GrpcInferenceSer
 /// The gRPC service implementation.
 pub struct GrpcService {
     server: Arc<Server>,
+    tenancy: Option<Arc<Tenancy>>,
 }
 
 impl GrpcService {
-    /// A service over the server core.
+    /// A service over the server core, open to everyone.
     pub fn new(server: Arc<Server>) -> Self {
-        Self { server }
+        Self {
+            server,
+            tenancy: None,
+        }
     }
+
+    /// The service for the tenants of `tenancy`: every call but the health checks needs an
+    /// API key in the `authorization` metadata (`Bearer <key>`).
+    pub fn with_tenancy(mut self, tenancy: Option<Arc<Tenancy>>) -> Self {
+        self.tenancy = tenancy;
+        self
+    }
+
+    /// Who sent `request`.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let Some(tenancy) = &self.tenancy else {
+            return Ok(Caller::Anyone);
+        };
+        let key = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        tenancy.authenticate(key).map_err(to_status)
+    }
+}
+
+/// [`Caller::require`] as a gRPC status.
+fn require(caller: &Caller, action: ModelAction, model: &str) -> Result<(), Status> {
+    caller.require(action, model).map_err(to_status)
 }
 
 /// Maps an error to a gRPC status.
@@ -48,6 +77,8 @@ pub fn to_status(err: Error) -> Status {
         Code::AlreadyExists => tonic::Code::AlreadyExists,
         Code::Cancelled => tonic::Code::Cancelled,
         Code::Internal => tonic::Code::Internal,
+        Code::Unauthenticated => tonic::Code::Unauthenticated,
+        Code::PermissionDenied => tonic::Code::PermissionDenied,
     };
     Status::new(code, err.message)
 }
@@ -342,7 +373,9 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelReadyRequest>,
     ) -> Result<Response<ModelReadyResponse>, Status> {
+        let caller = self.caller(&r)?;
         let r = r.into_inner();
+        require(&caller, ModelAction::See, &r.name)?;
         let version = parse_version(&r.name, &r.version).map_err(to_status)?;
         Ok(Response::new(ModelReadyResponse {
             ready: self.server.models().is_ready(&r.name, version),
@@ -351,8 +384,9 @@ impl GrpcInferenceService for GrpcService {
 
     async fn server_metadata(
         &self,
-        _: Request<ServerMetadataRequest>,
+        r: Request<ServerMetadataRequest>,
     ) -> Result<Response<ServerMetadataResponse>, Status> {
+        self.caller(&r)?;
         Ok(Response::new(ServerMetadataResponse {
             name: SERVER_NAME.to_owned(),
             version: SERVER_VERSION.to_owned(),
@@ -364,7 +398,9 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelMetadataRequest>,
     ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let caller = self.caller(&r)?;
         let r = r.into_inner();
+        require(&caller, ModelAction::See, &r.name)?;
         model_metadata(&self.server, &r.name, &r.version)
             .map(Response::new)
             .map_err(to_status)
@@ -374,7 +410,10 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
-        infer_one(&self.server, r.into_inner())
+        let caller = self.caller(&r)?;
+        let r = r.into_inner();
+        require(&caller, ModelAction::Infer, &r.model_name)?;
+        infer_one(&self.server, r)
             .await
             .map(Response::new)
             .map_err(to_status)
@@ -386,12 +425,19 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let caller = self.caller(&r)?;
         let server = self.server.clone();
         let incoming = r.into_inner();
         // Requests on one stream are answered in order, each with all of its responses (0..N
         // for a decoupled model); errors travel in-band as Triton does.
         let responses = incoming.flat_map(move |item| match item {
-            Ok(req) => stream_one(server.clone(), req),
+            Ok(req) => match caller.require(ModelAction::Infer, &req.model_name) {
+                Ok(()) => stream_one(server.clone(), req),
+                Err(e) => {
+                    let id = req.id;
+                    futures::stream::once(async move { Ok(stream_error(id, e)) }).boxed()
+                }
+            },
             Err(status) => futures::stream::once(async { Err(status) }).boxed(),
         });
         Ok(Response::new(Box::pin(responses)))
@@ -401,7 +447,9 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelConfigRequest>,
     ) -> Result<Response<ModelConfigResponse>, Status> {
+        let caller = self.caller(&r)?;
         let r = r.into_inner();
+        require(&caller, ModelAction::See, &r.name)?;
         model_config(&self.server, &r.name, &r.version)
             .map(|config| {
                 Response::new(ModelConfigResponse {
@@ -415,21 +463,28 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelStatisticsRequest>,
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let caller = self.caller(&r)?;
         let r = r.into_inner();
-        model_statistics(&self.server, &r.name, &r.version)
-            .map(|model_stats| Response::new(ModelStatisticsResponse { model_stats }))
-            .map_err(to_status)
+        if !r.name.is_empty() {
+            require(&caller, ModelAction::See, &r.name)?;
+        }
+        let mut model_stats =
+            model_statistics(&self.server, &r.name, &r.version).map_err(to_status)?;
+        model_stats.retain(|s| caller.may(ModelAction::See, &s.name));
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
     }
 
     async fn repository_index(
         &self,
         r: Request<RepositoryIndexRequest>,
     ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let caller = self.caller(&r)?;
         let models = self
             .server
             .models()
             .index(r.into_inner().ready)
             .into_iter()
+            .filter(|e| caller.may(ModelAction::See, &e.name))
             .map(|e| ModelIndex {
                 name: e.name,
                 version: e.version.map(|v| v.to_string()).unwrap_or_default(),
@@ -444,8 +499,10 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<RepositoryModelLoadRequest>,
     ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        let caller = self.caller(&r)?;
         self.server.check_model_control().map_err(to_status)?;
         let r = r.into_inner();
+        require(&caller, ModelAction::Load, &r.model_name)?;
         let mut overrides = LoadOverride::default();
         for (key, value) in r.parameters {
             match (key.as_str(), value.parameter_choice) {
@@ -467,6 +524,7 @@ impl GrpcInferenceService for GrpcService {
                 r.model_name
             )));
         }
+        check_load(&caller, &r.model_name, &overrides).map_err(to_status)?;
         self.server
             .models()
             .load(&r.model_name, overrides)
@@ -479,14 +537,17 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        let caller = self.caller(&r)?;
         self.server.check_model_control().map_err(to_status)?;
         let r = r.into_inner();
+        require(&caller, ModelAction::Load, &r.model_name)?;
         let unload_dependents = matches!(
             r.parameters
                 .get("unload_dependents")
                 .and_then(|p| p.parameter_choice.as_ref()),
             Some(RepoParam::BoolParam(true))
         );
+        check_unload(&caller, &r.model_name, unload_dependents).map_err(to_status)?;
         self.server
             .models()
             .unload(&r.model_name, unload_dependents)
@@ -539,15 +600,21 @@ impl GrpcInferenceService for GrpcService {
 
     async fn trace_setting(
         &self,
-        _: Request<TraceSettingRequest>,
+        r: Request<TraceSettingRequest>,
     ) -> Result<Response<TraceSettingResponse>, Status> {
+        self.caller(&r)?
+            .require_admin("the trace and logging APIs")
+            .map_err(to_status)?;
         unimplemented("trace settings")
     }
 
     async fn log_settings(
         &self,
-        _: Request<LogSettingsRequest>,
+        r: Request<LogSettingsRequest>,
     ) -> Result<Response<LogSettingsResponse>, Status> {
+        self.caller(&r)?
+            .require_admin("the trace and logging APIs")
+            .map_err(to_status)?;
         unimplemented("log settings")
     }
 }

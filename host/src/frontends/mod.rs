@@ -12,7 +12,8 @@ use crate::{
         model_metadata_response::TensorMetadata, InferBatchStatistics, InferStatistics,
         ModelConfig, ModelMetadataResponse, ModelStatistics, StatisticDuration,
     },
-    scheduling::{server::Server, stats::DurationStat},
+    scheduling::{model_manager::LoadOverride, server::Server, stats::DurationStat},
+    tenancy::{Caller, ModelAction},
     tensor::DataType,
 };
 
@@ -194,4 +195,24 @@ pub fn model_statistics(
             }
         })
         .collect())
+}
+
+/// Whether `caller` may load `model` as asked. A configuration or files in the request are for
+/// administrators: they could make an ensemble of other tenants' models or run any stage.
+pub fn check_load(caller: &Caller, model: &str, overrides: &LoadOverride) -> Result<()> {
+    caller.require(ModelAction::Load, model)?;
+    if overrides.config_json.is_some() || !overrides.files.is_empty() {
+        caller.require_admin("load with a configuration or files")?;
+    }
+    Ok(())
+}
+
+/// Whether `caller` may unload `model` as asked; `unload_dependents` (which unloads the models
+/// an ensemble calls, whoever's they are) is for administrators.
+pub fn check_unload(caller: &Caller, model: &str, unload_dependents: bool) -> Result<()> {
+    caller.require(ModelAction::Load, model)?;
+    if unload_dependents {
+        caller.require_admin("unload_dependents")?;
+    }
+    Ok(())
 }

@@ -13,21 +13,22 @@ use axum::{
     http::{header, HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
     routing::{any, get, post},
-    Json, Router,
+    Extension, Json, Router,
 };
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{
-    model_config, model_metadata, model_statistics, parse_version, EXTENSIONS, SERVER_NAME,
-    SERVER_VERSION,
+    check_load, check_unload, model_config, model_metadata, model_statistics, parse_version,
+    EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
     error::{Code, Error},
     proto::inference::{ModelStatistics, StatisticDuration},
     repository::config::to_json,
     scheduling::{model_manager::LoadOverride, server::Server},
+    tenancy::{Caller, ModelAction, Tenancy},
 };
 
 /// State shared by the HTTP handlers.
@@ -37,6 +38,8 @@ pub struct HttpState {
     pub server: Arc<Server>,
     /// Largest request body accepted, before and after decompression.
     pub max_input_size: usize,
+    /// Tenants and their keys; `None` serves everyone (single-tenant).
+    pub tenancy: Option<Arc<Tenancy>>,
 }
 
 /// An error rendered as Triton does: a status code and `{"error": "..."}`.
@@ -56,17 +59,50 @@ pub fn status_for(code: Code) -> StatusCode {
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Code::Unsupported => StatusCode::NOT_IMPLEMENTED,
         Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut response = (
             status_for(self.0.code),
             Json(json!({ "error": self.0.message })),
         )
-            .into_response()
+            .into_response();
+        if self.0.code == Code::Unauthenticated {
+            let challenge = HeaderValue::from_static("Bearer");
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, challenge);
+        }
+        response
     }
+}
+
+/// Finds who sent a request (its API key) and hands the [`Caller`] to the handlers; health
+/// probes need no key, so that orchestrators can check the server.
+async fn authenticate(
+    State(st): State<HttpState>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let caller = match &st.tenancy {
+        Some(tenancy) if !request.uri().path().starts_with("/v2/health/") => {
+            let key = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            match tenancy.authenticate(key) {
+                Ok(caller) => caller,
+                Err(e) => return ApiError(e).into_response(),
+            }
+        }
+        _ => Caller::Anyone,
+    };
+    request.extensions_mut().insert(caller);
+    next.run(request).await
 }
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -117,13 +153,17 @@ pub fn router(state: HttpState) -> Router {
         .route("/v2/systemsharedmemory/{*rest}", any(unsupported))
         .route("/v2/cudasharedmemory", any(unsupported))
         .route("/v2/cudasharedmemory/{*rest}", any(unsupported))
-        .route("/v2/trace/setting", any(unsupported))
-        .route("/v2/models/{model}/trace/setting", any(unsupported))
-        .route("/v2/logging", any(unsupported))
+        .route("/v2/trace/setting", any(admin_unsupported))
+        .route("/v2/models/{model}/trace/setting", any(admin_unsupported))
+        .route("/v2/logging", any(admin_unsupported))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read with our own limit so that oversize requests get a JSON error.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
         .with_state(state)
 }
 
@@ -141,8 +181,18 @@ async fn method_not_allowed() -> Response {
 
 async fn unsupported() -> ApiError {
     ApiError(Error::unsupported(
-        "this extension (shared memory, trace or logging) is not supported by this server",
+        "this extension (shared memory) is not supported by this server",
     ))
+}
+
+/// Trace and log settings: for administrators, and not offered yet.
+async fn admin_unsupported(Extension(caller): Extension<Caller>) -> ApiError {
+    match caller.require_admin("the trace and logging APIs") {
+        Err(e) => ApiError(e),
+        Ok(()) => ApiError(Error::unsupported(
+            "this extension (trace or logging) is not supported by this server",
+        )),
+    }
 }
 
 fn health(ok: bool) -> StatusCode {
@@ -174,9 +224,11 @@ fn path_parts(p: &HashMap<String, String>) -> (String, String) {
 
 async fn metadata(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     let (model, version) = path_parts(&p);
+    caller.require(ModelAction::See, &model)?;
     let m = model_metadata(&st.server, &model, &version)?;
     let tensors =
         |ts: &[crate::proto::inference::model_metadata_response::TensorMetadata]| -> Vec<Value> {
@@ -195,18 +247,22 @@ async fn metadata(
 
 async fn model_ready(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
     let (model, version) = path_parts(&p);
+    caller.require(ModelAction::See, &model)?;
     let version = parse_version(&model, &version)?;
     Ok(health(st.server.models().is_ready(&model, version)))
 }
 
 async fn config(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     let (model, version) = path_parts(&p);
+    caller.require(ModelAction::See, &model)?;
     Ok(Json(to_json(&model_config(&st.server, &model, &version)?)))
 }
 
@@ -250,15 +306,22 @@ fn stats_json(stats: Vec<ModelStatistics>) -> Value {
     json!({ "model_stats": models })
 }
 
-async fn all_stats(State(st): State<HttpState>) -> ApiResult<Json<Value>> {
-    Ok(Json(stats_json(model_statistics(&st.server, "", "")?)))
+async fn all_stats(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<Value>> {
+    let mut stats = model_statistics(&st.server, "", "")?;
+    stats.retain(|s| caller.may(ModelAction::See, &s.name));
+    Ok(Json(stats_json(stats)))
 }
 
 async fn stats(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     let (model, version) = path_parts(&p);
+    caller.require(ModelAction::See, &model)?;
     Ok(Json(stats_json(model_statistics(
         &st.server, &model, &version,
     )?)))
@@ -334,11 +397,13 @@ fn compress(headers: &HeaderMap, body: Bytes) -> (Option<&'static str>, Bytes) {
 
 async fn infer(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let (model, version) = path_parts(&p);
+    caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
     let body = read_body(&st, &headers, body).await?;
     let json_length = match headers.get(codec::HEADER_LENGTH) {
@@ -389,11 +454,13 @@ async fn infer(
 /// Decodes a generate request for the model named in the path.
 async fn generate_request(
     st: &HttpState,
+    caller: &Caller,
     p: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<crate::inference::InferRequest, Error> {
     let (model, version) = path_parts(p);
+    caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
     let body = read_body(st, headers, body).await?;
     let json: Value = serde_json::from_slice(&body)
@@ -405,11 +472,12 @@ async fn generate_request(
 /// `…/generate`: exactly one response, as JSON.
 async fn generate(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let request = generate_request(&st, &p, &headers, body).await?;
+    let request = generate_request(&st, &caller, &p, &headers, body).await?;
     let model = request.model_name.clone();
     let mut items = st.server.infer_stream(request);
     let mut responses = Vec::new();
@@ -429,12 +497,13 @@ async fn generate(
 /// `…/generate_stream`: every response as a server-sent event, errors in-band.
 async fn generate_stream(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     use axum::response::sse::{Event, Sse};
-    let request = generate_request(&st, &p, &headers, body).await?;
+    let request = generate_request(&st, &caller, &p, &headers, body).await?;
     let items = st.server.infer_stream(request);
     let events = futures::stream::unfold(items, |mut items| async move {
         let item = items.recv().await?;
@@ -460,6 +529,7 @@ fn optional_json(body: &Bytes) -> Result<Value, Error> {
 
 async fn index(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
@@ -473,6 +543,7 @@ async fn index(
         .models()
         .index(ready)
         .into_iter()
+        .filter(|e| caller.may(ModelAction::See, &e.name))
         .map(|e| {
             let mut v = json!({"name": e.name, "state": e.state.as_str()});
             if let Some(version) = e.version {
@@ -489,12 +560,14 @@ async fn index(
 
 async fn load(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
     st.server.check_model_control()?;
     let (model, _) = path_parts(&p);
+    caller.require(ModelAction::Load, &model)?;
     let body = read_body(&st, &headers, body).await?;
     let request = optional_json(&body)?;
     let mut overrides = LoadOverride::default();
@@ -525,21 +598,25 @@ async fn load(
         ))
         .into());
     }
+    check_load(&caller, &model, &overrides)?;
     st.server.models().load(&model, overrides).await?;
     Ok(Json(json!({})))
 }
 
 async fn unload(
     State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(p): Path<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
     st.server.check_model_control()?;
     let (model, _) = path_parts(&p);
+    caller.require(ModelAction::Load, &model)?;
     let body = read_body(&st, &headers, body).await?;
     let request = optional_json(&body)?;
     let unload_dependents = request["parameters"]["unload_dependents"].as_bool() == Some(true);
+    check_unload(&caller, &model, unload_dependents)?;
     st.server.models().unload(&model, unload_dependents).await?;
     Ok(Json(json!({})))
 }

@@ -104,6 +104,8 @@ fn to_wit_error(e: Error) -> wit::Error {
         Code::Unavailable => wit::ErrorCode::Unavailable,
         Code::Unsupported => wit::ErrorCode::Unsupported,
         Code::Internal => wit::ErrorCode::Internal,
+        // A stage's call refused by access control: the stage sees an unfitting request.
+        Code::Unauthenticated | Code::PermissionDenied => wit::ErrorCode::InvalidArgument,
     };
     wit::Error {
         code,

@@ -1,0 +1,238 @@
+"""Tenants (`--config wasmtron.toml`) with the stock tritonclient over HTTP and gRPC: API keys
+in the Authorization header / metadata, and every route refusing what a tenant may not do
+(infer, see, load, unload, admin APIs) with 401/403 and UNAUTHENTICATED/PERMISSION_DENIED,
+while the health probes stay open."""
+import json
+import os
+import subprocess
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import BINARY, Server, copy_models
+
+KEYS = {"alpha": "alpha-key-1", "beta": "beta-key-1", "ops": "ops-key-1"}
+
+
+def digest(key):
+    out = subprocess.run([BINARY, "hash-key"], input=key, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def config_text():
+    return f"""
+[[tenant]]
+name = "alpha"
+api_keys = [{digest(KEYS["alpha"])}]
+infer = ["simple"]
+see = ["identity_fp32"]
+
+[[tenant]]
+name = "beta"
+api_keys = [{digest(KEYS["beta"])}]
+infer = ["identity_*"]
+load = ["identity_*"]
+
+[[tenant]]
+name = "ops"
+api_keys = [{digest(KEYS["ops"])}]
+admin = true
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("tenancy")
+    copy_models(str(repo), ["simple", "identity_fp32", "identity_bytes"])
+    config = repo / "wasmtron.toml"
+    config.write_text(config_text())
+    s = Server(str(repo), "--config", str(config), "--model-control-mode", "explicit",
+               "--load-model", "*")
+    yield s
+    s.stop()
+
+
+def bearer(tenant):
+    return {"Authorization": f"Bearer {KEYS[tenant]}"}
+
+
+def http(server):
+    return httpclient.InferenceServerClient(server.http, network_timeout=120)
+
+
+def grpc(server):
+    return grpcclient.InferenceServerClient(server.grpc)
+
+
+def grpc_headers(tenant):
+    return {"authorization": f"Bearer {KEYS[tenant]}"}
+
+
+def simple_inputs(mod):
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        t = mod.InferInput(name, [1, 16], "INT32")
+        t.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+        inputs.append(t)
+    return inputs
+
+
+def fp32_input(mod):
+    t = mod.InferInput("INPUT0", [2, 2], "FP32")
+    t.set_data_from_numpy(np.ones((2, 2), dtype=np.float32))
+    return [t]
+
+
+def raw(server, method, path, tenant=None, body=None):
+    """(status, JSON body, headers) of a plain HTTP request."""
+    req = urllib.request.Request(f"http://{server.http}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode())
+    if tenant:
+        req.add_header("Authorization", f"Bearer {KEYS[tenant]}")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = r.read().decode()
+            return r.status, json.loads(text) if text else None, r.headers
+    except urllib.error.HTTPError as e:
+        text = e.read().decode()
+        return e.code, json.loads(text) if text else None, e.headers
+
+
+def refused(call, code):
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    text = str(e.value)
+    assert code in text, text
+    return text
+
+
+def test_health_probes_need_no_key(server):
+    assert raw(server, "GET", "/v2/health/live")[0] == 200
+    assert raw(server, "GET", "/v2/health/ready")[0] == 200
+    assert grpc(server).is_server_live() and grpc(server).is_server_ready()
+
+
+@pytest.mark.parametrize("path", ["/v2", "/v2/models/simple", "/v2/models/simple/config",
+                                  "/v2/models/stats", "/v2/models/no_such_model"])
+def test_http_without_a_key_is_401(server, path):
+    status, body, headers = raw(server, "GET", path)
+    assert status == 401 and "Authorization: Bearer" in body["error"], body
+    assert headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_wrong_and_missing_keys_are_refused_everywhere(server):
+    wrong_http = {"Authorization": "Bearer not-a-key"}
+    text = refused(lambda: http(server).infer("simple", simple_inputs(httpclient), headers=wrong_http), "401")
+    assert "not valid" in text
+    refused(lambda: http(server).get_model_repository_index(), "401")
+    refused(lambda: grpc(server).infer("simple", simple_inputs(grpcclient)), "UNAUTHENTICATED")
+    refused(lambda: grpc(server).get_server_metadata(headers={"authorization": "Bearer nope"}),
+            "UNAUTHENTICATED")
+    refused(lambda: grpc(server).get_model_repository_index(headers={"authorization": "nope"}),
+            "UNAUTHENTICATED")
+
+
+def test_a_tenant_infers_with_its_models_only(server):
+    r = http(server).infer("simple", simple_inputs(httpclient), headers=bearer("alpha"))
+    assert r.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
+    r = grpc(server).infer("simple", simple_inputs(grpcclient), headers=grpc_headers("alpha"))
+    assert r.as_numpy("OUTPUT1").tolist() == [[0] * 16]
+    text = refused(lambda: http(server).infer("identity_fp32", fp32_input(httpclient), headers=bearer("alpha")), "403")
+    assert "tenant 'alpha' may not infer with model 'identity_fp32'" in text
+    refused(lambda: grpc(server).infer("identity_fp32", fp32_input(grpcclient), headers=grpc_headers("alpha")),
+            "PERMISSION_DENIED")
+    # The same answer whether or not the model exists: nothing leaks about other tenants.
+    text = refused(lambda: http(server).infer("beta_secret", fp32_input(httpclient), headers=bearer("alpha")), "403")
+    assert "model 'beta_secret'" in text
+    # beta's patterns: identity_* only.
+    r = grpc(server).infer("identity_fp32", fp32_input(grpcclient), headers=grpc_headers("beta"))
+    assert r.as_numpy("OUTPUT0").tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    refused(lambda: grpc(server).infer("simple", simple_inputs(grpcclient), headers=grpc_headers("beta")),
+            "PERMISSION_DENIED")
+
+
+def test_a_stream_refuses_other_tenants_models_in_band(server):
+    c = grpc(server)
+    results = []
+    c.start_stream(callback=lambda result, error: results.append((result, error)),
+                   headers=grpc_headers("alpha"))
+    c.async_stream_infer("simple", simple_inputs(grpcclient), request_id="mine")
+    c.async_stream_infer("identity_fp32", fp32_input(grpcclient), request_id="theirs")
+    c.stop_stream()
+    assert len(results) == 2
+    (ok, none), (nothing, error) = results
+    assert none is None and ok.get_response().id == "mine"
+    assert nothing is None and "tenant 'alpha' may not infer with model 'identity_fp32'" in str(error)
+
+
+def test_a_tenant_sees_only_what_it_may(server):
+    h = http(server)
+    assert h.get_model_metadata("identity_fp32", headers=bearer("alpha"))["name"] == "identity_fp32"
+    assert h.get_model_config("simple", headers=bearer("alpha"))["name"] == "simple"
+    assert h.is_model_ready("simple", headers=bearer("alpha"))
+    for call in (lambda: h.get_model_metadata("identity_bytes", headers=bearer("alpha")),
+                 lambda: h.get_model_config("identity_bytes", headers=bearer("alpha")),
+                 lambda: h.get_inference_statistics("identity_bytes", headers=bearer("alpha"))):
+        refused(call, "403")
+    status, body, _ = raw(server, "GET", "/v2/models/identity_bytes/ready", "alpha")
+    assert status == 403, body
+    names = sorted(m["name"] for m in h.get_model_repository_index(headers=bearer("alpha")))
+    assert names == ["identity_fp32", "simple"]
+    stats = h.get_inference_statistics(headers=bearer("alpha"))["model_stats"]
+    assert sorted(s["name"] for s in stats) == ["identity_fp32", "simple"]
+    g = grpc(server)
+    index = g.get_model_repository_index(headers=grpc_headers("beta"), as_json=True)["models"]
+    assert sorted(m["name"] for m in index) == ["identity_bytes", "identity_fp32"]
+    stats = g.get_inference_statistics(headers=grpc_headers("beta"), as_json=True)["model_stats"]
+    assert sorted(s["name"] for s in stats) == ["identity_bytes", "identity_fp32"]
+    for call in (lambda: g.get_model_metadata("simple", headers=grpc_headers("beta")),
+                 lambda: g.get_model_config("simple", headers=grpc_headers("beta")),
+                 lambda: g.get_inference_statistics("simple", headers=grpc_headers("beta")),
+                 lambda: g.is_model_ready("simple", headers=grpc_headers("beta"))):
+        refused(call, "PERMISSION_DENIED")
+    everything = sorted(m["name"] for m in h.get_model_repository_index(headers=bearer("ops")))
+    assert everything == ["identity_bytes", "identity_fp32", "simple"]
+
+
+def test_load_and_unload_follow_the_load_patterns(server):
+    h, g = http(server), grpc(server)
+    refused(lambda: h.unload_model("simple", headers=bearer("alpha")), "403")
+    refused(lambda: g.unload_model("simple", headers=grpc_headers("beta")), "PERMISSION_DENIED")
+    refused(lambda: h.load_model("simple", headers=bearer("beta")), "403")
+    h.unload_model("identity_bytes", headers=bearer("beta"))
+    assert not h.is_model_ready("identity_bytes", headers=bearer("beta"))
+    g.load_model("identity_bytes", headers=grpc_headers("beta"))
+    assert g.is_model_ready("identity_bytes", headers=grpc_headers("beta"))
+    # A configuration (or files) in the load request, and unload_dependents: administrators'.
+    config = json.dumps({"backend": "onnxruntime", "max_batch_size": 0})
+    text = refused(lambda: h.load_model("identity_bytes", config=config, headers=bearer("beta")), "403")
+    assert "load with a configuration or files" in text
+    refused(lambda: h.unload_model("identity_bytes", unload_dependents=True, headers=bearer("beta")), "403")
+    h.unload_model("simple", headers=bearer("ops"))
+    h.load_model("simple", headers=bearer("ops"))
+    assert h.is_model_ready("simple", headers=bearer("alpha"))
+
+
+def test_log_and_trace_settings_are_for_administrators(server):
+    status, body, _ = raw(server, "GET", "/v2/logging", "alpha")
+    assert status == 403 and "for administrators" in body["error"], body
+    status, body, _ = raw(server, "GET", "/v2/trace/setting", "beta")
+    assert status == 403, body
+    assert raw(server, "GET", "/v2/logging", "ops")[0] == 501
+    refused(lambda: grpc(server).get_log_settings(headers=grpc_headers("alpha")), "PERMISSION_DENIED")
+    refused(lambda: grpc(server).get_log_settings(headers=grpc_headers("ops")), "UNIMPLEMENTED")
+
+
+def test_a_bad_config_file_stops_the_server_with_a_clear_message(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[tenant]]\nname = "alpha"\napi_keys = ["plain-text-key"]\n')
+    proc = subprocess.run([BINARY, "--model-repository", str(tmp_path), "--config", str(bad),
+                           "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "tenant[0] ('alpha').api_keys" in proc.stderr and "hash-key" in proc.stderr, proc.stderr
