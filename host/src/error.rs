@@ -23,6 +23,8 @@ pub enum Code {
     Unauthenticated,
     /// The caller's tenant may not do this (HTTP 403, gRPC PERMISSION_DENIED).
     PermissionDenied,
+    /// The caller's tenant is over a quota (HTTP 429, gRPC RESOURCE_EXHAUSTED).
+    ResourceExhausted,
 }
 
 /// A request-level error: what went wrong, with the code that classifies it.
@@ -75,6 +77,10 @@ impl Error {
     /// Something the caller's tenant may not do.
     pub fn permission_denied(message: impl Into<String>) -> Self {
         Self::new(Code::PermissionDenied, message)
+    }
+    /// Over a tenant's quota.
+    pub fn resource_exhausted(message: impl Into<String>) -> Self {
+        Self::new(Code::ResourceExhausted, message)
     }
 }
 

@@ -9,6 +9,12 @@
 //! see = ["public_*"]                # models it may see (metadata, config, stats, index) besides
 //! load = ["alpha_*"]                # models it may load and unload
 //!
+//! [tenant.quotas]                  # each optional; over one: 429 / RESOURCE_EXHAUSTED
+//! max_concurrent_requests = 8
+//! requests_per_second = 100.0
+//! burst = 20
+//! max_request_bytes = 1048576
+//!
 //! [[tenant]]
 //! name = "ops"
 //! api_keys = ["sha256:…"]
@@ -18,7 +24,15 @@
 //! A tenant sees the models it may infer with or load, and those of `see`. Keys are stored
 //! only as SHA-256 digests: the file can be read without revealing a key.
 
-use std::{collections::HashMap, path::Path, sync::Arc};
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Instant,
+};
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -77,6 +91,23 @@ struct TenantEntry {
     see: Vec<String>,
     #[serde(default)]
     load: Vec<String>,
+    #[serde(default)]
+    quotas: QuotaLimits,
+}
+
+/// A tenant's `[tenant.quotas]`: each limit is off when absent.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaLimits {
+    /// Inference requests the tenant may have in the server at once.
+    pub max_concurrent_requests: Option<usize>,
+    /// Sustained inference requests per second (a token bucket refilled at this rate).
+    pub requests_per_second: Option<f64>,
+    /// Requests allowed at once above the rate (the bucket's size); default: one second's worth,
+    /// at least 1.
+    pub burst: Option<f64>,
+    /// Largest inference request body, in bytes (after decompression).
+    pub max_request_bytes: Option<usize>,
 }
 
 /// Model names a permission covers: exact names, prefixes written `name*`, or `*` for all.
@@ -106,7 +137,7 @@ impl ModelPatterns {
 }
 
 /// One tenant and what it may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Tenant {
     /// Its name (in error messages, logs and metrics).
     pub name: String,
@@ -115,10 +146,91 @@ pub struct Tenant {
     infer: ModelPatterns,
     see: ModelPatterns,
     load: ModelPatterns,
+    quotas: Quotas,
+}
+
+/// A tenant's quotas and what it is using of them.
+#[derive(Debug)]
+struct Quotas {
+    limits: QuotaLimits,
+    in_flight: AtomicUsize,
+    bucket: Mutex<Bucket>,
+}
+
+/// The request-rate token bucket.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+/// An admitted inference request; dropping it gives its concurrency slot back.
+#[derive(Debug)]
+pub struct Admission(Option<Arc<Tenant>>);
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.quotas.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Tenant {
+    /// Takes a concurrency slot and a rate token for a request of `bytes`, or says which
+    /// quota it is over.
+    fn admit(self: &Arc<Self>, bytes: usize) -> Result<Admission> {
+        let limits = &self.quotas.limits;
+        let over = |what: String| {
+            Error::resource_exhausted(format!(
+                "tenant '{}' is over its quota: {what}; retry later",
+                self.name
+            ))
+        };
+        if let Some(max) = limits.max_request_bytes {
+            if bytes > max {
+                return Err(Error::resource_exhausted(format!(
+                    "the request of {bytes} bytes is larger than tenant '{}' may send \
+                     (quotas.max_request_bytes = {max})",
+                    self.name
+                )));
+            }
+        }
+        let in_flight = self.quotas.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        // From here on, dropping the admission gives the slot back.
+        let admission = Admission(Some(self.clone()));
+        if let Some(max) = limits.max_concurrent_requests {
+            if in_flight > max {
+                return Err(over(format!(
+                    "{max} concurrent requests (quotas.max_concurrent_requests)"
+                )));
+            }
+        }
+        if let Some(rate) = limits.requests_per_second {
+            let burst = limits.burst.unwrap_or(rate).max(1.0);
+            let mut bucket = self
+                .quotas
+                .bucket
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            let elapsed = now.saturating_duration_since(bucket.refilled).as_secs_f64();
+            bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);
+            bucket.refilled = now;
+            if bucket.tokens < 1.0 {
+                return Err(over(format!(
+                    "{rate} requests per second with a burst of {burst} \
+                     (quotas.requests_per_second, quotas.burst)"
+                )));
+            }
+            bucket.tokens -= 1.0;
+        }
+        Ok(admission)
+    }
 }
 
 /// Who sent a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Caller {
     /// The server runs without tenants: everyone may do everything.
     Anyone,
@@ -183,6 +295,16 @@ impl Caller {
             self.tenant().unwrap_or_default(),
             action.verb()
         )))
+    }
+
+    /// Admits an inference request of `bytes` under the tenant's quotas (concurrency, rate,
+    /// size): the returned [`Admission`] holds a concurrency slot until dropped. The error
+    /// (429 / RESOURCE_EXHAUSTED) names the quota.
+    pub fn admit(&self, bytes: usize) -> Result<Admission> {
+        match self {
+            Caller::Anyone => Ok(Admission(None)),
+            Caller::Tenant(t) => t.admit(bytes),
+        }
     }
 
     /// Refuses callers that are not administrators (`what` names the API).
@@ -262,12 +384,35 @@ impl Tenancy {
             }
             let patterns =
                 |list: Vec<String>, f: &str| ModelPatterns::new(list, &field(f)).map_err(&invalid);
+            let q = &entry.quotas;
+            let positive = |v: Option<f64>| v.is_none_or(|v| v.is_finite() && v > 0.0);
+            if !positive(q.requests_per_second) || !positive(q.burst) {
+                return Err(invalid(format!(
+                    "{}: requests_per_second and burst must be positive numbers",
+                    field("quotas")
+                )));
+            }
+            if q.max_concurrent_requests == Some(0) || q.max_request_bytes == Some(0) {
+                return Err(invalid(format!(
+                    "{}: a limit of 0 would refuse every request; leave it out for no limit",
+                    field("quotas")
+                )));
+            }
+            let burst = q.burst.or(q.requests_per_second).unwrap_or(1.0).max(1.0);
             let tenant = Arc::new(Tenant {
                 name: entry.name.clone(),
                 admin: entry.admin,
                 infer: patterns(entry.infer, "infer")?,
                 see: patterns(entry.see, "see")?,
                 load: patterns(entry.load, "load")?,
+                quotas: Quotas {
+                    limits: entry.quotas.clone(),
+                    in_flight: AtomicUsize::new(0),
+                    bucket: Mutex::new(Bucket {
+                        tokens: burst,
+                        refilled: Instant::now(),
+                    }),
+                },
             });
             for key in entry.api_keys {
                 let digest = key
@@ -374,6 +519,36 @@ mod tests {
     }
 
     #[test]
+    fn quotas_trip_at_their_numbers() {
+        let text = format!(
+            "[[tenant]]\nname = \"q\"\napi_keys = [\"{}\"]\n[tenant.quotas]\n\
+             max_concurrent_requests = 2\nrequests_per_second = 0.001\nburst = 3\n\
+             max_request_bytes = 100\n",
+            hash_key("k")
+        );
+        let t = Tenancy::parse(&text, "w.toml").unwrap();
+        let q = t.authenticate(Some("Bearer k")).unwrap();
+        let e = q.admit(101).unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert!(
+            e.message.contains("quotas.max_request_bytes = 100"),
+            "{}",
+            e.message
+        );
+        let first = q.admit(100).unwrap();
+        let second = q.admit(1).unwrap();
+        let e = q.admit(1).unwrap_err();
+        assert!(e.message.contains("2 concurrent requests"), "{}", e.message);
+        drop(first);
+        // A slot is free again, and the bucket holds its third and last token.
+        let third = q.admit(1).unwrap();
+        drop((second, third));
+        let e = q.admit(1).unwrap_err();
+        assert!(e.message.contains("requests per second"), "{}", e.message);
+        assert!(Caller::Anyone.admit(usize::MAX).is_ok());
+    }
+
+    #[test]
     fn missing_malformed_and_unknown_keys_are_unauthenticated() {
         let t = Tenancy::parse(&config(), "w.toml").unwrap();
         for header in [
@@ -405,6 +580,10 @@ mod tests {
                 "tenant[1] ('b').api_keys: a key is listed for tenant 'a' too",
             ),
             ("[[tenant]]\nname = \"a\"\napi_keys = []\ncolour = 1", "unknown field `colour`"),
+            (
+                &format!("[[tenant]]\nname = \"a\"\napi_keys = [\"{}\"]\n[tenant.quotas]\nburst = -1", hash_key("k")),
+                "tenant[0] ('a').quotas: requests_per_second and burst must be positive",
+            ),
         ];
         for (text, want) in cases {
             let e = Tenancy::parse(text, "w.toml").unwrap_err().to_string();

@@ -4,7 +4,10 @@ in the Authorization header / metadata, and every route refusing what a tenant m
 while the health probes stay open."""
 import json
 import os
+import shutil
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -14,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import BINARY, Server, copy_models
+from conftest import BINARY, ROOT, Server, copy_models
 
 KEYS = {"alpha": "alpha-key-1", "beta": "beta-key-1", "ops": "ops-key-1"}
 
@@ -236,3 +239,104 @@ def test_a_bad_config_file_stops_the_server_with_a_clear_message(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "tenant[0] ('alpha').api_keys" in proc.stderr and "hash-key" in proc.stderr, proc.stderr
+
+
+# Quotas: a second server whose tenants each have one limit.
+QUOTA_KEYS = {"small": "small-key", "bursty": "bursty-key", "single": "single-key"}
+
+
+@pytest.fixture(scope="module")
+def quota_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("quotas")
+    copy_models(str(repo), ["simple", "identity_fp32"])
+    # A stage that spins until its 8 s deadline: one request held in flight.
+    probe = os.path.join(ROOT, "tests", "models", "probe")
+    shutil.copytree(probe, repo / "probe_loop")
+    cfg = repo / "probe_loop" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace(
+        'parameters [ { key: "mode", value: { string_value: "echo" } } ]',
+        'parameters [ { key: "mode", value: { string_value: "loop" } },'
+        ' { key: "execution_timeout_ms", value: { string_value: "8000" } } ]'))
+    config = repo / "wasmtron.toml"
+    config.write_text(f"""
+[[tenant]]
+name = "small"
+api_keys = [{digest(QUOTA_KEYS["small"])}]
+infer = ["*"]
+[tenant.quotas]
+max_request_bytes = 2000
+
+[[tenant]]
+name = "bursty"
+api_keys = [{digest(QUOTA_KEYS["bursty"])}]
+infer = ["*"]
+[tenant.quotas]
+requests_per_second = 0.001
+burst = 3
+
+[[tenant]]
+name = "single"
+api_keys = [{digest(QUOTA_KEYS["single"])}]
+infer = ["*"]
+[tenant.quotas]
+max_concurrent_requests = 1
+""")
+    s = Server(str(repo), "--config", str(config))
+    yield s
+    s.stop()
+
+
+def quota_headers(tenant):
+    return {"Authorization": f"Bearer {QUOTA_KEYS[tenant]}"}
+
+
+def test_request_size_quota(quota_server):
+    h = http(quota_server)
+    h.infer("simple", simple_inputs(httpclient), headers=quota_headers("small"))
+    big = httpclient.InferInput("INPUT0", [1, 1000], "FP32")
+    big.set_data_from_numpy(np.ones((1, 1000), dtype=np.float32))
+    text = refused(lambda: h.infer("identity_fp32", [big], headers=quota_headers("small")), "429")
+    assert "tenant 'small'" in text and "quotas.max_request_bytes = 2000" in text
+    g = grpc(quota_server)
+    big = grpcclient.InferInput("INPUT0", [1, 1000], "FP32")
+    big.set_data_from_numpy(np.ones((1, 1000), dtype=np.float32))
+    refused(lambda: g.infer("identity_fp32", [big], headers={"authorization": f"Bearer {QUOTA_KEYS['small']}"}),
+            "RESOURCE_EXHAUSTED")
+
+
+def test_rate_quota_allows_its_burst_then_refuses(quota_server):
+    h, g = http(quota_server), grpc(quota_server)
+    grpc_auth = {"authorization": f"Bearer {QUOTA_KEYS['bursty']}"}
+    h.infer("simple", simple_inputs(httpclient), headers=quota_headers("bursty"))
+    g.infer("simple", simple_inputs(grpcclient), headers=grpc_auth)
+    h.infer("simple", simple_inputs(httpclient), headers=quota_headers("bursty"))
+    text = refused(lambda: h.infer("simple", simple_inputs(httpclient), headers=quota_headers("bursty")), "429")
+    assert "tenant 'bursty' is over its quota" in text and "requests per second" in text
+    refused(lambda: g.infer("simple", simple_inputs(grpcclient), headers=grpc_auth), "RESOURCE_EXHAUSTED")
+    # Other tenants are not affected.
+    h.infer("simple", simple_inputs(httpclient), headers=quota_headers("small"))
+
+
+def test_concurrency_quota(quota_server):
+    h = http(quota_server)
+    held = threading.Thread(target=lambda: pytest.raises(
+        InferenceServerException, http(quota_server).infer, "probe_loop", [probe_input()],
+        headers=quota_headers("single")))
+    held.start()
+    seen = None
+    while held.is_alive() and seen is None:
+        try:
+            h.infer("simple", simple_inputs(httpclient), headers=quota_headers("single"))
+        except InferenceServerException as e:
+            seen = str(e)
+        time.sleep(0.05)
+    held.join(120)
+    assert seen and "429" in seen and "1 concurrent requests" in seen, seen
+    # The slot came back when the held request ended.
+    h.infer("simple", simple_inputs(httpclient), headers=quota_headers("single"))
+
+
+def probe_input():
+    t = httpclient.InferInput("INPUT0", [1, 2], "FP32")
+    t.set_data_from_numpy(np.ones((1, 2), dtype=np.float32))
+    return t

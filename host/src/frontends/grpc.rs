@@ -79,6 +79,7 @@ pub fn to_status(err: Error) -> Status {
         Code::Internal => tonic::Code::Internal,
         Code::Unauthenticated => tonic::Code::Unauthenticated,
         Code::PermissionDenied => tonic::Code::PermissionDenied,
+        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
     };
     Status::new(code, err.message)
 }
@@ -413,6 +414,9 @@ impl GrpcInferenceService for GrpcService {
         let caller = self.caller(&r)?;
         let r = r.into_inner();
         require(&caller, ModelAction::Infer, &r.model_name)?;
+        let _admission = caller
+            .admit(prost::Message::encoded_len(&r))
+            .map_err(to_status)?;
         infer_one(&self.server, r)
             .await
             .map(Response::new)
@@ -431,13 +435,24 @@ impl GrpcInferenceService for GrpcService {
         // Requests on one stream are answered in order, each with all of its responses (0..N
         // for a decoupled model); errors travel in-band as Triton does.
         let responses = incoming.flat_map(move |item| match item {
-            Ok(req) => match caller.require(ModelAction::Infer, &req.model_name) {
-                Ok(()) => stream_one(server.clone(), req),
-                Err(e) => {
-                    let id = req.id;
-                    futures::stream::once(async move { Ok(stream_error(id, e)) }).boxed()
+            Ok(req) => {
+                let admitted = caller
+                    .require(ModelAction::Infer, &req.model_name)
+                    .and_then(|()| caller.admit(prost::Message::encoded_len(&req)));
+                match admitted {
+                    // The admission lives as long as this request's responses.
+                    Ok(admission) => stream_one(server.clone(), req)
+                        .map(move |item| {
+                            let _held = &admission;
+                            item
+                        })
+                        .boxed(),
+                    Err(e) => {
+                        let id = req.id;
+                        futures::stream::once(async move { Ok(stream_error(id, e)) }).boxed()
+                    }
                 }
-            },
+            }
             Err(status) => futures::stream::once(async { Err(status) }).boxed(),
         });
         Ok(Response::new(Box::pin(responses)))

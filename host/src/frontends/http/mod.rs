@@ -28,7 +28,7 @@ use crate::{
     proto::inference::{ModelStatistics, StatisticDuration},
     repository::config::to_json,
     scheduling::{model_manager::LoadOverride, server::Server},
-    tenancy::{Caller, ModelAction, Tenancy},
+    tenancy::{Admission, Caller, ModelAction, Tenancy},
 };
 
 /// State shared by the HTTP handlers.
@@ -61,6 +61,7 @@ pub fn status_for(code: Code) -> StatusCode {
         Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
     }
 }
 
@@ -406,6 +407,7 @@ async fn infer(
     caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
     let body = read_body(&st, &headers, body).await?;
+    let _admission = caller.admit(body.len())?;
     let json_length = match headers.get(codec::HEADER_LENGTH) {
         None => None,
         Some(v) => Some(
@@ -458,15 +460,19 @@ async fn generate_request(
     p: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Body,
-) -> Result<crate::inference::InferRequest, Error> {
+) -> Result<(crate::inference::InferRequest, Admission), Error> {
     let (model, version) = path_parts(p);
     caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
     let body = read_body(st, headers, body).await?;
+    let admission = caller.admit(body.len())?;
     let json: Value = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid(format!("generate: the body is not valid JSON: {e}")))?;
     let config = st.server.models().get(&model, version)?.config.clone();
-    generate::to_request(&config, &model, version, json)
+    Ok((
+        generate::to_request(&config, &model, version, json)?,
+        admission,
+    ))
 }
 
 /// `…/generate`: exactly one response, as JSON.
@@ -477,7 +483,7 @@ async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let request = generate_request(&st, &caller, &p, &headers, body).await?;
+    let (request, _admission) = generate_request(&st, &caller, &p, &headers, body).await?;
     let model = request.model_name.clone();
     let mut items = st.server.infer_stream(request);
     let mut responses = Vec::new();
@@ -503,9 +509,10 @@ async fn generate_stream(
     body: Body,
 ) -> ApiResult<Response> {
     use axum::response::sse::{Event, Sse};
-    let request = generate_request(&st, &caller, &p, &headers, body).await?;
+    let (request, admission) = generate_request(&st, &caller, &p, &headers, body).await?;
     let items = st.server.infer_stream(request);
-    let events = futures::stream::unfold(items, |mut items| async move {
+    // The admission rides along until the last event is sent.
+    let events = futures::stream::unfold((items, admission), |(mut items, admission)| async move {
         let item = items.recv().await?;
         let data = match item {
             Ok(resp) => generate::to_json(&resp),
@@ -513,7 +520,7 @@ async fn generate_stream(
         };
         Some((
             Ok::<_, std::convert::Infallible>(Event::default().data(data.to_string())),
-            items,
+            (items, admission),
         ))
     });
     Ok(Sse::new(events).into_response())

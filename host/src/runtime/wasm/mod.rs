@@ -106,6 +106,7 @@ fn to_wit_error(e: Error) -> wit::Error {
         Code::Internal => wit::ErrorCode::Internal,
         // A stage's call refused by access control: the stage sees an unfitting request.
         Code::Unauthenticated | Code::PermissionDenied => wit::ErrorCode::InvalidArgument,
+        Code::ResourceExhausted => wit::ErrorCode::Unavailable,
     };
     wit::Error {
         code,
