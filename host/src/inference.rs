@@ -74,6 +74,10 @@ pub struct InferRequest {
     /// For an ensemble step: where the step's model adds the time the request spent queued
     /// and computing, so that the ensemble reports the sum over its steps as Triton does.
     pub step_durations: Option<StepDurations>,
+    /// The tenants this request runs for: the client's, carried into ensemble steps and into
+    /// the calls a stage makes (several when a stage's batch mixes tenants). A stage may call
+    /// only models that every one of them may infer with. Empty without tenants.
+    pub callers: Vec<crate::tenancy::Caller>,
 }
 
 /// Queue and compute time that an ensemble's steps spent on one request, summed over the

@@ -238,6 +238,16 @@ pub enum Caller {
     Tenant(Arc<Tenant>),
 }
 
+impl PartialEq for Caller {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Caller::Anyone, Caller::Anyone) => true,
+            (Caller::Tenant(a), Caller::Tenant(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 /// What a caller wants to do with a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelAction {

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import BINARY, ROOT, Server, copy_models
 
-KEYS = {"alpha": "alpha-key-1", "beta": "beta-key-1", "ops": "ops-key-1"}
+KEYS = {"alpha": "alpha-key-1", "beta": "beta-key-1", "gamma": "gamma-key-1", "ops": "ops-key-1"}
 
 
 def digest(key):
@@ -32,7 +32,7 @@ def config_text():
 [[tenant]]
 name = "alpha"
 api_keys = [{digest(KEYS["alpha"])}]
-infer = ["simple"]
+infer = ["simple", "probe_bls"]
 see = ["identity_fp32"]
 
 [[tenant]]
@@ -40,6 +40,11 @@ name = "beta"
 api_keys = [{digest(KEYS["beta"])}]
 infer = ["identity_*"]
 load = ["identity_*"]
+
+[[tenant]]
+name = "gamma"
+api_keys = [{digest(KEYS["gamma"])}]
+infer = ["probe_bls"]
 
 [[tenant]]
 name = "ops"
@@ -52,12 +57,22 @@ admin = true
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("tenancy")
     copy_models(str(repo), ["simple", "identity_fp32", "identity_bytes"])
+    probe_copy(repo, "probe_bls", "bls")
     config = repo / "wasmtron.toml"
     config.write_text(config_text())
     s = Server(str(repo), "--config", str(config), "--model-control-mode", "explicit",
                "--load-model", "*")
     yield s
     s.stop()
+
+
+def probe_copy(repo, name, mode, extra=""):
+    """tests/models/probe as `name`, in `mode` (the bls mode calls `simple`)."""
+    shutil.copytree(os.path.join(ROOT, "tests", "models", "probe"), repo / name)
+    cfg = repo / name / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace(
+        'parameters [ { key: "mode", value: { string_value: "echo" } } ]',
+        f'parameters [ {{ key: "mode", value: {{ string_value: "{mode}" }} }}{extra} ]'))
 
 
 def bearer(tenant):
@@ -159,6 +174,19 @@ def test_a_tenant_infers_with_its_models_only(server):
             "PERMISSION_DENIED")
 
 
+def test_a_stage_calls_other_models_only_within_its_callers_permissions(server):
+    def probe(tenant):
+        t = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+        t.set_data_from_numpy(np.arange(16, dtype=np.float32).reshape(1, 16))
+        return http(server).infer("probe_bls", [t], headers=bearer(tenant))
+
+    # alpha may infer with probe_bls and with the model it calls (simple).
+    assert probe("alpha").as_numpy("OUTPUT0").tolist() == [list(map(float, range(0, 32, 2)))]
+    # gamma may run the stage, but not reach simple through it.
+    text = refused(lambda: probe("gamma"), "400")
+    assert "tenant 'gamma' may not infer with model 'simple'" in text
+
+
 def test_a_stream_refuses_other_tenants_models_in_band(server):
     c = grpc(server)
     results = []
@@ -185,9 +213,9 @@ def test_a_tenant_sees_only_what_it_may(server):
     status, body, _ = raw(server, "GET", "/v2/models/identity_bytes/ready", "alpha")
     assert status == 403, body
     names = sorted(m["name"] for m in h.get_model_repository_index(headers=bearer("alpha")))
-    assert names == ["identity_fp32", "simple"]
+    assert names == ["identity_fp32", "probe_bls", "simple"]
     stats = h.get_inference_statistics(headers=bearer("alpha"))["model_stats"]
-    assert sorted(s["name"] for s in stats) == ["identity_fp32", "simple"]
+    assert sorted(s["name"] for s in stats) == ["identity_fp32", "probe_bls", "simple"]
     g = grpc(server)
     index = g.get_model_repository_index(headers=grpc_headers("beta"), as_json=True)["models"]
     assert sorted(m["name"] for m in index) == ["identity_bytes", "identity_fp32"]
@@ -199,7 +227,7 @@ def test_a_tenant_sees_only_what_it_may(server):
                  lambda: g.is_model_ready("simple", headers=grpc_headers("beta"))):
         refused(call, "PERMISSION_DENIED")
     everything = sorted(m["name"] for m in h.get_model_repository_index(headers=bearer("ops")))
-    assert everything == ["identity_bytes", "identity_fp32", "simple"]
+    assert everything == ["identity_bytes", "identity_fp32", "probe_bls", "simple"]
 
 
 def test_load_and_unload_follow_the_load_patterns(server):
@@ -250,13 +278,8 @@ def quota_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("quotas")
     copy_models(str(repo), ["simple", "identity_fp32"])
     # A stage that spins until its 8 s deadline: one request held in flight.
-    probe = os.path.join(ROOT, "tests", "models", "probe")
-    shutil.copytree(probe, repo / "probe_loop")
-    cfg = repo / "probe_loop" / "config.pbtxt"
-    cfg.write_text(cfg.read_text().replace(
-        'parameters [ { key: "mode", value: { string_value: "echo" } } ]',
-        'parameters [ { key: "mode", value: { string_value: "loop" } },'
-        ' { key: "execution_timeout_ms", value: { string_value: "8000" } } ]'))
+    probe_copy(repo, "probe_loop", "loop",
+               ', { key: "execution_timeout_ms", value: { string_value: "8000" } }')
     config = repo / "wasmtron.toml"
     config.write_text(f"""
 [[tenant]]

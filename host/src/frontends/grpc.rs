@@ -8,8 +8,8 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{
-    check_load, check_unload, model_config, model_metadata, model_statistics, parse_version,
-    EXTENSIONS, SERVER_NAME, SERVER_VERSION,
+    check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
+    parse_version, EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
     error::{Code, Error},
@@ -224,6 +224,7 @@ pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
         deadline: None,
         responses: None,
         step_durations: None,
+        callers: Vec::new(),
     })
 }
 
@@ -257,8 +258,13 @@ fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
     )))
 }
 
-async fn infer_one(server: &Server, req: ModelInferRequest) -> Result<ModelInferResponse, Error> {
-    let request = decode_request(req)?;
+async fn infer_one(
+    server: &Server,
+    caller: &Caller,
+    req: ModelInferRequest,
+) -> Result<ModelInferResponse, Error> {
+    let mut request = decode_request(req)?;
+    on_behalf_of(caller, &mut request);
     if let Some(o) = request
         .outputs
         .iter()
@@ -290,13 +296,15 @@ fn stream_error(id: String, err: Error) -> ModelStreamInferResponse {
 /// marks the end, as Triton does.
 fn stream_one(
     server: Arc<Server>,
+    caller: &Caller,
     req: ModelInferRequest,
 ) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
     let id = req.id.clone();
-    let request = match decode_request(req) {
+    let mut request = match decode_request(req) {
         Ok(r) => r,
         Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
     };
+    on_behalf_of(caller, &mut request);
     let decoupled = server
         .models()
         .get(&request.model_name, request.model_version)
@@ -417,7 +425,7 @@ impl GrpcInferenceService for GrpcService {
         let _admission = caller
             .admit(prost::Message::encoded_len(&r))
             .map_err(to_status)?;
-        infer_one(&self.server, r)
+        infer_one(&self.server, &caller, r)
             .await
             .map(Response::new)
             .map_err(to_status)
@@ -441,7 +449,7 @@ impl GrpcInferenceService for GrpcService {
                     .and_then(|()| caller.admit(prost::Message::encoded_len(&req)));
                 match admitted {
                     // The admission lives as long as this request's responses.
-                    Ok(admission) => stream_one(server.clone(), req)
+                    Ok(admission) => stream_one(server.clone(), &caller, req)
                         .map(move |item| {
                             let _held = &admission;
                             item

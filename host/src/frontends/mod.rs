@@ -197,6 +197,14 @@ pub fn model_statistics(
         .collect())
 }
 
+/// Records on the request whom it runs for, so that the stages it reaches call other models
+/// only within the caller's permissions.
+pub fn on_behalf_of(caller: &Caller, request: &mut crate::inference::InferRequest) {
+    if let Caller::Tenant(_) = caller {
+        request.callers = vec![caller.clone()];
+    }
+}
+
 /// Whether `caller` may load `model` as asked. A configuration or files in the request are for
 /// administrators: they could make an ensemble of other tenants' models or run any stage.
 pub fn check_load(caller: &Caller, model: &str, overrides: &LoadOverride) -> Result<()> {

@@ -66,6 +66,7 @@ pub fn merge(requests: &[&InferRequest]) -> InferRequest {
         outputs: first.outputs.clone(),
         deadline: requests.iter().filter_map(|r| r.deadline).min(),
         responses: None,
+        callers: requests.iter().flat_map(|r| r.callers.clone()).collect(),
         ..Default::default()
     }
 }

@@ -404,6 +404,7 @@ impl Ensemble {
                     deadline: request.deadline,
                     responses: None,
                     step_durations: Some(durations.clone()),
+                    callers: request.callers.clone(),
                 };
                 running.push(async move { (i, runner.run_step(step_request).await) });
             }

@@ -22,6 +22,7 @@ use crate::{
     inference::{InferRequest, InferResponse, StepDurations},
     repository::ModelRepository,
     runtime::{request_check::check_request, ModelCaller, RuntimeOptions},
+    tenancy::ModelAction,
 };
 
 /// How the set of loaded models may change (`--model-control-mode`).
@@ -68,6 +69,10 @@ impl ModelCaller for ServerCaller {
             .server
             .upgrade()
             .ok_or_else(|| Error::unavailable("the server is shutting down"))?;
+        // A stage calls on behalf of its requests' tenants: only what all of them may use.
+        for caller in &request.callers {
+            caller.require(ModelAction::Infer, &request.model_name)?;
+        }
         // Called on a model worker thread, never on the async runtime. The wait ends at the
         // caller's deadline even if the target never gets to the request (e.g. a cycle of
         // stages calling each other with every instance busy).

@@ -196,6 +196,7 @@ pub fn decode_request(
         deadline: None,
         responses: None,
         step_durations: None,
+        callers: Vec::new(),
     })
 }
 
@@ -296,6 +297,7 @@ fn raw_request(
         deadline: None,
         responses: None,
         step_durations: None,
+        callers: Vec::new(),
     }
 }
 

@@ -20,8 +20,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{
-    check_load, check_unload, model_config, model_metadata, model_statistics, parse_version,
-    EXTENSIONS, SERVER_NAME, SERVER_VERSION,
+    check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
+    parse_version, EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
     error::{Code, Error},
@@ -424,7 +424,8 @@ async fn infer(
     } else {
         None
     };
-    let request = codec::decode_request(&model, version, body, json_length, config.as_ref())?;
+    let mut request = codec::decode_request(&model, version, body, json_length, config.as_ref())?;
+    on_behalf_of(&caller, &mut request);
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
     let response = st.server.infer(request).await?;
@@ -469,10 +470,9 @@ async fn generate_request(
     let json: Value = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid(format!("generate: the body is not valid JSON: {e}")))?;
     let config = st.server.models().get(&model, version)?.config.clone();
-    Ok((
-        generate::to_request(&config, &model, version, json)?,
-        admission,
-    ))
+    let mut request = generate::to_request(&config, &model, version, json)?;
+    on_behalf_of(caller, &mut request);
+    Ok((request, admission))
 }
 
 /// `…/generate`: exactly one response, as JSON.

@@ -188,6 +188,7 @@ impl wit_host::Host for StageState {
             deadline: self.call_deadline,
             responses: None,
             step_durations: None,
+            callers: self.callers.clone(),
         };
         caller
             .infer(request)
@@ -428,6 +429,9 @@ impl ModelInstance for StageInstance {
         if self.model.decoupled {
             store.data_mut().respond = Some(self.responder(requests, outputs));
         }
+        let mut callers: Vec<_> = requests.iter().flat_map(|r| r.callers.clone()).collect();
+        callers.dedup();
+        store.data_mut().callers = callers;
         let prepared = std::time::Instant::now();
         let result = stage
             .wasmtron_stage_model()
@@ -435,6 +439,7 @@ impl ModelInstance for StageInstance {
         let ran = std::time::Instant::now();
         // Dropping the senders lets each response stream end once its request is answered.
         store.data_mut().respond = None;
+        store.data_mut().callers.clear();
         let results = match result {
             Ok(results) => results,
             // The store is dropped here: a trapped instance is never entered again.

@@ -148,6 +148,9 @@ pub struct StageState {
     pub single_instance: bool,
     /// Decoupled models, during `execute`: sends one response to the request at an index.
     pub respond: Option<Responder>,
+    /// During `execute`: the tenants of the batch's requests, on whose behalf calls into
+    /// other models run.
+    pub callers: Vec<crate::tenancy::Caller>,
 }
 
 /// Sends a response (checked outputs) to the request at an index of the current batch.
@@ -191,6 +194,7 @@ impl StageState {
             call_deadline: None,
             single_instance: false,
             respond: None,
+            callers: Vec::new(),
         })
     }
 
