@@ -314,7 +314,7 @@ async fn main() -> anyhow::Result<()> {
         let listener = bind(&cli.metrics_address, cli.metrics_port, "metrics").await?;
         eprintln!("Started Metrics Service at {}", listener.local_addr()?);
         let listener = listener.tap_io(set_nodelay);
-        let app = metrics::router(server.clone());
+        let app = metrics::router(server.clone(), tenancy.clone());
         let token = stop.clone();
         tasks.push(tokio::spawn(async move {
             axum::serve(listener, app)

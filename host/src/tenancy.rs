@@ -25,7 +25,7 @@
 //! only as SHA-256 digests: the file can be read without revealing a key.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     path::Path,
     sync::{
         atomic::{AtomicUsize, Ordering},
@@ -37,7 +37,7 @@ use std::{
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use crate::error::{Code, Error, Result};
 
 /// Prefix of a stored key digest.
 const SHA256: &str = "sha256:";
@@ -147,6 +147,76 @@ pub struct Tenant {
     see: ModelPatterns,
     load: ModelPatterns,
     quotas: Quotas,
+    usage: Mutex<BTreeMap<String, ModelUsage>>,
+}
+
+/// What became of a tenant's inference requests to one model, for the metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelUsage {
+    /// Requests answered successfully.
+    pub success: u64,
+    /// Their summed duration, in microseconds.
+    pub success_us: u64,
+    /// Failed requests by reason (`PERMISSION_DENIED`, `QUOTA`, `REJECTED`, `INVALID`,
+    /// `BACKEND`, `CANCELED`).
+    pub failures: BTreeMap<&'static str, u64>,
+}
+
+/// The failure reason label of an error code.
+fn reason(code: Code) -> &'static str {
+    match code {
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "QUOTA",
+        Code::Unavailable => "REJECTED",
+        Code::Cancelled => "CANCELED",
+        Code::Internal => "BACKEND",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+        Code::InvalidArg | Code::NotFound | Code::AlreadyExists | Code::Unsupported => "INVALID",
+    }
+}
+
+/// One inference request being accounted to its tenant; see [`Caller::track`].
+#[derive(Debug)]
+pub struct Tracked {
+    tenant: Option<Arc<Tenant>>,
+    model: String,
+    started: Instant,
+}
+
+impl Tracked {
+    /// Records the outcome: `Ok` or the error's code.
+    pub fn finish(mut self, outcome: std::result::Result<(), Code>) {
+        self.record(outcome);
+    }
+
+    fn record(&mut self, outcome: std::result::Result<(), Code>) {
+        let Some(tenant) = self.tenant.take() else {
+            return;
+        };
+        // A name the tenant may not use, or that does not exist, is not a label: clients
+        // choose it, and every new label value would be kept for good.
+        let model = match outcome {
+            Err(Code::PermissionDenied | Code::NotFound) => String::new(),
+            _ => std::mem::take(&mut self.model),
+        };
+        let mut usage = tenant.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = usage.entry(model).or_default();
+        match outcome {
+            Ok(()) => {
+                entry.success += 1;
+                entry.success_us +=
+                    u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            }
+            Err(code) => *entry.failures.entry(reason(code)).or_default() += 1,
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // Dropped unfinished: the client went away.
+        self.record(Err(Code::Cancelled));
+    }
 }
 
 /// A tenant's quotas and what it is using of them.
@@ -317,6 +387,19 @@ impl Caller {
         }
     }
 
+    /// Starts accounting an inference request with `model` to the caller's tenant (nothing
+    /// without tenants); [`Tracked::finish`] records how it ended.
+    pub fn track(&self, model: &str) -> Tracked {
+        Tracked {
+            tenant: match self {
+                Caller::Anyone => None,
+                Caller::Tenant(t) => Some(t.clone()),
+            },
+            model: model.to_owned(),
+            started: Instant::now(),
+        }
+    }
+
     /// Refuses callers that are not administrators (`what` names the API).
     pub fn require_admin(&self, what: &str) -> Result<()> {
         match self {
@@ -334,6 +417,19 @@ impl Caller {
 pub struct Tenancy {
     /// Key digest (lower-case hex) → tenant.
     keys: HashMap<String, Arc<Tenant>>,
+    /// Every tenant, in the file's order.
+    tenants: Vec<Arc<Tenant>>,
+}
+
+/// One tenant's figures for the metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantUsage {
+    /// The tenant.
+    pub tenant: String,
+    /// Inference requests it has in the server now.
+    pub in_flight: usize,
+    /// Per model (empty: names it may not use or that do not exist).
+    pub models: BTreeMap<String, ModelUsage>,
 }
 
 /// The digest line stored in the config file for `key`.
@@ -373,6 +469,7 @@ impl Tenancy {
             ));
         }
         let mut keys: HashMap<String, Arc<Tenant>> = HashMap::new();
+        let mut tenants = Vec::new();
         let mut names = Vec::new();
         for (i, entry) in file.tenant.into_iter().enumerate() {
             let field = |f: &str| format!("tenant[{i}] ('{}').{f}", entry.name);
@@ -423,7 +520,9 @@ impl Tenancy {
                         refilled: Instant::now(),
                     }),
                 },
+                usage: Mutex::new(BTreeMap::new()),
             });
+            tenants.push(tenant.clone());
             for key in entry.api_keys {
                 let digest = key
                     .strip_prefix(SHA256)
@@ -446,7 +545,23 @@ impl Tenancy {
                 }
             }
         }
-        Ok(Self { keys })
+        Ok(Self { keys, tenants })
+    }
+
+    /// Every tenant's figures, for the metrics.
+    pub fn usage(&self) -> Vec<TenantUsage> {
+        self.tenants
+            .iter()
+            .map(|t| TenantUsage {
+                tenant: t.name.clone(),
+                in_flight: t.quotas.in_flight.load(Ordering::Acquire),
+                models: t
+                    .usage
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone(),
+            })
+            .collect()
     }
 
     /// The caller an `Authorization` header value (`Bearer <key>`) belongs to.
@@ -484,7 +599,6 @@ fn abbreviate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Code;
 
     fn config() -> String {
         format!(
@@ -556,6 +670,33 @@ mod tests {
         let e = q.admit(1).unwrap_err();
         assert!(e.message.contains("requests per second"), "{}", e.message);
         assert!(Caller::Anyone.admit(usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn requests_are_accounted_per_tenant_and_model() {
+        let t = Tenancy::parse(&config(), "w.toml").unwrap();
+        let alpha = t.authenticate(Some("Bearer alpha-key")).unwrap();
+        alpha.track("alpha_one").finish(Ok(()));
+        alpha
+            .track("alpha_one")
+            .finish(Err(Code::ResourceExhausted));
+        alpha.track("secret").finish(Err(Code::PermissionDenied));
+        drop(alpha.track("alpha_one"));
+        Caller::Anyone.track("x").finish(Ok(()));
+        let usage = t.usage();
+        let a = usage.iter().find(|u| u.tenant == "alpha").unwrap();
+        let one = &a.models["alpha_one"];
+        assert_eq!(one.success, 1);
+        assert_eq!(one.failures["QUOTA"], 1);
+        assert_eq!(one.failures["CANCELED"], 1);
+        assert_eq!(a.models[""].failures["PERMISSION_DENIED"], 1);
+        assert!(!a.models.contains_key("secret"));
+        assert!(usage
+            .iter()
+            .find(|u| u.tenant == "ops")
+            .unwrap()
+            .models
+            .is_empty());
     }
 
     #[test]

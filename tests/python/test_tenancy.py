@@ -342,19 +342,25 @@ def test_rate_quota_allows_its_burst_then_refuses(quota_server):
 
 def test_concurrency_quota(quota_server):
     h = http(quota_server)
-    held = threading.Thread(target=lambda: pytest.raises(
-        InferenceServerException, http(quota_server).infer, "probe_loop", [probe_input()],
-        headers=quota_headers("single")))
-    held.start()
-    seen = None
-    while held.is_alive() and seen is None:
+    ended = []
+
+    def hold():
         try:
-            h.infer("simple", simple_inputs(httpclient), headers=quota_headers("single"))
+            http(quota_server).infer("probe_loop", [probe_input()], headers=quota_headers("single"))
         except InferenceServerException as e:
-            seen = str(e)
-        time.sleep(0.05)
+            ended.append(str(e))
+
+    held = threading.Thread(target=hold)
+    held.start()
+    # Wait (the metrics need no key) until the held request is in the server; it stays 8 s.
+    gauge = 'wasmtron_tenant_requests_in_flight{tenant="single"} 1'
+    while held.is_alive() and gauge not in quota_server.metrics_text():
+        time.sleep(0.02)
+    assert held.is_alive(), ended
+    text = refused(lambda: h.infer("simple", simple_inputs(httpclient), headers=quota_headers("single")), "429")
+    assert "tenant 'single' is over its quota: 1 concurrent requests" in text
     held.join(120)
-    assert seen and "429" in seen and "1 concurrent requests" in seen, seen
+    assert ended and "execution deadline" in ended[0], ended
     # The slot came back when the held request ended.
     h.infer("simple", simple_inputs(httpclient), headers=quota_headers("single"))
 
@@ -363,3 +369,30 @@ def probe_input():
     t = httpclient.InferInput("INPUT0", [1, 2], "FP32")
     t.set_data_from_numpy(np.ones((1, 2), dtype=np.float32))
     return t
+
+
+def metric(text, name, **want):
+    """The value of the sample `name{want}` in a Prometheus text page (0 when absent)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        body, value = line.rsplit(" ", 1)
+        found = dict(part.split("=", 1) for part in body[len(name) + 1:-1].split(","))
+        if {k: v.strip('"') for k, v in found.items()} == want:
+            return float(value)
+    return 0.0
+
+
+def test_metrics_count_each_tenants_requests(server):
+    before = server.metrics_text()
+    grpc(server).infer("identity_fp32", fp32_input(grpcclient), headers=grpc_headers("beta"))
+    refused(lambda: http(server).infer("simple", simple_inputs(httpclient), headers=bearer("beta")), "403")
+    after = server.metrics_text()
+    ok = dict(name="wasmtron_tenant_request_success", tenant="beta", model="identity_fp32")
+    assert metric(after, **ok) == metric(before, **ok) + 1
+    denied = dict(name="wasmtron_tenant_request_failure", tenant="beta", model="", reason="PERMISSION_DENIED")
+    assert metric(after, **denied) == metric(before, **denied) + 1
+    assert metric(after, "wasmtron_tenant_request_duration_us", tenant="beta", model="identity_fp32") > 0
+    # Nothing in flight once answered; the model's own metrics are still there.
+    assert 'wasmtron_tenant_requests_in_flight{tenant="beta"} 0' in after
+    assert 'nv_inference_request_success{model="identity_fp32",version="1"}' in after

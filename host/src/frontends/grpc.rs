@@ -421,14 +421,15 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<ModelInferResponse>, Status> {
         let caller = self.caller(&r)?;
         let r = r.into_inner();
-        require(&caller, ModelAction::Infer, &r.model_name)?;
-        let _admission = caller
-            .admit(prost::Message::encoded_len(&r))
-            .map_err(to_status)?;
-        infer_one(&self.server, &caller, r)
-            .await
-            .map(Response::new)
-            .map_err(to_status)
+        let track = caller.track(&r.model_name);
+        let result = async {
+            caller.require(ModelAction::Infer, &r.model_name)?;
+            let _admission = caller.admit(prost::Message::encoded_len(&r))?;
+            infer_one(&self.server, &caller, r).await
+        }
+        .await;
+        track.finish(result.as_ref().map(|_| ()).map_err(|e| e.code));
+        result.map(Response::new).map_err(to_status)
     }
 
     type ModelStreamInferStream = StreamResult;
@@ -444,9 +445,12 @@ impl GrpcInferenceService for GrpcService {
         // for a decoupled model); errors travel in-band as Triton does.
         let responses = incoming.flat_map(move |item| match item {
             Ok(req) => {
+                // Accounted once admitted (or refused); its errors travel in-band.
+                let track = caller.track(&req.model_name);
                 let admitted = caller
                     .require(ModelAction::Infer, &req.model_name)
                     .and_then(|()| caller.admit(prost::Message::encoded_len(&req)));
+                track.finish(admitted.as_ref().map(|_| ()).map_err(|e| e.code));
                 match admitted {
                     // The admission lives as long as this request's responses.
                     Ok(admission) => stream_one(server.clone(), &caller, req)

@@ -9,20 +9,72 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::scheduling::{server::Server, stats::FailureReason};
+use crate::{
+    scheduling::{server::Server, stats::FailureReason},
+    tenancy::Tenancy,
+};
 
-/// Router serving `/metrics`.
-pub fn router(server: Arc<Server>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .with_state(server)
+#[derive(Clone)]
+struct MetricsState {
+    server: Arc<Server>,
+    tenancy: Option<Arc<Tenancy>>,
 }
 
-async fn metrics(State(server): State<Arc<Server>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        render(&server),
-    )
+/// Router serving `/metrics`: the models' metrics, and with tenants each tenant's.
+pub fn router(server: Arc<Server>, tenancy: Option<Arc<Tenancy>>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(MetricsState { server, tenancy })
+}
+
+async fn metrics(State(st): State<MetricsState>) -> impl IntoResponse {
+    let mut text = render(&st.server);
+    if let Some(tenancy) = &st.tenancy {
+        text.push_str(&render_tenants(tenancy));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// Each tenant's inference requests by model and outcome, and what it has in flight.
+pub fn render_tenants(tenancy: &Tenancy) -> String {
+    let tm = ["tenant", "model"];
+    let (Some(success), Some(failure), Some(duration), Ok(in_flight)) = (
+        counter("wasmtron_tenant_request_success", "Successful inference requests per tenant and model", &tm),
+        counter(
+            "wasmtron_tenant_request_failure",
+            "Failed inference requests per tenant, model (empty: a name the tenant may not use or that does not exist) and reason",
+            &["tenant", "model", "reason"],
+        ),
+        counter("wasmtron_tenant_request_duration_us", "Cumulative duration of successful inference requests per tenant and model, in microseconds", &tm),
+        IntGaugeVec::new(
+            Opts::new("wasmtron_tenant_requests_in_flight", "Inference requests a tenant has in the server now"),
+            &["tenant"],
+        ),
+    ) else {
+        return String::new();
+    };
+    for usage in tenancy.usage() {
+        let tenant = usage.tenant.as_str();
+        in_flight
+            .with_label_values(&[tenant])
+            .set(i64::try_from(usage.in_flight).unwrap_or(i64::MAX));
+        for (model, u) in &usage.models {
+            let l = [tenant, model.as_str()];
+            success.with_label_values(&l).inc_by(u.success);
+            duration.with_label_values(&l).inc_by(u.success_us);
+            for (reason, n) in &u.failures {
+                failure
+                    .with_label_values(&[tenant, model.as_str(), reason])
+                    .inc_by(*n);
+            }
+        }
+    }
+    let mut families = Vec::new();
+    for c in [&success, &failure, &duration] {
+        families.extend(c.collect());
+    }
+    families.extend(in_flight.collect());
+    encode(families)
 }
 
 fn counter(name: &str, help: &str, labels: &[&str]) -> Option<IntCounterVec> {
@@ -31,7 +83,10 @@ fn counter(name: &str, help: &str, labels: &[&str]) -> Option<IntCounterVec> {
 
 /// Renders every metric in the Prometheus text format.
 pub fn render(server: &Server) -> String {
-    let mut families = collect(server);
+    encode(collect(server))
+}
+
+fn encode(mut families: Vec<MetricFamily>) -> String {
     // With no model loaded the vectors are empty, which the encoder refuses.
     families.retain(|f| !f.get_metric().is_empty());
     let mut out = Vec::new();

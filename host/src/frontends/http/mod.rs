@@ -396,6 +396,11 @@ fn compress(headers: &HeaderMap, body: Bytes) -> (Option<&'static str>, Bytes) {
     (None, body)
 }
 
+/// How a request ended, for the per-tenant accounting.
+fn outcome<T>(result: &ApiResult<T>) -> Result<(), Code> {
+    result.as_ref().map(|_| ()).map_err(|e| e.0.code)
+}
+
 async fn infer(
     State(st): State<HttpState>,
     Extension(caller): Extension<Caller>,
@@ -403,10 +408,23 @@ async fn infer(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let (model, version) = path_parts(&p);
+    let track = caller.track(&path_parts(&p).0);
+    let result = run_infer(&st, &caller, &p, &headers, body).await;
+    track.finish(outcome(&result));
+    result
+}
+
+async fn run_infer(
+    st: &HttpState,
+    caller: &Caller,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let (model, version) = path_parts(p);
     caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
-    let body = read_body(&st, &headers, body).await?;
+    let body = read_body(st, headers, body).await?;
     let _admission = caller.admit(body.len())?;
     let json_length = match headers.get(codec::HEADER_LENGTH) {
         None => None,
@@ -425,12 +443,12 @@ async fn infer(
         None
     };
     let mut request = codec::decode_request(&model, version, body, json_length, config.as_ref())?;
-    on_behalf_of(&caller, &mut request);
+    on_behalf_of(caller, &mut request);
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
     let response = st.server.infer(request).await?;
     let encoded = codec::encode_response(&parameters, &requested, &response)?;
-    let (encoding, body) = compress(&headers, encoded.body);
+    let (encoding, body) = compress(headers, encoded.body);
     let mut resp = Response::new(Body::from(body));
     let h = resp.headers_mut();
     match encoded.json_length {
@@ -483,7 +501,20 @@ async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let (request, _admission) = generate_request(&st, &caller, &p, &headers, body).await?;
+    let track = caller.track(&path_parts(&p).0);
+    let result = run_generate(&st, &caller, &p, &headers, body).await;
+    track.finish(outcome(&result));
+    result
+}
+
+async fn run_generate(
+    st: &HttpState,
+    caller: &Caller,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    let (request, _admission) = generate_request(st, caller, p, headers, body).await?;
     let model = request.model_name.clone();
     let mut items = st.server.infer_stream(request);
     let mut responses = Vec::new();
@@ -509,7 +540,11 @@ async fn generate_stream(
     body: Body,
 ) -> ApiResult<Response> {
     use axum::response::sse::{Event, Sse};
-    let (request, admission) = generate_request(&st, &caller, &p, &headers, body).await?;
+    // Accounted as a success once the stream starts; its errors travel in-band.
+    let track = caller.track(&path_parts(&p).0);
+    let started = generate_request(&st, &caller, &p, &headers, body).await;
+    track.finish(started.as_ref().map(|_| ()).map_err(|e| e.code));
+    let (request, admission) = started?;
     let items = st.server.infer_stream(request);
     // The admission rides along until the last event is sent.
     let events = futures::stream::unfold((items, admission), |(mut items, admission)| async move {
