@@ -93,6 +93,8 @@ struct TenantEntry {
     load: Vec<String>,
     #[serde(default)]
     quotas: QuotaLimits,
+    /// Its share of a busy model against other tenants' (default 1).
+    weight: Option<f64>,
 }
 
 /// A tenant's `[tenant.quotas]`: each limit is off when absent.
@@ -108,6 +110,8 @@ pub struct QuotaLimits {
     pub burst: Option<f64>,
     /// Largest inference request body, in bytes (after decompression).
     pub max_request_bytes: Option<usize>,
+    /// Requests the tenant may have waiting in one model's queue.
+    pub max_queued_requests: Option<usize>,
 }
 
 /// Model names a permission covers: exact names, prefixes written `name*`, or `*` for all.
@@ -148,6 +152,7 @@ pub struct Tenant {
     load: ModelPatterns,
     quotas: Quotas,
     usage: Mutex<BTreeMap<String, ModelUsage>>,
+    weight: f64,
 }
 
 /// What became of a tenant's inference requests to one model, for the metrics.
@@ -247,6 +252,16 @@ impl Drop for Admission {
 }
 
 impl Tenant {
+    /// Its share of a busy model: turns in proportion to the weights of the tenants waiting.
+    pub fn weight(&self) -> f64 {
+        self.weight
+    }
+
+    /// Requests it may have waiting in one model's queue.
+    pub fn max_queued_requests(&self) -> Option<usize> {
+        self.quotas.limits.max_queued_requests
+    }
+
     /// Takes a concurrency slot and a rate token for a request of `bytes`, or says which
     /// quota it is over.
     fn admit(self: &Arc<Self>, bytes: usize) -> Result<Admission> {
@@ -499,7 +514,16 @@ impl Tenancy {
                     field("quotas")
                 )));
             }
-            if q.max_concurrent_requests == Some(0) || q.max_request_bytes == Some(0) {
+            if !positive(entry.weight) {
+                return Err(invalid(format!(
+                    "{}: must be a positive number",
+                    field("weight")
+                )));
+            }
+            if q.max_concurrent_requests == Some(0)
+                || q.max_request_bytes == Some(0)
+                || q.max_queued_requests == Some(0)
+            {
                 return Err(invalid(format!(
                     "{}: a limit of 0 would refuse every request; leave it out for no limit",
                     field("quotas")
@@ -521,6 +545,7 @@ impl Tenancy {
                     }),
                 },
                 usage: Mutex::new(BTreeMap::new()),
+                weight: entry.weight.unwrap_or(1.0),
             });
             tenants.push(tenant.clone());
             for key in entry.api_keys {

@@ -396,3 +396,86 @@ def test_metrics_count_each_tenants_requests(server):
     # Nothing in flight once answered; the model's own metrics are still there.
     assert 'wasmtron_tenant_requests_in_flight{tenant="beta"} 0' in after
     assert 'nv_inference_request_success{model="identity_fp32",version="1"}' in after
+
+
+# Fair queueing: one slow model (one instance, one request at a time) shared by tenants.
+FAIR_KEYS = {"flood": "flood-key", "light": "light-key", "capped": "capped-key"}
+
+
+@pytest.fixture(scope="module")
+def fair_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("fair")
+    shutil.copytree(os.path.join(ROOT, "tests", "models", "slow"), repo / "slow")
+    config = repo / "wasmtron.toml"
+    config.write_text(f"""
+[[tenant]]
+name = "flood"
+api_keys = [{digest(FAIR_KEYS["flood"])}]
+infer = ["slow"]
+
+[[tenant]]
+name = "light"
+api_keys = [{digest(FAIR_KEYS["light"])}]
+infer = ["slow"]
+
+[[tenant]]
+name = "capped"
+api_keys = [{digest(FAIR_KEYS["capped"])}]
+infer = ["slow"]
+[tenant.quotas]
+max_queued_requests = 2
+""")
+    s = Server(str(repo), "--config", str(config))
+    yield s
+    s.stop()
+
+
+def slow_request(server, tenant, rows=64):
+    x = grpcclient.InferInput("INPUT0", [rows, 512], "FP32")
+    x.set_data_from_numpy(np.ones((rows, 512), dtype=np.float32))
+    grpc(server).infer("slow", [x], headers={"authorization": f"Bearer {FAIR_KEYS[tenant]}"},
+                       client_timeout=300)
+
+
+def pending(server):
+    return metric(server.metrics_text(), "nv_inference_pending_request_count", model="slow", version="1")
+
+
+def flood(server, tenant, count, done, errors):
+    def one(i):
+        try:
+            slow_request(server, tenant)
+            done.append((tenant, i))
+        except InferenceServerException as e:
+            errors.append(str(e))
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_a_flooding_tenant_does_not_make_another_wait_behind_it(fair_server):
+    done, errors = [], []
+    threads = flood(fair_server, "flood", 24, done, errors)
+    # Until most of the flood waits in the model's queue (one request runs at a time).
+    while pending(fair_server) < 16 and any(t.is_alive() for t in threads):
+        time.sleep(0.02)
+    assert pending(fair_server) >= 16, "the flood was answered before it queued up"
+    slow_request(fair_server, "light", rows=4)
+    flood_done_before_light = len(done)
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    # Fair queueing put the light tenant's request next to the front, not behind 16 others.
+    assert flood_done_before_light <= 4, flood_done_before_light
+    assert len(done) == 24
+
+
+def test_a_tenant_over_its_queue_quota_is_refused(fair_server):
+    done, errors = [], []
+    threads = flood(fair_server, "capped", 10, done, errors)
+    for t in threads:
+        t.join(300)
+    # One request runs and two wait; with ten at once some find the queue quota full.
+    assert errors and all("quotas.max_queued_requests" in e and "tenant 'capped'" in e for e in errors), errors
+    assert len(done) + len(errors) == 10 and len(done) >= 3

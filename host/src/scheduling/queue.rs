@@ -4,7 +4,7 @@
 //! mutex and its workers ask it what to do.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -179,6 +179,22 @@ pub trait Batchable {
     /// Whether it can run in one execution with `other` (same inputs apart from the batch
     /// dimension, same outputs).
     fn fits_with(&self, other: &Self) -> bool;
+    /// Whose request this is, for fair queueing: the tenant, its weight and how many requests
+    /// it may have queued here. `None` (no tenants) shares one FIFO.
+    fn share(&self) -> Option<Share<'_>> {
+        None
+    }
+}
+
+/// A tenant's claim on a queue.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Share<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// Its weight: a tenant of weight 2 gets twice the turns of one of weight 1.
+    pub weight: f64,
+    /// Most requests it may have in this queue (`quotas.max_queued_requests`).
+    pub max_queued: Option<usize>,
 }
 
 /// A queued request.
@@ -190,14 +206,49 @@ pub struct Entry<J> {
     pub enqueued: Instant,
     /// When its queue timeout expires.
     pub expires: Option<Instant>,
+    /// Its virtual start time (start-time fair queueing): `waiting` is kept in this order.
+    start: f64,
 }
 
 #[derive(Debug)]
 struct Level<J> {
     policy: QueuePolicy,
+    /// Ordered by virtual start time, which interleaves tenants fairly; FIFO within each.
     waiting: VecDeque<Entry<J>>,
     /// Timed out under a DELAY policy: served after every level's `waiting`.
     delayed: VecDeque<Entry<J>>,
+    /// Virtual time: the start of the request taken last.
+    now: f64,
+    /// Per tenant, the virtual finish of its last queued request.
+    finish: HashMap<String, f64>,
+}
+
+impl<J> Level<J> {
+    /// Start-time fair queueing: a request starts at the later of the level's virtual time
+    /// and its tenant's previous finish, and finishes 1/weight later. A tenant that floods
+    /// the queue pushes only its own requests back; one that sends a request now and then
+    /// gets it near the front.
+    fn place(&mut self, tenant: &str, weight: f64) -> (f64, usize) {
+        let last = self.finish.get(tenant).copied().unwrap_or(0.0);
+        let start = self.now.max(last);
+        self.finish.insert(tenant.to_owned(), start + 1.0 / weight);
+        // After every request that starts no later (FIFO among equals); usually at the back.
+        let mut at = self.waiting.len();
+        while at > 0 && self.waiting[at - 1].start > start {
+            at -= 1;
+        }
+        (start, at)
+    }
+
+    /// The level's virtual clock moves with the requests it hands out; an empty level
+    /// starts afresh.
+    fn advance(&mut self, taken: &Entry<J>) {
+        self.now = self.now.max(taken.start);
+        if self.waiting.is_empty() {
+            self.now = 0.0;
+            self.finish.clear();
+        }
+    }
 }
 
 /// Why a request could not be queued.
@@ -213,6 +264,11 @@ pub enum Refusal {
         /// The level, 1-based as in config.pbtxt.
         priority: usize,
         /// Its `max_queue_size`.
+        max: usize,
+    },
+    /// The tenant has its `quotas.max_queued_requests` in this queue already.
+    TenantFull {
+        /// The quota.
         max: usize,
     },
 }
@@ -247,6 +303,8 @@ impl<J: Batchable> RequestQueue<J> {
                     policy: policy.clone(),
                     waiting: VecDeque::new(),
                     delayed: VecDeque::new(),
+                    now: 0.0,
+                    finish: HashMap::new(),
                 })
                 .collect(),
             len: 0,
@@ -293,12 +351,34 @@ impl<J: Batchable> RequestQueue<J> {
                 },
             ));
         }
+        let share = job.share();
+        if let Some(Share {
+            tenant,
+            max_queued: Some(max),
+            ..
+        }) = share
+        {
+            let mine = self
+                .iter()
+                .filter(|e| e.job.share().is_some_and(|s| s.tenant == tenant))
+                .count();
+            if mine >= max {
+                return Err((job, Refusal::TenantFull { max }));
+            }
+        }
+        let (tenant, weight) = share.map_or(("", 1.0), |s| (s.tenant, s.weight));
+        let lvl = &mut self.levels[level_index];
+        let (start, at) = lvl.place(tenant, weight.max(f64::MIN_POSITIVE));
         let expires = lvl.policy.timeout_for(timeout).map(|t| now + t);
-        lvl.waiting.push_back(Entry {
-            job,
-            enqueued: now,
-            expires,
-        });
+        lvl.waiting.insert(
+            at,
+            Entry {
+                job,
+                enqueued: now,
+                expires,
+                start,
+            },
+        );
         self.len += 1;
         Ok(())
     }
@@ -351,10 +431,16 @@ impl<J: Batchable> RequestQueue<J> {
                 } else {
                     &mut lvl.waiting
                 };
+                let before = taken.len();
                 while taken.len() < n {
                     match q.pop_front() {
                         Some(e) => taken.push(e),
                         None => break,
+                    }
+                }
+                if !delayed && taken.len() > before {
+                    if let Some(last) = taken.last() {
+                        lvl.advance(last);
                     }
                 }
             }
@@ -590,6 +676,66 @@ mod tests {
             q.push(0, J(1, 0), None, now).unwrap_err().1,
             Refusal::Full { capacity: 2 }
         );
+    }
+
+    /// A request of one row from `tenant` (weight, queue quota), numbered `id`.
+    #[derive(Debug)]
+    struct T(&'static str, f64, Option<usize>, u8);
+
+    impl Batchable for T {
+        fn rows(&self) -> usize {
+            1
+        }
+        fn fits_with(&self, _: &Self) -> bool {
+            true
+        }
+        fn share(&self) -> Option<Share<'_>> {
+            Some(Share {
+                tenant: self.0,
+                weight: self.1,
+                max_queued: self.2,
+            })
+        }
+    }
+
+    fn order(q: &RequestQueue<T>) -> Vec<String> {
+        q.iter()
+            .map(|e| format!("{}{}", e.job.0, e.job.3))
+            .collect()
+    }
+
+    #[test]
+    fn a_flooding_tenant_only_pushes_back_its_own_requests() {
+        let now = Instant::now();
+        let mut q = RequestQueue::new(&[QueuePolicy::default()], 100);
+        for i in 0..5 {
+            q.push(0, T("a", 1.0, None, i), None, now).unwrap();
+        }
+        q.push(0, T("b", 1.0, None, 0), None, now).unwrap();
+        assert_eq!(order(&q), ["a0", "b0", "a1", "a2", "a3", "a4"]);
+        // Later, once a0, b0 and a1 ran, b's next request goes first again.
+        q.take(2);
+        q.take(1);
+        q.push(0, T("b", 1.0, None, 1), None, now).unwrap();
+        assert_eq!(order(&q), ["b1", "a2", "a3", "a4"]);
+    }
+
+    #[test]
+    fn weights_share_turns_and_queue_quotas_refuse() {
+        let now = Instant::now();
+        let mut q = RequestQueue::new(&[QueuePolicy::default()], 100);
+        for i in 0..4 {
+            q.push(0, T("a", 2.0, None, i), None, now).unwrap();
+        }
+        for i in 0..4 {
+            q.push(0, T("b", 1.0, Some(4), i), None, now).unwrap();
+        }
+        assert_eq!(order(&q), ["a0", "b0", "a1", "a2", "b1", "a3", "b2", "b3"]);
+        assert_eq!(
+            q.push(0, T("b", 1.0, Some(4), 9), None, now).unwrap_err().1,
+            Refusal::TenantFull { max: 4 }
+        );
+        q.push(0, T("a", 2.0, Some(5), 9), None, now).unwrap();
     }
 
     #[test]

@@ -17,13 +17,14 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::{
-    queue::{BatchPolicy, Batchable, Decision, Entry, Refusal, RequestQueue},
+    queue::{BatchPolicy, Batchable, Decision, Entry, Refusal, RequestQueue, Share},
     stats::{FailureReason, ModelStats},
 };
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse, ParamValue},
     runtime::{batch, ExecTimings, ModelInstance},
+    tenancy::Caller,
     tensor::Tensor,
 };
 
@@ -43,6 +44,17 @@ impl Batchable for Job {
     }
     fn fits_with(&self, other: &Self) -> bool {
         self.outputs == other.outputs && batch::compatible(&self.request, &other.request)
+    }
+    fn share(&self) -> Option<Share<'_>> {
+        // A stage's call for a batch of several tenants queues as the first of them.
+        match self.request.callers.first()? {
+            Caller::Tenant(t) => Some(Share {
+                tenant: &t.name,
+                weight: t.weight(),
+                max_queued: t.max_queued_requests(),
+            }),
+            Caller::Anyone => None,
+        }
     }
 }
 
@@ -216,7 +228,8 @@ impl Scheduler {
             }
             (pushed.err(), seq)
         };
-        if let Some((_, refusal)) = refused {
+        if let Some((job, refusal)) = refused {
+            let tenant = job.share().map(|share| share.tenant.to_owned());
             s.stats
                 .record_failure(FailureReason::Rejected, received.elapsed());
             return Err(Error::unavailable(match refusal {
@@ -230,6 +243,14 @@ impl Scheduler {
                      (max_queue_size {max}); retry later",
                     s.model, s.version
                 ),
+                Refusal::TenantFull { max } => {
+                    return Err(Error::resource_exhausted(format!(
+                        "tenant '{}' has {max} requests queued for model '{}' already \
+                         (quotas.max_queued_requests); retry later",
+                        tenant.as_deref().unwrap_or_default(),
+                        s.model
+                    )))
+                }
             }));
         }
         s.work.notify_one();
