@@ -68,6 +68,10 @@ struct Cli {
     /// Seconds to wait for in-flight requests on shutdown.
     #[arg(long, default_value_t = 30)]
     exit_timeout_secs: u64,
+    /// Seconds to keep serving new requests after SIGTERM, with readiness already false, so
+    /// that load balancers stop sending before requests are refused.
+    #[arg(long, default_value_t = 0)]
+    drain_delay_secs: u64,
     /// Verbose logging level (0 = off).
     #[arg(long, default_value_t = 0)]
     log_verbose: u32,
@@ -326,13 +330,21 @@ async fn main() -> anyhow::Result<()> {
 
     shutdown_signal().await;
     let timeout = Duration::from_secs(cli.exit_timeout_secs);
-    tracing::info!(
-        "shutting down: not ready any more, waiting up to {}s for in-flight requests",
-        timeout.as_secs()
-    );
+    server.mark_unready();
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
+    if cli.drain_delay_secs > 0 {
+        tracing::info!(
+            "shutting down: not ready any more, still serving for {}s (--drain-delay-secs)",
+            cli.drain_delay_secs
+        );
+        tokio::time::sleep(Duration::from_secs(cli.drain_delay_secs)).await;
+    }
+    tracing::info!(
+        "shutting down: refusing new requests, waiting up to {}s for in-flight requests",
+        timeout.as_secs()
+    );
     let drained = server.drain(timeout).await;
     if !drained {
         tracing::warn!("exit timeout reached with requests still in flight");

@@ -107,6 +107,8 @@ pub struct Server {
     manager: Arc<ModelManager>,
     options: ServerOptions,
     started: AtomicBool,
+    /// Readiness turned off ahead of a shutdown; requests are still served.
+    unready: AtomicBool,
     stopping: AtomicBool,
     in_flight: AtomicUsize,
     idle: Notify,
@@ -153,6 +155,7 @@ impl Server {
                 manager,
                 options,
                 started: AtomicBool::new(false),
+                unready: AtomicBool::new(false),
                 stopping: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
@@ -202,6 +205,7 @@ impl Server {
     /// Ready: started, not draining, and (with strict readiness) every model ready.
     pub fn is_ready(&self) -> bool {
         self.started.load(Ordering::Acquire)
+            && !self.unready.load(Ordering::Acquire)
             && !self.stopping.load(Ordering::Acquire)
             && (!self.options.strict_readiness || self.manager.all_ready())
     }
@@ -349,6 +353,11 @@ impl Server {
             }
         });
         items
+    }
+
+    /// Turns readiness off while still serving (the drain delay before a shutdown).
+    pub fn mark_unready(&self) {
+        self.unready.store(true, Ordering::Release);
     }
 
     /// Flips readiness off and waits (up to `timeout`) for in-flight inferences to finish.

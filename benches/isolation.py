@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Tenant isolation, measured: tenant B sends a modest fixed rate of requests to `preprocess`
+(the Wasm image stage) alone, then while tenant A floods the server open loop, far above
+capacity: the same model, then A's own stages that trap, spin until their deadline, or
+exhaust their memory cap on every request. Prints B's latency against its latency alone and
+what became of A's requests.
+
+    .venv/bin/python benches/isolation.py                 # 10 s per scenario, about 1.5 min
+    DURATION=30 RATE_B=20 RATE_A=2000 .venv/bin/python benches/isolation.py
+
+Needs `make build-release stages models`. Loopback only; every load is bounded in time and
+in requests in flight.
+"""
+import asyncio
+import multiprocessing
+import os
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import aiohttp
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "release", "wasmtron"))
+DURATION = float(os.environ.get("DURATION", "10"))
+RATE_B = float(os.environ.get("RATE_B", "20"))
+RATE_A = float(os.environ.get("RATE_A", "2000"))
+# The flood client keeps at most this many requests open (a real flood would keep more; the
+# server's answer to each is the same).
+A_IN_FLIGHT = int(os.environ.get("A_IN_FLIGHT", "256"))
+KEYS = {"A": "tenant-a-key", "B": "tenant-b-key"}
+PROBE_MODES = {"trap": "panic", "spin": "loop", "memory": "alloc"}
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def digest(key):
+    out = subprocess.run([BINARY, "hash-key", key], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def repository(tmp):
+    repo = os.path.join(tmp, "repo")
+    os.makedirs(repo)
+    shutil.copytree(os.path.join(ROOT, "model_repository", "preprocess"), os.path.join(repo, "preprocess"))
+    probe = os.path.join(ROOT, "tests", "models", "probe")
+    for name, mode in PROBE_MODES.items():
+        dest = os.path.join(repo, f"a_{name}")
+        shutil.copytree(probe, dest)
+        cfg = os.path.join(dest, "config.pbtxt")
+        text = open(cfg).read().replace(
+            'parameters [ { key: "mode", value: { string_value: "echo" } } ]',
+            f'parameters [ {{ key: "mode", value: {{ string_value: "{mode}" }} }},'
+            ' { key: "execution_timeout_ms", value: { string_value: "200" } },'
+            ' { key: "memory_limit_mb", value: { string_value: "64" } } ]')
+        open(cfg, "w").write(text)
+    config = os.path.join(tmp, "wasmtron.toml")
+    with open(config, "w") as f:
+        f.write(f"""
+[[tenant]]
+name = "A"
+api_keys = [{digest(KEYS["A"])}]
+infer = ["preprocess", "a_*"]
+[tenant.quotas]
+max_queued_requests = 32
+
+[[tenant]]
+name = "B"
+api_keys = [{digest(KEYS["B"])}]
+infer = ["preprocess"]
+""")
+    return repo, config
+
+
+def start(repo, config):
+    http, grpc, metrics = free_ports(3)
+    env = dict(os.environ, ORT_DYLIB_PATH=os.environ.get(
+        "ORT_DYLIB_PATH", os.path.join(ROOT, ".cache", "onnxruntime", "lib", "libonnxruntime.so")))
+    proc = subprocess.Popen(
+        [BINARY, "--model-repository", repo, "--config", config, "--http-port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--http-address", "127.0.0.1",
+         "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=5) as r:
+                if r.status == 200:
+                    return proc, f"http://127.0.0.1:{http}"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    sys.exit("wasmtron did not become ready")
+
+
+def body(model):
+    """An HTTP binary-tensor request: the PNG for preprocess, four floats for the probes."""
+    if model == "preprocess":
+        png = open(os.path.join(ROOT, "tests", "fixtures", "lines_down.png"), "rb").read()
+        raw = struct.pack("<I", len(png)) + png
+        header = (f'{{"parameters":{{"binary_data_output":true}},"inputs":[{{"name":"IMAGE","shape":[1,1],'
+                  f'"datatype":"BYTES","parameters":{{"binary_data_size":{len(raw)}}}}}]}}')
+    else:
+        raw = struct.pack("<4f", 1, 2, 3, 4)
+        header = '{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","parameters":{"binary_data_size":16}}]}'
+    return header.encode() + raw, len(header)
+
+
+async def open_loop(session, url, tenant, model, rate, duration, limit):
+    """Sends `rate` requests a second for `duration` seconds without waiting for answers
+    (at most `limit` open); returns (latencies of successes in ms, status counts)."""
+    data, json_len = body(model)
+    headers = {"Authorization": f"Bearer {KEYS[tenant]}", "Inference-Header-Content-Length": str(json_len)}
+    latencies, statuses, tasks = [], {}, []
+    gate = asyncio.Semaphore(limit)
+
+    async def one():
+        async with gate:
+            started = time.perf_counter()
+            try:
+                async with session.post(f"{url}/v2/models/{model}/infer", data=data, headers=headers) as r:
+                    await r.read()
+                    status = r.status
+            except aiohttp.ClientError as e:
+                status = type(e).__name__
+            if status == 200:
+                latencies.append((time.perf_counter() - started) * 1000)
+            statuses[status] = statuses.get(status, 0) + 1
+
+    begin = time.perf_counter()
+    sent = 0
+    while (now := time.perf_counter() - begin) < duration:
+        due = int(now * rate) + 1
+        while sent < due:
+            if gate.locked():
+                statuses["not sent (client limit)"] = statuses.get("not sent (client limit)", 0) + 1
+            else:
+                tasks.append(asyncio.create_task(one()))
+            sent += 1
+        await asyncio.sleep(min(0.001, 1 / rate))
+    await asyncio.gather(*tasks)
+    return latencies, statuses
+
+
+def pct(values, q):
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def load(url, tenant, model, rate, limit):
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        return await open_loop(session, url, tenant, model, rate, DURATION, limit)
+
+
+def run_load(args):
+    return asyncio.run(load(*args))
+
+
+def scenario(url, flood_model):
+    """B's load, and A's flood in a process of its own (a client's event loop busy with the
+    flood would delay B's measurements, not the server)."""
+    b_args = (url, "B", "preprocess", RATE_B, 64)
+    if flood_model is None:
+        return run_load(b_args), None
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        a = pool.apply_async(run_load, ((url, "A", flood_model, RATE_A, A_IN_FLIGHT),))
+        b = pool.apply_async(run_load, (b_args,))
+        return b.get(DURATION + 300), a.get(DURATION + 300)
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="isolation-")
+    repo, config = repository(tmp)
+    proc, url = start(repo, config)
+    try:
+        # Warm-up: compile caches, connections, the first instances.
+        scenario(url, None)
+        rows = []
+        alone = None
+        for label, flood in [("B alone", None), ("A floods the same model", "preprocess"),
+                             ("A's stage traps on every request", "a_trap"),
+                             ("A's stage spins until its deadline", "a_spin"),
+                             ("A's stage exhausts its memory cap", "a_memory")]:
+            (b_lat, b_status), a = scenario(url, flood)
+            b_errors = sum(n for s, n in b_status.items() if s != 200)
+            p50, p99 = pct(b_lat, 0.5), pct(b_lat, 0.99)
+            alone = alone or p99
+            a_text = "" if a is None else ", ".join(f"{s}: {n}" for s, n in sorted(a[1].items(), key=str))
+            rows.append((label, len(b_lat), b_errors, p50, p99, p99 / alone, a_text))
+        print(f"B: {RATE_B:g} req/s to preprocess; A: {RATE_A:g} req/s open loop (at most {A_IN_FLIGHT} open); "
+              f"{DURATION:g} s per scenario\n")
+        print("| scenario | B answered | B errors | B p50 ms | B p99 ms | B p99 / alone | A's requests |")
+        print("|---|---|---|---|---|---|---|")
+        for label, n, errors, p50, p99, ratio, a_text in rows:
+            print(f"| {label} | {n} | {errors} | {p50:.1f} | {p99:.1f} | {ratio:.2f} | {a_text} |")
+        alive = proc.poll() is None
+        print(f"\nserver still running after the floods: {alive}")
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
