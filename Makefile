@@ -12,7 +12,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release \
-        test-rust test-python lint bench clean
+        test-rust test-python lint bench bench-isolation clean
 
 run: deps build-release
 	./target/release/wasmtron --model-repository model_repository \
@@ -126,6 +126,10 @@ bench: deps perf-analyzer build-release triton
 	for s in classify_orientation embed_text ocr vad; do benches/side_by_side.sh $$s cold-start || exit 1; done
 	@echo; echo "A = Triton 2.51 (python backend), B = wasmtron; medians of $(BENCH_ROUNDS) rounds:"; echo
 	@python3 benches/summarize.py $$(cat $(AB_RUNS))
+
+# Tenant isolation: tenant B's latency alone and while tenant A floods (about 2 minutes).
+bench-isolation: deps build-release
+	DURATION=$${DURATION:-20} $(VPY) benches/isolation.py
 
 clean:
 	$(CARGO) clean

@@ -34,7 +34,7 @@ RATE_A = float(os.environ.get("RATE_A", "2000"))
 # The flood client keeps at most this many requests open (a real flood would keep more; the
 # server's answer to each is the same).
 A_IN_FLIGHT = int(os.environ.get("A_IN_FLIGHT", "256"))
-KEYS = {"A": "tenant-a-key", "B": "tenant-b-key"}
+KEYS = {"A": "tenant-a-key", "A1": "tenant-a1-key", "B": "tenant-b-key"}
 PROBE_MODES = {"trap": "panic", "spin": "loop", "memory": "alloc"}
 
 
@@ -77,6 +77,13 @@ api_keys = [{digest(KEYS["A"])}]
 infer = ["preprocess", "a_*"]
 [tenant.quotas]
 max_queued_requests = 32
+
+[[tenant]]
+name = "A1"
+api_keys = [{digest(KEYS["A1"])}]
+infer = ["preprocess"]
+[tenant.quotas]
+max_concurrent_requests = 1
 
 [[tenant]]
 name = "B"
@@ -174,14 +181,14 @@ def run_load(args):
     return asyncio.run(load(*args))
 
 
-def scenario(url, flood_model):
+def scenario(url, flood_model, flooder="A"):
     """B's load, and A's flood in a process of its own (a client's event loop busy with the
     flood would delay B's measurements, not the server)."""
     b_args = (url, "B", "preprocess", RATE_B, 64)
     if flood_model is None:
         return run_load(b_args), None
     with multiprocessing.get_context("spawn").Pool(2) as pool:
-        a = pool.apply_async(run_load, ((url, "A", flood_model, RATE_A, A_IN_FLIGHT),))
+        a = pool.apply_async(run_load, ((url, flooder, flood_model, RATE_A, A_IN_FLIGHT),))
         b = pool.apply_async(run_load, (b_args,))
         return b.get(DURATION + 300), a.get(DURATION + 300)
 
@@ -195,11 +202,15 @@ def main():
         scenario(url, None)
         rows = []
         alone = None
-        for label, flood in [("B alone", None), ("A floods the same model", "preprocess"),
-                             ("A's stage traps on every request", "a_trap"),
-                             ("A's stage spins until its deadline", "a_spin"),
-                             ("A's stage exhausts its memory cap", "a_memory")]:
-            (b_lat, b_status), a = scenario(url, flood)
+        for label, flood, flooder in [
+                ("B alone", None, "A"),
+                ("A floods a model it may not use (refused at the door: the flood's own cost)", "forbidden", "A"),
+                ("A floods the same model", "preprocess", "A"),
+                ("A floods the same model with max_concurrent_requests = 1", "preprocess", "A1"),
+                ("A's stage traps on every request", "a_trap", "A"),
+                ("A's stage spins until its deadline", "a_spin", "A"),
+                ("A's stage exhausts its memory cap", "a_memory", "A")]:
+            (b_lat, b_status), a = scenario(url, flood, flooder)
             b_errors = sum(n for s, n in b_status.items() if s != 200)
             p50, p99 = pct(b_lat, 0.5), pct(b_lat, 0.99)
             alone = alone or p99
