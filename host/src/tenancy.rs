@@ -405,12 +405,14 @@ impl Caller {
     /// Starts accounting an inference request with `model` to the caller's tenant (nothing
     /// without tenants); [`Tracked::finish`] records how it ended.
     pub fn track(&self, model: &str) -> Tracked {
+        let (tenant, model) = match self {
+            // Nothing to account, and nothing to allocate on the request path.
+            Caller::Anyone => (None, String::new()),
+            Caller::Tenant(t) => (Some(t.clone()), model.to_owned()),
+        };
         Tracked {
-            tenant: match self {
-                Caller::Anyone => None,
-                Caller::Tenant(t) => Some(t.clone()),
-            },
-            model: model.to_owned(),
+            tenant,
+            model,
             started: Instant::now(),
         }
     }

@@ -1,15 +1,17 @@
-"""Shutdown with a drain delay (--drain-delay-secs), with the real binary: on SIGTERM readiness
-turns false at once while requests are still served for the delay, then the server refuses new
-ones and exits 0."""
+"""Lifecycle with the real binary: shutdown with a drain delay (on SIGTERM readiness turns
+false at once while requests are still served for the delay, then new ones are refused and
+the server exits 0), and reloads / version switches under traffic that lose nothing."""
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
 
-from conftest import serving
-
-import pytest
+from conftest import BINARY, serving
 
 
 @pytest.fixture
@@ -39,3 +41,17 @@ def test_sigterm_keeps_serving_through_the_drain_delay_then_exits_0(draining):
     # ... while inference is still served during the delay.
     assert c.infer("simple", simple_inputs()).as_numpy("OUTPUT0").tolist() == [[2] * 16]
     assert draining.proc.wait(60) == 0
+
+
+def test_reloads_and_version_switches_under_traffic_lose_nothing():
+    """benches/soak.py, briefly: four clients over HTTP and gRPC while a model is reloaded or
+    switches versions every second, then SIGTERM with the clients still sending."""
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    env = dict(os.environ, DURATION="8", RELOAD_EVERY="1", WASMTRON_BIN=BINARY)
+    proc = subprocess.run([sys.executable, os.path.join(root, "benches", "soak.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "failed although accepted: 0" in proc.stdout, proc.stdout
+    reloads = int(proc.stdout.split("reloads and version switches: ")[1].split()[0])
+    assert reloads >= 3, proc.stdout
+    assert "exit status after SIGTERM: 0" in proc.stdout, proc.stdout

@@ -231,7 +231,12 @@ impl<J> Level<J> {
     fn place(&mut self, tenant: &str, weight: f64) -> (f64, usize) {
         let last = self.finish.get(tenant).copied().unwrap_or(0.0);
         let start = self.now.max(last);
-        self.finish.insert(tenant.to_owned(), start + 1.0 / weight);
+        match self.finish.get_mut(tenant) {
+            Some(finish) => *finish = start + 1.0 / weight,
+            None => {
+                self.finish.insert(tenant.to_owned(), start + 1.0 / weight);
+            }
+        }
         // After every request that starts no later (FIFO among equals); usually at the back.
         let mut at = self.waiting.len();
         while at > 0 && self.waiting[at - 1].start > start {
