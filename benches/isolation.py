@@ -15,7 +15,6 @@ import asyncio
 import multiprocessing
 import os
 import shutil
-import socket
 import statistics
 import struct
 import subprocess
@@ -25,6 +24,8 @@ import time
 import urllib.request
 
 import aiohttp
+
+from loopback import free_ports  # benches/loopback.py, beside this script
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "release", "wasmtron"))
@@ -36,16 +37,6 @@ RATE_A = float(os.environ.get("RATE_A", "2000"))
 A_IN_FLIGHT = int(os.environ.get("A_IN_FLIGHT", "256"))
 KEYS = {"A": "tenant-a-key", "A1": "tenant-a1-key", "B": "tenant-b-key"}
 PROBE_MODES = {"trap": "panic", "spin": "loop", "memory": "alloc"}
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def digest(key):

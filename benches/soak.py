@@ -15,7 +15,6 @@ Loopback only; bounded in time.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,21 +27,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from loopback import free_ports  # benches/loopback.py, beside this script
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "release", "wasmtron"))
 DURATION = float(os.environ.get("DURATION", "600"))
 RELOAD_EVERY = float(os.environ.get("RELOAD_EVERY", "3"))
 CLIENTS = int(os.environ.get("CLIENTS", "4"))
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def rss_kib(pid):
