@@ -2,7 +2,7 @@
 //!
 //! The crate is layered, and each layer only calls the ones below it:
 //!
-//! 1. foundation: [`error`], [`tensor`], [`inference`], [`proto`] — shared vocabulary;
+//! 1. foundation: [`error`], [`tensor`], [`inference`], [`limits`], [`proto`] — shared vocabulary;
 //! 2. [`repository`] — model repositories on disk and `config.pbtxt`;
 //! 3. [`runtime`] — backends that execute a model (ONNX Runtime today);
 //! 4. [`scheduling`] — instance pools, queues, statistics and the model lifecycle;
@@ -12,6 +12,7 @@
 pub mod error;
 pub mod frontends;
 pub mod inference;
+pub mod limits;
 pub mod proto;
 pub mod repository;
 pub mod runtime;

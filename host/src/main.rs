@@ -1,7 +1,7 @@
 //! The `wasmtron` binary: a command line shaped like `tritonserver`'s, the three listeners,
 //! and the signal-driven drain.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{bail, Context};
 use axum::serve::ListenerExt;
@@ -13,9 +13,12 @@ use wasmtron::{
         grpc::{GrpcInferenceServiceServer, GrpcService},
         http::{self, HttpState},
         metrics,
+        restricted::Restrictions,
     },
+    limits::RequestLimits,
     runtime::RuntimeOptions,
     scheduling::server::{ControlMode, Server, ServerOptions},
+    tenancy::Tenancy,
 };
 
 mod stage_cmd;
@@ -87,6 +90,21 @@ struct Cli {
     /// Largest HTTP request body in bytes (before and after decompression).
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     http_max_input_size: usize,
+    /// Largest gRPC request message in bytes (larger ones are refused with OUT_OF_RANGE).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    grpc_max_message_size: usize,
+    /// Most dimensions a request tensor may have.
+    #[arg(long, default_value_t = RequestLimits::default().max_rank)]
+    max_tensor_rank: usize,
+    /// Most elements one request tensor may have.
+    #[arg(long, default_value_t = RequestLimits::default().max_elements)]
+    max_tensor_elements: usize,
+    /// Longest element of a BYTES request tensor, in bytes.
+    #[arg(long, default_value_t = RequestLimits::default().max_string_bytes)]
+    max_string_bytes: usize,
+    /// Deepest nesting of arrays and objects in an HTTP request's JSON.
+    #[arg(long, default_value_t = RequestLimits::default().max_json_depth)]
+    max_json_depth: usize,
     /// Requests each model version may queue before answering UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     model_queue_capacity: usize,
@@ -105,6 +123,15 @@ struct Cli {
     /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
     #[arg(long)]
     onnxruntime_library: Option<PathBuf>,
+    /// Restrict HTTP API groups to requests with a header: `<api>,<api>,...:<key>=<value>`
+    /// (APIs: health, metadata, inference, shared-memory, model-config, model-repository,
+    /// statistics, trace, logging); repeatable.
+    #[arg(long = "http-restricted-api")]
+    http_restricted_api: Vec<String>,
+    /// Restrict gRPC protocol groups the same way; the header is
+    /// `triton-grpc-protocol-<key>`; repeatable.
+    #[arg(long = "grpc-restricted-protocol")]
+    grpc_restricted_protocol: Vec<String>,
     /// Server config file (TOML) naming the tenants, their hashed API keys and the models each
     /// may use; without one the server serves everyone.
     #[arg(long)]
@@ -193,6 +220,32 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// Reloads the server config file on every SIGHUP: keys added or removed take effect for the
+/// next request; a file with an error is reported and the tenants stay as they were.
+#[cfg(unix)]
+fn reload_tenants_on_sighup(tenancy: Arc<Tenancy>, path: PathBuf) -> anyhow::Result<()> {
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            let (tenancy, path) = (tenancy.clone(), path.clone());
+            let reloaded = tokio::task::spawn_blocking(move || tenancy.reload(&path)).await;
+            match reloaded {
+                Ok(Ok(r)) => tracing::info!(
+                    tenants = r.tenants,
+                    keys = r.keys,
+                    revoked_keys = r.revoked_keys,
+                    "reloaded the server config file"
+                ),
+                Ok(Err(e)) => {
+                    tracing::error!("{e}; the tenants and keys stay as they were")
+                }
+                Err(e) => tracing::error!("reloading the server config file failed: {e}"),
+            }
+        }
+    });
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -219,11 +272,18 @@ async fn main() -> anyhow::Result<()> {
         None => {}
     }
     let tenancy = match &cli.config {
-        Some(path) => Some(std::sync::Arc::new(
-            wasmtron::tenancy::Tenancy::load(path).map_err(anyhow::Error::from)?,
-        )),
+        Some(path) => Some(Arc::new(Tenancy::load(path).map_err(anyhow::Error::from)?)),
         None => None,
     };
+    let http_restrictions =
+        Restrictions::parse(&cli.http_restricted_api, "--http-restricted-api", "")
+            .map_err(anyhow::Error::msg)?;
+    let grpc_restrictions = Restrictions::parse(
+        &cli.grpc_restricted_protocol,
+        "--grpc-restricted-protocol",
+        "triton-grpc-protocol-",
+    )
+    .map_err(anyhow::Error::msg)?;
     let level = if cli.log_verbose > 0 { "debug" } else { "info" };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -255,7 +315,17 @@ async fn main() -> anyhow::Result<()> {
         },
         queue_capacity: cli.model_queue_capacity,
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),
+        limits: RequestLimits {
+            max_rank: cli.max_tensor_rank,
+            max_elements: cli.max_tensor_elements,
+            max_string_bytes: cli.max_string_bytes,
+            max_json_depth: cli.max_json_depth,
+        },
     };
+    #[cfg(unix)]
+    if let (Some(tenancy), Some(path)) = (&tenancy, &cli.config) {
+        reload_tenants_on_sighup(tenancy.clone(), path.clone())?;
+    }
     let server = Server::start(options)
         .await
         .map_err(|e| anyhow::anyhow!(e.message))?;
@@ -274,9 +344,11 @@ async fn main() -> anyhow::Result<()> {
     if cli.allow_grpc {
         let listener = bind(&cli.grpc_address, cli.grpc_port, "grpc").await?;
         eprintln!("Started GRPCInferenceService at {}", listener.local_addr()?);
-        let grpc = GrpcService::new(server.clone()).with_tenancy(tenancy.clone());
+        let grpc = GrpcService::new(server.clone())
+            .with_tenancy(tenancy.clone())
+            .with_restrictions(grpc_restrictions);
         let service = GrpcInferenceServiceServer::new(grpc)
-            .max_decoding_message_size(usize::MAX)
+            .max_decoding_message_size(cli.grpc_max_message_size)
             .max_encoding_message_size(usize::MAX)
             .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
         let service = match cli.grpc_infer_response_compression_level {
@@ -305,6 +377,7 @@ async fn main() -> anyhow::Result<()> {
             server: server.clone(),
             max_input_size: cli.http_max_input_size,
             tenancy: tenancy.clone(),
+            restrictions: Arc::new(http_restrictions),
         });
         let token = stop.clone();
         tasks.push(tokio::spawn(async move {

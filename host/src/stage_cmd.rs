@@ -148,9 +148,15 @@ fn read_input(name: &str, path: &Path, config: &ModelConfig) -> anyhow::Result<T
                     format!("{}: \"shape\" must be a list of integers", path.display())
                 })?;
             let body = json!({"inputs": [{"name": name, "shape": shape, "datatype": datatype.wire_name(), "data": v["data"]}]});
-            let request =
-                codec::decode_request("stage", None, Bytes::from(body.to_string()), None, None)
-                    .map_err(|e| anyhow!("{}: {}", path.display(), e.message))?;
+            let request = codec::decode_request(
+                "stage",
+                None,
+                Bytes::from(body.to_string()),
+                None,
+                None,
+                &wasmtron::limits::RequestLimits::default(),
+            )
+            .map_err(|e| anyhow!("{}: {}", path.display(), e.message))?;
             request
                 .inputs
                 .into_iter()

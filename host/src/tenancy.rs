@@ -29,7 +29,7 @@ use std::{
     path::Path,
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, PoisonError, RwLock,
     },
     time::Instant,
 };
@@ -150,9 +150,18 @@ pub struct Tenant {
     infer: ModelPatterns,
     see: ModelPatterns,
     load: ModelPatterns,
-    quotas: Quotas,
-    usage: Mutex<BTreeMap<String, ModelUsage>>,
+    limits: QuotaLimits,
     weight: f64,
+    /// Counters that outlive a reload of the config file while the tenant keeps its name.
+    live: Arc<Live>,
+}
+
+/// What a tenant is using and has used: in-flight requests, its rate bucket, its figures.
+#[derive(Debug)]
+struct Live {
+    in_flight: AtomicUsize,
+    bucket: Mutex<Bucket>,
+    usage: Mutex<BTreeMap<String, ModelUsage>>,
 }
 
 /// What became of a tenant's inference requests to one model, for the metrics.
@@ -204,7 +213,11 @@ impl Tracked {
             Err(Code::PermissionDenied | Code::NotFound) => String::new(),
             _ => std::mem::take(&mut self.model),
         };
-        let mut usage = tenant.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut usage = tenant
+            .live
+            .usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let entry = usage.entry(model).or_default();
         match outcome {
             Ok(()) => {
@@ -224,14 +237,6 @@ impl Drop for Tracked {
     }
 }
 
-/// A tenant's quotas and what it is using of them.
-#[derive(Debug)]
-struct Quotas {
-    limits: QuotaLimits,
-    in_flight: AtomicUsize,
-    bucket: Mutex<Bucket>,
-}
-
 /// The request-rate token bucket.
 #[derive(Debug)]
 struct Bucket {
@@ -246,7 +251,7 @@ pub struct Admission(Option<Arc<Tenant>>);
 impl Drop for Admission {
     fn drop(&mut self) {
         if let Some(t) = &self.0 {
-            t.quotas.in_flight.fetch_sub(1, Ordering::AcqRel);
+            t.live.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -259,13 +264,13 @@ impl Tenant {
 
     /// Requests it may have waiting in one model's queue.
     pub fn max_queued_requests(&self) -> Option<usize> {
-        self.quotas.limits.max_queued_requests
+        self.limits.max_queued_requests
     }
 
     /// Takes a concurrency slot and a rate token for a request of `bytes`, or says which
     /// quota it is over.
     fn admit(self: &Arc<Self>, bytes: usize) -> Result<Admission> {
-        let limits = &self.quotas.limits;
+        let limits = &self.limits;
         let over = |what: String| {
             Error::resource_exhausted(format!(
                 "tenant '{}' is over its quota: {what}; retry later",
@@ -281,7 +286,7 @@ impl Tenant {
                 )));
             }
         }
-        let in_flight = self.quotas.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        let in_flight = self.live.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         // From here on, dropping the admission gives the slot back.
         let admission = Admission(Some(self.clone()));
         if let Some(max) = limits.max_concurrent_requests {
@@ -294,7 +299,7 @@ impl Tenant {
         if let Some(rate) = limits.requests_per_second {
             let burst = limits.burst.unwrap_or(rate).max(1.0);
             let mut bucket = self
-                .quotas
+                .live
                 .bucket
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
@@ -429,13 +434,31 @@ impl Caller {
     }
 }
 
-/// The tenants of a server and their keys.
+/// The tenants of a server and their keys, replaced as a whole when the config file is
+/// reloaded (SIGHUP): requests already admitted finish under the tenants they started with.
 #[derive(Debug, Default)]
 pub struct Tenancy {
+    current: RwLock<Arc<TenantSet>>,
+}
+
+/// One reading of the config file.
+#[derive(Debug, Default)]
+struct TenantSet {
     /// Key digest (lower-case hex) → tenant.
     keys: HashMap<String, Arc<Tenant>>,
     /// Every tenant, in the file's order.
     tenants: Vec<Arc<Tenant>>,
+}
+
+/// What a reload changed, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Tenants in the file now.
+    pub tenants: usize,
+    /// Keys valid now.
+    pub keys: usize,
+    /// Keys valid before that are not any more.
+    pub revoked_keys: usize,
 }
 
 /// One tenant's figures for the metrics.
@@ -471,6 +494,61 @@ impl Tenancy {
 
     /// Parses the text of a server config file; `path` is only used in messages.
     pub fn parse(text: &str, path: &str) -> std::result::Result<Self, TenancyError> {
+        let set = TenantSet::parse(text, path, &TenantSet::default())?;
+        Ok(Self {
+            current: RwLock::new(Arc::new(set)),
+        })
+    }
+
+    /// Reads the config file again and puts it in force: new keys work and removed keys are
+    /// refused from the next request on. Tenants that keep their name keep their counters
+    /// (in-flight requests, rate bucket, metrics). A file with an error changes nothing.
+    pub fn reload(&self, path: &Path) -> std::result::Result<Reloaded, TenancyError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| TenancyError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        self.reload_text(&text, &shown)
+    }
+
+    /// [`Tenancy::reload`] from text; `path` is only used in messages.
+    pub fn reload_text(
+        &self,
+        text: &str,
+        path: &str,
+    ) -> std::result::Result<Reloaded, TenancyError> {
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        let set = TenantSet::parse(text, path, &current)?;
+        let revoked_keys = current
+            .keys
+            .keys()
+            .filter(|k| !set.keys.contains_key(*k))
+            .count();
+        let report = Reloaded {
+            tenants: set.tenants.len(),
+            keys: set.keys.len(),
+            revoked_keys,
+        };
+        *current = Arc::new(set);
+        Ok(report)
+    }
+
+    fn set(&self) -> Arc<TenantSet> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl TenantSet {
+    /// Parses a config file; tenants named as in `previous` keep its counters.
+    fn parse(
+        text: &str,
+        path: &str,
+        previous: &TenantSet,
+    ) -> std::result::Result<Self, TenancyError> {
         let file: File = toml::from_str(text).map_err(|e| TenancyError::Syntax {
             path: path.to_owned(),
             message: e.to_string(),
@@ -532,22 +610,26 @@ impl Tenancy {
                 )));
             }
             let burst = q.burst.or(q.requests_per_second).unwrap_or(1.0).max(1.0);
+            let live = match previous.tenants.iter().find(|t| t.name == entry.name) {
+                Some(old) => old.live.clone(),
+                None => Arc::new(Live {
+                    in_flight: AtomicUsize::new(0),
+                    bucket: Mutex::new(Bucket {
+                        tokens: burst,
+                        refilled: Instant::now(),
+                    }),
+                    usage: Mutex::new(BTreeMap::new()),
+                }),
+            };
             let tenant = Arc::new(Tenant {
                 name: entry.name.clone(),
                 admin: entry.admin,
                 infer: patterns(entry.infer, "infer")?,
                 see: patterns(entry.see, "see")?,
                 load: patterns(entry.load, "load")?,
-                quotas: Quotas {
-                    limits: entry.quotas.clone(),
-                    in_flight: AtomicUsize::new(0),
-                    bucket: Mutex::new(Bucket {
-                        tokens: burst,
-                        refilled: Instant::now(),
-                    }),
-                },
-                usage: Mutex::new(BTreeMap::new()),
+                limits: entry.quotas.clone(),
                 weight: entry.weight.unwrap_or(1.0),
+                live,
             });
             tenants.push(tenant.clone());
             for key in entry.api_keys {
@@ -574,15 +656,19 @@ impl Tenancy {
         }
         Ok(Self { keys, tenants })
     }
+}
 
+impl Tenancy {
     /// Every tenant's figures, for the metrics.
     pub fn usage(&self) -> Vec<TenantUsage> {
-        self.tenants
+        self.set()
+            .tenants
             .iter()
             .map(|t| TenantUsage {
                 tenant: t.name.clone(),
-                in_flight: t.quotas.in_flight.load(Ordering::Acquire),
+                in_flight: t.live.in_flight.load(Ordering::Acquire),
                 models: t
+                    .live
                     .usage
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -608,7 +694,8 @@ impl Tenancy {
                 )
             })?;
         let digest = hex(&Sha256::digest(key.as_bytes()));
-        self.keys
+        self.set()
+            .keys
             .get(&digest)
             .map(|t| Caller::Tenant(t.clone()))
             .ok_or_else(|| Error::unauthenticated("the API key is not valid (unknown or revoked)"))
@@ -724,6 +811,43 @@ mod tests {
             .unwrap()
             .models
             .is_empty());
+    }
+
+    #[test]
+    fn a_reload_revokes_removed_keys_and_keeps_counters_of_kept_tenants() {
+        let t = Tenancy::parse(&config(), "w.toml").unwrap();
+        let alpha = t.authenticate(Some("Bearer alpha-key")).unwrap();
+        let admitted = alpha.admit(1).unwrap();
+        alpha.track("alpha_one").finish(Ok(()));
+
+        // alpha's key is rotated, ops loses its second key; a broken file changes nothing.
+        let next = config()
+            .replace(&hash_key("alpha-key"), &hash_key("alpha-key-2"))
+            .replace(", \"sha256:", "]\n#\"sha256:");
+        assert!(t.reload_text("[[tenant]]\nname = 3", "w.toml").is_err());
+        assert!(t.authenticate(Some("Bearer alpha-key")).is_ok());
+        let report = t.reload_text(&next, "w.toml").unwrap();
+        assert_eq!(
+            report,
+            Reloaded {
+                tenants: 2,
+                keys: 2,
+                revoked_keys: 2
+            }
+        );
+        let e = t.authenticate(Some("Bearer alpha-key")).unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated);
+        assert!(e.message.contains("revoked"));
+        assert!(t.authenticate(Some("Bearer ops-key-2")).is_err());
+        assert!(t.authenticate(Some("Bearer ops-key")).is_ok());
+        let alpha = t.authenticate(Some("Bearer alpha-key-2")).unwrap();
+        assert_eq!(alpha.tenant(), Some("alpha"));
+        // The request admitted before the reload still counts, and so do the figures.
+        let usage = t.usage();
+        assert_eq!(usage[0].in_flight, 1);
+        assert_eq!(usage[0].models["alpha_one"].success, 1);
+        drop(admitted);
+        assert_eq!(t.usage()[0].in_flight, 0);
     }
 
     #[test]

@@ -5,6 +5,7 @@ while the health probes stay open."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -267,6 +268,55 @@ def test_a_bad_config_file_stops_the_server_with_a_clear_message(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "tenant[0] ('alpha').api_keys" in proc.stderr and "hash-key" in proc.stderr, proc.stderr
+
+
+def test_sighup_reloads_keys_revoking_removed_ones(tmp_path):
+    """Key rotation without a restart: after SIGHUP the removed key is refused (401, "revoked")
+    over HTTP and gRPC, the new one works, and a broken file keeps the tenants as they were."""
+    copy_models(str(tmp_path), ["simple"])
+    config = tmp_path / "wasmtron.toml"
+    tenant = '[[tenant]]\nname = "alpha"\napi_keys = [{}]\ninfer = ["simple"]\n'
+    config.write_text(tenant.format(digest("old-key")))
+    s = Server(str(tmp_path), "--config", str(config))
+    try:
+        def infer_http(key):
+            return http(s).infer("simple", simple_inputs(httpclient),
+                                 headers={"Authorization": f"Bearer {key}"})
+
+        def infer_grpc(key):
+            return grpc(s).infer("simple", simple_inputs(grpcclient),
+                                 headers={"authorization": f"Bearer {key}"})
+
+        def reloads():
+            return sum("reloaded the server config file" in line for line in s.log)
+
+        infer_http("old-key")
+        infer_grpc("old-key")
+        refused(lambda: infer_http("new-key"), "401")
+
+        config.write_text(tenant.format(digest("new-key")))
+        s.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while reloads() < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert reloads() == 1, "".join(s.log)
+        assert "revoked_keys=1" in "".join(s.log)
+        assert "revoked" in refused(lambda: infer_http("old-key"), "401")
+        refused(lambda: infer_grpc("old-key"), "UNAUTHENTICATED")
+        infer_http("new-key")
+        infer_grpc("new-key")
+
+        # A mistake in the file is reported and changes nothing.
+        config.write_text('[[tenant]]\nname = "alpha"\napi_keys = ["plain-text-key"]\n')
+        s.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while not any("stay as they were" in line for line in s.log) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert any("stay as they were" in line and "api_keys" in line for line in s.log), "".join(s.log)
+        infer_http("new-key")
+        assert s.proc.poll() is None
+    finally:
+        s.stop()
 
 
 # Quotas: a second server whose tenants each have one limit.

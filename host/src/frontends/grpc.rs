@@ -9,7 +9,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{
     check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
-    parse_version, EXTENSIONS, SERVER_NAME, SERVER_VERSION,
+    parse_version,
+    restricted::{ApiGroup, Restrictions},
+    EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
     error::{Code, Error},
@@ -31,6 +33,7 @@ pub use crate::proto::inference::grpc_inference_service_server::GrpcInferenceSer
 pub struct GrpcService {
     server: Arc<Server>,
     tenancy: Option<Arc<Tenancy>>,
+    restrictions: Restrictions,
 }
 
 impl GrpcService {
@@ -39,7 +42,14 @@ impl GrpcService {
         Self {
             server,
             tenancy: None,
+            restrictions: Restrictions::default(),
         }
+    }
+
+    /// Protocol groups that need a shared-secret header (`--grpc-restricted-protocol`).
+    pub fn with_restrictions(mut self, restrictions: Restrictions) -> Self {
+        self.restrictions = restrictions;
+        self
     }
 
     /// The service for the tenants of `tenancy`: every call but the health checks needs an
@@ -49,8 +59,19 @@ impl GrpcService {
         self
     }
 
-    /// Who sent `request`.
-    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+    /// Refuses a request to a restricted `group` without the group's header.
+    fn restrict<T>(&self, request: &Request<T>, group: ApiGroup) -> Result<(), Status> {
+        let metadata = request.metadata();
+        self.restrictions
+            .check(group, |name| {
+                metadata.get(name).and_then(|v| v.to_str().ok())
+            })
+            .map_err(to_status)
+    }
+
+    /// Who sent `request` to an API of `group`, after the group's restriction header.
+    fn caller<T>(&self, request: &Request<T>, group: ApiGroup) -> Result<Caller, Status> {
+        self.restrict(request, group)?;
         let Some(tenancy) = &self.tenancy else {
             return Ok(Caller::Anyone);
         };
@@ -362,8 +383,9 @@ fn tokio_stream_from<T: Send + 'static>(
 impl GrpcInferenceService for GrpcService {
     async fn server_live(
         &self,
-        _: Request<ServerLiveRequest>,
+        r: Request<ServerLiveRequest>,
     ) -> Result<Response<ServerLiveResponse>, Status> {
+        self.restrict(&r, ApiGroup::Health)?;
         Ok(Response::new(ServerLiveResponse {
             live: self.server.is_live(),
         }))
@@ -371,8 +393,9 @@ impl GrpcInferenceService for GrpcService {
 
     async fn server_ready(
         &self,
-        _: Request<ServerReadyRequest>,
+        r: Request<ServerReadyRequest>,
     ) -> Result<Response<ServerReadyResponse>, Status> {
+        self.restrict(&r, ApiGroup::Health)?;
         Ok(Response::new(ServerReadyResponse {
             ready: self.server.is_ready(),
         }))
@@ -382,7 +405,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelReadyRequest>,
     ) -> Result<Response<ModelReadyResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::Health)?;
         let r = r.into_inner();
         require(&caller, ModelAction::See, &r.name)?;
         let version = parse_version(&r.name, &r.version).map_err(to_status)?;
@@ -395,7 +418,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ServerMetadataRequest>,
     ) -> Result<Response<ServerMetadataResponse>, Status> {
-        self.caller(&r)?;
+        self.caller(&r, ApiGroup::Metadata)?;
         Ok(Response::new(ServerMetadataResponse {
             name: SERVER_NAME.to_owned(),
             version: SERVER_VERSION.to_owned(),
@@ -407,7 +430,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelMetadataRequest>,
     ) -> Result<Response<ModelMetadataResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::Metadata)?;
         let r = r.into_inner();
         require(&caller, ModelAction::See, &r.name)?;
         model_metadata(&self.server, &r.name, &r.version)
@@ -419,7 +442,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::Inference)?;
         let r = r.into_inner();
         let track = caller.track(&r.model_name);
         let result = async {
@@ -438,7 +461,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::Inference)?;
         let server = self.server.clone();
         let incoming = r.into_inner();
         // Requests on one stream are answered in order, each with all of its responses (0..N
@@ -474,7 +497,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelConfigRequest>,
     ) -> Result<Response<ModelConfigResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::ModelConfig)?;
         let r = r.into_inner();
         require(&caller, ModelAction::See, &r.name)?;
         model_config(&self.server, &r.name, &r.version)
@@ -490,7 +513,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<ModelStatisticsRequest>,
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::Statistics)?;
         let r = r.into_inner();
         if !r.name.is_empty() {
             require(&caller, ModelAction::See, &r.name)?;
@@ -505,7 +528,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<RepositoryIndexRequest>,
     ) -> Result<Response<RepositoryIndexResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::ModelRepository)?;
         let models = self
             .server
             .models()
@@ -526,7 +549,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<RepositoryModelLoadRequest>,
     ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::ModelRepository)?;
         self.server.check_model_control().map_err(to_status)?;
         let r = r.into_inner();
         require(&caller, ModelAction::Load, &r.model_name)?;
@@ -564,7 +587,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
-        let caller = self.caller(&r)?;
+        let caller = self.caller(&r, ApiGroup::ModelRepository)?;
         self.server.check_model_control().map_err(to_status)?;
         let r = r.into_inner();
         require(&caller, ModelAction::Load, &r.model_name)?;
@@ -585,43 +608,49 @@ impl GrpcInferenceService for GrpcService {
 
     async fn system_shared_memory_status(
         &self,
-        _: Request<SystemSharedMemoryStatusRequest>,
+        r: Request<SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        self.restrict(&r, ApiGroup::SharedMemory)?;
         unimplemented("system shared memory")
     }
 
     async fn system_shared_memory_register(
         &self,
-        _: Request<SystemSharedMemoryRegisterRequest>,
+        r: Request<SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        self.restrict(&r, ApiGroup::SharedMemory)?;
         unimplemented("system shared memory")
     }
 
     async fn system_shared_memory_unregister(
         &self,
-        _: Request<SystemSharedMemoryUnregisterRequest>,
+        r: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        self.restrict(&r, ApiGroup::SharedMemory)?;
         unimplemented("system shared memory")
     }
 
     async fn cuda_shared_memory_status(
         &self,
-        _: Request<CudaSharedMemoryStatusRequest>,
+        r: Request<CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
+        self.restrict(&r, ApiGroup::SharedMemory)?;
         unimplemented("CUDA shared memory")
     }
 
     async fn cuda_shared_memory_register(
         &self,
-        _: Request<CudaSharedMemoryRegisterRequest>,
+        r: Request<CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
+        self.restrict(&r, ApiGroup::SharedMemory)?;
         unimplemented("CUDA shared memory")
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
-        _: Request<CudaSharedMemoryUnregisterRequest>,
+        r: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
+        self.restrict(&r, ApiGroup::SharedMemory)?;
         unimplemented("CUDA shared memory")
     }
 
@@ -629,7 +658,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<TraceSettingRequest>,
     ) -> Result<Response<TraceSettingResponse>, Status> {
-        self.caller(&r)?
+        self.caller(&r, ApiGroup::Trace)?
             .require_admin("the trace and logging APIs")
             .map_err(to_status)?;
         unimplemented("trace settings")
@@ -639,7 +668,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<LogSettingsRequest>,
     ) -> Result<Response<LogSettingsResponse>, Status> {
-        self.caller(&r)?
+        self.caller(&r, ApiGroup::Logging)?
             .require_admin("the trace and logging APIs")
             .map_err(to_status)?;
         unimplemented("log settings")

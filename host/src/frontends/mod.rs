@@ -5,6 +5,7 @@
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod restricted;
 
 use crate::{
     error::{Error, Result},

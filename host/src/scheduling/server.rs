@@ -20,6 +20,7 @@ use super::{
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse, StepDurations},
+    limits::RequestLimits,
     repository::ModelRepository,
     runtime::{request_check::check_request, ModelCaller, RuntimeOptions},
     tenancy::ModelAction,
@@ -53,6 +54,8 @@ pub struct ServerOptions {
     pub queue_capacity: usize,
     /// Poll interval in poll mode.
     pub poll_interval: Duration,
+    /// What one request may ask for (rank, elements, string length, JSON depth).
+    pub limits: RequestLimits,
 }
 
 /// Lets stages call models through the server's normal path (BLS). Holds the server weakly so
@@ -187,6 +190,11 @@ impl Server {
         Ok(server)
     }
 
+    /// The request limits every frontend applies.
+    pub fn limits(&self) -> &RequestLimits {
+        &self.options.limits
+    }
+
     /// The model manager.
     pub fn models(&self) -> &Arc<ModelManager> {
         &self.manager
@@ -234,6 +242,12 @@ impl Server {
         let model = self
             .manager
             .get(&request.model_name, request.model_version)?;
+        if let Err(err) = self.options.limits.check_request(&request) {
+            model
+                .stats
+                .record_failure(FailureReason::Other, received.elapsed());
+            return Err(err);
+        }
         if request.responses.is_none() && crate::runtime::is_decoupled(&model.config) {
             model
                 .stats

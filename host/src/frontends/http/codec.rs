@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
+    limits::RequestLimits,
     proto::inference::ModelConfig,
     tensor::{bytes_elements, element_count, push_bytes_element, shape_string, DataType, Tensor},
 };
@@ -97,6 +98,7 @@ pub fn decode_request(
     body: Bytes,
     json_length: Option<usize>,
     config: Option<&ModelConfig>,
+    limits: &RequestLimits,
 ) -> Result<InferRequest> {
     if json_length == Some(0) {
         return decode_raw_binary(model_name, model_version, body, config);
@@ -110,6 +112,7 @@ pub fn decode_request(
     }
     let header = body.slice(..split);
     let binary = body.slice(split..);
+    limits.check_json_depth(&header)?;
     let parsed: JsonRequest = serde_json::from_slice(&header)
         .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
     let mut offset = 0usize;
@@ -129,6 +132,7 @@ pub fn decode_request(
                 shape_string(&input.shape)
             )));
         }
+        limits.check_shape(&format!("input '{}'", input.name), &input.shape)?;
         let data = match params.get("binary_data_size") {
             Some(size) => {
                 let size = size.as_i64().filter(|s| *s >= 0).ok_or_else(|| {
@@ -528,7 +532,15 @@ mod tests {
     fn nested_json_flattens_and_round_trips() {
         let body = br#"{"id":"7","inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,-4]]}],
             "outputs":[{"name":"y","parameters":{"binary_data":false}}]}"#;
-        let req = decode_request("m", None, Bytes::from_static(body), None, None).unwrap();
+        let req = decode_request(
+            "m",
+            None,
+            Bytes::from_static(body),
+            None,
+            None,
+            &RequestLimits::default(),
+        )
+        .unwrap();
         assert_eq!(req.id, "7");
         assert_eq!(req.inputs[0].data.len(), 16);
         let resp = InferResponse {
@@ -553,7 +565,15 @@ mod tests {
         let header = br#"{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
         let mut body = header.to_vec();
         body.extend_from_slice(&[0u8; 4]);
-        let err = decode_request("m", None, body.into(), Some(header.len()), None).unwrap_err();
+        let err = decode_request(
+            "m",
+            None,
+            body.into(),
+            Some(header.len()),
+            None,
+            &RequestLimits::default(),
+        )
+        .unwrap_err();
         assert!(
             err.message.contains("binary_data_size 8"),
             "{}",
@@ -564,10 +584,26 @@ mod tests {
     #[test]
     fn wrong_element_type_and_count_are_named() {
         let body = br#"{"inputs":[{"name":"x","shape":[2],"datatype":"INT8","data":[1,300]}]}"#;
-        let err = decode_request("m", None, Bytes::from_static(body), None, None).unwrap_err();
+        let err = decode_request(
+            "m",
+            None,
+            Bytes::from_static(body),
+            None,
+            None,
+            &RequestLimits::default(),
+        )
+        .unwrap_err();
         assert!(err.message.contains("300"), "{}", err.message);
         let body = br#"{"inputs":[{"name":"x","shape":[3],"datatype":"INT8","data":[1,2]}]}"#;
-        let err = decode_request("m", None, Bytes::from_static(body), None, None).unwrap_err();
+        let err = decode_request(
+            "m",
+            None,
+            Bytes::from_static(body),
+            None,
+            None,
+            &RequestLimits::default(),
+        )
+        .unwrap_err();
         assert!(err.message.contains("needs 3"), "{}", err.message);
     }
 }

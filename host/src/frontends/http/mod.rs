@@ -21,7 +21,9 @@ use serde_json::{json, Value};
 
 use super::{
     check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
-    parse_version, EXTENSIONS, SERVER_NAME, SERVER_VERSION,
+    parse_version,
+    restricted::{ApiGroup, Restrictions},
+    EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
     error::{Code, Error},
@@ -40,6 +42,8 @@ pub struct HttpState {
     pub max_input_size: usize,
     /// Tenants and their keys; `None` serves everyone (single-tenant).
     pub tenancy: Option<Arc<Tenancy>>,
+    /// API groups that need a shared-secret header (`--http-restricted-api`).
+    pub restrictions: Arc<Restrictions>,
 }
 
 /// An error rendered as Triton does: a status code and `{"error": "..."}`.
@@ -82,13 +86,22 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Finds who sent a request (its API key) and hands the [`Caller`] to the handlers; health
-/// probes need no key, so that orchestrators can check the server.
+/// Checks the restricted API groups' headers, finds who sent a request (its API key) and
+/// hands the [`Caller`] to the handlers; health probes need no key, so that orchestrators can
+/// check the server.
 async fn authenticate(
     State(st): State<HttpState>,
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if let Some(group) = ApiGroup::of_http_path(request.uri().path()) {
+        let headers = request.headers();
+        if let Err(e) = st.restrictions.check(group, |name| {
+            headers.get(name).and_then(|v| v.to_str().ok())
+        }) {
+            return ApiError(e).into_response();
+        }
+    }
     let caller = match &st.tenancy {
         Some(tenancy) if !request.uri().path().starts_with("/v2/health/") => {
             let key = request
@@ -442,7 +455,14 @@ async fn run_infer(
     } else {
         None
     };
-    let mut request = codec::decode_request(&model, version, body, json_length, config.as_ref())?;
+    let mut request = codec::decode_request(
+        &model,
+        version,
+        body,
+        json_length,
+        config.as_ref(),
+        st.server.limits(),
+    )?;
     on_behalf_of(caller, &mut request);
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();

@@ -1,0 +1,188 @@
+//! What each fuzz target does with one input. Kept apart from the `fuzz_target!` wrappers so
+//! that `tests/fuzz_regressions.rs` replays saved inputs through exactly the same code on the
+//! stable toolchain. Every function must return normally for any input: errors are fine,
+//! panics (and the properties asserted here) are the bugs.
+
+use std::{path::Path, sync::OnceLock};
+
+use bytes::Bytes;
+use prost::Message;
+use wasmtron::{
+    frontends::{grpc, http::codec},
+    inference::{InferResponse, Parameters},
+    limits::RequestLimits,
+    proto::inference::{ModelConfig, ModelInferRequest},
+    repository::{config, sequence::sequence_spec, validate::validate},
+    runtime::request_check::check_request,
+    tensor::{bytes_elements, count_bytes_elements, push_bytes_element, DataType, Tensor},
+};
+
+/// `config.pbtxt` text (first byte 0) or the load API's JSON config (otherwise): parsing,
+/// the checks made at load, and a JSON round trip of whatever was accepted.
+pub fn config_pbtxt(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
+    let parsed = if mode == 0 {
+        config::parse_text(text, Path::new("config.pbtxt"))
+    } else {
+        config::parse_json(text)
+    };
+    let Ok(mut model) = parsed else {
+        return;
+    };
+    let before = model.clone();
+    let rendered = config::to_json(&before);
+    let again = config::parse_json(&rendered.to_string());
+    assert_eq!(
+        again.as_ref().ok(),
+        Some(&before),
+        "config does not survive a JSON round trip: {rendered}"
+    );
+    let name = if model.name.is_empty() {
+        "fuzz".to_owned()
+    } else {
+        model.name.clone()
+    };
+    if validate(&mut model, &name, "config.pbtxt").is_ok() {
+        let _ = sequence_spec(&model);
+    }
+}
+
+/// A model whose one input the raw binary form fills; the first input byte picks which.
+fn models() -> &'static [ModelConfig; 3] {
+    static MODELS: OnceLock<[ModelConfig; 3]> = OnceLock::new();
+    MODELS.get_or_init(|| {
+        let parse = |text: &str| {
+            config::parse_text(text, Path::new("fuzz")).unwrap_or_else(|e| panic!("{e}"))
+        };
+        [
+            parse(
+                r#"name: "m" max_batch_size: 8
+                   input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+                   output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]"#,
+            ),
+            parse(
+                r#"name: "m" max_batch_size: 0
+                   input [ { name: "INPUT0", data_type: TYPE_STRING, dims: [ -1 ] } ]
+                   output [ { name: "OUTPUT0", data_type: TYPE_STRING, dims: [ -1 ] } ]"#,
+            ),
+            parse(
+                r#"name: "m" max_batch_size: 4
+                   input [ { name: "INPUT0", data_type: TYPE_INT8, dims: [ 2, -1 ] } ]
+                   output [ { name: "OUTPUT0", data_type: TYPE_INT8, dims: [ 2, -1 ] } ]"#,
+            ),
+        ]
+    })
+}
+
+/// The HTTP inference body. Input: a mode byte (which model, and whether
+/// `Inference-Header-Content-Length` is absent, 0, or the next two bytes), then the body.
+/// Whatever decodes is checked against the model and echoed back through the response
+/// encoder, as a backend's outputs would be.
+pub fn http_infer_body(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let model = &models()[usize::from(mode % 3)];
+    let (json_length, body) = match (mode / 3) % 3 {
+        0 => (None, rest),
+        1 => (Some(0), rest),
+        _ => match rest {
+            [a, b, body @ ..] => (Some(usize::from(u16::from_le_bytes([*a, *b]))), body),
+            _ => return,
+        },
+    };
+    let limits = RequestLimits::default();
+    let Ok(request) = codec::decode_request(
+        "m",
+        None,
+        Bytes::copy_from_slice(body),
+        json_length,
+        Some(model),
+        &limits,
+    ) else {
+        return;
+    };
+    if check_request(model, &request).is_err() || limits.check_request(&request).is_err() {
+        return;
+    }
+    // Valid inputs come back as outputs, as from an identity model.
+    let outputs = request
+        .inputs
+        .iter()
+        .map(|t| Tensor {
+            name: "OUTPUT0".into(),
+            ..t.clone()
+        })
+        .collect();
+    let response = InferResponse {
+        model_name: "m".into(),
+        model_version: 1,
+        id: request.id.clone(),
+        parameters: Parameters::new(),
+        outputs,
+    };
+    let _ = codec::encode_response(&request.parameters, &request.outputs, &response);
+}
+
+/// A gRPC `ModelInferRequest` as protobuf bytes: decoding, the request limits, and the
+/// response encoder over whatever tensors are well formed.
+pub fn grpc_infer_request(data: &[u8]) {
+    let Ok(message) = ModelInferRequest::decode(data) else {
+        return;
+    };
+    let Ok(request) = grpc::decode_request(message) else {
+        return;
+    };
+    if RequestLimits::default().check_request(&request).is_err() {
+        return;
+    }
+    let outputs: Vec<Tensor> = request
+        .inputs
+        .into_iter()
+        .filter(|t| t.validate_size().is_ok())
+        .collect();
+    let _ = grpc::encode_response(InferResponse {
+        model_name: request.model_name,
+        model_version: 1,
+        id: request.id,
+        parameters: Parameters::new(),
+        outputs,
+    });
+}
+
+/// BYTES elements (4-byte little-endian length, then the bytes): counting, iterating and
+/// re-encoding agree, and well-formed UTF-8 elements survive the JSON form of the HTTP API.
+pub fn bytes_codec(data: &[u8]) {
+    let elements: Vec<&[u8]> = bytes_elements(data).collect();
+    let mut encoded = Vec::with_capacity(data.len());
+    for e in &elements {
+        push_bytes_element(&mut encoded, e);
+    }
+    match count_bytes_elements(data) {
+        Some(n) => {
+            assert_eq!(n, elements.len(), "count and iteration disagree");
+            assert_eq!(encoded, data, "re-encoding changes well-formed BYTES data");
+        }
+        None => assert!(
+            data.starts_with(&encoded) && encoded.len() < data.len(),
+            "iteration of malformed BYTES data must stop before the malformed element"
+        ),
+    }
+    let tensor = Tensor {
+        name: "TEXT".into(),
+        datatype: DataType::Bytes,
+        shape: vec![elements.len() as i64],
+        data: Bytes::from(encoded),
+    };
+    let json = codec::tensor_json_data(&tensor);
+    if elements.iter().all(|e| std::str::from_utf8(e).is_ok()) {
+        let back = codec::json_tensor("TEXT", DataType::Bytes, tensor.shape.clone(), &json)
+            .unwrap_or_else(|e| panic!("JSON form of BYTES data does not decode: {}", e.message));
+        assert_eq!(back, tensor, "BYTES data changes through its JSON form");
+    }
+}
