@@ -312,6 +312,7 @@ async fn main() -> anyhow::Result<()> {
                 .clone()
                 .or_else(wasmtron::runtime::wasm::engine::default_cache_dir),
             model_caller: None,
+            tenancy: tenancy.clone(),
         },
         queue_capacity: cli.model_queue_capacity,
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),

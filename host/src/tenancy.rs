@@ -15,6 +15,10 @@
 //! burst = 20
 //! max_request_bytes = 1048576
 //!
+//! [tenant.wasm]                    # defaults for the stages it may load; their configs may
+//! execution_timeout_ms = 2000       # lower them, and fail to load if they ask for more
+//! memory_limit_mb = 128
+//!
 //! [[tenant]]
 //! name = "ops"
 //! api_keys = ["sha256:…"]
@@ -93,6 +97,8 @@ struct TenantEntry {
     load: Vec<String>,
     #[serde(default)]
     quotas: QuotaLimits,
+    #[serde(default)]
+    wasm: WasmLimits,
     /// Its share of a busy model against other tenants' (default 1).
     weight: Option<f64>,
 }
@@ -112,6 +118,17 @@ pub struct QuotaLimits {
     pub max_request_bytes: Option<usize>,
     /// Requests the tenant may have waiting in one model's queue.
     pub max_queued_requests: Option<usize>,
+}
+
+/// A tenant's `[tenant.wasm]`: defaults for the Wasm stages it may load (its `load`
+/// patterns), which a stage's `config.pbtxt` may lower but not raise.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WasmLimits {
+    /// Wall-clock deadline of one call into the stage (`execution_timeout_ms`).
+    pub execution_timeout_ms: Option<u64>,
+    /// Most linear memory an instance may grow to (`memory_limit_mb`).
+    pub memory_limit_mb: Option<u64>,
 }
 
 /// Model names a permission covers: exact names, prefixes written `name*`, or `*` for all.
@@ -151,6 +168,7 @@ pub struct Tenant {
     see: ModelPatterns,
     load: ModelPatterns,
     limits: QuotaLimits,
+    wasm: WasmLimits,
     weight: f64,
     /// Counters that outlive a reload of the config file while the tenant keeps its name.
     live: Arc<Live>,
@@ -600,6 +618,12 @@ impl TenantSet {
                     field("weight")
                 )));
             }
+            if entry.wasm.execution_timeout_ms == Some(0) || entry.wasm.memory_limit_mb == Some(0) {
+                return Err(invalid(format!(
+                    "{}: limits must be positive; leave one out for the server's default",
+                    field("wasm")
+                )));
+            }
             if q.max_concurrent_requests == Some(0)
                 || q.max_request_bytes == Some(0)
                 || q.max_queued_requests == Some(0)
@@ -628,6 +652,7 @@ impl TenantSet {
                 see: patterns(entry.see, "see")?,
                 load: patterns(entry.load, "load")?,
                 limits: entry.quotas.clone(),
+                wasm: entry.wasm,
                 weight: entry.weight.unwrap_or(1.0),
                 live,
             });
@@ -659,6 +684,17 @@ impl TenantSet {
 }
 
 impl Tenancy {
+    /// The `[tenant.wasm]` limits that apply to the stage `model`: those of every tenant whose
+    /// `load` patterns cover it (administrators' blanket permission does not count).
+    pub fn stage_limits(&self, model: &str) -> Vec<(String, WasmLimits)> {
+        self.set()
+            .tenants
+            .iter()
+            .filter(|t| t.wasm != WasmLimits::default() && t.load.matches(model))
+            .map(|t| (t.name.clone(), t.wasm))
+            .collect()
+    }
+
     /// Every tenant's figures, for the metrics.
     pub fn usage(&self) -> Vec<TenantUsage> {
         self.set()

@@ -319,6 +319,46 @@ def test_sighup_reloads_keys_revoking_removed_ones(tmp_path):
         s.stop()
 
 
+def test_tenant_wasm_limits_bound_the_stages_it_may_load(tmp_path):
+    """`[tenant.wasm]`: the default deadline and memory of the stages a tenant may load; a
+    stage's config may lower them but a higher value fails the load, naming the tenant."""
+    probe_copy(tmp_path, "alpha_loop", "loop")
+    probe_copy(tmp_path, "alpha_greedy", "echo",
+               ', { key: "memory_limit_mb", value: { string_value: "1024" } }')
+    probe_copy(tmp_path, "other_loop", "loop",
+               ', { key: "execution_timeout_ms", value: { string_value: "1500" } }')
+    config = tmp_path / "wasmtron.toml"
+    config.write_text(f"""
+[[tenant]]
+name = "alpha"
+api_keys = [{digest("alpha-wasm-key")}]
+infer = ["alpha_*", "other_loop"]
+load = ["alpha_*"]
+[tenant.wasm]
+execution_timeout_ms = 300
+memory_limit_mb = 64
+""")
+    s = Server(str(tmp_path), "--config", str(config))
+    try:
+        headers = {"Authorization": "Bearer alpha-wasm-key"}
+        index = {m["name"]: m for m in http(s).get_model_repository_index(headers=headers)}
+        assert index["alpha_loop"]["state"] == "READY"
+        assert index["alpha_greedy"]["state"] == "UNAVAILABLE"
+        reason = index["alpha_greedy"]["reason"]
+        assert "'memory_limit_mb' is 1024 but tenant 'alpha'" in reason, reason
+        assert "at most 64" in reason, reason
+
+        t = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+        t.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+        text = refused(lambda: http(s).infer("alpha_loop", [t], headers=headers), "")
+        assert "deadline of 300 ms" in text, text
+        # A stage alpha may only use, not load, keeps its own limits.
+        text = refused(lambda: http(s).infer("other_loop", [t], headers=headers), "")
+        assert "deadline of 1500 ms" in text, text
+    finally:
+        s.stop()
+
+
 # Quotas: a second server whose tenants each have one limit.
 QUOTA_KEYS = {"small": "small-key", "bursty": "bursty-key", "single": "single-key"}
 

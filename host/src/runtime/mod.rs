@@ -186,6 +186,8 @@ pub struct RuntimeOptions {
     pub wasm_cache_dir: Option<PathBuf>,
     /// Lets Wasm stages call other models.
     pub model_caller: Option<Arc<dyn ModelCaller>>,
+    /// The tenants, whose `[tenant.wasm]` limits bound the stages they may load.
+    pub tenancy: Option<Arc<crate::tenancy::Tenancy>>,
 }
 
 /// Whether the model answers 0..N times per request (`model_transaction_policy.decoupled`).

@@ -491,7 +491,12 @@ pub fn load(
         )));
     }
     let path = super::model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
-    let limits = SandboxLimits::from_config(&config)?;
+    let tenant_limits = options
+        .tenancy
+        .as_ref()
+        .map(|t| t.stage_limits(&config.name))
+        .unwrap_or_default();
+    let limits = SandboxLimits::from_config_within(&config, &tenant_limits)?;
     if engine::options().pooling_instances > 0 && limits.memory_limit_mb > engine::POOLING_MEMORY_MB
     {
         return Err(Error::invalid(format!(

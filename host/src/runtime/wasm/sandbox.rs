@@ -14,6 +14,7 @@ use wasmtime_wasi::{
 use crate::{
     error::{Error, Result},
     proto::inference::ModelConfig,
+    tenancy::WasmLimits,
 };
 
 /// Per-model sandbox settings (`parameters` in config.pbtxt).
@@ -48,6 +49,48 @@ impl Default for SandboxLimits {
 }
 
 impl SandboxLimits {
+    /// Reads the limits from the configuration's parameters, within the `[tenant.wasm]`
+    /// limits of the tenants that may load the model: theirs (the lowest) where the
+    /// configuration says nothing, and an error naming the tenant where it asks for more.
+    pub fn from_config_within(
+        config: &ModelConfig,
+        tenants: &[(String, WasmLimits)],
+    ) -> Result<Self> {
+        let mut limits = Self::from_config(config)?;
+        for (key, slot, cap) in [
+            (
+                "execution_timeout_ms",
+                &mut limits.execution_timeout_ms,
+                tenants
+                    .iter()
+                    .filter_map(|(t, w)| Some((t, w.execution_timeout_ms?)))
+                    .min_by_key(|(_, v)| *v),
+            ),
+            (
+                "memory_limit_mb",
+                &mut limits.memory_limit_mb,
+                tenants
+                    .iter()
+                    .filter_map(|(t, w)| Some((t, w.memory_limit_mb?)))
+                    .min_by_key(|(_, v)| *v),
+            ),
+        ] {
+            let Some((tenant, cap)) = cap else {
+                continue;
+            };
+            if !config.parameters.contains_key(key) {
+                *slot = cap;
+            } else if *slot > cap {
+                return Err(Error::invalid(format!(
+                    "model '{}': parameter '{key}' is {} but tenant '{tenant}', which may load \
+                     it, allows at most {cap} (wasm.{key} in the server config file)",
+                    config.name, *slot
+                )));
+            }
+        }
+        Ok(limits)
+    }
+
     /// Reads the limits from the configuration's parameters.
     pub fn from_config(config: &ModelConfig) -> Result<Self> {
         let mut limits = Self::default();
@@ -212,5 +255,65 @@ impl WasiView for StageState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::inference::ModelParameter;
+
+    fn config(params: &[(&str, &str)]) -> ModelConfig {
+        ModelConfig {
+            name: "alpha_stage".into(),
+            parameters: params
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        ModelParameter {
+                            string_value: v.to_string(),
+                        },
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn tenant_wasm_limits_are_defaults_that_configs_may_lower_but_not_raise() {
+        let tenants = [
+            (
+                "alpha".to_owned(),
+                WasmLimits {
+                    execution_timeout_ms: Some(500),
+                    memory_limit_mb: Some(64),
+                },
+            ),
+            (
+                "beta".to_owned(),
+                WasmLimits {
+                    execution_timeout_ms: Some(200),
+                    memory_limit_mb: None,
+                },
+            ),
+        ];
+        let l = SandboxLimits::from_config_within(&config(&[]), &tenants).unwrap();
+        assert_eq!((l.execution_timeout_ms, l.memory_limit_mb), (200, 64));
+        let l = SandboxLimits::from_config_within(&config(&[("memory_limit_mb", "16")]), &tenants)
+            .unwrap();
+        assert_eq!(l.memory_limit_mb, 16);
+        let e = SandboxLimits::from_config_within(&config(&[("memory_limit_mb", "128")]), &tenants)
+            .unwrap_err();
+        assert!(
+            e.message
+                .contains("'memory_limit_mb' is 128 but tenant 'alpha'")
+                && e.message.contains("at most 64 (wasm.memory_limit_mb"),
+            "{}",
+            e.message
+        );
+        let l = SandboxLimits::from_config_within(&config(&[]), &[]).unwrap();
+        assert_eq!(l, SandboxLimits::default());
     }
 }
