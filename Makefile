@@ -12,7 +12,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release \
-        test-rust test-python lint bench bench-isolation clean
+        test-rust test-python lint bench bench-isolation fuzz clean
 
 run: deps build-release
 	./target/release/wasmtron --model-repository model_repository \
@@ -81,6 +81,23 @@ model_repository/softmax/1/model.wasm: examples/c/softmax/softmax.c wit/stage.wi
 	  -o $(C_BUILD)/softmax.core.wasm $< $(C_BUILD)/gen/stage.c $(C_BUILD)/gen/stage_component_type.o
 	mkdir -p $(@D)
 	$(COMPONENTIZE_C) component $(C_BUILD)/softmax.core.wasm -o $@
+
+# Fuzzing (not part of `make test`): each target runs FUZZ_SECONDS from fuzz/seeds/; a crash
+# is written to fuzz/regressions/<target>/, which tests/fuzz_regressions.rs replays on stable.
+# Needs the nightly toolchain and cargo-fuzz, installed here when missing.
+FUZZ_SECONDS ?= 120
+FUZZ_TARGETS := config_pbtxt http_infer_body grpc_infer_request bytes_codec
+FUZZ_FLAGS := --sanitizer none --debug-assertions --target-dir $(CURDIR)/target/fuzz
+fuzz: toolchain
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install --locked cargo-fuzz --version 0.13.1
+	cd fuzz && $(CARGO) +nightly fuzz build $(FUZZ_FLAGS)
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p target/fuzz/corpus/$$t fuzz/regressions/$$t && cp fuzz/seeds/$$t/* target/fuzz/corpus/$$t/ && \
+	  (cd fuzz && $(CARGO) +nightly fuzz run $(FUZZ_FLAGS) $$t $(CURDIR)/target/fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 -rss_limit_mb=4096 \
+	    -artifact_prefix=$(CURDIR)/fuzz/regressions/$$t/ -print_final_stats=1) || exit 1; \
+	done
 
 perf-analyzer: venv
 	PYTHON=$(VPY) scripts/fetch-perf-analyzer.sh
