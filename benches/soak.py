@@ -24,6 +24,7 @@ import urllib.request
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from geventhttpclient.response import HTTPConnectionClosed
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -86,11 +87,12 @@ def client(index, http, grpc, stop, stopping, tally):
             r = c.infer(model, inputs(mod, model))
             assert r.as_numpy("OUTPUT0") is not None
             tally.add(ok=True)
-        except (InferenceServerException, ConnectionError, OSError) as e:
+        except (InferenceServerException, ConnectionError, OSError, HTTPConnectionClosed) as e:
             text = str(e)
-            # After SIGTERM: 503 "shutting down", or no listener any more — never accepted.
+            # After SIGTERM: 503 "shutting down", an idle keep-alive connection closed by the
+            # draining server before it read the request, or no listener — never accepted.
             if stopping.is_set() and ("shutting down" in text or "503" in text or "UNAVAILABLE" in text
-                                      or "onnect" in text):
+                                      or "onnect" in text or isinstance(e, HTTPConnectionClosed)):
                 tally.add(shutdown=True)
             else:
                 tally.add(error=f"{model}: {text[:200]}")

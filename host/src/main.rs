@@ -246,8 +246,30 @@ fn reload_tenants_on_sighup(tenancy: Arc<Tenancy>, path: PathBuf) -> anyhow::Res
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// glibc gives threads that allocate at the same moment separate arenas, up to 8 per core, and
+/// keeps what each arena once held. Model reloads start new worker threads while requests
+/// run, so under traffic the arenas multiply and RSS creeps up with every reload (soak: +1.1
+/// MiB over 180 reloads, still rising; with 2 arenas +0.2 MiB, flat after warm-up). Two arenas
+/// unless `MALLOC_ARENA_MAX` says otherwise; called before any other thread exists.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; no other thread runs yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    limit_malloc_arenas();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Stage(StageCommand::Run(args))) => {
