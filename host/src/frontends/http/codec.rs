@@ -4,7 +4,7 @@
 
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, value::RawValue, Map, Value};
 
 use crate::{
     error::{Error, Result},
@@ -18,25 +18,28 @@ use crate::{
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
 #[derive(Deserialize)]
-struct JsonRequest {
+struct JsonRequest<'a> {
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
     parameters: Option<Map<String, Value>>,
-    inputs: Vec<JsonInput>,
+    #[serde(borrow)]
+    inputs: Vec<JsonInput<'a>>,
     #[serde(default)]
     outputs: Option<Vec<JsonOutput>>,
 }
 
 #[derive(Deserialize)]
-struct JsonInput {
+struct JsonInput<'a> {
     name: String,
     shape: Vec<i64>,
     datatype: String,
     #[serde(default)]
     parameters: Option<Map<String, Value>>,
-    #[serde(default)]
-    data: Option<Value>,
+    /// Left as text and decoded straight into tensor bytes once the datatype and shape are
+    /// known: a `serde_json::Value` per element would take ~16x the body's size in memory.
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -165,7 +168,7 @@ pub fn decode_request(
                         input.name
                     ))
                 })?;
-                json_to_bytes(&input.name, datatype, &input.shape, &value)?
+                json_to_bytes(&input.name, datatype, &input.shape, value.get())?
             }
         };
         inputs.push(Tensor {
@@ -305,13 +308,6 @@ fn raw_request(
     }
 }
 
-fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
-    match value {
-        Value::Array(items) => items.iter().for_each(|v| flatten(v, out)),
-        other => out.push(other),
-    }
-}
-
 /// A tensor from JSON data (nested or flat) of the given datatype and shape.
 pub fn json_tensor(
     name: &str,
@@ -319,7 +315,7 @@ pub fn json_tensor(
     shape: Vec<i64>,
     value: &Value,
 ) -> Result<Tensor> {
-    let data = json_to_bytes(name, datatype, &shape, value)?;
+    let data = json_to_bytes(name, datatype, &shape, &value.to_string())?;
     Ok(Tensor {
         name: name.to_owned(),
         datatype,
@@ -333,71 +329,206 @@ pub fn tensor_json_data(tensor: &Tensor) -> Value {
     bytes_to_json(tensor)
 }
 
-fn json_to_bytes(name: &str, datatype: DataType, shape: &[i64], value: &Value) -> Result<Bytes> {
-    let mut leaves = Vec::new();
-    flatten(value, &mut leaves);
+/// Decodes JSON tensor data (nested arrays or flat) of `datatype` into little-endian bytes,
+/// element by element, refusing more elements than `shape` holds as soon as they appear.
+fn json_to_bytes(name: &str, datatype: DataType, shape: &[i64], json: &str) -> Result<Bytes> {
+    if matches!(datatype, DataType::Fp16 | DataType::Bf16) {
+        return Err(Error::invalid(format!(
+            "input '{name}': datatype {datatype} cannot be sent as JSON; use the binary tensor data extension"
+        )));
+    }
     let expected = element_count(shape).unwrap_or(usize::MAX);
-    if leaves.len() != expected {
+    // Each element takes at least two characters of JSON, so the text bounds the allocation.
+    let capacity = expected.min(json.len() / 2 + 1);
+    let mut leaves = Leaves {
+        name,
+        datatype,
+        expected,
+        count: 0,
+        out: Vec::with_capacity(capacity.saturating_mul(datatype.element_size().unwrap_or(8))),
+        error: None,
+    };
+    let mut de = serde_json::Deserializer::from_str(json);
+    let parsed =
+        serde::de::DeserializeSeed::deserialize(&mut leaves, &mut de).and_then(|()| de.end());
+    if let Some(err) = leaves.error {
+        return Err(err);
+    }
+    parsed.map_err(|e| {
+        Error::invalid(format!(
+            "input '{name}': 'data' is not valid JSON tensor data: {e}"
+        ))
+    })?;
+    if leaves.count != expected {
         return Err(Error::invalid(format!(
             "unexpected number of elements for input '{name}': shape {} needs {expected}, the JSON data has {}",
             shape_string(shape),
-            leaves.len()
+            leaves.count
         )));
     }
-    let bad = |v: &Value| {
-        Error::invalid(format!(
-            "input '{name}' of datatype {datatype}: element {v} is not a valid {datatype} value"
-        ))
-    };
-    let mut out = Vec::with_capacity(leaves.len() * datatype.element_size().unwrap_or(8));
-    macro_rules! ints {
-        ($t:ty, $get:ident) => {
-            for v in &leaves {
-                let x = v
-                    .$get()
-                    .and_then(|x| <$t>::try_from(x).ok())
-                    .ok_or_else(|| bad(v))?;
-                out.extend_from_slice(&x.to_le_bytes());
-            }
+    Ok(leaves.out.into())
+}
+
+/// A visitor that walks nested JSON arrays and appends each leaf as one element.
+struct Leaves<'n> {
+    name: &'n str,
+    datatype: DataType,
+    expected: usize,
+    count: usize,
+    out: Vec<u8>,
+    /// Our own error, kept whole (serde would only carry its text).
+    error: Option<Error>,
+}
+
+/// A leaf as the JSON text it came from, for error messages.
+enum Leaf<'v> {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Str(&'v str),
+}
+
+impl std::fmt::Display for Leaf<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Leaf::Bool(b) => write!(f, "{b}"),
+            Leaf::Int(i) => write!(f, "{i}"),
+            Leaf::Uint(u) => write!(f, "{u}"),
+            Leaf::Float(x) => write!(f, "{}", json!(x)),
+            Leaf::Str(s) => write!(f, "{}", json!(s)),
+        }
+    }
+}
+
+impl Leaves<'_> {
+    fn push<E: serde::de::Error>(&mut self, leaf: Leaf<'_>) -> std::result::Result<(), E> {
+        self.count += 1;
+        if self.count > self.expected {
+            return Err(self.fail(Error::invalid(format!(
+                "unexpected number of elements for input '{}': its shape holds {}, the JSON data has more",
+                self.name, self.expected
+            ))));
+        }
+        let (datatype, out) = (self.datatype, &mut self.out);
+        macro_rules! int {
+            ($t:ty) => {{
+                let v: Option<$t> = match leaf {
+                    Leaf::Int(i) => <$t>::try_from(i).ok(),
+                    Leaf::Uint(u) => <$t>::try_from(u).ok(),
+                    _ => None,
+                };
+                v.map(|v| out.extend_from_slice(&v.to_le_bytes()))
+            }};
+        }
+        let float = match leaf {
+            Leaf::Int(i) => Some(i as f64),
+            Leaf::Uint(u) => Some(u as f64),
+            Leaf::Float(x) => Some(x),
+            _ => None,
         };
+        let stored = match datatype {
+            DataType::Bool => match leaf {
+                Leaf::Bool(b) => {
+                    out.push(u8::from(b));
+                    Some(())
+                }
+                _ => None,
+            },
+            DataType::Int8 => int!(i8),
+            DataType::Int16 => int!(i16),
+            DataType::Int32 => int!(i32),
+            DataType::Int64 => int!(i64),
+            DataType::Uint8 => int!(u8),
+            DataType::Uint16 => int!(u16),
+            DataType::Uint32 => int!(u32),
+            DataType::Uint64 => int!(u64),
+            DataType::Fp32 => float.map(|x| out.extend_from_slice(&(x as f32).to_le_bytes())),
+            DataType::Fp64 => float.map(|x| out.extend_from_slice(&x.to_le_bytes())),
+            DataType::Bytes => match leaf {
+                Leaf::Str(s) => {
+                    push_bytes_element(out, s.as_bytes());
+                    Some(())
+                }
+                _ => None,
+            },
+            // Refused before decoding starts.
+            DataType::Fp16 | DataType::Bf16 => None,
+        };
+        match stored {
+            Some(()) => Ok(()),
+            None => Err(self.fail(Error::invalid(format!(
+                "input '{}' of datatype {datatype}: element {leaf} is not a valid {datatype} value",
+                self.name
+            )))),
+        }
     }
-    match datatype {
-        DataType::Bool => {
-            for v in &leaves {
-                out.push(u8::from(v.as_bool().ok_or_else(|| bad(v))?));
-            }
-        }
-        DataType::Int8 => ints!(i8, as_i64),
-        DataType::Int16 => ints!(i16, as_i64),
-        DataType::Int32 => ints!(i32, as_i64),
-        DataType::Int64 => ints!(i64, as_i64),
-        DataType::Uint8 => ints!(u8, as_u64),
-        DataType::Uint16 => ints!(u16, as_u64),
-        DataType::Uint32 => ints!(u32, as_u64),
-        DataType::Uint64 => ints!(u64, as_u64),
-        DataType::Fp32 => {
-            for v in &leaves {
-                let x = v.as_f64().ok_or_else(|| bad(v))? as f32;
-                out.extend_from_slice(&x.to_le_bytes());
-            }
-        }
-        DataType::Fp64 => {
-            for v in &leaves {
-                out.extend_from_slice(&v.as_f64().ok_or_else(|| bad(v))?.to_le_bytes());
-            }
-        }
-        DataType::Bytes => {
-            for v in &leaves {
-                push_bytes_element(&mut out, v.as_str().ok_or_else(|| bad(v))?.as_bytes());
-            }
-        }
-        DataType::Fp16 | DataType::Bf16 => {
-            return Err(Error::invalid(format!(
-                "input '{name}': datatype {datatype} cannot be sent as JSON; use the binary tensor data extension"
-            )))
-        }
+
+    fn fail<E: serde::de::Error>(&mut self, err: Error) -> E {
+        let e = E::custom(&err.message);
+        self.error = Some(err);
+        e
     }
-    Ok(out.into())
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for &mut Leaves<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for &mut Leaves<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("tensor elements, as a flat or nested array")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        while seq.next_element_seed(&mut *self)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<(), E> {
+        self.push(Leaf::Bool(v))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<(), E> {
+        self.push(Leaf::Int(v))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<(), E> {
+        self.push(Leaf::Uint(v))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<(), E> {
+        self.push(Leaf::Float(v))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<(), E> {
+        self.push(Leaf::Str(v))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<(), E> {
+        let message = format!(
+            "input '{}' of datatype {}: element null is not a valid {} value",
+            self.name, self.datatype, self.datatype
+        );
+        Err(self.fail(Error::invalid(message)))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> std::result::Result<(), A::Error> {
+        let message = format!(
+            "input '{}': 'data' must be an array of elements, not an object",
+            self.name
+        );
+        Err(self.fail(Error::invalid(message)))
+    }
 }
 
 fn bytes_to_json(tensor: &Tensor) -> Value {
@@ -558,6 +689,67 @@ mod tests {
         let v: Value = serde_json::from_slice(&enc.body).unwrap();
         assert_eq!(v["outputs"][0]["data"], json!([1, 2, 3, -4]));
         assert_eq!(v["model_version"], "1");
+    }
+
+    #[test]
+    fn json_data_is_decoded_element_by_element() {
+        let decode = |data: &str, datatype: &str, shape: &str| {
+            let body = format!(
+                r#"{{"inputs":[{{"name":"x","shape":{shape},"datatype":"{datatype}","data":{data}}}]}}"#
+            );
+            decode_request(
+                "m",
+                None,
+                body.into(),
+                None,
+                None,
+                &RequestLimits::default(),
+            )
+        };
+        let t = &decode("[[1, 2.5], [-3, 4e1]]", "FP32", "[2,2]")
+            .unwrap()
+            .inputs[0];
+        let floats: Vec<f32> = t
+            .data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(floats, [1.0, 2.5, -3.0, 40.0]);
+        let t = &decode(r#"["a\"b", "é"]"#, "BYTES", "[2]").unwrap().inputs[0];
+        let items: Vec<&[u8]> = bytes_elements(&t.data).collect();
+        assert_eq!(items, [&b"a\"b"[..], "é".as_bytes()]);
+        assert_eq!(
+            decode("[true, false]", "BOOL", "[2]").unwrap().inputs[0].data[..],
+            [1, 0]
+        );
+        // More elements than the shape holds: refused at the first extra one.
+        let e = decode("[1, 2, 3]", "INT32", "[2]").unwrap_err();
+        assert!(
+            e.message
+                .contains("its shape holds 2, the JSON data has more"),
+            "{}",
+            e.message
+        );
+        let e = decode("[1, null]", "INT32", "[2]").unwrap_err();
+        assert!(
+            e.message.contains("element null is not a valid INT32"),
+            "{}",
+            e.message
+        );
+        let e = decode("[1.5]", "INT64", "[1]").unwrap_err();
+        assert!(
+            e.message.contains("element 1.5 is not a valid INT64"),
+            "{}",
+            e.message
+        );
+        let e = decode(r#"{"a": 1}"#, "INT32", "[1]").unwrap_err();
+        assert!(e.message.contains("not an object"), "{}", e.message);
+        let e = decode("[1]", "FP16", "[1]").unwrap_err();
+        assert!(
+            e.message.contains("binary tensor data extension"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
