@@ -18,14 +18,13 @@ import shutil
 import statistics
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 
 import aiohttp
 
-from loopback import free_ports  # benches/loopback.py, beside this script
+from loopback import start_server  # benches/loopback.py, beside this script
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "release", "wasmtron"))
@@ -85,24 +84,8 @@ infer = ["preprocess"]
 
 
 def start(repo, config):
-    http, grpc, metrics = free_ports(3)
-    env = dict(os.environ, ORT_DYLIB_PATH=os.environ.get(
-        "ORT_DYLIB_PATH", os.path.join(ROOT, ".cache", "onnxruntime", "lib", "libonnxruntime.so")))
-    proc = subprocess.Popen(
-        [BINARY, "--model-repository", repo, "--config", config, "--http-port", str(http),
-         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--http-address", "127.0.0.1",
-         "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=5) as r:
-                if r.status == 200:
-                    return proc, f"http://127.0.0.1:{http}"
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    sys.exit("wasmtron did not become ready")
+    proc, http, _ = start_server(BINARY, repo, "--config", config)
+    return proc, f"http://{http}"
 
 
 def body(model):

@@ -10,13 +10,11 @@ Loopback only; one request.
 """
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 
-from loopback import free_ports  # benches/loopback.py, beside this script
+from loopback import start_server  # benches/loopback.py, beside this script
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "release", "wasmtron"))
@@ -27,23 +25,8 @@ def main():
     repo = tempfile.mkdtemp(prefix="json-memory-")
     shutil.copytree(os.path.join(ROOT, "model_repository", "identity_fp32"),
                     os.path.join(repo, "identity_fp32"))
-    http, grpc, metrics = free_ports(3)
-    proc = subprocess.Popen(
-        [BINARY, "--model-repository", repo, "--http-port", str(http), "--grpc-port", str(grpc),
-         "--metrics-port", str(metrics), "--http-address", "127.0.0.1",
-         "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"],
-        stderr=subprocess.DEVNULL)
+    proc, http, _ = start_server(BINARY, repo)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=5)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    sys.exit("wasmtron did not become ready")
-                time.sleep(0.1)
-
         def hwm_mib():
             with open(f"/proc/{proc.pid}/status") as f:
                 for line in f:
@@ -56,7 +39,7 @@ def main():
                 + ']}],"outputs":[{"name":"OUTPUT0","parameters":{"binary_data":true}}]}').encode()
         before = hwm_mib()
         started = time.monotonic()
-        req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/identity_fp32/infer",
+        req = urllib.request.Request(f"http://{http}/v2/models/identity_fp32/infer",
                                      data=body, method="POST")
         with urllib.request.urlopen(req, timeout=300) as r:
             r.read()

@@ -15,7 +15,6 @@ Loopback only; bounded in time.
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -24,11 +23,11 @@ import urllib.request
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from geventhttpclient.response import HTTPConnectionClosed
 import tritonclient.http as httpclient
+from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
-from loopback import free_ports  # benches/loopback.py, beside this script
+from loopback import start_server  # benches/loopback.py, beside this script
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "release", "wasmtron"))
@@ -110,27 +109,8 @@ def main():
     os.makedirs(repo)
     for m in ("simple", "add_sub"):
         shutil.copytree(os.path.join(ROOT, "model_repository", m), os.path.join(repo, m))
-    http_port, grpc_port, metrics_port = free_ports(3)
-    env = dict(os.environ, ORT_DYLIB_PATH=os.environ.get(
-        "ORT_DYLIB_PATH", os.path.join(ROOT, ".cache", "onnxruntime", "lib", "libonnxruntime.so")))
-    proc = subprocess.Popen(
-        [BINARY, "--model-repository", repo, "--model-control-mode", "explicit", "--load-model", "*",
-         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-         "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
-         "--exit-timeout-secs", "30"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    http, grpc = f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                sys.exit("wasmtron did not become ready")
-            time.sleep(0.1)
+    proc, http, grpc = start_server(BINARY, repo, "--model-control-mode", "explicit",
+                                    "--load-model", "*", "--exit-timeout-secs", "30")
     stop, stopping, tally = threading.Event(), threading.Event(), Tally()
     threads = [threading.Thread(target=client, args=(i, http, grpc, stop, stopping, tally))
                for i in range(CLIENTS)]
