@@ -6,6 +6,7 @@ import threading
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -52,6 +53,20 @@ class Server:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def simple_inputs(mod, input0, input1, binary=True):
+    """INPUT0 and INPUT1 of `simple` ([1, 16] INT32 arrays) for one of tritonclient's modules
+    (http, grpc or their aio forms); `binary=False` sends HTTP inputs as JSON."""
+    inputs = []
+    for name, data in (("INPUT0", input0), ("INPUT1", input1)):
+        t = mod.InferInput(name, [1, 16], "INT32")
+        if "grpc" in mod.__name__:
+            t.set_data_from_numpy(np.asarray(data, dtype=np.int32))
+        else:
+            t.set_data_from_numpy(np.asarray(data, dtype=np.int32), binary_data=binary)
+        inputs.append(t)
+    return inputs
 
 
 def copy_models(dest, names):

@@ -11,22 +11,15 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import BINARY, serving
+from conftest import BINARY, serving, simple_inputs
+
+ONES = np.ones((1, 16), dtype=np.int32)
 
 
 @pytest.fixture
 def draining(tmp_path_factory):
     yield from serving(tmp_path_factory, "drain", ["simple"], "--drain-delay-secs", "8",
                        "--exit-timeout-secs", "10")
-
-
-def simple_inputs():
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        t = httpclient.InferInput(name, [1, 16], "INT32")
-        t.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-        inputs.append(t)
-    return inputs
 
 
 def test_sigterm_keeps_serving_through_the_drain_delay_then_exits_0(draining):
@@ -39,7 +32,7 @@ def test_sigterm_keeps_serving_through_the_drain_delay_then_exits_0(draining):
         time.sleep(0.01)
     assert not c.is_server_ready()
     # ... while inference is still served during the delay.
-    assert c.infer("simple", simple_inputs()).as_numpy("OUTPUT0").tolist() == [[2] * 16]
+    assert c.infer("simple", simple_inputs(httpclient, ONES, ONES)).as_numpy("OUTPUT0").tolist() == [[2] * 16]
     assert draining.proc.wait(60) == 0
 
 

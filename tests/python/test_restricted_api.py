@@ -9,10 +9,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import BINARY, serving
+from conftest import BINARY, serving, simple_inputs
 
 ADMIN = {"admin-key": "s3cret"}
 GRPC_ADMIN = {"triton-grpc-protocol-admin-key": "s3cret"}
+ONES = np.ones((1, 16), dtype=np.int32)
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +24,6 @@ def server(tmp_path_factory):
         "--http-restricted-api", "model-repository,statistics:admin-key=s3cret",
         "--http-restricted-api", "model-config:other-key=other",
         "--grpc-restricted-protocol", "model-repository,statistics:admin-key=s3cret")
-
-
-def simple_inputs(mod):
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        t = mod.InferInput(name, [1, 16], "INT32")
-        t.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-        inputs.append(t)
-    return inputs
 
 
 def refused(call):
@@ -54,7 +46,7 @@ def test_http_restricted_groups_need_their_header(server):
     assert c.get_inference_statistics("simple", headers=ADMIN)["model_stats"]
     # What is not restricted stays open.
     assert c.is_server_live() and c.is_model_ready("simple")
-    assert c.infer("simple", simple_inputs(httpclient)).as_numpy("OUTPUT0").tolist() == [[2] * 16]
+    assert c.infer("simple", simple_inputs(httpclient, ONES, ONES)).as_numpy("OUTPUT0").tolist() == [[2] * 16]
 
 
 def test_grpc_restricted_protocols_need_their_header(server):
@@ -69,7 +61,7 @@ def test_grpc_restricted_protocols_need_their_header(server):
     c.unload_model("simple", headers=GRPC_ADMIN)
     c.load_model("simple", headers=GRPC_ADMIN)
     assert c.get_model_config("simple").config.name == "simple"
-    assert c.infer("simple", simple_inputs(grpcclient)).as_numpy("OUTPUT0").tolist() == [[2] * 16]
+    assert c.infer("simple", simple_inputs(grpcclient, ONES, ONES)).as_numpy("OUTPUT0").tolist() == [[2] * 16]
 
 
 @pytest.mark.parametrize("flag, message", [

@@ -19,6 +19,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import BINARY, ROOT, Server, copy_models
+from conftest import simple_inputs as conftest_simple_inputs
+
+RANGE = np.arange(16, dtype=np.int32).reshape(1, 16)
 
 KEYS = {"alpha": "alpha-key-1", "beta": "beta-key-1", "gamma": "gamma-key-1", "ops": "ops-key-1"}
 
@@ -93,12 +96,7 @@ def grpc_headers(tenant):
 
 
 def simple_inputs(mod):
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        t = mod.InferInput(name, [1, 16], "INT32")
-        t.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-        inputs.append(t)
-    return inputs
+    return conftest_simple_inputs(mod, RANGE, RANGE)
 
 
 def fp32_input(mod):

@@ -11,20 +11,14 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
+from conftest import simple_inputs as conftest_simple_inputs
+
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.full((1, 16), 3, dtype=np.int32)
 
 
 def simple_inputs(mod, binary=True):
-    i0 = mod.InferInput("INPUT0", [1, 16], "INT32")
-    i1 = mod.InferInput("INPUT1", [1, 16], "INT32")
-    if mod is httpclient or mod is httpaio:
-        i0.set_data_from_numpy(A, binary_data=binary)
-        i1.set_data_from_numpy(B, binary_data=binary)
-    else:
-        i0.set_data_from_numpy(A)
-        i1.set_data_from_numpy(B)
-    return [i0, i1]
+    return conftest_simple_inputs(mod, A, B, binary)
 
 
 def clients(server):

@@ -659,19 +659,17 @@ pub fn encode_response(
 mod tests {
     use super::*;
 
+    /// Decodes a JSON request body with the default limits.
+    fn decode_json(body: &'static [u8]) -> Result<InferRequest> {
+        let limits = RequestLimits::default();
+        decode_request("m", None, Bytes::from_static(body), None, None, &limits)
+    }
+
     #[test]
     fn nested_json_flattens_and_round_trips() {
         let body = br#"{"id":"7","inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,-4]]}],
             "outputs":[{"name":"y","parameters":{"binary_data":false}}]}"#;
-        let req = decode_request(
-            "m",
-            None,
-            Bytes::from_static(body),
-            None,
-            None,
-            &RequestLimits::default(),
-        )
-        .unwrap();
+        let req = decode_json(body).unwrap();
         assert_eq!(req.id, "7");
         assert_eq!(req.inputs[0].data.len(), 16);
         let resp = InferResponse {
@@ -776,26 +774,10 @@ mod tests {
     #[test]
     fn wrong_element_type_and_count_are_named() {
         let body = br#"{"inputs":[{"name":"x","shape":[2],"datatype":"INT8","data":[1,300]}]}"#;
-        let err = decode_request(
-            "m",
-            None,
-            Bytes::from_static(body),
-            None,
-            None,
-            &RequestLimits::default(),
-        )
-        .unwrap_err();
+        let err = decode_json(body).unwrap_err();
         assert!(err.message.contains("300"), "{}", err.message);
         let body = br#"{"inputs":[{"name":"x","shape":[3],"datatype":"INT8","data":[1,2]}]}"#;
-        let err = decode_request(
-            "m",
-            None,
-            Bytes::from_static(body),
-            None,
-            None,
-            &RequestLimits::default(),
-        )
-        .unwrap_err();
+        let err = decode_json(body).unwrap_err();
         assert!(err.message.contains("needs 3"), "{}", err.message);
     }
 }
