@@ -35,7 +35,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, PoisonError, RwLock,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use serde::Deserialize;
@@ -118,6 +118,12 @@ pub struct QuotaLimits {
     pub max_request_bytes: Option<usize>,
     /// Requests the tenant may have waiting in one model's queue.
     pub max_queued_requests: Option<usize>,
+    /// Requests in a row failing in one model (a stage's trap, deadline or memory cap) after
+    /// which the tenant's requests to it are held back (default 5).
+    pub backoff_after_failures: Option<u32>,
+    /// The first hold-back in milliseconds (default 1000); it doubles with each further
+    /// failure, up to 30 s (or this, if longer).
+    pub backoff_ms: Option<u64>,
 }
 
 /// A tenant's `[tenant.wasm]`: defaults for the Wasm stages it may load (its `load`
@@ -174,12 +180,36 @@ pub struct Tenant {
     live: Arc<Live>,
 }
 
-/// What a tenant is using and has used: in-flight requests, its rate bucket, its figures.
+/// What a tenant is using and has used: in-flight requests, its rate bucket, its figures,
+/// and the models its requests keep failing in.
 #[derive(Debug)]
 struct Live {
     in_flight: AtomicUsize,
     bucket: Mutex<Bucket>,
     usage: Mutex<BTreeMap<String, ModelUsage>>,
+    backoffs: Mutex<HashMap<String, Backoff>>,
+}
+
+/// Failures in a row after which a tenant's requests to a model are held back, unless
+/// `quotas.backoff_after_failures` says otherwise.
+pub const BACKOFF_AFTER_FAILURES: u32 = 5;
+/// The first hold-back unless `quotas.backoff_ms` says otherwise; it doubles with every further
+/// failure, up to [`BACKOFF_MAX`].
+pub const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+/// The longest hold-back (unless the first is longer).
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// One tenant's run of backend failures with one model (a stage that traps, runs past its
+/// deadline or out of memory on its requests). After some in a row its
+/// requests to that model are refused for a while instead of run, so that a crash loop burns
+/// no more of the CPU the other tenants share. Requests go through again when a hold-back
+/// ends; the next failure holds them back twice as long, a success ends the run. Other
+/// tenants' requests to the same model are not affected.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+    until: Option<Instant>,
+    last_error: String,
 }
 
 /// What became of a tenant's inference requests to one model, for the metrics.
@@ -440,6 +470,73 @@ impl Caller {
         }
     }
 
+    /// Refuses the request while the tenant's requests to `model` are held back after failing
+    /// in a row (503 / UNAVAILABLE, saying for how long and why).
+    pub fn check_backoff(&self, model: &str) -> Result<()> {
+        let Caller::Tenant(t) = self else {
+            return Ok(());
+        };
+        let backoffs = t
+            .live
+            .backoffs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(b) = backoffs.get(model) else {
+            return Ok(());
+        };
+        match b.until {
+            Some(until) if until > Instant::now() => Err(Error::unavailable(format!(
+                "tenant '{}': its last {} requests to model '{model}' failed in the model (last: \
+                 {}); its requests to it are held back for {} ms more",
+                t.name,
+                b.failures,
+                b.last_error,
+                until.saturating_duration_since(Instant::now()).as_millis()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records how a request to `model` ended for the backoff: a failure in the model itself
+    /// ([`Code::Internal`]: a trap, a deadline, a memory cap) counts, a success ends the run,
+    /// anything else (bad input, a full queue) changes nothing.
+    pub fn record_outcome(&self, model: &str, outcome: std::result::Result<(), &Error>) {
+        let Caller::Tenant(t) = self else {
+            return;
+        };
+        let mut backoffs = t
+            .live
+            .backoffs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match outcome {
+            Ok(()) => {
+                backoffs.remove(model);
+            }
+            Err(e) if e.code == Code::Internal => {
+                let after = t
+                    .limits
+                    .backoff_after_failures
+                    .unwrap_or(BACKOFF_AFTER_FAILURES);
+                let first = t
+                    .limits
+                    .backoff_ms
+                    .map_or(BACKOFF_FIRST, Duration::from_millis);
+                let b = backoffs.entry(model.to_owned()).or_default();
+                b.failures = b.failures.saturating_add(1);
+                b.last_error = abbreviate_message(&e.message);
+                if b.failures >= after {
+                    let doublings = (b.failures - after).min(5);
+                    let hold = first
+                        .saturating_mul(1 << doublings)
+                        .min(BACKOFF_MAX.max(first));
+                    b.until = Some(Instant::now() + hold);
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
     /// Refuses callers that are not administrators (`what` names the API).
     pub fn require_admin(&self, what: &str) -> Result<()> {
         match self {
@@ -627,6 +724,8 @@ impl TenantSet {
             if q.max_concurrent_requests == Some(0)
                 || q.max_request_bytes == Some(0)
                 || q.max_queued_requests == Some(0)
+                || q.backoff_after_failures == Some(0)
+                || q.backoff_ms == Some(0)
             {
                 return Err(invalid(format!(
                     "{}: a limit of 0 would refuse every request; leave it out for no limit",
@@ -643,6 +742,7 @@ impl TenantSet {
                         refilled: Instant::now(),
                     }),
                     usage: Mutex::new(BTreeMap::new()),
+                    backoffs: Mutex::new(HashMap::new()),
                 }),
             };
             let tenant = Arc::new(Tenant {
@@ -735,6 +835,14 @@ impl Tenancy {
             .get(&digest)
             .map(|t| Caller::Tenant(t.clone()))
             .ok_or_else(|| Error::unauthenticated("the API key is not valid (unknown or revoked)"))
+    }
+}
+
+/// An error message short enough to quote in another.
+fn abbreviate_message(s: &str) -> String {
+    match s.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
     }
 }
 
@@ -884,6 +992,38 @@ mod tests {
         assert_eq!(usage[0].models["alpha_one"].success, 1);
         drop(admitted);
         assert_eq!(t.usage()[0].in_flight, 0);
+    }
+
+    #[test]
+    fn a_tenant_whose_requests_keep_failing_in_a_model_is_held_back() {
+        let t = Tenancy::parse(&config(), "w.toml").unwrap();
+        let alpha = t.authenticate(Some("Bearer alpha-key")).unwrap();
+        let ops = t.authenticate(Some("Bearer ops-key")).unwrap();
+        let trap = Error::internal("stage 'alpha_x' trapped: unreachable");
+        for _ in 0..BACKOFF_AFTER_FAILURES - 1 {
+            alpha.record_outcome("alpha_x", Err(&trap));
+            // Bad input is the client's fault, not the model's: it does not count.
+            alpha.record_outcome("alpha_x", Err(&Error::invalid("bad shape")));
+        }
+        assert!(alpha.check_backoff("alpha_x").is_ok());
+        alpha.record_outcome("alpha_x", Err(&trap));
+        let e = alpha.check_backoff("alpha_x").unwrap_err();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(
+            e.message
+                .contains("last 5 requests to model 'alpha_x' failed")
+                && e.message.contains("trapped: unreachable")
+                && e.message.contains("held back"),
+            "{}",
+            e.message
+        );
+        // Other models of the tenant, and other tenants on the same model, go on.
+        assert!(alpha.check_backoff("alpha_y").is_ok());
+        assert!(ops.check_backoff("alpha_x").is_ok());
+        assert!(Caller::Anyone.check_backoff("alpha_x").is_ok());
+        // A success ends the run.
+        alpha.record_outcome("alpha_x", Ok(()));
+        assert!(alpha.check_backoff("alpha_x").is_ok());
     }
 
     #[test]

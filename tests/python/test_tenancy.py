@@ -357,6 +357,40 @@ memory_limit_mb = 64
         s.stop()
 
 
+def test_a_tenant_whose_requests_crash_a_stage_is_held_back_alone(tmp_path):
+    """Five requests in a row that crash a stage hold that tenant's requests to it back (503 /
+    UNAVAILABLE, saying why) instead of running them; another tenant's requests to the very
+    same model keep being served."""
+    probe_copy(tmp_path, "probe_trap", "trap_on_negative")
+    config = tmp_path / "wasmtron.toml"
+    config.write_text("".join(
+        f'[[tenant]]\nname = "{name}"\napi_keys = [{digest(name + "-key")}]\ninfer = ["probe_trap"]\n'
+        # A long first hold-back, so that the checks below fall inside it on a slow machine.
+        '[tenant.quotas]\nbackoff_after_failures = 5\nbackoff_ms = 120000\n'
+        for name in ("alpha", "beta")))
+    s = Server(str(tmp_path), "--config", str(config))
+    try:
+        def infer(tenant, value, mod=httpclient, client=None):
+            t = mod.InferInput("INPUT0", [1, 1], "FP32")
+            t.set_data_from_numpy(np.full((1, 1), value, dtype=np.float32))
+            header = "Authorization" if mod is httpclient else "authorization"
+            c = client or (http(s) if mod is httpclient else grpc(s))
+            return c.infer("probe_trap", [t], headers={header: f"Bearer {tenant}-key"})
+
+        for _ in range(5):
+            assert "trapped" in refused(lambda: infer("alpha", -1.0), "500")
+        text = refused(lambda: infer("alpha", -1.0), "503")
+        assert "last 5 requests to model 'probe_trap' failed" in text and "held back" in text, text
+        # Even a request that would succeed waits out the hold-back...
+        refused(lambda: infer("alpha", 1.0, grpcclient), "UNAVAILABLE")
+        # ...while the other tenant uses the same model as before.
+        for mod in (httpclient, grpcclient):
+            assert infer("beta", 2.0, mod).as_numpy("OUTPUT0").tolist() == [[2.0]]
+        assert s.proc.poll() is None
+    finally:
+        s.stop()
+
+
 # Quotas: a second server whose tenants each have one limit.
 QUOTA_KEYS = {"small": "small-key", "bursty": "bursty-key", "single": "single-key"}
 

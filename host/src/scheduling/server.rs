@@ -231,8 +231,25 @@ impl Server {
         }
     }
 
-    /// Runs one inference: picks the version, checks the request, queues it.
-    pub async fn infer(&self, mut request: InferRequest) -> Result<InferResponse> {
+    /// Runs one inference: picks the version, checks the request, queues it. A tenant whose
+    /// requests to the model keep failing in it is held back for a while (see
+    /// [`crate::tenancy::Caller::check_backoff`]).
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        if request.callers.is_empty() {
+            return self.run(request).await;
+        }
+        for caller in &request.callers {
+            caller.check_backoff(&request.model_name)?;
+        }
+        let (callers, model) = (request.callers.clone(), request.model_name.clone());
+        let result = self.run(request).await;
+        for caller in &callers {
+            caller.record_outcome(&model, result.as_ref().map(|_| ()));
+        }
+        result
+    }
+
+    async fn run(&self, mut request: InferRequest) -> Result<InferResponse> {
         let received = Instant::now();
         if self.stopping.load(Ordering::Acquire) {
             return Err(Error::unavailable("the server is shutting down"));
