@@ -128,6 +128,15 @@ impl Drop for Scheduler {
 }
 
 /// A request parameter as a non-negative integer.
+/// The refusal for a request whose tenant is held back from its model (see
+/// [`crate::tenancy::Caller::check_backoff`]).
+fn held_back(request: &InferRequest) -> Option<Error> {
+    request
+        .callers
+        .iter()
+        .find_map(|c| c.check_backoff(&request.model_name).err())
+}
+
 fn uint_param(request: &InferRequest, key: &str) -> Option<u64> {
     match request.parameters.get(key)? {
         ParamValue::Uint(u) => Some(*u),
@@ -370,6 +379,10 @@ impl Shared {
                     "model '{}' version {}: the request reached its deadline while queued",
                     self.model, self.version
                 ));
+                self.fail(entry.job, FailureReason::Rejected, err);
+            } else if let Some(err) = held_back(&entry.job.request) {
+                // Its tenant's requests began failing in this model while it waited: it is
+                // held back like those that arrive now, instead of crashing the stage again.
                 self.fail(entry.job, FailureReason::Rejected, err);
             } else {
                 jobs.push((entry.job, started - entry.enqueued));
