@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Tenant isolation, measured: tenant B sends a modest fixed rate of requests to `preprocess`
 (the Wasm image stage) alone, then while tenant A floods the server open loop, far above
-capacity: the same model, then A's own stages that trap, spin until their deadline, or
-exhaust their memory cap on every request. Prints B's latency against its latency alone and
-what became of A's requests.
+capacity: the same model, its own copy of that model, then its own stages that trap, spin
+until their deadline, or exhaust their memory cap on every request. Prints B's latency
+against its latency alone and what became of A's requests.
 
     .venv/bin/python benches/isolation.py                 # 10 s per scenario, about 1.5 min
     DURATION=30 RATE_B=20 RATE_A=2000 .venv/bin/python benches/isolation.py
@@ -47,6 +47,8 @@ def repository(tmp):
     repo = os.path.join(tmp, "repo")
     os.makedirs(repo)
     shutil.copytree(os.path.join(ROOT, "model_repository", "preprocess"), os.path.join(repo, "preprocess"))
+    # A's own copy: a flood of A's own model shares only the cores with B.
+    shutil.copytree(os.path.join(ROOT, "model_repository", "preprocess"), os.path.join(repo, "a_preprocess"))
     probe = os.path.join(ROOT, "tests", "models", "probe")
     for name, mode in PROBE_MODES.items():
         dest = os.path.join(repo, f"a_{name}")
@@ -90,7 +92,7 @@ def start(repo, config):
 
 def body(model):
     """An HTTP binary-tensor request: the PNG for preprocess, four floats for the probes."""
-    if model == "preprocess":
+    if model in ("preprocess", "a_preprocess"):
         png = open(os.path.join(ROOT, "tests", "fixtures", "lines_down.png"), "rb").read()
         raw = struct.pack("<I", len(png)) + png
         header = (f'{{"parameters":{{"binary_data_output":true}},"inputs":[{{"name":"IMAGE","shape":[1,1],'
@@ -181,6 +183,7 @@ def main():
                 ("A floods a model it may not use (refused at the door: the flood's own cost)", "forbidden", "A"),
                 ("A floods the same model", "preprocess", "A"),
                 ("A floods the same model with max_concurrent_requests = 1", "preprocess", "A1"),
+                ("A floods its own copy of the model", "a_preprocess", "A"),
                 ("A's stage traps on every request", "a_trap", "A"),
                 ("A's stage spins until its deadline", "a_spin", "A"),
                 ("A's stage exhausts its memory cap", "a_memory", "A")]:
