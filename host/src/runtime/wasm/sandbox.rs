@@ -57,22 +57,23 @@ impl SandboxLimits {
         tenants: &[(String, WasmLimits)],
     ) -> Result<Self> {
         let mut limits = Self::from_config(config)?;
+        // The lowest of one limit over the tenants that set it, with the tenant.
+        let lowest = |get: fn(&WasmLimits) -> Option<u64>| {
+            tenants
+                .iter()
+                .filter_map(|(t, w)| Some((t, get(w)?)))
+                .min_by_key(|(_, v)| *v)
+        };
         for (key, slot, cap) in [
             (
                 "execution_timeout_ms",
                 &mut limits.execution_timeout_ms,
-                tenants
-                    .iter()
-                    .filter_map(|(t, w)| Some((t, w.execution_timeout_ms?)))
-                    .min_by_key(|(_, v)| *v),
+                lowest(|w| w.execution_timeout_ms),
             ),
             (
                 "memory_limit_mb",
                 &mut limits.memory_limit_mb,
-                tenants
-                    .iter()
-                    .filter_map(|(t, w)| Some((t, w.memory_limit_mb?)))
-                    .min_by_key(|(_, v)| *v),
+                lowest(|w| w.memory_limit_mb),
             ),
         ] {
             let Some((tenant, cap)) = cap else {
