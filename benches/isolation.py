@@ -7,6 +7,7 @@ against its latency alone and what became of A's requests.
 
     .venv/bin/python benches/isolation.py                 # 10 s per scenario, about 1.5 min
     DURATION=30 RATE_B=20 RATE_A=2000 .venv/bin/python benches/isolation.py
+    SERVER_ARGS="--execution-slots 0" .venv/bin/python benches/isolation.py  # without the share
 
 Needs `make build-release stages models`. Loopback only; every load is bounded in time and
 in requests in flight.
@@ -14,6 +15,7 @@ in requests in flight.
 import asyncio
 import multiprocessing
 import os
+import shlex
 import shutil
 import statistics
 import struct
@@ -34,6 +36,8 @@ RATE_A = float(os.environ.get("RATE_A", "2000"))
 # The flood client keeps at most this many requests open (a real flood would keep more; the
 # server's answer to each is the same).
 A_IN_FLIGHT = int(os.environ.get("A_IN_FLIGHT", "256"))
+# Extra server flags, e.g. "--execution-slots 0" to compare without the execution share.
+SERVER_ARGS = shlex.split(os.environ.get("SERVER_ARGS", ""))
 KEYS = {"A": "tenant-a-key", "A1": "tenant-a1-key", "B": "tenant-b-key"}
 PROBE_MODES = {"trap": "panic", "spin": "loop", "memory": "alloc"}
 
@@ -86,7 +90,7 @@ infer = ["preprocess"]
 
 
 def start(repo, config):
-    proc, http, _ = start_server(BINARY, repo, "--config", config)
+    proc, http, _ = start_server(BINARY, repo, "--config", config, *SERVER_ARGS)
     return proc, f"http://{http}"
 
 
@@ -194,7 +198,7 @@ def main():
             a_text = "" if a is None else ", ".join(f"{s}: {n}" for s, n in sorted(a[1].items(), key=str))
             rows.append((label, len(b_lat), b_errors, p50, p99, p99 / alone, a_text))
         print(f"B: {RATE_B:g} req/s to preprocess; A: {RATE_A:g} req/s open loop (at most {A_IN_FLIGHT} open); "
-              f"{DURATION:g} s per scenario\n")
+              f"{DURATION:g} s per scenario; server flags: {' '.join(SERVER_ARGS) or 'none'}\n")
         print("| scenario | B answered | B errors | B p50 ms | B p99 ms | B p99 / alone | A's requests |")
         print("|---|---|---|---|---|---|---|")
         for label, n, errors, p50, p99, ratio, a_text in rows:

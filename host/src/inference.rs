@@ -78,6 +78,10 @@ pub struct InferRequest {
     /// the calls a stage makes (several when a stage's batch mixes tenants). A stage may call
     /// only models that every one of them may infer with. Empty without tenants.
     pub callers: Vec<crate::tenancy::Caller>,
+    /// Sent by a stage while it runs (BLS), or an ensemble step of such a call: it runs under
+    /// the calling execution's part of the server's executions, which the caller holds while
+    /// it waits, instead of waiting for one of its own.
+    pub from_stage: bool,
 }
 
 /// Queue and compute time that an ensemble's steps spent on one request, summed over the

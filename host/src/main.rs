@@ -105,6 +105,11 @@ struct Cli {
     /// Deepest nesting of arrays and objects in an HTTP request's JSON.
     #[arg(long, default_value_t = RequestLimits::default().max_json_depth)]
     max_json_depth: usize,
+    /// Executions that run at once, server-wide, while several tenants are active: each gets
+    /// its part by weight (at least one), a tenant alone is not held back (default: the number
+    /// of cores; 0: no share). Only with --config.
+    #[arg(long)]
+    execution_slots: Option<usize>,
     /// Requests each model version may queue before answering UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     model_queue_capacity: usize,
@@ -337,6 +342,9 @@ async fn serve() -> anyhow::Result<()> {
             tenancy: tenancy.clone(),
         },
         queue_capacity: cli.model_queue_capacity,
+        execution_slots: cli
+            .execution_slots
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),
         limits: RequestLimits {
             max_rank: cli.max_tensor_rank,

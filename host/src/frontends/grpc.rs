@@ -246,6 +246,7 @@ pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
         responses: None,
         step_durations: None,
         callers: Vec::new(),
+        from_stage: false,
     })
 }
 

@@ -405,6 +405,7 @@ impl Ensemble {
                     responses: None,
                     step_durations: Some(durations.clone()),
                     callers: request.callers.clone(),
+                    from_stage: request.from_stage,
                 };
                 running.push(async move { (i, runner.run_step(step_request).await) });
             }

@@ -2,6 +2,7 @@
 //! and the [`server::Server`] facade that the frontends call.
 
 pub mod ensemble;
+pub mod execution_share;
 pub mod model_manager;
 pub mod queue;
 pub mod scheduler;

@@ -12,6 +12,7 @@ use std::{
 
 use super::{
     ensemble::{self, Ensemble},
+    execution_share::ExecutionShare,
     queue::BatchPolicy,
     scheduler::Scheduler,
     sequence::SequenceBatcher,
@@ -134,6 +135,8 @@ pub struct ManagerOptions {
     pub runtime: RuntimeOptions,
     /// Queue capacity per model version.
     pub queue_capacity: usize,
+    /// The server's executions, shared among tenants.
+    pub execution_share: Arc<ExecutionShare>,
 }
 
 /// The table of models and the operations that change it.
@@ -493,6 +496,7 @@ impl ModelManager {
                 BatchPolicy::from_config(&loaded.config),
                 self.options.queue_capacity,
                 stats.clone(),
+                self.options.execution_share.clone(),
             )?;
             let runner = match sequence_spec(&loaded.config).map_err(Error::invalid)? {
                 Some(spec) => Runner::Sequence(Box::new(SequenceBatcher::new(

@@ -428,6 +428,12 @@ impl<J: Batchable> RequestQueue<J> {
 
     /// Removes the first `n` requests in dispatch order.
     pub fn take(&mut self, n: usize) -> Vec<Entry<J>> {
+        self.take_among(n, |_| true)
+    }
+
+    /// Removes the first `n` requests in dispatch order among those `eligible` picks; the
+    /// others keep their places.
+    pub fn take_among(&mut self, n: usize, mut eligible: impl FnMut(&J) -> bool) -> Vec<Entry<J>> {
         let mut taken = Vec::with_capacity(n);
         for delayed in [false, true] {
             for lvl in &mut self.levels {
@@ -437,10 +443,12 @@ impl<J: Batchable> RequestQueue<J> {
                     &mut lvl.waiting
                 };
                 let before = taken.len();
-                while taken.len() < n {
-                    match q.pop_front() {
-                        Some(e) => taken.push(e),
-                        None => break,
+                let mut at = 0;
+                while taken.len() < n && at < q.len() {
+                    if !eligible(&q[at].job) {
+                        at += 1;
+                    } else if let Some(e) = q.remove(at) {
+                        taken.push(e);
                     }
                 }
                 if !delayed && taken.len() > before {
@@ -473,7 +481,8 @@ impl<J: Batchable> RequestQueue<J> {
         self.take(n).into_iter().map(|e| e.job).collect()
     }
 
-    fn next_expiry(&self) -> Option<Instant> {
+    /// When the next queue timeout is due, if any is.
+    pub fn next_expiry(&self) -> Option<Instant> {
         self.levels
             .iter()
             .flat_map(|l| l.waiting.iter())
@@ -488,7 +497,18 @@ impl<J: Batchable> RequestQueue<J> {
     /// a preferred size at once; run them all once the oldest has waited `max_queue_delay`;
     /// otherwise wait for more requests until then.
     pub fn decide(&self, policy: &BatchPolicy, now: Instant) -> Decision {
-        let mut entries = self.iter();
+        self.decide_among(policy, now, |_| true)
+    }
+
+    /// The same rule over the requests `eligible` picks, as if the others were not queued
+    /// ([`Decision::Idle`] when it picks none).
+    pub fn decide_among(
+        &self,
+        policy: &BatchPolicy,
+        now: Instant,
+        mut eligible: impl FnMut(&J) -> bool,
+    ) -> Decision {
+        let mut entries = self.iter().filter(|e| eligible(&e.job));
         let Some(first) = entries.next() else {
             return Decision::Idle;
         };
@@ -741,6 +761,30 @@ mod tests {
             Refusal::TenantFull { max: 4 }
         );
         q.push(0, T("a", 2.0, Some(5), 9), None, now).unwrap();
+    }
+
+    #[test]
+    fn requests_held_back_keep_their_places_while_others_pass() {
+        let now = Instant::now();
+        let mut q = RequestQueue::new(&[QueuePolicy::default()], 100);
+        for i in 0..3 {
+            q.push(0, T("a", 1.0, None, i), None, now).unwrap();
+        }
+        q.push(0, T("b", 1.0, None, 0), None, now).unwrap();
+        q.push(0, T("c", 1.0, None, 0), None, now).unwrap();
+        let not_a = |j: &T| j.0 != "a";
+        let p = policy(8, &[], 0);
+        assert_eq!(q.decide_among(&p, now, not_a), Decision::Run(2));
+        let taken: Vec<_> = q
+            .take_among(2, not_a)
+            .into_iter()
+            .map(|e| e.job.0)
+            .collect();
+        assert_eq!(taken, ["b", "c"]);
+        assert_eq!(order(&q), ["a0", "a1", "a2"]);
+        assert_eq!(q.decide_among(&p, now, not_a), Decision::Idle);
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.decide(&p, now), Decision::Run(3));
     }
 
     #[test]

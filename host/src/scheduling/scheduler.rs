@@ -17,6 +17,7 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::{
+    execution_share::{Execution, ExecutionShare, Wake, ACTIVE_WINDOW},
     queue::{BatchPolicy, Batchable, Decision, Entry, Refusal, RequestQueue, Share},
     stats::{FailureReason, ModelStats},
 };
@@ -108,6 +109,18 @@ struct Shared {
     work: Condvar,
     stats: Arc<ModelStats>,
     reorder: Option<Mutex<Reorder<Answer>>>,
+    /// The server's executions, shared among tenants.
+    share: Arc<ExecutionShare>,
+    /// This, for the share to wake when a tenant's held-back work may run.
+    this: std::sync::Weak<Shared>,
+}
+
+impl Wake for Shared {
+    fn wake(&self) {
+        // Under the lock: a worker that found its work held back is already waiting.
+        let _state = lock(&self.state);
+        self.work.notify_all();
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -127,7 +140,6 @@ impl Drop for Scheduler {
     }
 }
 
-/// A request parameter as a non-negative integer.
 /// The refusal for a request whose tenant is held back from its model (see
 /// [`crate::tenancy::Caller::check_backoff`]).
 fn held_back(request: &InferRequest) -> Option<Error> {
@@ -137,6 +149,7 @@ fn held_back(request: &InferRequest) -> Option<Error> {
         .find_map(|c| c.check_backoff(&request.model_name).err())
 }
 
+/// A request parameter as a non-negative integer.
 fn uint_param(request: &InferRequest, key: &str) -> Option<u64> {
     match request.parameters.get(key)? {
         ParamValue::Uint(u) => Some(*u),
@@ -153,7 +166,7 @@ impl Scheduler {
     }
 
     /// Starts one worker thread per instance behind a queue of at most `queue_capacity`
-    /// requests, scheduling by `policy`.
+    /// requests, scheduling by `policy`; executions for tenants wait for their part of `share`.
     pub fn start(
         model: &str,
         version: i64,
@@ -161,13 +174,14 @@ impl Scheduler {
         policy: BatchPolicy,
         queue_capacity: usize,
         stats: Arc<ModelStats>,
+        share: Arc<ExecutionShare>,
     ) -> Result<Self> {
         let drain_policy = BatchPolicy {
             max_queue_delay: Duration::ZERO,
             preferred: Vec::new(),
             ..policy.clone()
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|this| Shared {
             model: model.to_owned(),
             version,
             state: Mutex::new(State {
@@ -180,6 +194,8 @@ impl Scheduler {
             drain_policy,
             work: Condvar::new(),
             stats,
+            share,
+            this: this.clone(),
         });
         for (index, instance) in instances.into_iter().enumerate() {
             let shared = shared.clone();
@@ -305,14 +321,14 @@ impl Drop for Waiting<'_> {
 
 impl Shared {
     fn work_loop(&self, mut instance: Box<dyn ModelInstance>) {
-        while let Some(batch) = self.next_batch() {
-            self.run_batch(instance.as_mut(), batch);
+        while let Some((batch, execution)) = self.next_batch() {
+            self.run_batch(instance.as_mut(), batch, execution);
         }
     }
 
-    /// Waits until the queue says a batch should run and takes it; `None` once closed and
-    /// empty.
-    fn next_batch(&self) -> Option<Vec<Entry<Job>>> {
+    /// Waits until the queue says a batch should run and its tenant's part of the server's
+    /// executions allows it, and takes it with its slot; `None` once closed and empty.
+    fn next_batch(&self) -> Option<(Vec<Entry<Job>>, Option<Execution>)> {
         let mut state = lock(&self.state);
         loop {
             let now = Instant::now();
@@ -336,17 +352,47 @@ impl Shared {
             } else {
                 &self.policy
             };
-            match state.queue.decide(policy, now) {
-                Decision::Run(n) => {
-                    let batch = state.queue.take(n);
+            let (decision, taken) = {
+                let mut gate = (self.share.slots() > 0).then(|| self.share.gate());
+                // Requests of tenants over their part wait; the others may pass them.
+                let mut eligible = |job: &Job| match (&mut gate, job.share()) {
+                    (Some(gate), Some(s)) if !job.request.from_stage => {
+                        gate.admits(s.tenant, s.weight)
+                    }
+                    _ => true,
+                };
+                let decision = state.queue.decide_among(policy, now, &mut eligible);
+                let taken = match decision {
+                    Decision::Run(n) => {
+                        let batch = state.queue.take_among(n, &mut eligible);
+                        let execution = match (&mut gate, batch.first()) {
+                            (Some(gate), Some(first)) if !first.job.request.from_stage => {
+                                first.job.share().map(|s| gate.start(s.tenant, s.weight))
+                            }
+                            _ => None,
+                        };
+                        Some((batch, execution))
+                    }
+                    Decision::Idle if !state.queue.is_empty() => {
+                        if let Some(gate) = &mut gate {
+                            gate.wait(self.this.clone());
+                        }
+                        None
+                    }
+                    _ => None,
+                };
+                (decision, taken)
+            };
+            match (decision, taken) {
+                (Decision::Run(_), Some((batch, execution))) => {
                     self.stats.pending.fetch_sub(batch.len() as i64, Relaxed);
                     if !state.queue.is_empty() {
                         // More work: another free worker may take it.
                         self.work.notify_one();
                     }
-                    return Some(batch);
+                    return Some((batch, execution));
                 }
-                Decision::WaitUntil(at) => {
+                (Decision::WaitUntil(at), _) => {
                     let wait = at.saturating_duration_since(now);
                     state = self
                         .work
@@ -354,18 +400,37 @@ impl Shared {
                         .unwrap_or_else(PoisonError::into_inner)
                         .0;
                 }
-                Decision::Idle if state.closed => return None,
-                Decision::Idle => {
+                _ if state.queue.is_empty() && state.closed => return None,
+                _ if state.queue.is_empty() => {
                     state = self
                         .work
                         .wait(state)
                         .unwrap_or_else(PoisonError::into_inner);
                 }
+                _ => {
+                    // Held back by the share: woken when an execution ends; the timeout only
+                    // catches queue timeouts and tenants leaving the active window.
+                    let wait = state
+                        .queue
+                        .next_expiry()
+                        .map_or(ACTIVE_WINDOW, |t| t.saturating_duration_since(now))
+                        .min(ACTIVE_WINDOW);
+                    state = self
+                        .work
+                        .wait_timeout(state, wait)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
             }
         }
     }
 
-    fn run_batch(&self, instance: &mut dyn ModelInstance, batch: Vec<Entry<Job>>) {
+    fn run_batch(
+        &self,
+        instance: &mut dyn ModelInstance,
+        batch: Vec<Entry<Job>>,
+        execution: Option<Execution>,
+    ) {
         let started = Instant::now();
         let mut jobs = Vec::with_capacity(batch.len());
         for entry in batch {
@@ -402,6 +467,8 @@ impl Shared {
             ));
             (vec![Err(err); requests.len()], ExecTimings::default())
         });
+        // The slot is free again as soon as the model is done.
+        drop(execution);
         let succeeded: u64 = jobs
             .iter()
             .zip(&results)
@@ -476,7 +543,158 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use super::Reorder;
+    use super::*;
+    use crate::tenancy::{hash_key, Tenancy};
+    use std::collections::HashMap;
+
+    /// What the probe instances saw: executions running and the most at once, per tenant.
+    #[derive(Default)]
+    struct Seen {
+        running: HashMap<String, usize>,
+        most: HashMap<String, usize>,
+        released: bool,
+    }
+
+    type Board = Arc<(Mutex<Seen>, Condvar)>;
+
+    /// An instance that counts executions per tenant and holds tenant "a"'s until released.
+    struct Probe(Board);
+
+    impl ModelInstance for Probe {
+        fn execute(
+            &mut self,
+            request: &InferRequest,
+            _: &[String],
+        ) -> Result<(Vec<Tensor>, ExecTimings)> {
+            let tenant = request.callers.first().and_then(Caller::tenant);
+            let tenant = tenant.unwrap_or_default().to_owned();
+            let (seen, released) = &*self.0;
+            let mut s = lock(seen);
+            let now = *s.running.entry(tenant.clone()).or_default() + 1;
+            s.running.insert(tenant.clone(), now);
+            let most = s.most.entry(tenant.clone()).or_default();
+            *most = (*most).max(now);
+            released.notify_all();
+            while tenant == "a" && !s.released {
+                s = released.wait(s).unwrap_or_else(PoisonError::into_inner);
+            }
+            *s.running.entry(tenant).or_default() -= 1;
+            Ok((Vec::new(), ExecTimings::default()))
+        }
+    }
+
+    fn tenants() -> (Caller, Caller) {
+        let text = format!(
+            "[[tenant]]\nname = \"a\"\napi_keys = [\"{}\"]\ninfer = [\"*\"]\n\
+             [[tenant]]\nname = \"b\"\napi_keys = [\"{}\"]\ninfer = [\"*\"]\n",
+            hash_key("a-key"),
+            hash_key("b-key")
+        );
+        let t = Tenancy::parse(&text, "w.toml").unwrap();
+        let caller = |key: &str| t.authenticate(Some(&format!("Bearer {key}"))).unwrap();
+        (caller("a-key"), caller("b-key"))
+    }
+
+    /// A model of three probe instances under `share`.
+    fn model(share: ExecutionShare) -> (Arc<Scheduler>, Board) {
+        let board: Board = Default::default();
+        let instances: Vec<Box<dyn ModelInstance>> = (0..3)
+            .map(|_| Box::new(Probe(board.clone())) as Box<dyn ModelInstance>)
+            .collect();
+        let scheduler = Scheduler::start(
+            "m",
+            1,
+            instances,
+            BatchPolicy::one_at_a_time(),
+            100,
+            Default::default(),
+            Arc::new(share),
+        )
+        .unwrap();
+        (Arc::new(scheduler), board)
+    }
+
+    fn call(
+        scheduler: &Arc<Scheduler>,
+        caller: &Caller,
+    ) -> tokio::task::JoinHandle<Result<InferResponse>> {
+        let (scheduler, caller) = (scheduler.clone(), caller.clone());
+        tokio::spawn(async move {
+            let request = InferRequest {
+                model_name: "m".into(),
+                callers: vec![caller],
+                ..Default::default()
+            };
+            scheduler
+                .infer(request, Vec::new(), 1, Instant::now())
+                .await
+        })
+    }
+
+    /// Waits (up to a minute) until `tenant` has had `n` executions running at once.
+    fn wait_for_most(board: &Board, tenant: &str, n: usize) -> usize {
+        let (seen, changed) = &**board;
+        let mut s = lock(seen);
+        let until = Instant::now() + Duration::from_secs(60);
+        while s.most.get(tenant).copied().unwrap_or(0) < n && Instant::now() < until {
+            s = changed
+                .wait_timeout(s, Duration::from_millis(50))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        s.most.get(tenant).copied().unwrap_or(0)
+    }
+
+    fn release(board: &Board) {
+        lock(&board.0).released = true;
+        board.1.notify_all();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flooding_tenant_leaves_an_instance_to_an_active_one() {
+        let (a, b) = tenants();
+        let (m, board) = model(ExecutionShare::with_window(2, Duration::from_secs(3600)));
+        call(&m, &b).await.unwrap().unwrap();
+        let flood: Vec<_> = (0..6).map(|_| call(&m, &a)).collect();
+        let held = board.clone();
+        assert_eq!(
+            tokio::task::spawn_blocking(move || wait_for_most(&held, "a", 1))
+                .await
+                .unwrap(),
+            1
+        );
+        // a's execution is held: b can only be answered if a left it an instance.
+        let answered = tokio::time::timeout(Duration::from_secs(60), call(&m, &b)).await;
+        assert!(
+            matches!(answered, Ok(Ok(Ok(_)))),
+            "b waited behind a's flood"
+        );
+        release(&board);
+        for r in flood {
+            r.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            lock(&board.0).most["a"],
+            1,
+            "a ran beyond its part of 2 slots"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_alone_uses_every_instance() {
+        let (a, _) = tenants();
+        let (m, board) = model(ExecutionShare::with_window(2, Duration::from_secs(3600)));
+        let flood: Vec<_> = (0..6).map(|_| call(&m, &a)).collect();
+        let held = board.clone();
+        let most = tokio::task::spawn_blocking(move || wait_for_most(&held, "a", 3))
+            .await
+            .unwrap();
+        release(&board);
+        for r in flood {
+            r.await.unwrap().unwrap();
+        }
+        assert_eq!(most, 3, "alone, a is not held to a part");
+    }
 
     #[test]
     fn answers_leave_in_arrival_order() {

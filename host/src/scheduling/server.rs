@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 
 use super::{
     ensemble::StepRunner,
+    execution_share::ExecutionShare,
     model_manager::{ManagerOptions, ModelManager, Runner},
     stats::FailureReason,
 };
@@ -56,6 +57,9 @@ pub struct ServerOptions {
     pub poll_interval: Duration,
     /// What one request may ask for (rank, elements, string length, JSON depth).
     pub limits: RequestLimits,
+    /// Executions that run at once while several tenants are active, divided among them by
+    /// weight (`--execution-slots`; 0: no share).
+    pub execution_slots: usize,
 }
 
 /// Lets stages call models through the server's normal path (BLS). Holds the server weakly so
@@ -152,6 +156,7 @@ impl Server {
                 ManagerOptions {
                     runtime: runtime_options,
                     queue_capacity: options.queue_capacity,
+                    execution_share: Arc::new(ExecutionShare::new(options.execution_slots)),
                 },
             ));
             Self {

@@ -204,6 +204,7 @@ pub fn decode_request(
         responses: None,
         step_durations: None,
         callers: Vec::new(),
+        from_stage: false,
     })
 }
 
@@ -305,6 +306,7 @@ fn raw_request(
         responses: None,
         step_durations: None,
         callers: Vec::new(),
+        from_stage: false,
     }
 }
 

@@ -189,6 +189,7 @@ impl wit_host::Host for StageState {
             responses: None,
             step_durations: None,
             callers: self.callers.clone(),
+            from_stage: true,
         };
         caller
             .infer(request)
