@@ -601,3 +601,59 @@ def test_a_tenant_over_its_queue_quota_is_refused(fair_server):
     # One request runs and two wait; with ten at once some find the queue quota full.
     assert errors and all("quotas.max_queued_requests" in e and "tenant 'capped'" in e for e in errors), errors
     assert len(done) + len(errors) == 10 and len(done) >= 3
+
+
+def test_a_flooding_tenant_runs_only_its_part_of_the_executions(tmp_path):
+    """Two tenants active on --execution-slots 2: each may run one execution at a time, so the
+    busy tenant's second request waits although its model has a free instance."""
+    probe_copy(tmp_path, "spin", "loop",
+               ', { key: "execution_timeout_ms", value: { string_value: "8000" } }')
+    with open(tmp_path / "spin" / "config.pbtxt", "a") as f:
+        f.write("instance_group [ { count: 2 } ]\n")
+    probe_copy(tmp_path, "echo", "echo")
+    keys = {"busy": "busy-key", "light": "light-key"}
+    (tmp_path / "wasmtron.toml").write_text(f"""
+[[tenant]]
+name = "busy"
+api_keys = [{digest(keys["busy"])}]
+infer = ["spin"]
+
+[[tenant]]
+name = "light"
+api_keys = [{digest(keys["light"])}]
+infer = ["echo"]
+""")
+    s = Server(str(tmp_path), "--config", str(tmp_path / "wasmtron.toml"), "--execution-slots", "2")
+    try:
+        stop, light_answers, busy_errors = threading.Event(), [], []
+
+        def light():  # active: a request every 100 ms
+            while not stop.is_set():
+                light_answers.append(http(s).infer("echo", [probe_input()], headers={
+                    "Authorization": f"Bearer {keys['light']}"}))
+                time.sleep(0.1)
+
+        def busy():  # spins until its 8 s deadline, then fails
+            try:
+                http(s).infer("spin", [probe_input()], headers={"Authorization": f"Bearer {keys['busy']}"})
+            except InferenceServerException as e:
+                busy_errors.append(str(e))
+
+        pinger = threading.Thread(target=light)
+        pinger.start()
+        while not light_answers and pinger.is_alive():
+            time.sleep(0.02)
+        spinners = [threading.Thread(target=busy) for _ in range(2)]
+        for t in spinners:
+            t.start()
+        time.sleep(2)
+        queued = metric(s.metrics_text(), "nv_inference_pending_request_count", model="spin", version="1")
+        stop.set()
+        pinger.join(120)
+        for t in spinners:
+            t.join(120)
+        # One spins, the other waits for busy's part; without the share both would spin.
+        assert queued == 1, queued
+        assert len(busy_errors) == 2 and all("deadline" in e or "time" in e for e in busy_errors), busy_errors
+    finally:
+        s.stop()
