@@ -383,6 +383,16 @@ def test_a_tenant_whose_requests_crash_a_stage_is_held_back_alone(tmp_path):
         assert "last 5 requests to model 'probe_trap' failed" in text and "held back" in text, text
         # Even a request that would succeed waits out the hold-back...
         refused(lambda: infer("alpha", 1.0, grpcclient), "UNAVAILABLE")
+        # ...also on a stream, where the refusal comes in band.
+        c, results = grpc(s), []
+        c.start_stream(callback=lambda result, error: results.append((result, error)),
+                       headers={"authorization": "Bearer alpha-key"})
+        t = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+        t.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+        c.async_stream_infer("probe_trap", [t])
+        c.stop_stream()
+        assert len(results) == 1 and results[0][0] is None, results
+        assert "held back" in str(results[0][1]), results
         # ...while the other tenant uses the same model as before.
         for mod in (httpclient, grpcclient):
             assert infer("beta", 2.0, mod).as_numpy("OUTPUT0").tolist() == [[2.0]]
