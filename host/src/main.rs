@@ -342,9 +342,12 @@ async fn serve() -> anyhow::Result<()> {
             tenancy: tenancy.clone(),
         },
         queue_capacity: cli.model_queue_capacity,
-        execution_slots: cli
-            .execution_slots
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        // Without tenants there is nothing to share: the schedulers skip the share entirely.
+        execution_slots: match (&tenancy, cli.execution_slots) {
+            (None, _) => 0,
+            (Some(_), Some(slots)) => slots,
+            (Some(_), None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        },
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),
         limits: RequestLimits {
             max_rank: cli.max_tensor_rank,
