@@ -8,6 +8,7 @@ against its latency alone and what became of A's requests.
     .venv/bin/python benches/isolation.py                 # 10 s per scenario, about 1.5 min
     DURATION=30 RATE_B=20 RATE_A=2000 .venv/bin/python benches/isolation.py
     SERVER_ARGS="--execution-slots 0" .venv/bin/python benches/isolation.py  # without the share
+    A_NICE=19 .venv/bin/python benches/isolation.py  # A's client yields the CPU to the rest
 
 Needs `make build-release stages models`. Loopback only; every load is bounded in time and
 in requests in flight.
@@ -38,6 +39,8 @@ RATE_A = float(os.environ.get("RATE_A", "2000"))
 A_IN_FLIGHT = int(os.environ.get("A_IN_FLIGHT", "256"))
 # Extra server flags, e.g. "--execution-slots 0" to compare without the execution share.
 SERVER_ARGS = shlex.split(os.environ.get("SERVER_ARGS", ""))
+# Nice level of A's client process (0: as B's).
+A_NICE = int(os.environ.get("A_NICE", "0"))
 KEYS = {"A": "tenant-a-key", "A1": "tenant-a1-key", "B": "tenant-b-key"}
 PROBE_MODES = {"trap": "panic", "spin": "loop", "memory": "alloc"}
 
@@ -161,6 +164,15 @@ def run_load(args):
     return asyncio.run(load(*args))
 
 
+def run_flood(args):
+    """A's flood, at nice level A_NICE: on a machine that also runs the server, a positive
+    level stands in for a client on a machine of its own (the flood's requests still reach
+    the server as fast as it takes them; only the client's own CPU time yields to others)."""
+    if A_NICE:
+        os.nice(A_NICE)
+    return run_load(args)
+
+
 def scenario(url, flood_model, flooder="A"):
     """B's load, and A's flood in a process of its own (a client's event loop busy with the
     flood would delay B's measurements, not the server)."""
@@ -168,7 +180,7 @@ def scenario(url, flood_model, flooder="A"):
     if flood_model is None:
         return run_load(b_args), None
     with multiprocessing.get_context("spawn").Pool(2) as pool:
-        a = pool.apply_async(run_load, ((url, flooder, flood_model, RATE_A, A_IN_FLIGHT),))
+        a = pool.apply_async(run_flood, ((url, flooder, flood_model, RATE_A, A_IN_FLIGHT),))
         b = pool.apply_async(run_load, (b_args,))
         return b.get(DURATION + 300), a.get(DURATION + 300)
 
@@ -198,7 +210,8 @@ def main():
             a_text = "" if a is None else ", ".join(f"{s}: {n}" for s, n in sorted(a[1].items(), key=str))
             rows.append((label, len(b_lat), b_errors, p50, p99, p99 / alone, a_text))
         print(f"B: {RATE_B:g} req/s to preprocess; A: {RATE_A:g} req/s open loop (at most {A_IN_FLIGHT} open); "
-              f"{DURATION:g} s per scenario; server flags: {' '.join(SERVER_ARGS) or 'none'}\n")
+              f"{DURATION:g} s per scenario; server flags: {' '.join(SERVER_ARGS) or 'none'}; "
+          f"A's client at nice {A_NICE}\n")
         print("| scenario | B answered | B errors | B p50 ms | B p99 ms | B p99 / alone | A's requests |")
         print("|---|---|---|---|---|---|---|")
         for label, n, errors, p50, p99, ratio, a_text in rows:
