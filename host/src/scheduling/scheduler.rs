@@ -59,6 +59,17 @@ impl Batchable for Job {
     }
 }
 
+impl Job {
+    /// Whose part of the server's executions it runs in: its tenant's, or none for work
+    /// without a tenant and for calls a stage makes while it runs (the stage holds the slot).
+    fn slot_owner(&self) -> Option<Share<'_>> {
+        if self.request.from_stage {
+            return None;
+        }
+        self.share()
+    }
+}
+
 struct State {
     queue: RequestQueue<Job>,
     closed: bool,
@@ -355,20 +366,17 @@ impl Shared {
             let (decision, taken) = {
                 let mut gate = (self.share.slots() > 0).then(|| self.share.gate());
                 // Requests of tenants over their part wait; the others may pass them.
-                let mut eligible = |job: &Job| match (&mut gate, job.share()) {
-                    (Some(gate), Some(s)) if !job.request.from_stage => {
-                        gate.admits(s.tenant, s.weight)
-                    }
+                let mut eligible = |job: &Job| match (&mut gate, job.slot_owner()) {
+                    (Some(gate), Some(s)) => gate.admits(s.tenant, s.weight),
                     _ => true,
                 };
                 let decision = state.queue.decide_among(policy, now, &mut eligible);
                 let taken = match decision {
                     Decision::Run(n) => {
                         let batch = state.queue.take_among(n, &mut eligible);
-                        let execution = match (&mut gate, batch.first()) {
-                            (Some(gate), Some(first)) if !first.job.request.from_stage => {
-                                first.job.share().map(|s| gate.start(s.tenant, s.weight))
-                            }
+                        let owner = batch.first().and_then(|e| e.job.slot_owner());
+                        let execution = match (&mut gate, owner) {
+                            (Some(gate), Some(s)) => Some(gate.start(s.tenant, s.weight)),
                             _ => None,
                         };
                         Some((batch, execution))
