@@ -299,6 +299,80 @@ fn compressed_bodies() {
 }
 
 #[test]
+fn large_outputs_arrive_whole_with_their_length_compressed_or_not() {
+    // 100 KiB of output: encoded off the async runtime (the large-response path).
+    let (_repo, s) = server();
+    let values: Vec<f32> = (0..25_600).map(|i| i as f32 * 0.5).collect();
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let header = json!({
+        "inputs": [{"name": "INPUT0", "shape": [256, 100], "datatype": "FP32",
+                    "parameters": {"binary_data_size": raw.len()}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": true}}]
+    });
+    let (body, header_len) = binary_body(&header, &raw);
+    let send = |accept: Option<&str>| {
+        let mut req = http()
+            .post(s.url("/v2/models/identity_fp32/infer"))
+            .header("Inference-Header-Content-Length", header_len)
+            .body(body.clone());
+        if let Some(a) = accept {
+            req = req.header("Accept-Encoding", a);
+        }
+        let resp = req.send().unwrap();
+        assert_eq!(resp.status(), 200);
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().unwrap();
+        let length: usize = headers["content-length"].to_str().unwrap().parse().unwrap();
+        assert_eq!(length, bytes.len(), "Content-Length is the body's length");
+        assert!(!headers.contains_key("transfer-encoding"));
+        let json_length: usize = headers["inference-header-content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        (
+            headers.get("content-encoding").cloned(),
+            bytes.to_vec(),
+            json_length,
+        )
+    };
+    let check = |plain: &[u8], json_length: usize| {
+        let json: Value = serde_json::from_slice(&plain[..json_length]).unwrap();
+        assert_eq!(
+            json["outputs"][0]["parameters"]["binary_data_size"],
+            raw.len()
+        );
+        assert_eq!(&plain[json_length..], &raw[..]);
+    };
+
+    let (encoding, plain, json_length) = send(None);
+    assert_eq!(encoding, None);
+    check(&plain, json_length);
+
+    let (encoding, gz, json_length) = send(Some("gzip"));
+    assert_eq!(encoding.unwrap(), "gzip");
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut plain).unwrap();
+    check(&plain, json_length);
+
+    // The same output as JSON numbers.
+    let json_header = json!({
+        "inputs": [{"name": "INPUT0", "shape": [256, 100], "datatype": "FP32",
+                    "parameters": {"binary_data_size": raw.len()}}]
+    });
+    let (json_body, json_header_len) = binary_body(&json_header, &raw);
+    let resp = http()
+        .post(s.url("/v2/models/identity_fp32/infer"))
+        .header("Inference-Header-Content-Length", json_header_len)
+        .body(json_body)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().unwrap();
+    assert_eq!(v["outputs"][0]["data"][25_599], 12_799.5);
+}
+
+#[test]
 fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
     let (_repo, s) = server();
     let cases: Vec<(Value, &str)> = vec![

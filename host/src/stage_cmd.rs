@@ -265,7 +265,7 @@ fn render(outputs: Vec<Tensor>) -> Value {
     };
     codec::encode_response(&Default::default(), &[], &response)
         .ok()
-        .and_then(|e| serde_json::from_slice::<Value>(&e.body).ok())
+        .and_then(|e| serde_json::from_slice::<Value>(e.parts.first()?).ok())
         .map(|v| v["outputs"].clone())
         .unwrap_or(Value::Null)
 }

@@ -2,7 +2,7 @@
 //! extension (`Inference-Header-Content-Length`, `binary_data_size`, BYTES length prefixes,
 //! `binary_data_output`), in both directions.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, value::RawValue, Map, Value};
 
@@ -575,8 +575,9 @@ fn bytes_to_json(tensor: &Tensor) -> Value {
 
 /// An encoded response body and the JSON length header when it carries binary data.
 pub struct EncodedResponse {
-    /// The body.
-    pub body: Bytes,
+    /// The body in parts, in order: the JSON, then each binary output's data as the model
+    /// gave it (not copied: a large output goes to the socket from the tensor's own buffer).
+    pub parts: Vec<Bytes>,
     /// `Some(len)` when binary data follows `len` bytes of JSON.
     pub json_length: Option<usize>,
 }
@@ -593,7 +594,7 @@ pub fn encode_response(
         .and_then(ParamValue::as_bool)
         .unwrap_or(false);
     let mut outputs = Vec::with_capacity(response.outputs.len());
-    let mut binary = BytesMut::new();
+    let mut binary = Vec::new();
     for tensor in &response.outputs {
         let requested = requested.iter().find(|o| o.name == tensor.name);
         if let Some(req) = requested {
@@ -617,7 +618,7 @@ pub fn encode_response(
                 "parameters".into(),
                 json!({"binary_data_size": tensor.data.len()}),
             );
-            binary.extend_from_slice(&tensor.data);
+            binary.push(tensor.data.clone());
         } else {
             entry.insert("data".into(), bytes_to_json(tensor));
         }
@@ -641,19 +642,14 @@ pub fn encode_response(
     body.insert("outputs".into(), Value::Array(outputs));
     let header = serde_json::to_vec(&Value::Object(body))
         .map_err(|e| Error::internal(format!("cannot encode the response: {e}")))?;
-    if binary.is_empty() {
-        return Ok(EncodedResponse {
-            body: header.into(),
-            json_length: None,
-        });
-    }
     let json_length = header.len();
-    let mut full = BytesMut::with_capacity(header.len() + binary.len());
-    full.extend_from_slice(&header);
-    full.extend_from_slice(&binary);
+    let has_binary = !binary.is_empty();
+    let mut parts = Vec::with_capacity(1 + binary.len());
+    parts.push(Bytes::from(header));
+    parts.extend(binary);
     Ok(EncodedResponse {
-        body: full.freeze(),
-        json_length: Some(json_length),
+        parts,
+        json_length: has_binary.then_some(json_length),
     })
 }
 
@@ -686,9 +682,39 @@ mod tests {
         };
         let enc = encode_response(&req.parameters, &req.outputs, &resp).unwrap();
         assert_eq!(enc.json_length, None);
-        let v: Value = serde_json::from_slice(&enc.body).unwrap();
+        assert_eq!(enc.parts.len(), 1);
+        let v: Value = serde_json::from_slice(&enc.parts[0]).unwrap();
         assert_eq!(v["outputs"][0]["data"], json!([1, 2, 3, -4]));
         assert_eq!(v["model_version"], "1");
+    }
+
+    #[test]
+    fn binary_outputs_follow_the_json_from_the_tensors_own_buffers() {
+        let data = Bytes::from(vec![7u8; 16]);
+        let tensor = |name: &str| Tensor {
+            name: name.into(),
+            datatype: crate::tensor::DataType::Fp32,
+            shape: vec![1, 4],
+            data: data.clone(),
+        };
+        let resp = InferResponse {
+            model_name: "m".into(),
+            model_version: 1,
+            id: String::new(),
+            parameters: Default::default(),
+            outputs: vec![tensor("a"), tensor("b")],
+        };
+        let mut parameters = Parameters::default();
+        parameters.insert("binary_data_output".into(), ParamValue::Bool(true));
+        let enc = encode_response(&parameters, &[], &resp).unwrap();
+        assert_eq!(enc.parts.len(), 3);
+        let json_length = enc.json_length.unwrap();
+        assert_eq!(json_length, enc.parts[0].len());
+        assert_eq!(enc.parts[1].len() + enc.parts[2].len(), 32);
+        // The same memory, not a copy.
+        assert_eq!(enc.parts[1].as_ptr(), data.as_ptr());
+        let v: Value = serde_json::from_slice(&enc.parts[0]).unwrap();
+        assert_eq!(v["outputs"][1]["parameters"]["binary_data_size"], 16);
     }
 
     #[test]

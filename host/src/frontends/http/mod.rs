@@ -27,6 +27,7 @@ use super::{
 };
 use crate::{
     error::{Code, Error},
+    inference::{InferRequest, InferResponse, Parameters, RequestedOutput},
     proto::inference::{ModelStatistics, StatisticDuration},
     repository::config::to_json,
     scheduling::{model_manager::LoadOverride, server::Server},
@@ -382,31 +383,150 @@ async fn read_body(st: &HttpState, headers: &HeaderMap, body: Body) -> Result<By
     Ok(out.into())
 }
 
-/// Compresses a response body when the client accepts gzip or deflate.
-fn compress(headers: &HeaderMap, body: Bytes) -> (Option<&'static str>, Bytes) {
-    use std::io::Write;
+/// The content encoding of our responses the client accepts (`Accept-Encoding`), if any.
+fn accepted_encoding(headers: &HeaderMap) -> Option<&'static str> {
     let accept = headers
         .get(header::ACCEPT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
+        .and_then(|v| v.to_str().ok())?
         .to_ascii_lowercase();
-    let level = flate2::Compression::fast();
     if accept.contains("gzip") {
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), level);
-        if enc.write_all(&body).is_ok() {
-            if let Ok(out) = enc.finish() {
-                return (Some("gzip"), out.into());
-            }
-        }
+        Some("gzip")
     } else if accept.contains("deflate") {
-        let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), level);
-        if enc.write_all(&body).is_ok() {
-            if let Ok(out) = enc.finish() {
-                return (Some("deflate"), out.into());
-            }
+        Some("deflate")
+    } else {
+        None
+    }
+}
+
+/// `parts` compressed as `encoding` ("gzip" or "deflate"); `None` if that fails.
+fn compress(encoding: &str, parts: &[Bytes]) -> Option<Bytes> {
+    use std::io::Write;
+    let level = flate2::Compression::fast();
+    let len: usize = parts.iter().map(Bytes::len).sum();
+    let out = Vec::with_capacity(len / 4 + 64);
+    let out = if encoding == "gzip" {
+        let mut enc = flate2::write::GzEncoder::new(out, level);
+        parts.iter().try_for_each(|p| enc.write_all(p)).ok()?;
+        enc.finish().ok()?
+    } else {
+        let mut enc = flate2::write::ZlibEncoder::new(out, level);
+        parts.iter().try_for_each(|p| enc.write_all(p)).ok()?;
+        enc.finish().ok()?
+    };
+    Some(out.into())
+}
+
+/// Responses whose tensors hold more bytes than this are encoded and compressed off the
+/// async runtime: compressing (or writing as JSON) hundreds of kilobytes holds a runtime
+/// thread for a millisecond or more, and every connection that thread serves, whoever's it
+/// is, waits that long.
+const LARGE_RESPONSE_BYTES: usize = 64 << 10;
+
+/// Large responses a tenant may have encoded at once: half the cores (at least one) with
+/// tenants, every core without. Each tenant has its own permits, so a tenant whose flood of
+/// large answers waits here never makes another tenant's answer wait behind it.
+fn encoders(tenant: Option<&str>) -> Arc<tokio::sync::Semaphore> {
+    static ENCODERS: std::sync::OnceLock<
+        std::sync::Mutex<HashMap<Option<String>, Arc<tokio::sync::Semaphore>>>,
+    > = std::sync::OnceLock::new();
+    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+    let permits = if tenant.is_some() {
+        (cores / 2).max(1)
+    } else {
+        cores
+    };
+    let mut all = ENCODERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.entry(tenant.map(str::to_owned))
+        .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(permits)))
+        .clone()
+}
+
+/// An encoded response and the content encoding it was compressed with.
+type Encoded = (codec::EncodedResponse, Option<&'static str>);
+
+/// Encodes a response, compressed as the client accepts.
+fn encode_and_compress(
+    accept: Option<&'static str>,
+    parameters: &Parameters,
+    requested: &[RequestedOutput],
+    response: &InferResponse,
+) -> Result<Encoded, Error> {
+    let mut encoded = codec::encode_response(parameters, requested, response)?;
+    if let Some(encoding) = accept {
+        if let Some(body) = compress(encoding, &encoded.parts) {
+            encoded.parts = vec![body];
+            return Ok((encoded, Some(encoding)));
         }
     }
-    (None, body)
+    Ok((encoded, None))
+}
+
+/// [`encode_and_compress`], on a blocking thread when the response is large.
+async fn encode_for(
+    tenant: Option<&str>,
+    headers: &HeaderMap,
+    parameters: Parameters,
+    requested: Vec<RequestedOutput>,
+    response: InferResponse,
+) -> Result<Encoded, Error> {
+    let accept = accepted_encoding(headers);
+    let size: usize = response.outputs.iter().map(|t| t.data.len()).sum();
+    if size < LARGE_RESPONSE_BYTES {
+        return encode_and_compress(accept, &parameters, &requested, &response);
+    }
+    let _permit = encoders(tenant)
+        .acquire_owned()
+        .await
+        .map_err(|e| Error::internal(format!("cannot encode the response: {e}")))?;
+    tokio::task::spawn_blocking(move || {
+        encode_and_compress(accept, &parameters, &requested, &response)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("encoding the response failed: {e}")))?
+}
+
+/// A body sent as it was encoded, in parts, with its exact length (so that it goes out with
+/// `Content-Length`, not chunked).
+struct PartsBody {
+    parts: std::collections::VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl PartsBody {
+    fn new(parts: Vec<Bytes>) -> Self {
+        let remaining = parts.iter().map(|p| p.len() as u64).sum();
+        Self {
+            parts: parts.into(),
+            remaining,
+        }
+    }
+}
+
+impl http_body::Body for PartsBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let next = self.parts.pop_front();
+        if let Some(part) = &next {
+            self.remaining -= part.len() as u64;
+        }
+        std::task::Poll::Ready(next.map(|part| Ok(http_body::Frame::data(part))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// How a request ended, for the per-tenant accounting.
@@ -467,9 +587,9 @@ async fn run_infer(
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
     let response = st.server.infer(request).await?;
-    let encoded = codec::encode_response(&parameters, &requested, &response)?;
-    let (encoding, body) = compress(headers, encoded.body);
-    let mut resp = Response::new(Body::from(body));
+    let (encoded, encoding) =
+        encode_for(caller.tenant(), headers, parameters, requested, response).await?;
+    let mut resp = Response::new(Body::new(PartsBody::new(encoded.parts)));
     let h = resp.headers_mut();
     match encoded.json_length {
         Some(len) => {
@@ -499,7 +619,7 @@ async fn generate_request(
     p: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(crate::inference::InferRequest, Admission), Error> {
+) -> Result<(InferRequest, Admission), Error> {
     let (model, version) = path_parts(p);
     caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
