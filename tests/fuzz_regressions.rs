@@ -74,3 +74,19 @@ fn grpc_infer_request_inputs() {
 fn bytes_codec_inputs() {
     assert!(replay("bytes_codec", fuzz_checks::bytes_codec) > 0);
 }
+
+#[test]
+fn tenancy_toml_inputs() {
+    assert!(replay("tenancy_toml", fuzz_checks::tenancy_toml) > 0);
+    // The seed the fuzzer grows from is a config that parses, so mutations reach the checks
+    // after parsing (reload, keys, permissions), not only the TOML syntax errors.
+    let seed = std::fs::read(workspace().join("fuzz/seeds/tenancy_toml/two_tenants")).unwrap();
+    let text = seed.split(|&b| b == 0).next().unwrap();
+    let parsed = wasmtron::tenancy::Tenancy::parse(std::str::from_utf8(text).unwrap(), "seed");
+    assert!(parsed.is_ok(), "{:?}", parsed.err().map(|e| e.to_string()));
+}
+
+#[test]
+fn generate_request_inputs() {
+    assert!(replay("generate_request", fuzz_checks::generate_request) > 0);
+}

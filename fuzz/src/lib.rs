@@ -8,12 +8,16 @@ use std::{path::Path, sync::OnceLock};
 use bytes::Bytes;
 use prost::Message;
 use wasmtron::{
-    frontends::{grpc, http::codec},
+    frontends::{
+        grpc,
+        http::{codec, generate},
+    },
     inference::{InferResponse, Parameters},
     limits::RequestLimits,
     proto::inference::{ModelConfig, ModelInferRequest},
     repository::{config, sequence::sequence_spec, validate::validate},
     runtime::request_check::check_request,
+    tenancy::{ModelAction, Tenancy},
     tensor::{bytes_elements, count_bytes_elements, push_bytes_element, DataType, Tensor},
 };
 
@@ -185,4 +189,59 @@ pub fn bytes_codec(data: &[u8]) {
             .unwrap_or_else(|e| panic!("JSON form of BYTES data does not decode: {}", e.message));
         assert_eq!(back, tensor, "BYTES data changes through its JSON form");
     }
+}
+
+/// The server config file (`--config`, TOML). Input: the file's text, then after a NUL byte an
+/// `Authorization` header value and after another a model name. Whatever parses must reload
+/// onto itself unchanged (no key revoked), and answer who the header belongs to and what
+/// that caller may do with the model without panicking.
+pub fn tenancy_toml(data: &[u8]) {
+    let mut fields = data.splitn(3, |&b| b == 0);
+    let Ok(text) = std::str::from_utf8(fields.next().unwrap_or_default()) else {
+        return;
+    };
+    let header = fields.next().and_then(|h| std::str::from_utf8(h).ok());
+    let model = fields
+        .next()
+        .and_then(|m| std::str::from_utf8(m).ok())
+        .unwrap_or("m");
+    let Ok(tenancy) = Tenancy::parse(text, "wasmtron.toml") else {
+        return;
+    };
+    let tenants = tenancy.usage().len();
+    let again = tenancy
+        .reload_text(text, "wasmtron.toml")
+        .unwrap_or_else(|e| panic!("an accepted config does not reload onto itself: {e}"));
+    assert_eq!(
+        again.revoked_keys, 0,
+        "reloading the same config revokes keys"
+    );
+    assert_eq!(
+        again.tenants, tenants,
+        "reloading the same config changes the tenants"
+    );
+    let _ = tenancy.stage_limits(model);
+    if let Ok(caller) = tenancy.authenticate(header) {
+        for action in [ModelAction::Infer, ModelAction::Load, ModelAction::See] {
+            let _ = caller.may(action, model);
+        }
+        let _ = caller.admit(data.len());
+    }
+}
+
+/// The generate extension's request body (JSON), against the first byte's model: the request
+/// it becomes passes or fails the model's checks and the request limits without panicking.
+pub fn generate_request(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(json) = serde_json::from_slice(rest) else {
+        return;
+    };
+    let model = &models()[usize::from(mode % 3)];
+    let Ok(request) = generate::to_request(model, "m", None, json) else {
+        return;
+    };
+    let _ = check_request(model, &request);
+    let _ = RequestLimits::default().check_request(&request);
 }
