@@ -9,6 +9,9 @@ against its latency alone and what became of A's requests.
     DURATION=30 RATE_B=20 RATE_A=2000 .venv/bin/python benches/isolation.py
     SERVER_ARGS="--execution-slots 0" .venv/bin/python benches/isolation.py  # without the share
     A_NICE=19 .venv/bin/python benches/isolation.py  # A's client yields the CPU to the rest
+    A_IDLE=1 .venv/bin/python benches/isolation.py   # A's client only on CPU time nobody wants
+    IDENTITY=1 .venv/bin/python benches/isolation.py # clients ask for uncompressed answers
+    SERVER_CPUS=0 CLIENT_CPUS=1 .venv/bin/python benches/isolation.py  # apart, on one core each
 
 Needs `make build-release stages models`. Loopback only; every load is bounded in time and
 in requests in flight.
@@ -41,6 +44,16 @@ A_IN_FLIGHT = int(os.environ.get("A_IN_FLIGHT", "256"))
 SERVER_ARGS = shlex.split(os.environ.get("SERVER_ARGS", ""))
 # Nice level of A's client process (0: as B's).
 A_NICE = int(os.environ.get("A_NICE", "0"))
+# A_IDLE=1: A's client runs under SCHED_IDLE, on CPU time nothing else wants.
+A_IDLE = os.environ.get("A_IDLE", "0") == "1"
+# IDENTITY=1: the clients ask for uncompressed answers (aiohttp offers gzip by default, and
+# the server compresses when asked, as Triton does).
+IDENTITY = os.environ.get("IDENTITY", "0") == "1"
+# SERVER_CPUS / CLIENT_CPUS (e.g. "0" and "1"): the CPUs the server and the clients may run
+# on, so that the clients' own work does not take the server's cores (as on machines of
+# their own). Empty: any CPU.
+SERVER_CPUS = {int(c) for c in os.environ.get("SERVER_CPUS", "").split(",") if c}
+CLIENT_CPUS = {int(c) for c in os.environ.get("CLIENT_CPUS", "").split(",") if c}
 KEYS = {"A": "tenant-a-key", "A1": "tenant-a1-key", "B": "tenant-b-key"}
 PROBE_MODES = {"trap": "panic", "spin": "loop", "memory": "alloc"}
 
@@ -93,7 +106,13 @@ infer = ["preprocess"]
 
 
 def start(repo, config):
-    proc, http, _ = start_server(BINARY, repo, "--config", config, *SERVER_ARGS)
+    everywhere = os.sched_getaffinity(0)
+    if SERVER_CPUS:
+        os.sched_setaffinity(0, SERVER_CPUS)  # the server inherits it
+    try:
+        proc, http, _ = start_server(BINARY, repo, "--config", config, *SERVER_ARGS)
+    finally:
+        os.sched_setaffinity(0, everywhere)
     return proc, f"http://{http}"
 
 
@@ -115,6 +134,8 @@ async def open_loop(session, url, tenant, model, rate, duration, limit):
     (at most `limit` open); returns (latencies of successes in ms, status counts)."""
     data, json_len = body(model)
     headers = {"Authorization": f"Bearer {KEYS[tenant]}", "Inference-Header-Content-Length": str(json_len)}
+    if IDENTITY:
+        headers["Accept-Encoding"] = "identity"
     latencies, statuses, tasks = [], {}, []
     gate = asyncio.Semaphore(limit)
 
@@ -161,6 +182,8 @@ async def load(url, tenant, model, rate, limit):
 
 
 def run_load(args):
+    if CLIENT_CPUS:
+        os.sched_setaffinity(0, CLIENT_CPUS)
     return asyncio.run(load(*args))
 
 
@@ -170,6 +193,8 @@ def run_flood(args):
     the server as fast as it takes them; only the client's own CPU time yields to others)."""
     if A_NICE:
         os.nice(A_NICE)
+    if A_IDLE:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     return run_load(args)
 
 
@@ -211,7 +236,9 @@ def main():
             rows.append((label, len(b_lat), b_errors, p50, p99, p99 / alone, a_text))
         print(f"B: {RATE_B:g} req/s to preprocess; A: {RATE_A:g} req/s open loop (at most {A_IN_FLIGHT} open); "
               f"{DURATION:g} s per scenario; server flags: {' '.join(SERVER_ARGS) or 'none'}; "
-          f"A's client at nice {A_NICE}\n")
+          f"A's client at nice {A_NICE}{' under SCHED_IDLE' if A_IDLE else ''}; "
+          f"answers {'uncompressed' if IDENTITY else 'gzip'}; "
+          f"server CPUs {sorted(SERVER_CPUS) or 'any'}, client CPUs {sorted(CLIENT_CPUS) or 'any'}\n")
         print("| scenario | B answered | B errors | B p50 ms | B p99 ms | B p99 / alone | A's requests |")
         print("|---|---|---|---|---|---|---|")
         for label, n, errors, p50, p99, ratio, a_text in rows:
