@@ -415,7 +415,7 @@ fn the_pooling_allocator_serves_fresh_instances_and_refuses_oversized_limits() {
     let body = json!({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
         "data": ["Pooled Python"]}]});
     let (status, out) = infer(&s, "tokenize", &body);
-    assert_eq!(status, 200, "{out}");
+    assert_eq!(status, 200, "{out}\n{}", s.log_text());
     assert_eq!(out["outputs"][1]["data"], json!([2]));
     let (status, err) = error(&s, "greedy", &probe_request(&[1.0]));
     assert_eq!(status, 404, "{err}");
@@ -659,7 +659,7 @@ fn a_python_stage_tokenizes_text_over_http_and_grpc() {
     let body = json!({"inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES",
         "data": ["Hello, World! It's a TEST of the tokenizer, really.", "Short one"]}]});
     let (status, out) = infer(&s, "tokenize", &body);
-    assert_eq!(status, 200, "{out}");
+    assert_eq!(status, 200, "{out}\n{}", s.log_text());
     assert_eq!(out["outputs"][0]["name"], "TOKENS");
     assert_eq!(out["outputs"][0]["shape"], json!([2, 6]));
     assert_eq!(
