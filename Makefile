@@ -145,7 +145,7 @@ bench: deps perf-analyzer build-release triton
 	@python3 benches/summarize.py $$(cat $(AB_RUNS))
 
 # Tenant isolation: tenant B's latency alone and while tenant A floods (about 2 minutes).
-bench-isolation: deps build-release
+bench-isolation: deps perf-analyzer build-release
 	DURATION=$${DURATION:-20} $(VPY) benches/isolation.py
 
 clean:

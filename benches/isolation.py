@@ -12,11 +12,15 @@ against its latency alone and what became of A's requests.
     A_IDLE=1 .venv/bin/python benches/isolation.py   # A's client only on CPU time nobody wants
     IDENTITY=1 .venv/bin/python benches/isolation.py # clients ask for uncompressed answers
     SERVER_CPUS=0 CLIENT_CPUS=1 .venv/bin/python benches/isolation.py  # apart, on one core each
+    B_CLIENT=perf_analyzer .venv/bin/python benches/isolation.py  # B measured by perf_analyzer
 
-Needs `make build-release stages models`. Loopback only; every load is bounded in time and
-in requests in flight.
+Needs `make build-release stages models` (and `make perf-analyzer` for B_CLIENT=perf_analyzer).
+Loopback only; every load is bounded in time and in requests in flight.
 """
 import asyncio
+import base64
+import csv
+import json
 import multiprocessing
 import os
 import shlex
@@ -54,6 +58,10 @@ IDENTITY = os.environ.get("IDENTITY", "0") == "1"
 # their own). Empty: any CPU.
 SERVER_CPUS = {int(c) for c in os.environ.get("SERVER_CPUS", "").split(",") if c}
 CLIENT_CPUS = {int(c) for c in os.environ.get("CLIENT_CPUS", "").split(",") if c}
+# B_CLIENT=perf_analyzer: B's requests are sent and timed by perf_analyzer (C++, synchronous
+# HTTP, constant request rate) instead of this script's asyncio client.
+B_CLIENT = os.environ.get("B_CLIENT", "python")
+PERF_ANALYZER = os.path.join(ROOT, ".cache", "perf_analyzer", "bin", "perf_analyzer")
 KEYS = {"A": "tenant-a-key", "A1": "tenant-a1-key", "B": "tenant-b-key"}
 PROBE_MODES = {"trap": "panic", "spin": "loop", "memory": "alloc"}
 
@@ -174,17 +182,55 @@ def pct(values, q):
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def load(url, tenant, model, rate, limit):
+async def load(url, tenant, model, rate, limit, duration=None):
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        return await open_loop(session, url, tenant, model, rate, DURATION, limit)
+        return await open_loop(session, url, tenant, model, rate, duration or DURATION, limit)
 
 
 def run_load(args):
     if CLIENT_CPUS:
         os.sched_setaffinity(0, CLIENT_CPUS)
     return asyncio.run(load(*args))
+
+
+def run_perf_analyzer(url, tenant, model, rate):
+    """B's load through perf_analyzer: three windows of a third of DURATION each at `rate`
+    requests a second; returns (None, statuses, (p50, p99) in ms) — perf_analyzer reports
+    percentiles, not each latency, and stops at the first failed request."""
+    png = open(os.path.join(ROOT, "tests", "fixtures", "lines_down.png"), "rb").read()
+    with tempfile.TemporaryDirectory() as tmp:
+        data, out = os.path.join(tmp, "input.json"), os.path.join(tmp, "out.csv")
+        # BYTES content for perf_analyzer is the serialized tensor: length prefix, then bytes.
+        element = base64.b64encode(struct.pack("<I", len(png)) + png).decode()
+        with open(data, "w") as f:
+            json.dump({"data": [{"IMAGE": {"content": {"b64": element}, "shape": [1]}}]}, f)
+        window_ms = max(1000, int(DURATION * 1000 / 3))
+        cuda = os.path.join(ROOT, ".cache", "perf_analyzer", "cuda", "nvidia", "cuda_runtime", "lib")
+        env = dict(os.environ, LD_LIBRARY_PATH=cuda)
+        cmd = [PERF_ANALYZER, "-m", model, "-u", url.removeprefix("http://"), "-i", "http",
+               "-H", f"Authorization: Bearer {KEYS[tenant]}", "--input-data", data, "-b", "1",
+               "--request-rate-range", f"{rate:g}", "--request-distribution", "constant",
+               "--measurement-mode", "time_windows", "-p", str(window_ms),
+               "--stability-percentage", "999", "--max-trials", "3", "--percentile", "99", "-f", out]
+        if CLIENT_CPUS:
+            os.sched_setaffinity(0, CLIENT_CPUS)
+        run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if run.returncode != 0:
+            nan = float("nan")
+            return None, {"perf_analyzer failed: " + run.stdout[-300:].strip(): 1}, (nan, nan)
+        row = next(csv.DictReader(open(out)))
+        answered = int(float(row["Inferences/Second"]) * 3 * window_ms / 1000)
+        return None, {200: answered}, (int(row["p50 latency"]) / 1000, int(row["p99 latency"]) / 1000)
+
+
+def run_b(args):
+    if B_CLIENT == "perf_analyzer":
+        url, tenant, model, rate, _ = args
+        return run_perf_analyzer(url, tenant, model, rate)
+    latencies, statuses = run_load(args)
+    return latencies, statuses, (pct(latencies, 0.5), pct(latencies, 0.99))
 
 
 def run_flood(args):
@@ -195,6 +241,9 @@ def run_flood(args):
         os.nice(A_NICE)
     if A_IDLE:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    if B_CLIENT == "perf_analyzer":
+        # perf_analyzer takes a moment to start and to end its windows: the flood outlasts it.
+        args = (*args, DURATION + 5)
     return run_load(args)
 
 
@@ -203,10 +252,10 @@ def scenario(url, flood_model, flooder="A"):
     flood would delay B's measurements, not the server)."""
     b_args = (url, "B", "preprocess", RATE_B, 64)
     if flood_model is None:
-        return run_load(b_args), None
+        return run_b(b_args), None
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         a = pool.apply_async(run_flood, ((url, flooder, flood_model, RATE_A, A_IN_FLIGHT),))
-        b = pool.apply_async(run_load, (b_args,))
+        b = pool.apply_async(run_b, (b_args,))
         return b.get(DURATION + 300), a.get(DURATION + 300)
 
 
@@ -228,17 +277,18 @@ def main():
                 ("A's stage traps on every request", "a_trap", "A"),
                 ("A's stage spins until its deadline", "a_spin", "A"),
                 ("A's stage exhausts its memory cap", "a_memory", "A")]:
-            (b_lat, b_status), a = scenario(url, flood, flooder)
+            (_, b_status, (p50, p99)), a = scenario(url, flood, flooder)
             b_errors = sum(n for s, n in b_status.items() if s != 200)
-            p50, p99 = pct(b_lat, 0.5), pct(b_lat, 0.99)
+            answered = b_status.get(200, 0)
             alone = alone or p99
             a_text = "" if a is None else ", ".join(f"{s}: {n}" for s, n in sorted(a[1].items(), key=str))
-            rows.append((label, len(b_lat), b_errors, p50, p99, p99 / alone, a_text))
+            rows.append((label, answered, b_errors, p50, p99, p99 / alone, a_text))
         print(f"B: {RATE_B:g} req/s to preprocess; A: {RATE_A:g} req/s open loop (at most {A_IN_FLIGHT} open); "
               f"{DURATION:g} s per scenario; server flags: {' '.join(SERVER_ARGS) or 'none'}; "
           f"A's client at nice {A_NICE}{' under SCHED_IDLE' if A_IDLE else ''}; "
           f"answers {'uncompressed' if IDENTITY else 'gzip'}; "
-          f"server CPUs {sorted(SERVER_CPUS) or 'any'}, client CPUs {sorted(CLIENT_CPUS) or 'any'}\n")
+          f"server CPUs {sorted(SERVER_CPUS) or 'any'}, client CPUs {sorted(CLIENT_CPUS) or 'any'}; "
+              f"B's client: {B_CLIENT}\n")
         print("| scenario | B answered | B errors | B p50 ms | B p99 ms | B p99 / alone | A's requests |")
         print("|---|---|---|---|---|---|---|")
         for label, n, errors, p50, p99, ratio, a_text in rows:
