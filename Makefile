@@ -119,8 +119,9 @@ test-python: build
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) \
 	  $(VPY) -m pytest -q -p no:cacheprovider tests/python
 
-lint:
+lint: venv
 	$(CARGO) fmt --all -- --check
+	$(VENV)/bin/hadolint docker/Dockerfile
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 	$(CARGO) clippy --locked --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe -- -D warnings
 

@@ -15,13 +15,16 @@ STARTUP_SECONDS = 120
 
 
 class Server:
-    def __init__(self, repo, *extra):
+    def __init__(self, repo, *extra, binary=None, env=None):
+        """`repo` None: the repository comes in `extra`; `binary` and `env` replace the
+        built binary and this process's environment."""
         self.log = []
+        repository = [] if repo is None else ["--model-repository", repo]
         self.proc = subprocess.Popen(
-            [BINARY, "--model-repository", repo, "--http-port", "0", "--grpc-port", "0",
+            [binary or BINARY, *repository, "--http-port", "0", "--grpc-port", "0",
              "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
              "--metrics-address", "127.0.0.1", *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.addresses = {}
         found = threading.Event()
 
