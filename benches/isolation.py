@@ -124,11 +124,16 @@ def start(repo, config):
     return proc, f"http://{http}"
 
 
+def image_element():
+    """The test PNG as one serialized BYTES element: length prefix, then the bytes."""
+    png = open(os.path.join(ROOT, "tests", "fixtures", "lines_down.png"), "rb").read()
+    return struct.pack("<I", len(png)) + png
+
+
 def body(model):
     """An HTTP binary-tensor request: the PNG for preprocess, four floats for the probes."""
     if model in ("preprocess", "a_preprocess"):
-        png = open(os.path.join(ROOT, "tests", "fixtures", "lines_down.png"), "rb").read()
-        raw = struct.pack("<I", len(png)) + png
+        raw = image_element()
         header = (f'{{"parameters":{{"binary_data_output":true}},"inputs":[{{"name":"IMAGE","shape":[1,1],'
                   f'"datatype":"BYTES","parameters":{{"binary_data_size":{len(raw)}}}}}]}}')
     else:
@@ -197,13 +202,12 @@ def run_load(args):
 
 def run_perf_analyzer(url, tenant, model, rate):
     """B's load through perf_analyzer: three windows of a third of DURATION each at `rate`
-    requests a second; returns (None, statuses, (p50, p99) in ms) — perf_analyzer reports
+    requests a second; returns (statuses, (p50, p99) in ms) — perf_analyzer reports
     percentiles, not each latency, and stops at the first failed request."""
-    png = open(os.path.join(ROOT, "tests", "fixtures", "lines_down.png"), "rb").read()
     with tempfile.TemporaryDirectory() as tmp:
         data, out = os.path.join(tmp, "input.json"), os.path.join(tmp, "out.csv")
-        # BYTES content for perf_analyzer is the serialized tensor: length prefix, then bytes.
-        element = base64.b64encode(struct.pack("<I", len(png)) + png).decode()
+        # BYTES content for perf_analyzer is the serialized tensor.
+        element = base64.b64encode(image_element()).decode()
         with open(data, "w") as f:
             json.dump({"data": [{"IMAGE": {"content": {"b64": element}, "shape": [1]}}]}, f)
         window_ms = max(1000, int(DURATION * 1000 / 3))
@@ -219,18 +223,19 @@ def run_perf_analyzer(url, tenant, model, rate):
         run = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if run.returncode != 0:
             nan = float("nan")
-            return None, {"perf_analyzer failed: " + run.stdout[-300:].strip(): 1}, (nan, nan)
+            return {"perf_analyzer failed: " + run.stdout[-300:].strip(): 1}, (nan, nan)
         row = next(csv.DictReader(open(out)))
         answered = int(float(row["Inferences/Second"]) * 3 * window_ms / 1000)
-        return None, {200: answered}, (int(row["p50 latency"]) / 1000, int(row["p99 latency"]) / 1000)
+        return {200: answered}, (int(row["p50 latency"]) / 1000, int(row["p99 latency"]) / 1000)
 
 
 def run_b(args):
+    """B's load by B_CLIENT: (statuses, (p50, p99) in ms)."""
     if B_CLIENT == "perf_analyzer":
         url, tenant, model, rate, _ = args
         return run_perf_analyzer(url, tenant, model, rate)
     latencies, statuses = run_load(args)
-    return latencies, statuses, (pct(latencies, 0.5), pct(latencies, 0.99))
+    return statuses, (pct(latencies, 0.5), pct(latencies, 0.99))
 
 
 def run_flood(args):
@@ -277,7 +282,7 @@ def main():
                 ("A's stage traps on every request", "a_trap", "A"),
                 ("A's stage spins until its deadline", "a_spin", "A"),
                 ("A's stage exhausts its memory cap", "a_memory", "A")]:
-            (_, b_status, (p50, p99)), a = scenario(url, flood, flooder)
+            (b_status, (p50, p99)), a = scenario(url, flood, flooder)
             b_errors = sum(n for s, n in b_status.items() if s != 200)
             answered = b_status.get(200, 0)
             alone = alone or p99
@@ -285,9 +290,9 @@ def main():
             rows.append((label, answered, b_errors, p50, p99, p99 / alone, a_text))
         print(f"B: {RATE_B:g} req/s to preprocess; A: {RATE_A:g} req/s open loop (at most {A_IN_FLIGHT} open); "
               f"{DURATION:g} s per scenario; server flags: {' '.join(SERVER_ARGS) or 'none'}; "
-          f"A's client at nice {A_NICE}{' under SCHED_IDLE' if A_IDLE else ''}; "
-          f"answers {'uncompressed' if IDENTITY else 'gzip'}; "
-          f"server CPUs {sorted(SERVER_CPUS) or 'any'}, client CPUs {sorted(CLIENT_CPUS) or 'any'}; "
+              f"A's client at nice {A_NICE}{' under SCHED_IDLE' if A_IDLE else ''}; "
+              f"answers {'uncompressed' if IDENTITY else 'gzip'}; "
+              f"server CPUs {sorted(SERVER_CPUS) or 'any'}, client CPUs {sorted(CLIENT_CPUS) or 'any'}; "
               f"B's client: {B_CLIENT}\n")
         print("| scenario | B answered | B errors | B p50 ms | B p99 ms | B p99 / alone | A's requests |")
         print("|---|---|---|---|---|---|---|")
