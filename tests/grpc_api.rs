@@ -263,12 +263,34 @@ async fn bad_requests_map_to_grpc_codes() {
     );
 
     let err = c
-        .system_shared_memory_status(SystemSharedMemoryStatusRequest {
+        .cuda_shared_memory_status(CudaSharedMemoryStatusRequest {
             name: String::new(),
         })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented);
+    assert!(
+        err.message().contains("CUDA shared memory"),
+        "{}",
+        err.message()
+    );
+
+    // System shared memory is served: an unknown key is named.
+    let err = c
+        .system_shared_memory_register(SystemSharedMemoryRegisterRequest {
+            name: "r".into(),
+            key: "/wasmtron_no_such_key".into(),
+            offset: 0,
+            byte_size: 8,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("'/wasmtron_no_such_key'"),
+        "{}",
+        err.message()
+    );
 
     let err = c
         .repository_model_load(RepositoryModelLoadRequest {

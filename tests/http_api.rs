@@ -568,12 +568,12 @@ fn unsupported_extensions_say_so() {
     let (_repo, s) = server();
     let (status, msg) = error_of(
         http()
-            .get(s.url("/v2/systemsharedmemory/status"))
+            .get(s.url("/v2/cudasharedmemory/status"))
             .send()
             .unwrap(),
     );
     assert_eq!(status, 501);
-    assert!(msg.contains("not supported"), "{msg}");
+    assert!(msg.contains("CUDA shared memory is not supported"), "{msg}");
     let mut body = simple_request();
     body["outputs"] = json!([{"name": "OUTPUT0", "parameters": {"classification": 2}}]);
     let (status, msg) = error_of(post_infer(&s, "simple", &body));

@@ -108,6 +108,7 @@ pub fn http_infer_body(data: &[u8]) {
         json_length,
         Some(model),
         &limits,
+        &wasmtron::frontends::shared_memory::no_shared_inputs,
     ) else {
         return;
     };
@@ -139,7 +140,10 @@ pub fn grpc_infer_request(data: &[u8]) {
     let Ok(message) = ModelInferRequest::decode(data) else {
         return;
     };
-    let Ok(request) = grpc::decode_request(message) else {
+    let Ok(request) = grpc::decode_request(
+        message,
+        &wasmtron::frontends::shared_memory::no_shared_inputs,
+    ) else {
         return;
     };
     if RequestLimits::default().check_request(&request).is_err() {
@@ -150,13 +154,16 @@ pub fn grpc_infer_request(data: &[u8]) {
         .into_iter()
         .filter(|t| t.validate_size().is_ok())
         .collect();
-    let _ = grpc::encode_response(InferResponse {
-        model_name: request.model_name,
-        model_version: 1,
-        id: request.id,
-        parameters: Parameters::new(),
-        outputs,
-    });
+    let _ = grpc::encode_response(
+        InferResponse {
+            model_name: request.model_name,
+            model_version: 1,
+            id: request.id,
+            parameters: Parameters::new(),
+            outputs,
+        },
+        &request.outputs,
+    );
 }
 
 /// BYTES elements (4-byte little-endian length, then the bytes): counting, iterating and

@@ -14,6 +14,7 @@ use wasmtron::{
         http::{self, HttpState},
         metrics,
         restricted::Restrictions,
+        shared_memory::SystemSharedMemory,
     },
     limits::RequestLimits,
     runtime::RuntimeOptions,
@@ -370,6 +371,7 @@ async fn serve() -> anyhow::Result<()> {
 
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
+    let shared_memory = Arc::new(SystemSharedMemory::new());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -380,7 +382,8 @@ async fn serve() -> anyhow::Result<()> {
         eprintln!("Started GRPCInferenceService at {}", listener.local_addr()?);
         let grpc = GrpcService::new(server.clone())
             .with_tenancy(tenancy.clone())
-            .with_restrictions(grpc_restrictions);
+            .with_restrictions(grpc_restrictions)
+            .with_shared_memory(shared_memory.clone());
         let service = GrpcInferenceServiceServer::new(grpc)
             .max_decoding_message_size(cli.grpc_max_message_size)
             .max_encoding_message_size(usize::MAX)
@@ -412,6 +415,7 @@ async fn serve() -> anyhow::Result<()> {
             max_input_size: cli.http_max_input_size,
             tenancy: tenancy.clone(),
             restrictions: Arc::new(http_restrictions),
+            shared_memory: shared_memory.clone(),
         });
         let token = stop.clone();
         tasks.push(tokio::spawn(async move {

@@ -155,6 +155,7 @@ fn read_input(name: &str, path: &Path, config: &ModelConfig) -> anyhow::Result<T
                 None,
                 None,
                 &wasmtron::limits::RequestLimits::default(),
+                &wasmtron::frontends::shared_memory::no_shared_inputs,
             )
             .map_err(|e| anyhow!("{}: {}", path.display(), e.message))?;
             request

@@ -258,6 +258,22 @@ def test_log_and_trace_settings_are_for_administrators(server):
     refused(lambda: grpc(server).get_log_settings(headers=grpc_headers("ops")), "UNIMPLEMENTED")
 
 
+def test_system_shared_memory_is_for_administrators(server):
+    # Registering makes the server open a /dev/shm object by name: a tenant could otherwise
+    # read shared memory that another tenant's client created.
+    body = {"key": "/anything", "byte_size": 8}
+    status, reply, _ = raw(server, "POST", "/v2/systemsharedmemory/region/r/register", "alpha",
+                           body)
+    assert status == 403 and "system shared memory" in reply["error"], reply
+    refused(lambda: grpc(server).register_system_shared_memory(
+        "r", "/anything", 8, headers=grpc_headers("beta")), "PERMISSION_DENIED")
+    # An administrator may (and sees only its own regions).
+    assert raw(server, "GET", "/v2/systemsharedmemory/status", "ops")[:2] == (200, [])
+    status, reply, _ = raw(server, "POST", "/v2/systemsharedmemory/region/r/register", "ops",
+                           body)
+    assert status == 400 and "'/anything'" in reply["error"], reply
+
+
 def test_a_bad_config_file_stops_the_server_with_a_clear_message(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[tenant]]\nname = "alpha"\napi_keys = ["plain-text-key"]\n')

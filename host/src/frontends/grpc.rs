@@ -11,6 +11,7 @@ use super::{
     check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
     parse_version,
     restricted::{ApiGroup, Restrictions},
+    shared_memory::{output_parameters, SharedInputs, SystemSharedMemory},
     EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
@@ -34,6 +35,7 @@ pub struct GrpcService {
     server: Arc<Server>,
     tenancy: Option<Arc<Tenancy>>,
     restrictions: Restrictions,
+    shared_memory: Arc<SystemSharedMemory>,
 }
 
 impl GrpcService {
@@ -43,7 +45,14 @@ impl GrpcService {
             server,
             tenancy: None,
             restrictions: Restrictions::default(),
+            shared_memory: Arc::new(SystemSharedMemory::new()),
         }
+    }
+
+    /// The system shared-memory regions, shared with the HTTP frontend.
+    pub fn with_shared_memory(mut self, shared_memory: Arc<SystemSharedMemory>) -> Self {
+        self.shared_memory = shared_memory;
+        self
     }
 
     /// Protocol groups that need a shared-secret header (`--grpc-restricted-protocol`).
@@ -190,27 +199,44 @@ fn contents_to_bytes(input: &InferInputTensor, datatype: DataType) -> Result<Vec
     Ok(out)
 }
 
-/// Decodes a `ModelInferRequest`.
-pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
+/// Decodes a `ModelInferRequest`. Inputs in shared memory (found by `shared`) have no entry
+/// in `raw_input_contents`, as tritonclient sends them; every other input has one, in order.
+pub fn decode_request(
+    req: ModelInferRequest,
+    shared: SharedInputs<'_>,
+) -> Result<InferRequest, Error> {
     let version = parse_version(&req.model_name, &req.model_version)?;
     let raw = !req.raw_input_contents.is_empty();
-    if raw && req.raw_input_contents.len() != req.inputs.len() {
+    let mut in_shared_memory = Vec::with_capacity(req.inputs.len());
+    for input in &req.inputs {
+        let params = params_from_proto(input.parameters.clone());
+        in_shared_memory.push(shared(&input.name, &params)?);
+    }
+    let inline = in_shared_memory.iter().filter(|d| d.is_none()).count();
+    if raw && req.raw_input_contents.len() != inline {
         return Err(Error::invalid(format!(
-            "raw_input_contents has {} entries but the request has {} inputs; give one per input, in order",
+            "raw_input_contents has {} entries but the request has {inline} inputs not in shared memory; give one per such input, in order",
             req.raw_input_contents.len(),
-            req.inputs.len()
         )));
     }
     let mut raw_contents = req.raw_input_contents.into_iter();
     let mut inputs = Vec::with_capacity(req.inputs.len());
-    for input in req.inputs {
+    for (input, shared_data) in req.inputs.into_iter().zip(in_shared_memory) {
         let datatype = DataType::from_wire(&input.datatype).ok_or_else(|| {
             Error::invalid(format!(
                 "input '{}' has unknown datatype '{}'",
                 input.name, input.datatype
             ))
         })?;
-        let data = if raw {
+        let data = if let Some(data) = shared_data {
+            if input.contents.is_some() {
+                return Err(Error::invalid(format!(
+                    "input '{}' names a shared memory region and also has 'contents'; send one or the other",
+                    input.name
+                )));
+            }
+            data
+        } else if raw {
             if input.contents.is_some() {
                 return Err(Error::invalid(format!(
                     "input '{}' has 'contents' while the request uses raw_input_contents; use one or the other",
@@ -250,19 +276,26 @@ pub fn decode_request(req: ModelInferRequest) -> Result<InferRequest, Error> {
     })
 }
 
-/// Encodes a response with every output in `raw_output_contents`.
-pub fn encode_response(resp: InferResponse) -> ModelInferResponse {
+/// Encodes a response with every output in `raw_output_contents`, except those written to
+/// shared memory: their entry is empty (so that the entries stay aligned with `outputs`) and
+/// their parameters name the region.
+pub fn encode_response(resp: InferResponse, requested: &[RequestedOutput]) -> ModelInferResponse {
     let mut outputs = Vec::with_capacity(resp.outputs.len());
     let mut raw = Vec::with_capacity(resp.outputs.len());
     for t in resp.outputs {
+        let shared = output_parameters(requested, &t.name, t.data.len());
         outputs.push(InferOutputTensor {
+            parameters: shared.as_ref().map(params_to_proto).unwrap_or_default(),
             name: t.name,
             datatype: t.datatype.wire_name().to_owned(),
             shape: t.shape,
-            parameters: Default::default(),
             contents: None,
         });
-        raw.push(t.data);
+        raw.push(if shared.is_some() {
+            bytes::Bytes::new()
+        } else {
+            t.data
+        });
     }
     ModelInferResponse {
         model_name: resp.model_name,
@@ -282,10 +315,12 @@ fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
 
 async fn infer_one(
     server: &Server,
+    shm: &SystemSharedMemory,
     caller: &Caller,
     req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Error> {
-    let mut request = decode_request(req)?;
+    let shared = |input: &str, params: &Parameters| shm.input(caller, input, params);
+    let mut request = decode_request(req, &shared)?;
     on_behalf_of(caller, &mut request);
     if let Some(o) = request
         .outputs
@@ -297,7 +332,10 @@ async fn infer_one(
             o.name
         )));
     }
-    Ok(encode_response(server.infer(request).await?))
+    let requested = request.outputs.clone();
+    let response = server.infer(request).await?;
+    shm.write_outputs(caller, &requested, &response)?;
+    Ok(encode_response(response, &requested))
 }
 
 type StreamResult = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
@@ -318,11 +356,13 @@ fn stream_error(id: String, err: Error) -> ModelStreamInferResponse {
 /// marks the end, as Triton does.
 fn stream_one(
     server: Arc<Server>,
+    shm: Arc<SystemSharedMemory>,
     caller: &Caller,
     req: ModelInferRequest,
 ) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
     let id = req.id.clone();
-    let mut request = match decode_request(req) {
+    let shared = |input: &str, params: &Parameters| shm.input(caller, input, params);
+    let mut request = match decode_request(req, &shared) {
         Ok(r) => r,
         Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
     };
@@ -342,11 +382,17 @@ fn stream_one(
     };
     let (model, version) = (request.model_name.clone(), request.model_version);
     let final_id = id.clone();
+    let requested = request.outputs.clone();
+    let caller = caller.clone();
     let items = server.infer_stream(request);
     let responses = tokio_stream_from(items).map(move |item| {
+        let item = item.and_then(|resp| {
+            shm.write_outputs(&caller, &requested, &resp)?;
+            Ok(resp)
+        });
         Ok(match item {
             Ok(resp) => {
-                let mut resp = encode_response(resp);
+                let mut resp = encode_response(resp, &requested);
                 if decoupled {
                     resp.parameters.extend(final_flag(false));
                 }
@@ -449,7 +495,7 @@ impl GrpcInferenceService for GrpcService {
         let result = async {
             caller.require(ModelAction::Infer, &r.model_name)?;
             let _admission = caller.admit(prost::Message::encoded_len(&r))?;
-            infer_one(&self.server, &caller, r).await
+            infer_one(&self.server, &self.shared_memory, &caller, r).await
         }
         .await;
         track.finish(result.as_ref().map(|_| ()).map_err(|e| e.code));
@@ -464,6 +510,7 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         let caller = self.caller(&r, ApiGroup::Inference)?;
         let server = self.server.clone();
+        let shm = self.shared_memory.clone();
         let incoming = r.into_inner();
         // Requests on one stream are answered in order, each with all of its responses (0..N
         // for a decoupled model); errors travel in-band as Triton does.
@@ -477,7 +524,7 @@ impl GrpcInferenceService for GrpcService {
                 track.finish(admitted.as_ref().map(|_| ()).map_err(|e| e.code));
                 match admitted {
                     // The admission lives as long as this request's responses.
-                    Ok(admission) => stream_one(server.clone(), &caller, req)
+                    Ok(admission) => stream_one(server.clone(), shm.clone(), &caller, req)
                         .map(move |item| {
                             let _held = &admission;
                             item
@@ -611,24 +658,50 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
-        self.restrict(&r, ApiGroup::SharedMemory)?;
-        unimplemented("system shared memory")
+        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
+        let name = r.into_inner().name;
+        let regions = self
+            .shared_memory
+            .status(&caller, (!name.is_empty()).then_some(name.as_str()))
+            .map_err(to_status)?;
+        Ok(Response::new(SystemSharedMemoryStatusResponse {
+            regions: regions
+                .into_iter()
+                .map(|r| {
+                    let status = system_shared_memory_status_response::RegionStatus {
+                        name: r.name.clone(),
+                        key: r.key,
+                        offset: r.offset,
+                        byte_size: r.byte_size,
+                    };
+                    (r.name, status)
+                })
+                .collect(),
+        }))
     }
 
     async fn system_shared_memory_register(
         &self,
         r: Request<SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
-        self.restrict(&r, ApiGroup::SharedMemory)?;
-        unimplemented("system shared memory")
+        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
+        let r = r.into_inner();
+        self.shared_memory
+            .register(&caller, &r.name, &r.key, r.offset, r.byte_size)
+            .map_err(to_status)?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
     }
 
     async fn system_shared_memory_unregister(
         &self,
         r: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
-        self.restrict(&r, ApiGroup::SharedMemory)?;
-        unimplemented("system shared memory")
+        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
+        let name = r.into_inner().name;
+        self.shared_memory
+            .unregister(&caller, (!name.is_empty()).then_some(name.as_str()))
+            .map_err(to_status)?;
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn cuda_shared_memory_status(

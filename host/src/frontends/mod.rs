@@ -6,6 +6,7 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod restricted;
+pub mod shared_memory;
 
 use crate::{
     error::{Error, Result},
@@ -33,6 +34,7 @@ pub const EXTENSIONS: &[&str] = &[
     "statistics",
     "parameters",
     "generate",
+    "system_shared_memory",
 ];
 
 /// Parses a version from a URL or message; empty means "let the policy choose".

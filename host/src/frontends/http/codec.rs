@@ -8,6 +8,7 @@ use serde_json::{json, value::RawValue, Map, Value};
 
 use crate::{
     error::{Error, Result},
+    frontends::shared_memory::{output_parameters, SharedInputs},
     inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
     limits::RequestLimits,
     proto::inference::ModelConfig,
@@ -102,6 +103,7 @@ pub fn decode_request(
     json_length: Option<usize>,
     config: Option<&ModelConfig>,
     limits: &RequestLimits,
+    shared: SharedInputs<'_>,
 ) -> Result<InferRequest> {
     if json_length == Some(0) {
         return decode_raw_binary(model_name, model_version, body, config);
@@ -136,8 +138,18 @@ pub fn decode_request(
             )));
         }
         limits.check_shape(&format!("input '{}'", input.name), &input.shape)?;
-        let data = match params.get("binary_data_size") {
-            Some(size) => {
+        let in_shared_memory = shared(&input.name, &params)?;
+        let data = match (in_shared_memory, params.get("binary_data_size")) {
+            (Some(data), size) => {
+                if input.data.is_some() || size.is_some() {
+                    return Err(Error::invalid(format!(
+                        "input '{}' names a shared memory region and also carries data; send one or the other",
+                        input.name
+                    )));
+                }
+                data
+            }
+            (None, Some(size)) => {
                 let size = size.as_i64().filter(|s| *s >= 0).ok_or_else(|| {
                     Error::invalid(format!(
                         "input '{}': parameter 'binary_data_size' must be a non-negative integer",
@@ -161,10 +173,10 @@ pub fn decode_request(
                 offset = end;
                 slice
             }
-            None => {
+            (None, None) => {
                 let value = input.data.ok_or_else(|| {
                     Error::invalid(format!(
-                        "input '{}' has neither 'data' nor a 'binary_data_size' parameter",
+                        "input '{}' has neither 'data' nor a 'binary_data_size' or 'shared_memory_region' parameter",
                         input.name
                     ))
                 })?;
@@ -586,7 +598,7 @@ pub struct EncodedResponse {
 /// `binary_data_output` for the rest). Unsupported output parameters are refused.
 pub fn encode_response(
     parameters: &Parameters,
-    requested: &[RequestedOutput],
+    requested_all: &[RequestedOutput],
     response: &InferResponse,
 ) -> Result<EncodedResponse> {
     let default_binary = parameters
@@ -596,7 +608,7 @@ pub fn encode_response(
     let mut outputs = Vec::with_capacity(response.outputs.len());
     let mut binary = Vec::new();
     for tensor in &response.outputs {
-        let requested = requested.iter().find(|o| o.name == tensor.name);
+        let requested = requested_all.iter().find(|o| o.name == tensor.name);
         if let Some(req) = requested {
             if req.parameters.contains_key("classification") {
                 return Err(Error::unsupported(format!(
@@ -613,7 +625,13 @@ pub fn encode_response(
         entry.insert("name".into(), json!(tensor.name));
         entry.insert("datatype".into(), json!(tensor.datatype.wire_name()));
         entry.insert("shape".into(), json!(tensor.shape));
-        if as_binary {
+        if let Some(shared) = output_parameters(requested_all, &tensor.name, tensor.data.len()) {
+            // Written to the client's shared memory already (SystemSharedMemory::write_outputs).
+            entry.insert(
+                "parameters".into(),
+                Value::Object(parameters_to_json(&shared)),
+            );
+        } else if as_binary {
             entry.insert(
                 "parameters".into(),
                 json!({"binary_data_size": tensor.data.len()}),
@@ -656,11 +674,20 @@ pub fn encode_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frontends::shared_memory::no_shared_inputs;
 
     /// Decodes a JSON request body with the default limits.
     fn decode_json(body: &'static [u8]) -> Result<InferRequest> {
         let limits = RequestLimits::default();
-        decode_request("m", None, Bytes::from_static(body), None, None, &limits)
+        decode_request(
+            "m",
+            None,
+            Bytes::from_static(body),
+            None,
+            None,
+            &limits,
+            &no_shared_inputs,
+        )
     }
 
     #[test]
@@ -730,6 +757,7 @@ mod tests {
                 None,
                 None,
                 &RequestLimits::default(),
+                &no_shared_inputs,
             )
         };
         let t = &decode("[[1, 2.5], [-3, 4e1]]", "FP32", "[2,2]")
@@ -790,6 +818,7 @@ mod tests {
             Some(header.len()),
             None,
             &RequestLimits::default(),
+            &no_shared_inputs,
         )
         .unwrap_err();
         assert!(

@@ -23,6 +23,7 @@ use super::{
     check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
     parse_version,
     restricted::{ApiGroup, Restrictions},
+    shared_memory::{RegionStatus, SystemSharedMemory},
     EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
@@ -45,6 +46,8 @@ pub struct HttpState {
     pub tenancy: Option<Arc<Tenancy>>,
     /// API groups that need a shared-secret header (`--http-restricted-api`).
     pub restrictions: Arc<Restrictions>,
+    /// Registered system shared-memory regions (shared with the gRPC frontend).
+    pub shared_memory: Arc<SystemSharedMemory>,
 }
 
 /// An error rendered as Triton does: a status code and `{"error": "..."}`.
@@ -164,8 +167,20 @@ pub fn router(state: HttpState) -> Router {
             "/v2/repository/{repository}/models/{model}/unload",
             post(unload),
         )
-        .route("/v2/systemsharedmemory", any(unsupported))
-        .route("/v2/systemsharedmemory/{*rest}", any(unsupported))
+        .route("/v2/systemsharedmemory/status", get(shm_status))
+        .route(
+            "/v2/systemsharedmemory/region/{region}/status",
+            get(shm_status),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/register",
+            post(shm_register),
+        )
+        .route("/v2/systemsharedmemory/unregister", post(shm_unregister))
+        .route(
+            "/v2/systemsharedmemory/region/{region}/unregister",
+            post(shm_unregister),
+        )
         .route("/v2/cudasharedmemory", any(unsupported))
         .route("/v2/cudasharedmemory/{*rest}", any(unsupported))
         .route("/v2/trace/setting", any(admin_unsupported))
@@ -196,8 +211,71 @@ async fn method_not_allowed() -> Response {
 
 async fn unsupported() -> ApiError {
     ApiError(Error::unsupported(
-        "this extension (shared memory) is not supported by this server",
+        "CUDA shared memory is not supported by this server (system shared memory is)",
     ))
+}
+
+/// The region a shared-memory route names, if it names one.
+fn region_name(p: &Option<Path<HashMap<String, String>>>) -> Option<&str> {
+    p.as_ref()?.get("region").map(String::as_str)
+}
+
+fn region_json(r: RegionStatus) -> Value {
+    json!({"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size})
+}
+
+/// `GET /v2/systemsharedmemory[/region/<name>]/status`: the caller's regions.
+async fn shm_status(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    p: Option<Path<HashMap<String, String>>>,
+) -> ApiResult<Json<Value>> {
+    let regions = st.shared_memory.status(&caller, region_name(&p))?;
+    Ok(Json(Value::Array(
+        regions.into_iter().map(region_json).collect(),
+    )))
+}
+
+/// `POST /v2/systemsharedmemory/region/<name>/register` with `{"key", "offset", "byte_size"}`.
+async fn shm_register(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    let name = p.get("region").cloned().unwrap_or_default();
+    let body = read_body(&st, &headers, body).await?;
+    let request = optional_json(&body)?;
+    let key = request["key"].as_str().ok_or_else(|| {
+        Error::invalid(format!(
+            "registering shared memory region '{name}': 'key' (a string) is required"
+        ))
+    })?;
+    let number = |field: &str, required: bool| -> Result<u64, Error> {
+        match &request[field] {
+            Value::Null if !required => Ok(0),
+            v => v.as_u64().ok_or_else(|| {
+                Error::invalid(format!(
+                    "registering shared memory region '{name}': '{field}' must be a non-negative integer"
+                ))
+            }),
+        }
+    };
+    let (offset, byte_size) = (number("offset", false)?, number("byte_size", true)?);
+    st.shared_memory
+        .register(&caller, &name, key, offset, byte_size)?;
+    Ok(Json(json!({})))
+}
+
+/// `POST /v2/systemsharedmemory[/region/<name>]/unregister`.
+async fn shm_unregister(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    p: Option<Path<HashMap<String, String>>>,
+) -> ApiResult<Json<Value>> {
+    st.shared_memory.unregister(&caller, region_name(&p))?;
+    Ok(Json(json!({})))
 }
 
 /// Trace and log settings: for administrators, and not offered yet.
@@ -575,6 +653,7 @@ async fn run_infer(
     } else {
         None
     };
+    let shared = |input: &str, params: &Parameters| st.shared_memory.input(caller, input, params);
     let mut request = codec::decode_request(
         &model,
         version,
@@ -582,11 +661,14 @@ async fn run_infer(
         json_length,
         config.as_ref(),
         st.server.limits(),
+        &shared,
     )?;
     on_behalf_of(caller, &mut request);
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
     let response = st.server.infer(request).await?;
+    st.shared_memory
+        .write_outputs(caller, &requested, &response)?;
     let (encoded, encoding) =
         encode_for(caller.tenant(), headers, parameters, requested, response).await?;
     let mut resp = Response::new(Body::new(PartsBody::new(encoded.parts)));
