@@ -112,8 +112,12 @@ build:
 build-release:
 	$(CARGO) build --locked --release
 
+# The Rust suites run against a GPU build (CUDA and TensorRT execution providers, CUDA shared
+# memory; nothing GPU is needed to compile), so GPU code is built and its CPU-only-host errors
+# are checked in every run; the Python suites run the default build (`make build`).
+GPU_FEATURES := wasmtron/cuda,wasmtron/tensorrt
 test-rust:
-	$(CARGO) test --locked -p wasmtron -p wasmtron-guest -p ocr
+	$(CARGO) test --locked -p wasmtron -p wasmtron-guest -p ocr --features $(GPU_FEATURES)
 
 test-python: build
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) \
@@ -123,6 +127,7 @@ lint: venv
 	$(CARGO) fmt --all -- --check
 	$(VENV)/bin/hadolint docker/Dockerfile
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked -p wasmtron --all-targets --features $(GPU_FEATURES) -- -D warnings
 	$(CARGO) clippy --locked --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe -- -D warnings
 
 # The load tests, then wasmtron against Triton 2.51 side by side (medians of 3 rounds, HTTP and

@@ -263,8 +263,11 @@ async fn bad_requests_map_to_grpc_codes() {
     );
 
     let err = c
-        .cuda_shared_memory_status(CudaSharedMemoryStatusRequest {
-            name: String::new(),
+        .cuda_shared_memory_register(CudaSharedMemoryRegisterRequest {
+            name: "g".into(),
+            raw_handle: vec![0; 64],
+            device_id: 0,
+            byte_size: 64,
         })
         .await
         .unwrap_err();

@@ -3,6 +3,7 @@
 
 mod common;
 
+use base64::Engine;
 use std::io::Write;
 
 use common::*;
@@ -566,14 +567,24 @@ fn statistics_and_metrics_follow_inferences() {
 #[test]
 fn unsupported_extensions_say_so() {
     let (_repo, s) = server();
+    // CUDA shared memory needs a GPU build and a GPU: without them registering says which is
+    // missing (this suite runs in a GPU build on a CPU-only host as well as without one).
+    let handle = base64::engine::general_purpose::STANDARD.encode([0u8; 64]);
     let (status, msg) = error_of(
         http()
-            .get(s.url("/v2/cudasharedmemory/status"))
+            .post(s.url("/v2/cudasharedmemory/region/g/register"))
+            .json(&json!({"raw_handle": {"b64": handle}, "device_id": 0, "byte_size": 64}))
             .send()
             .unwrap(),
     );
     assert_eq!(status, 501);
-    assert!(msg.contains("CUDA shared memory is not supported"), "{msg}");
+    assert!(msg.contains("CUDA shared memory is not available"), "{msg}");
+    let missing = if cfg!(feature = "cuda") {
+        "NVIDIA driver"
+    } else {
+        "--features cuda"
+    };
+    assert!(msg.contains(missing), "{msg}");
     let mut body = simple_request();
     body["outputs"] = json!([{"name": "OUTPUT0", "parameters": {"classification": 2}}]);
     let (status, msg) = error_of(post_infer(&s, "simple", &body));

@@ -244,7 +244,7 @@ fn broken_configs_and_models_fail_clearly_while_others_serve() {
     );
     let r = reason("gpu");
     assert!(
-        r.contains("KIND_GPU") && r.contains("--features cuda"),
+        r.contains("KIND_GPU") && r.contains("use kind: KIND_CPU"),
         "{r}"
     );
     let r = reason("name_mismatch");
@@ -392,4 +392,59 @@ fn poll_mode_follows_the_repository() {
         .filter(|l| l.contains("model load failed") && l.contains("broken"))
         .count();
     assert_eq!(failures, 1, "log:\n{}", s.log_text());
+}
+
+/// GPU placement on a host without a GPU: `KIND_GPU` fails to load with what is missing (the
+/// NVIDIA driver in a GPU build, the `cuda` feature otherwise), an unknown accelerator is named,
+/// and a TensorRT accelerator on CPU instances is legal and ignored, as in Triton.
+#[test]
+fn gpu_instance_groups_say_what_is_missing_on_a_cpu_host() {
+    let repo = temp_repository(&["simple"]);
+    let root = repo.path();
+    let simple = std::fs::read_to_string(root.join("simple/config.pbtxt")).unwrap();
+    let variant = |name: &str, tail: &str| {
+        copy_dir(&root.join("simple"), &root.join(name));
+        let text = simple
+            .replace("name: \"simple\"", &format!("name: \"{name}\""))
+            .replace("instance_group [ { count: 1, kind: KIND_CPU } ]", tail);
+        std::fs::write(root.join(name).join("config.pbtxt"), text).unwrap();
+    };
+    variant(
+        "on_gpu",
+        "instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0 ] } ]",
+    );
+    let tensorrt = "optimization { execution_accelerators { gpu_execution_accelerator: \
+                    [ { name: \"tensorrt\", parameters { key: \"precision_mode\" value: \"FP16\" } } ] } }";
+    variant(
+        "trt_on_cpu",
+        &format!("instance_group [ {{ kind: KIND_CPU }} ]\n{tensorrt}"),
+    );
+    variant(
+        "bad_accelerator",
+        "optimization { execution_accelerators { gpu_execution_accelerator: [ { name: \"tensorrt_llm\" } ] } }",
+    );
+    let s = TestServer::start(root, &["--strict-readiness", "false"]);
+    let idx = index(&s);
+    if entry(&idx, "on_gpu")["state"] == "READY" {
+        return; // a GPU build on a GPU host: nothing is missing
+    }
+    let reason = entry(&idx, "on_gpu")["reason"].as_str().unwrap().to_owned();
+    assert!(
+        reason.contains("instance_group[0] asks for KIND_GPU") && reason.contains("KIND_CPU"),
+        "{reason}"
+    );
+    if cfg!(feature = "cuda") {
+        assert!(reason.contains("NVIDIA driver"), "{reason}");
+    } else {
+        assert!(reason.contains("--features cuda"), "{reason}");
+    }
+    assert_eq!(entry(&idx, "trt_on_cpu")["state"], "READY");
+    let body = simple_request();
+    assert_eq!(post(&s, "/v2/models/trt_on_cpu/infer", body).status(), 200);
+    let reason = entry(&idx, "bad_accelerator")["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("gpu_execution_accelerator[0] name 'tensorrt_llm' is not supported"),
+        "{reason}"
+    );
+    assert!(infer_ok(&s), "the CPU model next to them serves");
 }

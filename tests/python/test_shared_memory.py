@@ -1,6 +1,7 @@
 """System shared memory with the stock clients: tritonclient's shm utilities create POSIX
 shared memory, the client registers it, and inputs and outputs travel through it instead of the
 request and response bodies, over HTTP and gRPC, as in Triton's simple_*_shm_client examples."""
+import base64
 import os
 
 import numpy as np
@@ -141,6 +142,9 @@ def test_mistakes_are_named_and_the_server_keeps_serving(client, regions):
 def test_the_server_lists_the_extension(shm_server):
     c = httpclient.InferenceServerClient(shm_server.http)
     assert "system_shared_memory" in c.get_server_metadata()["extensions"]
+    # CUDA shared memory needs a GPU build and a GPU; the default build says so.
+    assert c.get_cuda_shared_memory_status() == []
     with pytest.raises(InferenceServerException) as e:
-        c.get_cuda_shared_memory_status()
-    assert "CUDA shared memory is not supported" in str(e.value)
+        c.register_cuda_shared_memory("g", base64.b64encode(bytes(64)), 0, 64)
+    assert "CUDA shared memory is not available" in str(e.value), str(e.value)
+    assert "--features cuda" in str(e.value), str(e.value)

@@ -11,7 +11,9 @@ use super::{
     check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
     parse_version,
     restricted::{ApiGroup, Restrictions},
-    shared_memory::{output_parameters, SharedInputs, SystemSharedMemory},
+    shared_memory::{
+        output_parameters, Kind as MemoryKind, Location, SharedInputs, SystemSharedMemory,
+    },
     EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
@@ -662,19 +664,26 @@ impl GrpcInferenceService for GrpcService {
         let name = r.into_inner().name;
         let regions = self
             .shared_memory
-            .status(&caller, (!name.is_empty()).then_some(name.as_str()))
+            .status(
+                &caller,
+                MemoryKind::System,
+                (!name.is_empty()).then_some(name.as_str()),
+            )
             .map_err(to_status)?;
         Ok(Response::new(SystemSharedMemoryStatusResponse {
             regions: regions
                 .into_iter()
-                .map(|r| {
+                .filter_map(|r| {
+                    let Location::System { key, offset } = r.location else {
+                        return None;
+                    };
                     let status = system_shared_memory_status_response::RegionStatus {
                         name: r.name.clone(),
-                        key: r.key,
-                        offset: r.offset,
+                        key,
+                        offset,
                         byte_size: r.byte_size,
                     };
-                    (r.name, status)
+                    Some((r.name, status))
                 })
                 .collect(),
         }))
@@ -699,7 +708,11 @@ impl GrpcInferenceService for GrpcService {
         let caller = self.caller(&r, ApiGroup::SharedMemory)?;
         let name = r.into_inner().name;
         self.shared_memory
-            .unregister(&caller, (!name.is_empty()).then_some(name.as_str()))
+            .unregister(
+                &caller,
+                MemoryKind::System,
+                (!name.is_empty()).then_some(name.as_str()),
+            )
             .map_err(to_status)?;
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
@@ -708,24 +721,60 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
-        self.restrict(&r, ApiGroup::SharedMemory)?;
-        unimplemented("CUDA shared memory")
+        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
+        let name = r.into_inner().name;
+        let regions = self
+            .shared_memory
+            .status(
+                &caller,
+                MemoryKind::Cuda,
+                (!name.is_empty()).then_some(name.as_str()),
+            )
+            .map_err(to_status)?;
+        Ok(Response::new(CudaSharedMemoryStatusResponse {
+            regions: regions
+                .into_iter()
+                .filter_map(|r| {
+                    let Location::Cuda { device_id } = r.location else {
+                        return None;
+                    };
+                    let status = cuda_shared_memory_status_response::RegionStatus {
+                        name: r.name.clone(),
+                        device_id: u64::try_from(device_id).unwrap_or_default(),
+                        byte_size: r.byte_size,
+                    };
+                    Some((r.name, status))
+                })
+                .collect(),
+        }))
     }
 
     async fn cuda_shared_memory_register(
         &self,
         r: Request<CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
-        self.restrict(&r, ApiGroup::SharedMemory)?;
-        unimplemented("CUDA shared memory")
+        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
+        let r = r.into_inner();
+        self.shared_memory
+            .register_cuda(&caller, &r.name, &r.raw_handle, r.device_id, r.byte_size)
+            .map_err(to_status)?;
+        Ok(Response::new(CudaSharedMemoryRegisterResponse {}))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
         r: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
-        self.restrict(&r, ApiGroup::SharedMemory)?;
-        unimplemented("CUDA shared memory")
+        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
+        let name = r.into_inner().name;
+        self.shared_memory
+            .unregister(
+                &caller,
+                MemoryKind::Cuda,
+                (!name.is_empty()).then_some(name.as_str()),
+            )
+            .map_err(to_status)?;
+        Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
     async fn trace_setting(

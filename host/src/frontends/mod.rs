@@ -23,8 +23,10 @@ use crate::{
 pub const SERVER_NAME: &str = "wasmtron";
 /// Server version reported by the metadata endpoints.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
-/// Protocol extensions this server really implements.
+/// Protocol extensions this server really implements (CUDA shared memory in GPU builds).
 pub const EXTENSIONS: &[&str] = &[
+    #[cfg(feature = "cuda")]
+    "cuda_shared_memory",
     "binary_tensor_data",
     "model_configuration",
     "model_repository",

@@ -1,7 +1,8 @@
-//! System shared memory (KServe's shared-memory extension, as in Triton): a client on the
-//! same machine registers a POSIX shared-memory object (`shm_open` key, i.e. a file under
-//! `/dev/shm`) as a named region, then sends inputs and asks for outputs by region, offset and
-//! size instead of in the request body. Shared by the HTTP and gRPC frontends.
+//! Shared memory (KServe's shared-memory extensions, as in Triton): a client on the same
+//! machine registers a POSIX shared-memory object (`shm_open` key, i.e. a file under
+//! `/dev/shm`) or, in a GPU build, CUDA device memory (a `cudaIpcMemHandle_t`) as a named
+//! region, then sends inputs and asks for outputs by region, offset and size instead of in the
+//! request body. Shared by the HTTP and gRPC frontends; one namespace for both kinds.
 //!
 //! Regions belong to the tenant that registered them (every caller's own namespace), and
 //! registering one is for administrators when the server has tenants: the server would
@@ -36,20 +37,94 @@ const OFFSET: &str = "shared_memory_offset";
 pub struct RegionStatus {
     /// The name requests use.
     pub name: String,
-    /// The shared-memory key it was opened with.
-    pub key: String,
-    /// Where the region starts in the shared-memory object.
-    pub offset: u64,
     /// Its size in bytes.
     pub byte_size: u64,
+    /// What memory it is.
+    pub location: Location,
+}
+
+/// The memory behind a region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// System shared memory: the key it was opened with and where the region starts in it.
+    System {
+        /// The `shm_open` key.
+        key: String,
+        /// Offset of the region in the shared-memory object.
+        offset: u64,
+    },
+    /// CUDA device memory on this device.
+    Cuda {
+        /// The CUDA device id.
+        device_id: i64,
+    },
+}
+
+/// Which of the two kinds a status or unregister call is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `/v2/systemsharedmemory`, `SystemSharedMemory*`.
+    System,
+    /// `/v2/cudasharedmemory`, `CudaSharedMemory*`.
+    Cuda,
+}
+
+enum Backing {
+    System(MmapRaw),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::runtime::gpu::IpcBuffer),
 }
 
 struct Region {
     status: RegionStatus,
-    map: MmapRaw,
+    backing: Backing,
 }
 
 impl Region {
+    fn kind(&self) -> Kind {
+        match self.status.location {
+            Location::System { .. } => Kind::System,
+            Location::Cuda { .. } => Kind::Cuda,
+        }
+    }
+
+    /// Copies `len` bytes at `offset` out of the region (checked by the caller).
+    fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let mut data = vec![0u8; len];
+        match &self.backing {
+            // SAFETY: `range` keeps offset..offset+len inside the mapping, which lives as long
+            // as `self`. The client may write the memory concurrently (a race it owns, as in
+            // Triton); copying raw bytes with no references into the mapping keeps that sound.
+            Backing::System(map) => unsafe {
+                std::ptr::copy_nonoverlapping(map.as_ptr().add(offset), data.as_mut_ptr(), len);
+            },
+            #[cfg(feature = "cuda")]
+            Backing::Cuda(buffer) => buffer
+                .read(offset, &mut data)
+                .map_err(|e| Error::internal(format!("region '{}': {e}", self.status.name)))?,
+        }
+        Ok(data)
+    }
+
+    /// Copies `data` into the region at `offset` (checked by the caller).
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        match &self.backing {
+            // SAFETY: as in `read`.
+            Backing::System(map) => unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    map.as_mut_ptr().add(offset),
+                    data.len(),
+                );
+            },
+            #[cfg(feature = "cuda")]
+            Backing::Cuda(buffer) => buffer
+                .write(offset, data)
+                .map_err(|e| Error::internal(format!("region '{}': {e}", self.status.name)))?,
+        }
+        Ok(())
+    }
+
     /// `len` bytes at `offset` within the region, or an error naming the tensor.
     fn range(&self, what: &str, offset: u64, len: u64) -> Result<(usize, usize)> {
         let end = offset
@@ -154,17 +229,14 @@ impl SystemSharedMemory {
         let region = Region {
             status: RegionStatus {
                 name: name.to_owned(),
-                key: key.to_owned(),
-                offset,
                 byte_size,
+                location: Location::System {
+                    key: key.to_owned(),
+                    offset,
+                },
             },
-            map,
+            backing: Backing::System(map),
         };
-        let mut regions = self.lock();
-        if regions.contains_key(&id) {
-            return Err(already_registered(name));
-        }
-        regions.insert(id, Arc::new(region));
         tracing::info!(
             region = name,
             key,
@@ -172,37 +244,115 @@ impl SystemSharedMemory {
             byte_size,
             "registered system shared memory"
         );
+        self.insert(id, region)
+    }
+
+    fn insert(&self, id: Key, region: Region) -> Result<()> {
+        let mut regions = self.lock();
+        if regions.contains_key(&id) {
+            return Err(already_registered(&id.1));
+        }
+        regions.insert(id, Arc::new(region));
         Ok(())
     }
 
-    /// Unregisters region `name`, or every region of the caller when `None`. Unknown names
-    /// are not an error (as in Triton). Requests already using a region finish with it.
-    pub fn unregister(&self, caller: &Caller, name: Option<&str>) -> Result<()> {
-        caller.require_admin("system shared memory")?;
+    /// Opens CUDA device memory exported by another process (`raw_handle`: the 64 bytes of
+    /// its `cudaIpcMemHandle_t`) as region `name`. Needs a GPU build and an NVIDIA driver;
+    /// says which is missing otherwise.
+    pub fn register_cuda(
+        &self,
+        caller: &Caller,
+        name: &str,
+        raw_handle: &[u8],
+        device_id: i64,
+        byte_size: u64,
+    ) -> Result<()> {
+        caller.require_admin("CUDA shared memory")?;
+        if name.is_empty() {
+            return Err(Error::invalid("a shared memory region needs a name"));
+        }
+        let id = (owner(caller), name.to_owned());
+        if self.lock().contains_key(&id) {
+            return Err(already_registered(name));
+        }
+        if let Err(why) = crate::runtime::gpu::device_count() {
+            return Err(Error::unsupported(format!(
+                "CUDA shared memory is not available: {why}"
+            )));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let len = usize::try_from(byte_size)
+                .map_err(|_| Error::invalid(format!("region '{name}' is too large")))?;
+            let buffer =
+                crate::runtime::gpu::IpcBuffer::open(raw_handle, device_id, len).map_err(|e| {
+                    Error::invalid(format!("cannot register CUDA shared memory '{name}': {e}"))
+                })?;
+            tracing::info!(
+                region = name,
+                device_id,
+                byte_size,
+                "registered CUDA shared memory"
+            );
+            self.insert(
+                id,
+                Region {
+                    status: RegionStatus {
+                        name: name.to_owned(),
+                        byte_size,
+                        location: Location::Cuda { device_id },
+                    },
+                    backing: Backing::Cuda(buffer),
+                },
+            )
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (raw_handle, device_id, byte_size);
+            Err(Error::unsupported(
+                "CUDA shared memory is not available in this build",
+            ))
+        }
+    }
+
+    /// Unregisters the caller's region `name` of this kind, or every one of this kind when
+    /// `None`. Unknown names are not an error (as in Triton). Requests already using a region
+    /// finish with it.
+    pub fn unregister(&self, caller: &Caller, kind: Kind, name: Option<&str>) -> Result<()> {
+        caller.require_admin(kind.api())?;
         let owner = owner(caller);
         let mut regions = self.lock();
         match name {
             Some(name) => {
-                regions.remove(&(owner, name.to_owned()));
+                let id = (owner, name.to_owned());
+                if regions.get(&id).is_some_and(|r| r.kind() == kind) {
+                    regions.remove(&id);
+                }
             }
-            None => regions.retain(|(o, _), _| *o != owner),
+            None => regions.retain(|(o, _), r| *o != owner || r.kind() != kind),
         }
         Ok(())
     }
 
-    /// The caller's regions, or the one named (an error if it is not registered).
-    pub fn status(&self, caller: &Caller, name: Option<&str>) -> Result<Vec<RegionStatus>> {
-        caller.require_admin("system shared memory")?;
+    /// The caller's regions of this kind, or the one named (an error if it is not registered).
+    pub fn status(
+        &self,
+        caller: &Caller,
+        kind: Kind,
+        name: Option<&str>,
+    ) -> Result<Vec<RegionStatus>> {
+        caller.require_admin(kind.api())?;
         let owner = owner(caller);
         let regions = self.lock();
         match name {
             Some(name) => regions
                 .get(&(owner, name.to_owned()))
+                .filter(|r| r.kind() == kind)
                 .map(|r| vec![r.status.clone()])
                 .ok_or_else(|| not_registered(name)),
             None => Ok(regions
                 .iter()
-                .filter(|((o, _), _)| *o == owner)
+                .filter(|((o, _), r)| *o == owner && r.kind() == kind)
                 .map(|(_, r)| r.status.clone())
                 .collect()),
         }
@@ -229,14 +379,7 @@ impl SystemSharedMemory {
         let region = self.region(caller, &target.region)?;
         let (offset, len) =
             region.range(&format!("input '{input}'"), target.offset, target.size)?;
-        let mut data = vec![0u8; len];
-        // SAFETY: `range` keeps offset..offset+len inside the mapping, which lives as long as
-        // `region`. The client may write the memory concurrently (a race it owns, as in
-        // Triton); copying raw bytes with no references into the mapping keeps that sound.
-        unsafe {
-            std::ptr::copy_nonoverlapping(region.map.as_ptr().add(offset), data.as_mut_ptr(), len);
-        }
-        Ok(Some(data.into()))
+        Ok(Some(region.read(offset, len)?.into()))
     }
 
     /// Writes every output the client asked to receive in shared memory into its region (the
@@ -266,17 +409,19 @@ impl SystemSharedMemory {
                 )));
             }
             let region = self.region(caller, &target.region)?;
-            let (offset, len) = region.range(&what, target.offset, len)?;
-            // SAFETY: as in `input`, the range lies inside the mapping held by `region`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    tensor.data.as_ptr(),
-                    region.map.as_mut_ptr().add(offset),
-                    len,
-                );
-            }
+            let (offset, _) = region.range(&what, target.offset, len)?;
+            region.write(offset, &tensor.data)?;
         }
         Ok(())
+    }
+}
+
+impl Kind {
+    fn api(self) -> &'static str {
+        match self {
+            Kind::System => "system shared memory",
+            Kind::Cuda => "CUDA shared memory",
+        }
     }
 }
 
@@ -289,7 +434,7 @@ fn already_registered(name: &str) -> Error {
 
 fn not_registered(name: &str) -> Error {
     Error::not_found(format!(
-        "no system shared memory region named '{name}' is registered"
+        "no shared memory region named '{name}' is registered"
     ))
 }
 
@@ -441,10 +586,34 @@ mod tests {
         );
         let missing = shm.input(&anyone, "x", &params("nope", 4, 0)).unwrap_err();
         assert!(missing.message.contains("'nope'"), "{missing:?}");
-        let status = shm.status(&anyone, None).unwrap();
+        let status = shm.status(&anyone, Kind::System, None).unwrap();
         assert_eq!(status[0].byte_size, 32);
-        shm.unregister(&anyone, None).unwrap();
-        assert!(shm.status(&anyone, Some("r")).is_err());
+        assert!(shm.status(&anyone, Kind::Cuda, None).unwrap().is_empty());
+        shm.unregister(&anyone, Kind::Cuda, None).unwrap();
+        assert_eq!(shm.status(&anyone, Kind::System, None).unwrap().len(), 1);
+        shm.unregister(&anyone, Kind::System, None).unwrap();
+        assert!(shm.status(&anyone, Kind::System, Some("r")).is_err());
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn cuda_regions_say_what_is_missing_on_a_cpu_host() {
+        if crate::runtime::gpu::device_count().is_ok() {
+            return; // a GPU build on a GPU host
+        }
+        let shm = SystemSharedMemory::new();
+        let err = shm
+            .register_cuda(&Caller::Anyone, "g", &[0; 64], 0, 64)
+            .unwrap_err();
+        assert_eq!(err.code, Code::Unsupported);
+        assert!(
+            err.message
+                .starts_with("CUDA shared memory is not available"),
+            "{err:?}"
+        );
+        #[cfg(feature = "cuda")]
+        assert!(err.message.contains("NVIDIA driver"), "{err:?}");
+        #[cfg(not(feature = "cuda"))]
+        assert!(err.message.contains("--features cuda"), "{err:?}");
     }
 }

@@ -3,6 +3,7 @@
 //! thread the scheduler owns, never on the async runtime.
 
 pub mod batch;
+pub mod gpu;
 pub mod onnx;
 pub mod request_check;
 pub mod wasm;

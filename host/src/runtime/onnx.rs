@@ -20,12 +20,14 @@ use ort::{
 };
 
 use super::{
-    batch, instance_count, model_file, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions,
+    batch,
+    gpu::{self, Placement},
+    model_file, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions,
 };
 use crate::{
     error::{Error, Result},
     inference::InferRequest,
-    proto::inference::{model_instance_group::Kind, ModelConfig, ModelInput, ModelOutput},
+    proto::inference::{ModelConfig, ModelInput, ModelOutput},
     repository::sequence::sequence_spec,
     tensor::{bytes_elements, element_count, push_bytes_element, shape_string, DataType, Tensor},
 };
@@ -148,17 +150,32 @@ pub fn load(
 ) -> Result<LoadedBackend> {
     let model_path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
     let env = environment(options)?;
-    let wants_gpu = config
-        .instance_group
-        .iter()
-        .any(|g| g.kind == Kind::Gpu as i32);
-    let count = instance_count(&config);
+    let placements = gpu::placements(&config)?;
+    let tensorrt = gpu::gpu_accelerator(&config)?;
+    let count = placements.len();
     let (intra, inter) = thread_counts(&config, count)?;
-    let first = build_session(&env, &model_path, intra, inter, wants_gpu).map_err(|e| {
+    let (&first_place, rest) = placements
+        .split_first()
+        .ok_or_else(|| Error::internal(format!("model '{}': no instances", config.name)))?;
+    let build = |placement| {
+        build_session(
+            &env,
+            &model_path,
+            intra,
+            inter,
+            placement,
+            tensorrt.as_ref(),
+        )
+    };
+    let first = build(first_place).map_err(|e| {
         Error::invalid(format!(
-            "model '{}': ONNX Runtime cannot load '{}': {e}",
+            "model '{}': ONNX Runtime cannot load '{}'{}: {e}",
             config.name,
-            model_path.display()
+            model_path.display(),
+            match first_place {
+                Placement::Cpu => String::new(),
+                Placement::Gpu(d) => format!(" on GPU {d}"),
+            }
         ))
     })?;
     reconcile(
@@ -176,8 +193,8 @@ pub fn load(
         output_types: output_types.clone(),
         shapes: shapes.clone(),
     }));
-    for _ in 1..count {
-        let session = build_session(&env, &model_path, intra, inter, wants_gpu)
+    for &placement in rest {
+        let session = build(placement)
             .map_err(|e| Error::internal(format!("model '{}': {e}", config.name)))?;
         instances.push(Box::new(OnnxInstance {
             name: config.name.clone(),
@@ -232,28 +249,81 @@ fn build_session(
     path: &Path,
     intra: usize,
     inter: usize,
-    gpu: bool,
+    placement: Placement,
+    tensorrt: Option<&gpu::TensorRtOptions>,
 ) -> std::result::Result<Session, String> {
-    if gpu && !cfg!(feature = "cuda") {
-        return Err(
-            "instance_group asks for KIND_GPU, but this wasmtron build has no GPU support \
-                    (rebuild with `--features cuda`), or use kind: KIND_CPU"
-                .to_owned(),
-        );
+    let mut builder = Session::builder(env)
+        .map_err(|e| e.to_string())?
+        .with_intra_threads(intra)
+        .map_err(|e| e.to_string())?
+        .with_inter_threads(inter)
+        .map_err(|e| e.to_string())?;
+    if let Placement::Gpu(device) = placement {
+        builder = with_gpu(builder, device, tensorrt)?;
     }
-    let build = || -> ort::Result<Session> {
-        #[allow(unused_mut)]
-        let mut builder = Session::builder(env)?
-            .with_intra_threads(intra)?
-            .with_inter_threads(inter)?;
-        #[cfg(feature = "cuda")]
-        if gpu {
-            builder = builder
-                .with_execution_providers([ort::ep::CUDA::default().build().error_on_failure()])?;
+    builder.commit_from_file(path).map_err(|e| e.to_string())
+}
+
+/// Adds the GPU execution providers: TensorRT first when asked for (ONNX Runtime falls back
+/// to CUDA for what TensorRT does not take), then CUDA, each failing the load if unavailable.
+#[cfg(feature = "cuda")]
+fn with_gpu(
+    builder: ort::session::builder::SessionBuilder,
+    device: i32,
+    tensorrt: Option<&gpu::TensorRtOptions>,
+) -> std::result::Result<ort::session::builder::SessionBuilder, String> {
+    use ort::ep::ExecutionProviderDispatch;
+    let mut providers: Vec<ExecutionProviderDispatch> = Vec::new();
+    if let Some(options) = tensorrt {
+        #[cfg(feature = "tensorrt")]
+        {
+            let mut trt = ort::ep::TensorRT::default()
+                .with_device_id(device)
+                .with_fp16(options.fp16)
+                .with_engine_cache(options.engine_cache);
+            if let Some(size) = options.max_workspace_size {
+                trt = trt.with_max_workspace_size(size);
+            }
+            if let Some(path) = &options.engine_cache_path {
+                trt = trt.with_engine_cache_path(path);
+            }
+            if let Some(size) = options.min_subgraph_size {
+                trt = trt.with_min_subgraph_size(size);
+            }
+            if let Some(n) = options.max_partition_iterations {
+                trt = trt.with_max_partition_iterations(n);
+            }
+            providers.push(trt.build().error_on_failure());
         }
-        builder.commit_from_file(path)
-    };
-    build().map_err(|e| e.to_string())
+        #[cfg(not(feature = "tensorrt"))]
+        {
+            let _ = options;
+            return Err(
+                "the configuration asks for the tensorrt accelerator, but this wasmtron \
+                        build has no TensorRT support (rebuild with `--features tensorrt`)"
+                    .to_owned(),
+            );
+        }
+    }
+    providers.push(
+        ort::ep::CUDA::default()
+            .with_device_id(device)
+            .build()
+            .error_on_failure(),
+    );
+    builder
+        .with_execution_providers(providers)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn with_gpu(
+    _: ort::session::builder::SessionBuilder,
+    _: i32,
+    _: Option<&gpu::TensorRtOptions>,
+) -> std::result::Result<ort::session::builder::SessionBuilder, String> {
+    // `placements` refuses GPU groups in such a build; kept for a clear message regardless.
+    Err("this wasmtron build has no GPU support (rebuild with `--features cuda`)".to_owned())
 }
 
 /// Auto-completes `config` from the model signature and checks that the two agree.

@@ -23,7 +23,7 @@ use super::{
     check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
     parse_version,
     restricted::{ApiGroup, Restrictions},
-    shared_memory::{RegionStatus, SystemSharedMemory},
+    shared_memory::{Kind as MemoryKind, Location, RegionStatus, SystemSharedMemory},
     EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
@@ -181,8 +181,20 @@ pub fn router(state: HttpState) -> Router {
             "/v2/systemsharedmemory/region/{region}/unregister",
             post(shm_unregister),
         )
-        .route("/v2/cudasharedmemory", any(unsupported))
-        .route("/v2/cudasharedmemory/{*rest}", any(unsupported))
+        .route("/v2/cudasharedmemory/status", get(cuda_status))
+        .route(
+            "/v2/cudasharedmemory/region/{region}/status",
+            get(cuda_status),
+        )
+        .route(
+            "/v2/cudasharedmemory/region/{region}/register",
+            post(cuda_register),
+        )
+        .route("/v2/cudasharedmemory/unregister", post(cuda_unregister))
+        .route(
+            "/v2/cudasharedmemory/region/{region}/unregister",
+            post(cuda_unregister),
+        )
         .route("/v2/trace/setting", any(admin_unsupported))
         .route("/v2/models/{model}/trace/setting", any(admin_unsupported))
         .route("/v2/logging", any(admin_unsupported))
@@ -209,19 +221,24 @@ async fn method_not_allowed() -> Response {
         .into_response()
 }
 
-async fn unsupported() -> ApiError {
-    ApiError(Error::unsupported(
-        "CUDA shared memory is not supported by this server (system shared memory is)",
-    ))
-}
-
 /// The region a shared-memory route names, if it names one.
 fn region_name(p: &Option<Path<HashMap<String, String>>>) -> Option<&str> {
     p.as_ref()?.get("region").map(String::as_str)
 }
 
 fn region_json(r: RegionStatus) -> Value {
-    json!({"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size})
+    match r.location {
+        Location::System { key, offset } => {
+            json!({"name": r.name, "key": key, "offset": offset, "byte_size": r.byte_size})
+        }
+        Location::Cuda { device_id } => {
+            json!({"name": r.name, "device_id": device_id, "byte_size": r.byte_size})
+        }
+    }
+}
+
+fn regions_json(regions: Vec<RegionStatus>) -> Json<Value> {
+    Json(Value::Array(regions.into_iter().map(region_json).collect()))
 }
 
 /// `GET /v2/systemsharedmemory[/region/<name>]/status`: the caller's regions.
@@ -230,10 +247,10 @@ async fn shm_status(
     Extension(caller): Extension<Caller>,
     p: Option<Path<HashMap<String, String>>>,
 ) -> ApiResult<Json<Value>> {
-    let regions = st.shared_memory.status(&caller, region_name(&p))?;
-    Ok(Json(Value::Array(
-        regions.into_iter().map(region_json).collect(),
-    )))
+    let regions = st
+        .shared_memory
+        .status(&caller, MemoryKind::System, region_name(&p))?;
+    Ok(regions_json(regions))
 }
 
 /// `POST /v2/systemsharedmemory/region/<name>/register` with `{"key", "offset", "byte_size"}`.
@@ -274,7 +291,65 @@ async fn shm_unregister(
     Extension(caller): Extension<Caller>,
     p: Option<Path<HashMap<String, String>>>,
 ) -> ApiResult<Json<Value>> {
-    st.shared_memory.unregister(&caller, region_name(&p))?;
+    st.shared_memory
+        .unregister(&caller, MemoryKind::System, region_name(&p))?;
+    Ok(Json(json!({})))
+}
+
+/// `GET /v2/cudasharedmemory[/region/<name>]/status`.
+async fn cuda_status(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    p: Option<Path<HashMap<String, String>>>,
+) -> ApiResult<Json<Value>> {
+    let regions = st
+        .shared_memory
+        .status(&caller, MemoryKind::Cuda, region_name(&p))?;
+    Ok(regions_json(regions))
+}
+
+/// `POST /v2/cudasharedmemory/region/<name>/register` with
+/// `{"raw_handle": {"b64": ...}, "device_id", "byte_size"}`.
+async fn cuda_register(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    let name = p.get("region").cloned().unwrap_or_default();
+    let body = read_body(&st, &headers, body).await?;
+    let request = optional_json(&body)?;
+    let field = |what: &str| {
+        Error::invalid(format!(
+            "registering CUDA shared memory region '{name}': {what}"
+        ))
+    };
+    let handle = request["raw_handle"]["b64"]
+        .as_str()
+        .ok_or_else(|| field("'raw_handle' must be {\"b64\": <base64 string>}"))?;
+    let handle = base64::engine::general_purpose::STANDARD
+        .decode(handle)
+        .map_err(|e| field(&format!("'raw_handle' is not valid base64: {e}")))?;
+    let device_id = request["device_id"]
+        .as_i64()
+        .ok_or_else(|| field("'device_id' must be an integer"))?;
+    let byte_size = request["byte_size"]
+        .as_u64()
+        .ok_or_else(|| field("'byte_size' must be a non-negative integer"))?;
+    st.shared_memory
+        .register_cuda(&caller, &name, &handle, device_id, byte_size)?;
+    Ok(Json(json!({})))
+}
+
+/// `POST /v2/cudasharedmemory[/region/<name>]/unregister`.
+async fn cuda_unregister(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    p: Option<Path<HashMap<String, String>>>,
+) -> ApiResult<Json<Value>> {
+    st.shared_memory
+        .unregister(&caller, MemoryKind::Cuda, region_name(&p))?;
     Ok(Json(json!({})))
 }
 

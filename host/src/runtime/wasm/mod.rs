@@ -491,6 +491,16 @@ pub fn load(
             "model '{name}': a wasm stage must declare its inputs and outputs in config.pbtxt"
         )));
     }
+    if let Some(i) = config
+        .instance_group
+        .iter()
+        .position(|g| g.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32)
+    {
+        return Err(Error::invalid(format!(
+            "model '{name}': instance_group[{i}] is KIND_GPU, but Wasm stages run on the CPU; \
+             use kind: KIND_CPU (the ONNX models a stage calls may run on GPUs)"
+        )));
+    }
     let path = super::model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
     let tenant_limits = options
         .tenancy
