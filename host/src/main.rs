@@ -17,6 +17,7 @@ use wasmtron::{
         shared_memory::SystemSharedMemory,
     },
     limits::RequestLimits,
+    repository::remote::{is_remote, Mirror},
     runtime::RuntimeOptions,
     scheduling::server::{ControlMode, Server, ServerOptions},
     tenancy::Tenancy,
@@ -30,9 +31,11 @@ mod stage_cmd;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Model repository directory; repeat for several.
+    /// Model repository: a directory, or object storage (`s3://bucket/path`,
+    /// `s3://host:port/bucket/path`, `gs://bucket/path`, `as://account/container/path`, with
+    /// the cloud's usual credential variables); repeat for several.
     #[arg(long = "model-repository", alias = "model-store", required = true)]
-    model_repository: Vec<PathBuf>,
+    model_repository: Vec<String>,
     /// HTTP port (0 picks a free one).
     #[arg(long, default_value_t = 8000)]
     http_port: u16,
@@ -190,6 +193,31 @@ fn default_max_batch_size(settings: &[String]) -> anyhow::Result<i32> {
     Ok(value)
 }
 
+/// Splits `--model-repository` values into remote repositories, each copied locally once
+/// before any model loads (as Triton does), and local directories.
+async fn open_repositories(
+    locations: &[String],
+) -> anyhow::Result<(Vec<Arc<Mirror>>, Vec<PathBuf>)> {
+    let mut remote = Vec::new();
+    let mut local = Vec::new();
+    for location in locations {
+        if !is_remote(location) {
+            local.push(PathBuf::from(location));
+            continue;
+        }
+        let mirror = Mirror::open(location, &std::env::temp_dir())?;
+        let report = mirror.sync().await?;
+        tracing::info!(
+            repository = %location,
+            objects = report.fetched,
+            copy = %mirror.local_dir().display(),
+            "copied the remote model repository"
+        );
+        remote.push(Arc::new(mirror));
+    }
+    Ok((remote, local))
+}
+
 async fn bind(address: &str, port: u16, what: &str) -> anyhow::Result<TcpListener> {
     let addr: SocketAddr = format!("{address}:{port}")
         .parse()
@@ -326,8 +354,11 @@ async fn serve() -> anyhow::Result<()> {
         pooling_instances: cli.wasm_pooling_instances,
     })
     .map_err(|e| anyhow::anyhow!(e.message))?;
+    let (remote_repositories, model_repositories) =
+        open_repositories(&cli.model_repository).await?;
     let options = ServerOptions {
-        model_repositories: cli.model_repository.clone(),
+        model_repositories,
+        remote_repositories,
         control_mode: cli.model_control_mode,
         load_models: cli.load_model.clone(),
         strict_readiness: cli.strict_readiness,

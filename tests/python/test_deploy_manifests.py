@@ -30,7 +30,8 @@ import k8s_schemas
 from conftest import ROOT, Server, copy_models, simple_inputs
 
 DEPLOY = os.path.join(ROOT, "deploy")
-KUSTOMIZATIONS = ["kubernetes/base", "kubernetes/overlays/volume-repository"]
+KUSTOMIZATIONS = ["kubernetes/base", "kubernetes/overlays/volume-repository",
+                  "kubernetes/overlays/s3-repository"]
 PLAIN = ["kserve/clusterservingruntime.yaml", "kserve/inferenceservice.yaml"]
 K8S_VERSION = "1.32.0"
 

@@ -3,6 +3,7 @@
 //! not need the model file.
 
 pub mod config;
+pub mod remote;
 pub mod sequence;
 pub mod validate;
 
@@ -121,16 +122,48 @@ fn hash_tree(dir: &Path, hasher: &mut impl Hasher) {
     }
 }
 
-/// One or more repository roots, searched in order.
+/// One or more repository roots, searched in order; remote ones are served from their local
+/// copies ([`remote::Mirror`]), which [`ModelRepository::refresh`] brings up to date.
 #[derive(Debug, Clone)]
 pub struct ModelRepository {
     roots: Vec<PathBuf>,
+    mirrors: Vec<std::sync::Arc<remote::Mirror>>,
 }
 
 impl ModelRepository {
     /// A repository set over the given roots.
     pub fn new(roots: Vec<PathBuf>) -> Self {
-        Self { roots }
+        Self {
+            roots,
+            mirrors: Vec::new(),
+        }
+    }
+
+    /// Adds remote repositories (already synced once), searched after the local roots.
+    pub fn with_mirrors(mut self, mirrors: Vec<std::sync::Arc<remote::Mirror>>) -> Self {
+        self.roots
+            .extend(mirrors.iter().map(|m| m.local_dir().to_owned()));
+        self.mirrors = mirrors;
+        self
+    }
+
+    /// Updates the local copies of the remote repositories. A repository that cannot be read
+    /// now keeps its last copy (the models already loaded keep serving) and is logged.
+    pub async fn refresh(&self) {
+        for mirror in &self.mirrors {
+            match mirror.sync().await {
+                Ok(report) if report != remote::SyncReport::default() => {
+                    tracing::info!(
+                        repository = mirror.url(),
+                        fetched = report.fetched,
+                        removed = report.removed,
+                        "remote model repository changed"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("{e}; serving the last copy"),
+            }
+        }
     }
 
     /// The repository roots.

@@ -288,6 +288,13 @@ impl ModelManager {
     /// Loads (or reloads) a model from the repository, or from the override content.
     /// An ensemble's composing models that are not loaded yet are loaded first, as in Triton.
     pub async fn load(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
+        // A load request reads the repository as it is now (remote copies brought up to date).
+        self.repository.refresh().await;
+        self.load_as_is(name, overrides).await
+    }
+
+    /// [`ModelManager::load`] from the repository as last refreshed.
+    async fn load_as_is(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
         let _guard = self.lifecycle.lock().await;
         self.load_with_composing(name, overrides, &mut HashSet::new())
             .await
@@ -618,6 +625,7 @@ impl ModelManager {
 
     /// Poll mode: loads new models, reloads changed ones and unloads removed ones.
     pub async fn poll(self: &Arc<Self>) {
+        self.repository.refresh().await;
         let Ok(found) = self.repository.discover() else {
             return;
         };
@@ -635,7 +643,7 @@ impl ModelManager {
         for (name, source) in found {
             let previous = known.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
             if previous != Some(source.fingerprint()) {
-                let _ = self.load(&name, LoadOverride::default()).await;
+                let _ = self.load_as_is(&name, LoadOverride::default()).await;
             }
         }
     }

@@ -43,6 +43,9 @@ pub enum ControlMode {
 pub struct ServerOptions {
     /// Repository roots.
     pub model_repositories: Vec<PathBuf>,
+    /// Remote repositories (object storage), synced once already; searched after the roots
+    /// and synced again before every poll and explicit load.
+    pub remote_repositories: Vec<Arc<crate::repository::remote::Mirror>>,
     /// Model control mode.
     pub control_mode: ControlMode,
     /// Models to load at start in explicit mode (`*` for all).
@@ -135,7 +138,8 @@ impl Drop for InFlight<'_> {
 impl Server {
     /// Creates the server and loads the initial models according to the control mode.
     pub async fn start(options: ServerOptions) -> Result<Arc<Self>> {
-        let repository = ModelRepository::new(options.model_repositories.clone());
+        let repository = ModelRepository::new(options.model_repositories.clone())
+            .with_mirrors(options.remote_repositories.clone());
         for root in repository.roots() {
             if !root.is_dir() {
                 return Err(Error::invalid(format!(

@@ -1,0 +1,406 @@
+//! Remote model repositories in object storage, as Triton names them: `s3://bucket/path`,
+//! `s3://host:port/bucket/path` (an S3-compatible server, http), `s3://https://host:port/...`,
+//! `gs://bucket/path` and `as://account/container/path`. Like Triton, the server serves a local
+//! copy: a [`Mirror`] downloads the repository into a temporary directory and, on each
+//! [`Mirror::sync`], fetches the objects whose ETag (or size and time) changed and deletes the
+//! files whose objects are gone, so the local poll sees exactly what changed. Credentials come
+//! from the standard environment variables of each cloud (`AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL`;
+//! `GOOGLE_APPLICATION_CREDENTIALS`; `AZURE_STORAGE_ACCOUNT`, `AZURE_STORAGE_KEY`).
+
+use std::{
+    collections::HashMap,
+    path::{Component, Path as FsPath, PathBuf},
+    sync::Arc,
+};
+
+use futures::TryStreamExt;
+use object_store::{path::Path as ObjectPath, ObjectStore, ObjectStoreExt};
+
+/// Why a remote repository cannot be opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The URL is not one of the supported forms.
+    #[error("--model-repository {url}: {reason}")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The object store refused or failed.
+    #[error("model repository {url}: {error}")]
+    Store {
+        /// The repository URL.
+        url: String,
+        /// The store's error (in the message, not chained, so that it is said once).
+        error: object_store::Error,
+    },
+    /// The local copy could not be written.
+    #[error("model repository {url}: cannot write the local copy at {}: {error}", path.display())]
+    Io {
+        /// The repository URL.
+        url: String,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        error: std::io::Error,
+    },
+}
+
+/// Whether a `--model-repository` value names object storage rather than a directory.
+pub fn is_remote(location: &str) -> bool {
+    ["s3://", "gs://", "as://"]
+        .iter()
+        .any(|scheme| location.starts_with(scheme))
+}
+
+/// Where a remote repository is: the store and the prefix inside it.
+struct Target {
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+}
+
+fn parse(url: &str) -> Result<Target, RemoteError> {
+    let bad = |reason: &str| RemoteError::Url {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let store_error = |error| RemoteError::Store {
+        url: url.to_owned(),
+        error,
+    };
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("not a URL"))?;
+    let split = |rest: &str| -> (String, String) {
+        match rest.split_once('/') {
+            Some((first, tail)) => (first.to_owned(), tail.trim_matches('/').to_owned()),
+            None => (rest.to_owned(), String::new()),
+        }
+    };
+    let target = match scheme {
+        "s3" => {
+            // s3://https://host:port/bucket/path, s3://http://..., s3://host:port/bucket/path
+            let (endpoint, rest) = if let Some(tail) = rest.strip_prefix("https://") {
+                let (host, rest) = split(tail);
+                (Some(format!("https://{host}")), rest)
+            } else if let Some(tail) = rest.strip_prefix("http://") {
+                let (host, rest) = split(tail);
+                (Some(format!("http://{host}")), rest)
+            } else {
+                let (first, tail) = split(rest);
+                if first.contains(':') {
+                    (Some(format!("http://{first}")), tail)
+                } else {
+                    (None, rest.to_owned())
+                }
+            };
+            let (bucket, prefix) = split(&rest);
+            if bucket.is_empty() {
+                return Err(bad(
+                    "no bucket (s3://bucket/path or s3://host:port/bucket/path)",
+                ));
+            }
+            let mut builder =
+                object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&bucket);
+            if std::env::var_os("AWS_DEFAULT_REGION").is_none()
+                && std::env::var_os("AWS_REGION").is_none()
+            {
+                builder = builder.with_region("us-east-1");
+            }
+            if let Some(endpoint) = endpoint {
+                builder = builder
+                    .with_allow_http(endpoint.starts_with("http://"))
+                    .with_endpoint(endpoint)
+                    .with_virtual_hosted_style_request(false);
+            }
+            Target {
+                store: Arc::new(builder.build().map_err(store_error)?),
+                prefix,
+            }
+        }
+        "gs" => {
+            let (bucket, prefix) = split(rest);
+            if bucket.is_empty() {
+                return Err(bad("no bucket (gs://bucket/path)"));
+            }
+            let builder =
+                object_store::gcp::GoogleCloudStorageBuilder::from_env().with_bucket_name(&bucket);
+            Target {
+                store: Arc::new(builder.build().map_err(store_error)?),
+                prefix,
+            }
+        }
+        "as" => {
+            let (account, rest) = split(rest);
+            let (container, prefix) = split(&rest);
+            if account.is_empty() || container.is_empty() {
+                return Err(bad(
+                    "needs an account and a container (as://account/container/path)",
+                ));
+            }
+            let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_account(&account)
+                .with_container_name(&container);
+            // Triton's variable; object_store reads AZURE_STORAGE_ACCOUNT_KEY itself.
+            if let Ok(key) = std::env::var("AZURE_STORAGE_KEY") {
+                builder = builder.with_access_key(key);
+            }
+            Target {
+                store: Arc::new(builder.build().map_err(store_error)?),
+                prefix,
+            }
+        }
+        _ => return Err(bad("unknown scheme (s3://, gs:// or as://)")),
+    };
+    Ok(target)
+}
+
+/// A remote repository and its local copy (removed when the mirror is dropped).
+pub struct Mirror {
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    prefix: Option<ObjectPath>,
+    local: PathBuf,
+    /// Version (ETag, else size and time) of each object copied, by relative path.
+    copied: tokio::sync::Mutex<HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for Mirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mirror")
+            .field("url", &self.url)
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+/// What one [`Mirror::sync`] changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Objects downloaded (new or changed).
+    pub fetched: usize,
+    /// Local files removed because their objects are gone.
+    pub removed: usize,
+}
+
+impl Mirror {
+    /// Opens the repository at `url` with a local copy in a new directory under `parent`.
+    /// Nothing is downloaded until [`Mirror::sync`].
+    pub fn open(url: &str, parent: &FsPath) -> Result<Self, RemoteError> {
+        let target = parse(url)?;
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let local = parent.join(format!("wasmtron-repository-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&local).map_err(|error| RemoteError::Io {
+            url: url.to_owned(),
+            path: local.clone(),
+            error,
+        })?;
+        Ok(Self {
+            url: url.to_owned(),
+            store: target.store,
+            prefix: (!target.prefix.is_empty()).then(|| ObjectPath::from(target.prefix.as_str())),
+            local,
+            copied: Default::default(),
+        })
+    }
+
+    /// The URL as given.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The directory the server reads the repository from.
+    pub fn local_dir(&self) -> &FsPath {
+        &self.local
+    }
+
+    /// Brings the local copy up to date: downloads new and changed objects (each written to a
+    /// temporary name and renamed into place), removes files whose objects are gone. Objects
+    /// whose path would leave the copy (`..`) are skipped.
+    pub async fn sync(&self) -> Result<SyncReport, RemoteError> {
+        let mut copied = self.copied.lock().await;
+        let store_error = |error| RemoteError::Store {
+            url: self.url.clone(),
+            error,
+        };
+        let listing: Vec<object_store::ObjectMeta> = self
+            .store
+            .list(self.prefix.as_ref())
+            .try_collect()
+            .await
+            .map_err(store_error)?;
+        let mut present = HashMap::new();
+        let mut report = SyncReport::default();
+        for meta in listing {
+            let Some(relative) = self.relative(&meta.location) else {
+                continue;
+            };
+            let version = meta
+                .e_tag
+                .clone()
+                .unwrap_or_else(|| format!("{}@{}", meta.size, meta.last_modified));
+            if copied.get(&relative) != Some(&version) {
+                let bytes = self
+                    .store
+                    .get(&meta.location)
+                    .await
+                    .map_err(store_error)?
+                    .bytes()
+                    .await
+                    .map_err(store_error)?;
+                self.write(&relative, &bytes)?;
+                report.fetched += 1;
+            }
+            present.insert(relative, version);
+        }
+        for gone in copied.keys().filter(|k| !present.contains_key(*k)) {
+            let path = self.local.join(gone);
+            if std::fs::remove_file(&path).is_ok() {
+                report.removed += 1;
+            }
+            // Empty model and version directories go too, so the model disappears.
+            let mut dir = path.parent();
+            while let Some(d) = dir.filter(|d| *d != self.local) {
+                if std::fs::remove_dir(d).is_err() {
+                    break;
+                }
+                dir = d.parent();
+            }
+        }
+        *copied = present;
+        Ok(report)
+    }
+
+    /// The object's path below the prefix, if it is a file that stays inside the copy.
+    fn relative(&self, location: &ObjectPath) -> Option<String> {
+        let parts: Vec<String> = match &self.prefix {
+            Some(prefix) => location
+                .prefix_match(prefix)?
+                .map(|p| p.as_ref().to_owned())
+                .collect(),
+            None => location.parts().map(|p| p.as_ref().to_owned()).collect(),
+        };
+        let relative = parts.join("/");
+        let safe = !relative.is_empty()
+            && FsPath::new(&relative)
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)));
+        safe.then_some(relative)
+    }
+
+    fn write(&self, relative: &str, bytes: &[u8]) -> Result<(), RemoteError> {
+        let path = self.local.join(relative);
+        let io = |path: &FsPath, error| RemoteError::Io {
+            url: self.url.clone(),
+            path: path.to_owned(),
+            error,
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+        }
+        let partial = path.with_extension("wasmtron-partial");
+        std::fs::write(&partial, bytes).map_err(|e| io(&partial, e))?;
+        std::fs::rename(&partial, &path).map_err(|e| io(&path, e))
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.local);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::{memory::InMemory, PutPayload};
+
+    fn mirror(store: Arc<dyn ObjectStore>, prefix: &str, dir: &FsPath) -> Mirror {
+        std::fs::create_dir_all(dir).unwrap();
+        Mirror {
+            url: "mem://test".into(),
+            store,
+            prefix: Some(ObjectPath::from(prefix)),
+            local: dir.to_owned(),
+            copied: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn sync_fetches_what_changed_and_removes_what_is_gone() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let put = |path: &str, text: &str| {
+            let store = store.clone();
+            let (path, payload) = (ObjectPath::from(path), PutPayload::from(text.to_owned()));
+            async move { store.put(&path, payload).await.unwrap() }
+        };
+        put("repo/a/config.pbtxt", "name: \"a\"").await;
+        put("repo/a/1/model.onnx", "onnx").await;
+        put("other/b/config.pbtxt", "not ours").await;
+        let dir = std::env::temp_dir().join(format!("wasmtron-mirror-test-{}", std::process::id()));
+        let m = mirror(store.clone(), "repo", &dir);
+        assert_eq!(
+            m.sync().await.unwrap(),
+            SyncReport {
+                fetched: 2,
+                removed: 0
+            }
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("a/1/model.onnx")).unwrap(),
+            "onnx"
+        );
+        assert!(!dir.join("b").exists());
+        // Nothing changed: nothing fetched.
+        assert_eq!(m.sync().await.unwrap(), SyncReport::default());
+        put("repo/a/config.pbtxt", "name: \"a\" max_batch_size: 4").await;
+        put("repo/c/config.pbtxt", "name: \"c\"").await;
+        assert_eq!(
+            m.sync().await.unwrap(),
+            SyncReport {
+                fetched: 2,
+                removed: 0
+            }
+        );
+        assert!(std::fs::read_to_string(dir.join("a/config.pbtxt"))
+            .unwrap()
+            .contains("4"));
+        store
+            .delete(&ObjectPath::from("repo/c/config.pbtxt"))
+            .await
+            .unwrap();
+        assert_eq!(
+            m.sync().await.unwrap(),
+            SyncReport {
+                fetched: 0,
+                removed: 1
+            }
+        );
+        assert!(!dir.join("c").exists(), "an emptied model directory goes");
+        drop(m);
+        assert!(!dir.exists(), "the local copy is removed with the mirror");
+    }
+
+    #[test]
+    fn urls_in_triton_forms_are_understood_and_mistakes_named() {
+        assert!(is_remote("s3://b/p") && is_remote("gs://b") && is_remote("as://a/c"));
+        assert!(!is_remote("/models") && !is_remote("models"));
+        for good in [
+            "s3://bucket/repo",
+            "s3://127.0.0.1:9000/bucket/repo",
+            "s3://https://h:9/b/r",
+        ] {
+            assert!(parse(good).is_ok(), "{good}");
+        }
+        for (bad, says) in [
+            ("s3://", "no bucket"),
+            ("s3://127.0.0.1:9000/", "no bucket"),
+            ("as://account", "account and a container"),
+            ("ftp://x/y", "unknown scheme"),
+        ] {
+            let err = parse(bad).err().unwrap().to_string();
+            assert!(err.contains(says) && err.contains(bad), "{bad}: {err}");
+        }
+    }
+}
