@@ -112,12 +112,13 @@ build:
 build-release:
 	$(CARGO) build --locked --release
 
-# The Rust suites run against a GPU build (CUDA and TensorRT execution providers, CUDA shared
-# memory; nothing GPU is needed to compile), so GPU code is built and its CPU-only-host errors
-# are checked in every run; the Python suites run the default build (`make build`).
-GPU_FEATURES := wasmtron/cuda,wasmtron/tensorrt
+# The Rust suites run against a build with every optional feature: the GPU ones (CUDA and
+# TensorRT execution providers, CUDA shared memory; nothing GPU is needed to compile, and their
+# CPU-only-host errors are checked) and OpenTelemetry export (tests/tracing.rs receives the
+# spans on loopback). The Python suites run the default build (`make build`).
+ALL_FEATURES := wasmtron/cuda,wasmtron/tensorrt,wasmtron/otel
 test-rust:
-	$(CARGO) test --locked -p wasmtron -p wasmtron-guest -p ocr --features $(GPU_FEATURES)
+	$(CARGO) test --locked -p wasmtron -p wasmtron-guest -p ocr --features $(ALL_FEATURES)
 
 test-python: build
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) \
@@ -127,7 +128,7 @@ lint: venv
 	$(CARGO) fmt --all -- --check
 	$(VENV)/bin/hadolint docker/Dockerfile
 	$(CARGO) clippy --locked --all-targets -- -D warnings
-	$(CARGO) clippy --locked -p wasmtron --all-targets --features $(GPU_FEATURES) -- -D warnings
+	$(CARGO) clippy --locked -p wasmtron --all-targets --features $(ALL_FEATURES) -- -D warnings
 	$(CARGO) clippy --locked --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe -- -D warnings
 
 # The load tests, then wasmtron against Triton 2.51 side by side (medians of 3 rounds, HTTP and

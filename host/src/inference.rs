@@ -82,6 +82,61 @@ pub struct InferRequest {
     /// the calling execution's part of the server's executions, which the caller holds while
     /// it waits, instead of waiting for one of its own.
     pub from_stage: bool,
+    /// The request's trace span: its steps and executions are traced as its children.
+    /// Disabled (the default) when the request is not traced.
+    pub trace: Trace,
+}
+
+/// Target of the spans that make up request traces (exported with `--trace-config`, kept out
+/// of the log).
+pub const TRACE_TARGET: &str = "wasmtron::trace";
+
+/// A request's trace span; requests compare equal whatever their spans.
+#[derive(Clone)]
+pub struct Trace(pub tracing::Span);
+
+impl Default for Trace {
+    fn default() -> Self {
+        Trace(tracing::Span::none())
+    }
+}
+
+impl Trace {
+    /// Whether the request is traced.
+    pub fn is_traced(&self) -> bool {
+        !self.0.is_none()
+    }
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_traced() {
+            "Trace(on)"
+        } else {
+            "Trace(off)"
+        })
+    }
+}
+
+impl PartialEq for Trace {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// A span named `$name` (with fields) under `$parent` (a [`tracing::Span`]) when that one is
+/// traced, else a disabled span: untraced requests create no spans, and no span becomes a
+/// root of its own.
+#[macro_export]
+macro_rules! trace_span {
+    (parent: $parent:expr, $name:literal $(, $($field:tt)*)?) => {{
+        let parent: &::tracing::Span = $parent;
+        if parent.is_none() {
+            ::tracing::Span::none()
+        } else {
+            ::tracing::info_span!(target: "wasmtron::trace", parent: parent, $name $(, $($field)*)?)
+        }
+    }};
 }
 
 /// Queue and compute time that an ensemble's steps spent on one request, summed over the

@@ -24,6 +24,7 @@ use wasmtron::{
 };
 
 mod stage_cmd;
+mod trace_export;
 
 /// A Triton-compatible inference server with sandboxed WebAssembly stages.
 #[derive(Parser, Debug)]
@@ -145,6 +146,11 @@ struct Cli {
     /// may use; without one the server serves everyone.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Request tracing, as in Triton: `mode=opentelemetry`, `level=TIMESTAMPS|OFF`, `rate=N`
+    /// (one request in N), `count=N`, `opentelemetry,url=HOST:PORT/v1/traces`,
+    /// `opentelemetry,resource=KEY=VALUE`; repeatable. Needs a build with `--features otel`.
+    #[arg(long = "trace-config")]
+    trace_config: Vec<String>,
 }
 
 /// `--grpc-infer-response-compression-level`, Triton's values.
@@ -341,14 +347,14 @@ async fn serve() -> anyhow::Result<()> {
     )
     .map_err(anyhow::Error::msg)?;
     let level = if cli.log_verbose > 0 { "debug" } else { "info" };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| format!("{level},ort=warn").into()),
-        )
-        .init();
+    let trace_options = trace_export::parse(&cli.trace_config)?;
+    let (tracing_settings, trace_exporter) = trace_export::init(level, &trace_options)?;
+    for (key, value) in &trace_options.settings {
+        tracing_settings
+            .configure(key, value)
+            .map_err(|e| anyhow::anyhow!("--trace-config {key}={value}: {}", e.message))?;
+    }
+    let tracing_settings = Arc::new(tracing_settings);
 
     wasmtron::runtime::wasm::engine::configure(wasmtron::runtime::wasm::engine::EngineOptions {
         pooling_instances: cli.wasm_pooling_instances,
@@ -414,7 +420,8 @@ async fn serve() -> anyhow::Result<()> {
         let grpc = GrpcService::new(server.clone())
             .with_tenancy(tenancy.clone())
             .with_restrictions(grpc_restrictions)
-            .with_shared_memory(shared_memory.clone());
+            .with_shared_memory(shared_memory.clone())
+            .with_tracing(tracing_settings.clone());
         let service = GrpcInferenceServiceServer::new(grpc)
             .max_decoding_message_size(cli.grpc_max_message_size)
             .max_encoding_message_size(usize::MAX)
@@ -447,6 +454,7 @@ async fn serve() -> anyhow::Result<()> {
             tenancy: tenancy.clone(),
             restrictions: Arc::new(http_restrictions),
             shared_memory: shared_memory.clone(),
+            tracing: tracing_settings.clone(),
         });
         let token = stop.clone();
         tasks.push(tokio::spawn(async move {
@@ -500,6 +508,9 @@ async fn serve() -> anyhow::Result<()> {
         tracing::warn!("frontends did not close in time");
     }
     drop(server);
+    if let Some(exporter) = trace_exporter {
+        exporter.shutdown();
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -259,3 +259,33 @@ def test_the_words_example_streams_words_to_the_stock_client(streaming_server):
         words.append((result.as_numpy("WORD")[0].decode(), int(result.as_numpy("POSITION")[0])))
     g.stop_stream()
     assert words == [("one", 0), ("response", 1), ("per", 2), ("word", 3)]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_trace_settings_with_the_stock_clients(server, protocol):
+    """Triton's trace settings API (global and per model). This default build exports
+    nothing (mode triton, no OpenTelemetry): the settings are still kept and reported."""
+    mod = httpclient if protocol == "http" else grpcclient
+    c = mod.InferenceServerClient(server.http if protocol == "http" else server.grpc)
+
+    def get(**kw):
+        s = c.get_trace_settings(**kw) if mod is httpclient else \
+            c.get_trace_settings(as_json=True, **kw)["settings"]
+        return {k: (v if mod is httpclient else v["value"]) for k, v in s.items()}
+
+    def level(s):
+        return s["trace_level"]
+
+    assert level(get()) == ["OFF"]
+    c.update_trace_settings(model_name="simple", settings={"trace_level": ["TIMESTAMPS"],
+                                                           "trace_rate": "7"})
+    own = get(model_name="simple")
+    assert level(own) == ["TIMESTAMPS"]
+    assert own["trace_rate"] in ("7", ["7"])
+    assert level(get()) == ["OFF"], "a model's settings stay its own"
+    c.update_trace_settings(model_name="simple", settings={"trace_level": None,
+                                                           "trace_rate": None})
+    assert level(get(model_name="simple")) == ["OFF"]
+    with pytest.raises(InferenceServerException) as e:
+        c.update_trace_settings(settings={"trace_level": ["TENSORS"]})
+    assert "TENSORS" in str(e.value)

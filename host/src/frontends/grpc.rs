@@ -14,6 +14,7 @@ use super::{
     shared_memory::{
         output_parameters, Kind as MemoryKind, Location, SharedInputs, SystemSharedMemory,
     },
+    trace::Tracing,
     EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
@@ -38,6 +39,7 @@ pub struct GrpcService {
     tenancy: Option<Arc<Tenancy>>,
     restrictions: Restrictions,
     shared_memory: Arc<SystemSharedMemory>,
+    tracing: Arc<Tracing>,
 }
 
 impl GrpcService {
@@ -48,7 +50,14 @@ impl GrpcService {
             tenancy: None,
             restrictions: Restrictions::default(),
             shared_memory: Arc::new(SystemSharedMemory::new()),
+            tracing: Arc::new(Tracing::default()),
         }
+    }
+
+    /// Which requests are traced, shared with the HTTP frontend.
+    pub fn with_tracing(mut self, tracing: Arc<Tracing>) -> Self {
+        self.tracing = tracing;
+        self
     }
 
     /// The system shared-memory regions, shared with the HTTP frontend.
@@ -275,6 +284,7 @@ pub fn decode_request(
         step_durations: None,
         callers: Vec::new(),
         from_stage: false,
+        trace: Default::default(),
     })
 }
 
@@ -315,15 +325,41 @@ fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
     )))
 }
 
+/// The W3C trace context a call's metadata carries (`traceparent`, `tracestate`).
+#[derive(Clone, Default)]
+struct TraceContext(Vec<(&'static str, String)>);
+
+impl TraceContext {
+    fn of(metadata: &tonic::metadata::MetadataMap) -> Self {
+        Self(
+            ["traceparent", "tracestate"]
+                .into_iter()
+                .filter_map(|k| Some((k, metadata.get(k)?.to_str().ok()?.to_owned())))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.clone())
+    }
+}
+
 async fn infer_one(
     server: &Server,
     shm: &SystemSharedMemory,
+    tracing: &Tracing,
+    context: &TraceContext,
     caller: &Caller,
     req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Error> {
     let shared = |input: &str, params: &Parameters| shm.input(caller, input, params);
     let mut request = decode_request(req, &shared)?;
     on_behalf_of(caller, &mut request);
+    request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
+    let _trace = request.trace.clone();
     if let Some(o) = request
         .outputs
         .iter()
@@ -359,6 +395,8 @@ fn stream_error(id: String, err: Error) -> ModelStreamInferResponse {
 fn stream_one(
     server: Arc<Server>,
     shm: Arc<SystemSharedMemory>,
+    tracing: &Tracing,
+    context: &TraceContext,
     caller: &Caller,
     req: ModelInferRequest,
 ) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
@@ -369,6 +407,7 @@ fn stream_one(
         Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
     };
     on_behalf_of(caller, &mut request);
+    request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
     let decoupled = server
         .models()
         .get(&request.model_name, request.model_version)
@@ -492,12 +531,21 @@ impl GrpcInferenceService for GrpcService {
         r: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let caller = self.caller(&r, ApiGroup::Inference)?;
+        let context = TraceContext::of(r.metadata());
         let r = r.into_inner();
         let track = caller.track(&r.model_name);
         let result = async {
             caller.require(ModelAction::Infer, &r.model_name)?;
             let _admission = caller.admit(prost::Message::encoded_len(&r))?;
-            infer_one(&self.server, &self.shared_memory, &caller, r).await
+            infer_one(
+                &self.server,
+                &self.shared_memory,
+                &self.tracing,
+                &context,
+                &caller,
+                r,
+            )
+            .await
         }
         .await;
         track.finish(result.as_ref().map(|_| ()).map_err(|e| e.code));
@@ -513,6 +561,8 @@ impl GrpcInferenceService for GrpcService {
         let caller = self.caller(&r, ApiGroup::Inference)?;
         let server = self.server.clone();
         let shm = self.shared_memory.clone();
+        let tracing = self.tracing.clone();
+        let context = TraceContext::of(r.metadata());
         let incoming = r.into_inner();
         // Requests on one stream are answered in order, each with all of its responses (0..N
         // for a decoupled model); errors travel in-band as Triton does.
@@ -526,12 +576,19 @@ impl GrpcInferenceService for GrpcService {
                 track.finish(admitted.as_ref().map(|_| ()).map_err(|e| e.code));
                 match admitted {
                     // The admission lives as long as this request's responses.
-                    Ok(admission) => stream_one(server.clone(), shm.clone(), &caller, req)
-                        .map(move |item| {
-                            let _held = &admission;
-                            item
-                        })
-                        .boxed(),
+                    Ok(admission) => stream_one(
+                        server.clone(),
+                        shm.clone(),
+                        &tracing,
+                        &context,
+                        &caller,
+                        req,
+                    )
+                    .map(move |item| {
+                        let _held = &admission;
+                        item
+                    })
+                    .boxed(),
                     Err(e) => {
                         let id = req.id;
                         futures::stream::once(async move { Ok(stream_error(id, e)) }).boxed()
@@ -784,7 +841,25 @@ impl GrpcInferenceService for GrpcService {
         self.caller(&r, ApiGroup::Trace)?
             .require_admin("the trace and logging APIs")
             .map_err(to_status)?;
-        unimplemented("trace settings")
+        let r = r.into_inner();
+        let model = (!r.model_name.is_empty()).then_some(r.model_name.as_str());
+        let settings = if r.settings.is_empty() {
+            self.tracing.settings(model)
+        } else {
+            // An empty value list clears a setting, as in Triton.
+            let changes = r
+                .settings
+                .into_iter()
+                .map(|(k, v)| (k, (!v.value.is_empty()).then_some(v.value)))
+                .collect();
+            self.tracing.update(model, changes).map_err(to_status)?
+        };
+        Ok(Response::new(TraceSettingResponse {
+            settings: settings
+                .into_iter()
+                .map(|(k, value)| (k, trace_setting_response::SettingValue { value }))
+                .collect(),
+        }))
     }
 
     async fn log_settings(

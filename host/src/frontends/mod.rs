@@ -7,6 +7,7 @@ pub mod http;
 pub mod metrics;
 pub mod restricted;
 pub mod shared_memory;
+pub mod trace;
 
 use crate::{
     error::{Error, Result},

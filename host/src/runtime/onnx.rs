@@ -637,6 +637,7 @@ impl ModelInstance for OnnxInstance {
         request: &InferRequest,
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
+        let _span = crate::trace_span!(parent: &tracing::Span::current(), "onnx.run").entered();
         self.run(&[request], outputs)
     }
 
@@ -648,6 +649,7 @@ impl ModelInstance for OnnxInstance {
         outputs: &[String],
     ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
         let rows: Vec<usize> = requests.iter().map(|r| batch::rows(r)).collect();
+        let _span = crate::trace_span!(parent: &tracing::Span::current(), "onnx.run").entered();
         match self.run(requests, outputs) {
             Ok((tensors, timings)) if requests.len() == 1 => (vec![Ok(tensors)], timings),
             Ok((tensors, timings)) => match batch::split(&self.name, tensors, &rows) {

@@ -14,7 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::{
     error::{Error, Result},
-    inference::{InferRequest, InferResponse, RequestedOutput, StepDurations},
+    inference::{InferRequest, InferResponse, RequestedOutput, StepDurations, Trace},
     proto::inference::{model_config::SchedulingChoice, ModelConfig},
     tensor::{shape_string, DataType, Tensor},
 };
@@ -406,6 +406,9 @@ impl Ensemble {
                     step_durations: Some(durations.clone()),
                     callers: request.callers.clone(),
                     from_stage: request.from_stage,
+                    trace: Trace(
+                        crate::trace_span!(parent: &request.trace.0, "ensemble.step", model = %step.model),
+                    ),
                 };
                 running.push(async move { (i, runner.run_step(step_request).await) });
             }

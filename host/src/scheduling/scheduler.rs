@@ -465,8 +465,16 @@ impl Shared {
             return;
         };
         let requests: Vec<&InferRequest> = jobs.iter().map(|(j, _)| &j.request).collect();
+        // A batch is traced under its first request (the others' traces end at their queue).
+        let span = crate::trace_span!(
+            parent: &first.request.trace.0,
+            "execute",
+            model = %self.model,
+            version = self.version,
+            batch = requests.len()
+        );
         let (results, timings) = catch_unwind(AssertUnwindSafe(|| {
-            instance.execute_batch(&requests, &first.outputs)
+            span.in_scope(|| instance.execute_batch(&requests, &first.outputs))
         }))
         .unwrap_or_else(|_| {
             let err = Error::internal(format!(

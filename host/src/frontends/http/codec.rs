@@ -217,6 +217,7 @@ pub fn decode_request(
         step_durations: None,
         callers: Vec::new(),
         from_stage: false,
+        trace: Default::default(),
     })
 }
 
@@ -319,6 +320,7 @@ fn raw_request(
         step_durations: None,
         callers: Vec::new(),
         from_stage: false,
+        trace: Default::default(),
     }
 }
 

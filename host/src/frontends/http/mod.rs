@@ -24,6 +24,7 @@ use super::{
     parse_version,
     restricted::{ApiGroup, Restrictions},
     shared_memory::{Kind as MemoryKind, Location, RegionStatus, SystemSharedMemory},
+    trace::Tracing,
     EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
 use crate::{
@@ -48,6 +49,8 @@ pub struct HttpState {
     pub restrictions: Arc<Restrictions>,
     /// Registered system shared-memory regions (shared with the gRPC frontend).
     pub shared_memory: Arc<SystemSharedMemory>,
+    /// Which requests are traced (shared with the gRPC frontend).
+    pub tracing: Arc<Tracing>,
 }
 
 /// An error rendered as Triton does: a status code and `{"error": "..."}`.
@@ -195,8 +198,14 @@ pub fn router(state: HttpState) -> Router {
             "/v2/cudasharedmemory/region/{region}/unregister",
             post(cuda_unregister),
         )
-        .route("/v2/trace/setting", any(admin_unsupported))
-        .route("/v2/models/{model}/trace/setting", any(admin_unsupported))
+        .route(
+            "/v2/trace/setting",
+            get(trace_settings).post(update_trace_settings),
+        )
+        .route(
+            "/v2/models/{model}/trace/setting",
+            get(trace_settings).post(update_trace_settings),
+        )
         .route("/v2/logging", any(admin_unsupported))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -353,14 +362,84 @@ async fn cuda_unregister(
     Ok(Json(json!({})))
 }
 
-/// Trace and log settings: for administrators, and not offered yet.
+/// Log settings: for administrators, and not offered yet.
 async fn admin_unsupported(Extension(caller): Extension<Caller>) -> ApiError {
     match caller.require_admin("the trace and logging APIs") {
         Err(e) => ApiError(e),
         Ok(()) => ApiError(Error::unsupported(
-            "this extension (trace or logging) is not supported by this server",
+            "this extension (logging) is not supported by this server",
         )),
     }
+}
+
+fn settings_json(settings: std::collections::BTreeMap<String, Vec<String>>) -> Json<Value> {
+    // Triton's shapes: trace_level is a list, the others single strings.
+    Json(Value::Object(
+        settings
+            .into_iter()
+            .map(|(k, v)| {
+                let value = if k == "trace_level" {
+                    json!(v)
+                } else {
+                    json!(v.into_iter().next().unwrap_or_default())
+                };
+                (k, value)
+            })
+            .collect(),
+    ))
+}
+
+/// `GET /v2[/models/<model>]/trace/setting`: for administrators.
+async fn trace_settings(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    p: Option<Path<HashMap<String, String>>>,
+) -> ApiResult<Json<Value>> {
+    caller.require_admin("the trace and logging APIs")?;
+    let model = p.as_ref().and_then(|p| p.get("model")).map(String::as_str);
+    Ok(settings_json(st.tracing.settings(model)))
+}
+
+/// `POST /v2[/models/<model>]/trace/setting` with `{"trace_level": ["TIMESTAMPS"],
+/// "trace_rate": "1", ...}`; `null` clears a model's setting.
+async fn update_trace_settings(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    p: Option<Path<HashMap<String, String>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    caller.require_admin("the trace and logging APIs")?;
+    let model = p.as_ref().and_then(|p| p.get("model")).map(String::as_str);
+    let body = read_body(&st, &headers, body).await?;
+    let Value::Object(fields) = optional_json(&body)? else {
+        return Err(Error::invalid("trace settings must be a JSON object").into());
+    };
+    let mut changes = std::collections::BTreeMap::new();
+    for (key, value) in fields {
+        let value = match value {
+            Value::Null => None,
+            Value::String(s) => Some(vec![s]),
+            Value::Number(n) => Some(vec![n.to_string()]),
+            Value::Array(items) => Some(
+                items
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    })
+                    .collect(),
+            ),
+            other => {
+                return Err(Error::invalid(format!(
+                    "trace setting '{key}': {other} is not a string, a list or null"
+                ))
+                .into())
+            }
+        };
+        changes.insert(key, value);
+    }
+    Ok(settings_json(st.tracing.update(model, changes)?))
 }
 
 fn health(ok: bool) -> StatusCode {
@@ -534,6 +613,11 @@ async fn read_body(st: &HttpState, headers: &HeaderMap, body: Body) -> Result<By
         )));
     }
     Ok(out.into())
+}
+
+/// A request header as text, if present and printable.
+fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers.get(name)?.to_str().ok().map(str::to_owned)
 }
 
 /// The content encoding of our responses the client accepts (`Accept-Encoding`), if any.
@@ -739,6 +823,11 @@ async fn run_infer(
         &shared,
     )?;
     on_behalf_of(caller, &mut request);
+    request.trace = st
+        .tracing
+        .request_span(&model, "http", &|name| header_text(headers, name));
+    // The request's span lasts until its answer is encoded.
+    let _trace = request.trace.clone();
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
     let response = st.server.infer(request).await?;
@@ -787,6 +876,9 @@ async fn generate_request(
     let config = st.server.models().get(&model, version)?.config.clone();
     let mut request = generate::to_request(&config, &model, version, json)?;
     on_behalf_of(caller, &mut request);
+    request.trace = st
+        .tracing
+        .request_span(&model, "http", &|name| header_text(headers, name));
     Ok((request, admission))
 }
 

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     error::{Code, Error, Result},
-    inference::{InferRequest, ParamValue, RequestedOutput},
+    inference::{InferRequest, ParamValue, RequestedOutput, Trace},
     proto::inference::ModelConfig,
     repository::config::to_json,
     tensor::{DataType, Tensor},
@@ -172,6 +172,12 @@ impl wit_host::Host for StageState {
                  instance_group, or call another model)"
             ))));
         }
+        // Traced as a child of the stage's execution, when that is traced.
+        let trace = Trace(crate::trace_span!(
+            parent: &tracing::Span::current(),
+            "stage.call",
+            model = %model
+        ));
         let request = InferRequest {
             model_name: model,
             model_version: version,
@@ -190,6 +196,7 @@ impl wit_host::Host for StageState {
             step_durations: None,
             callers: self.callers.clone(),
             from_stage: true,
+            trace,
         };
         caller
             .infer(request)
@@ -404,6 +411,12 @@ impl ModelInstance for StageInstance {
         outputs: &[String],
     ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
         let all = |e: Error| vec![Err(e); requests.len()];
+        let _span = crate::trace_span!(
+            parent: &tracing::Span::current(),
+            "wasm.call",
+            stage = %self.model.name
+        )
+        .entered();
         let start = std::time::Instant::now();
         let (mut store, stage) = match self.live.take() {
             Some(live) => live,

@@ -1,0 +1,198 @@
+//! Logging and trace export at the binary's edge: Triton's `--trace-config` flags, and the
+//! `tracing` subscriber (the log on stderr, plus, in an `otel` build with
+//! `--trace-config mode=opentelemetry`, request spans exported over OTLP/HTTP).
+
+use anyhow::{bail, Context};
+use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt, Layer};
+use wasmtron::{frontends::trace::Tracing, inference::TRACE_TARGET};
+
+/// What `--trace-config` asked for.
+#[derive(Debug, Default)]
+pub struct TraceOptions {
+    /// `mode=opentelemetry`.
+    pub opentelemetry: bool,
+    /// `opentelemetry,url=...` (Triton's default: localhost:4318/v1/traces).
+    pub url: Option<String>,
+    /// `opentelemetry,resource=key=value`, repeatable.
+    pub resource: Vec<(String, String)>,
+    /// `opentelemetry,bsp_schedule_delay=MS`: how long spans wait to be sent in a batch.
+    pub schedule_delay_ms: Option<u64>,
+    /// `level=`, `rate=`, `count=`: the initial trace settings.
+    pub settings: Vec<(String, String)>,
+}
+
+/// Parses `--trace-config` values the way Triton writes them: `setting=value`, or
+/// `opentelemetry,setting=value` for the exporter.
+pub fn parse(entries: &[String]) -> anyhow::Result<TraceOptions> {
+    let mut options = TraceOptions::default();
+    for entry in entries {
+        let (section, setting) = match entry.split_once(',') {
+            Some((section, rest)) if !section.contains('=') => (Some(section), rest),
+            _ => (None, entry.as_str()),
+        };
+        let (key, value) = setting
+            .split_once('=')
+            .with_context(|| format!("--trace-config {entry}: expected setting=value"))?;
+        match (section, key) {
+            (None, "mode") => match value {
+                "opentelemetry" => options.opentelemetry = true,
+                "triton" => bail!(
+                    "--trace-config mode=triton (trace files) is not supported: use \
+                     mode=opentelemetry and an OTLP collector"
+                ),
+                other => bail!("--trace-config mode={other}: use mode=opentelemetry"),
+            },
+            (None, "level" | "rate" | "count") => {
+                options.settings.push((key.to_owned(), value.to_owned()))
+            }
+            (None, "file" | "log-frequency" | "log_frequency") => bail!(
+                "--trace-config {key}: trace files are not supported; traces are exported \
+                 with mode=opentelemetry"
+            ),
+            (Some("opentelemetry"), "url") => options.url = Some(value.to_owned()),
+            (Some("opentelemetry"), "resource") => {
+                let (k, v) = value.split_once('=').with_context(|| {
+                    format!("--trace-config {entry}: expected resource=key=value")
+                })?;
+                options.resource.push((k.to_owned(), v.to_owned()));
+            }
+            (Some("opentelemetry"), "bsp_schedule_delay") => {
+                options.schedule_delay_ms =
+                    Some(value.parse().with_context(|| {
+                        format!("--trace-config {entry}: milliseconds expected")
+                    })?)
+            }
+            _ => bail!(
+                "--trace-config {entry}: unknown setting (mode, level, rate, count, \
+                 opentelemetry,url=, opentelemetry,resource=, opentelemetry,bsp_schedule_delay=)"
+            ),
+        }
+    }
+    Ok(options)
+}
+
+/// Flushes exported spans at exit.
+pub struct Exporter {
+    #[cfg(feature = "otel")]
+    provider: opentelemetry_sdk::trace::SdkTracerProvider,
+}
+
+impl Exporter {
+    /// Sends what is still buffered; called once the server has drained.
+    pub fn shutdown(self) {
+        #[cfg(feature = "otel")]
+        if let Err(e) = self.provider.shutdown() {
+            tracing::warn!("trace export did not finish: {e}");
+        }
+    }
+}
+
+/// Installs the subscriber: the log at `level` (`RUST_LOG` overrides) without the request
+/// spans, and the OTLP exporter for them when asked. Returns the request tracing settings and
+/// the exporter to shut down at exit.
+pub fn init(level: &str, options: &TraceOptions) -> anyhow::Result<(Tracing, Option<Exporter>)> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| format!("{level},ort=warn").into())
+        .add_directive(format!("{TRACE_TARGET}=off").parse()?);
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter);
+    let registry = tracing_subscriber::registry().with(log);
+    if !options.opentelemetry {
+        registry.init();
+        return Ok((Tracing::new(false), None));
+    }
+    #[cfg(feature = "otel")]
+    {
+        use opentelemetry::trace::TracerProvider;
+        use opentelemetry_otlp::WithExportConfig;
+        use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
+
+        let url = options
+            .url
+            .clone()
+            .unwrap_or_else(|| "http://localhost:4318/v1/traces".to_owned());
+        let url = if url.contains("://") {
+            url
+        } else {
+            format!("http://{url}")
+        };
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(url.clone())
+            .build()
+            .with_context(|| format!("--trace-config opentelemetry,url={url}"))?;
+        let mut batch = BatchConfigBuilder::default();
+        if let Some(ms) = options.schedule_delay_ms {
+            batch = batch.with_scheduled_delay(std::time::Duration::from_millis(ms));
+        }
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(batch.build())
+            .build();
+        let resource = opentelemetry_sdk::Resource::builder()
+            .with_service_name("wasmtron")
+            .with_attributes(
+                options
+                    .resource
+                    .iter()
+                    .map(|(k, v)| opentelemetry::KeyValue::new(k.clone(), v.clone())),
+            )
+            .build();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource)
+            .build();
+        let spans = tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("wasmtron"))
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(TRACE_TARGET, tracing::Level::INFO),
+            );
+        registry.with(spans).init();
+        tracing::info!(endpoint = %url, "exporting request traces over OTLP/HTTP");
+        Ok((Tracing::new(true), Some(Exporter { provider })))
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        drop(registry);
+        bail!(
+            "--trace-config mode=opentelemetry: this wasmtron build has no OpenTelemetry \
+             support (rebuild with `--features otel`)"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn triton_forms_parse_and_mistakes_are_named() {
+        let o = parse(&args(&[
+            "mode=opentelemetry",
+            "level=TIMESTAMPS",
+            "rate=1",
+            "opentelemetry,url=127.0.0.1:4318/v1/traces",
+            "opentelemetry,resource=deployment=test",
+        ]))
+        .unwrap();
+        assert!(o.opentelemetry);
+        assert_eq!(o.url.as_deref(), Some("127.0.0.1:4318/v1/traces"));
+        assert_eq!(o.resource, [("deployment".to_owned(), "test".to_owned())]);
+        assert_eq!(o.settings.len(), 2);
+        for (bad, says) in [
+            ("mode=triton", "not supported"),
+            ("file=/tmp/t.json", "trace files"),
+            ("opentelemetry,colour=red", "unknown setting"),
+            ("level", "setting=value"),
+        ] {
+            let err = parse(&args(&[bad])).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+}
