@@ -12,7 +12,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release \
-        test-rust test-python lint bench bench-isolation fuzz clean
+        test-rust test-python ray-deps lint bench bench-isolation fuzz clean
 
 run: deps build-release
 	./target/release/wasmtron --model-repository model_repository \
@@ -120,7 +120,14 @@ ALL_FEATURES := wasmtron/cuda,wasmtron/tensorrt,wasmtron/otel
 test-rust:
 	$(CARGO) test --locked -p wasmtron -p wasmtron-guest -p ocr --features $(ALL_FEATURES)
 
-test-python: build
+# The Ray Serve adapter's dependencies, for its test (not needed by `make run`).
+RAY_DEPS := $(VENV)/.ray-installed
+ray-deps: $(RAY_DEPS)
+$(RAY_DEPS): deploy/ray/requirements.txt $(VENV)/.installed
+	$(VPY) -m pip install -q -r deploy/ray/requirements.txt
+	touch $@
+
+test-python: build ray-deps
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) \
 	  $(VPY) -m pytest -q -p no:cacheprovider tests/python
 
