@@ -127,8 +127,15 @@ $(RAY_DEPS): deploy/ray/requirements.txt $(VENV)/.installed
 	$(VPY) -m pip install -q -r deploy/ray/requirements.txt
 	touch $@
 
-test-python: build ray-deps
-	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) \
+# Azure Blob Storage emulator for the as:// repository test, pinned by its package-lock.json.
+AZURITE := tests/tools/azurite/node_modules/.bin/azurite-blob
+$(AZURITE): tests/tools/azurite/package.json tests/tools/azurite/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 18+ (apt install nodejs npm)"; exit 1; }
+	cd tests/tools/azurite && npm install --no-save --no-audit --no-fund --loglevel=error
+	touch $@
+
+test-python: build ray-deps $(AZURITE)
+	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
 	  $(VPY) -m pytest -q -p no:cacheprovider tests/python
 
 lint: venv

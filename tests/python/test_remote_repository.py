@@ -1,7 +1,7 @@
-"""A model repository in S3, served from a real S3-compatible server on loopback (moto's
-server): Triton's `s3://host:port/bucket/path` form with the standard AWS credential variables,
-and poll mode noticing a model added, a configuration changed and a model removed while the
-server serves."""
+"""Model repositories in object storage, served from real servers on loopback: S3 (moto's
+server) in Triton's `s3://host:port/bucket/path` form with the standard AWS credential
+variables, poll mode noticing a model added, a configuration changed and a model removed while
+the server serves; and Azure Blob Storage (Azurite) as `as://account/container/path`."""
 import os
 import socket
 import subprocess
@@ -164,5 +164,70 @@ def test_the_kubernetes_s3_overlay_serves_the_bucket(s3):
                                           AWS_ALLOW_HTTP="true"))
     try:
         assert httpclient.InferenceServerClient(server.http).is_model_ready("simple")
+    finally:
+        server.stop()
+
+
+# Azurite's documented development account (a public, well-known key).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==")
+
+
+@pytest.fixture(scope="module")
+def azurite():
+    """Azurite's Blob service (in memory, no telemetry) on a free loopback port, and a
+    container client for its `models` container."""
+    from azure.storage.blob import BlobServiceClient
+    binary = os.environ.get("AZURITE", os.path.join(
+        ROOT, "tests", "tools", "azurite", "node_modules", ".bin", "azurite-blob"))
+    port = free_port()
+    proc = subprocess.Popen([binary, "--blobHost", "127.0.0.1", "--blobPort", str(port),
+                             "--inMemoryPersistence", "--disableTelemetry",
+                             "--skipApiVersionCheck"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + WAIT
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                break
+            except OSError:
+                assert time.time() < deadline and proc.poll() is None, "azurite did not start"
+                time.sleep(0.2)
+        service = BlobServiceClient.from_connection_string(
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};")
+        yield endpoint, service.create_container("models")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_an_azure_repository_is_served_and_followed(azurite):
+    endpoint, container = azurite
+
+    def put(model):
+        source = os.path.join(ROOT, "model_repository", model)
+        for dirpath, _, files in os.walk(source):
+            for f in files:
+                path = os.path.join(dirpath, f)
+                with open(path, "rb") as data:
+                    container.upload_blob(f"repo/{model}/" + os.path.relpath(path, source),
+                                          data, overwrite=True)
+
+    put("simple")
+    server = Server(None, "--model-repository", f"as://{AZURITE_ACCOUNT}/models/repo",
+                    "--model-control-mode", "poll", "--repository-poll-secs", "1",
+                    env=dict(os.environ, AZURE_STORAGE_USE_EMULATOR="true",
+                             AZURITE_BLOB_STORAGE_URL=endpoint))
+    try:
+        c = httpclient.InferenceServerClient(server.http)
+        a = np.arange(16, dtype=np.int32)
+        assert (c.infer("simple", simple_inputs(httpclient, [a], [a])).as_numpy("OUTPUT0")
+                == 2 * a).all()
+        put("identity_fp32")
+        eventually(lambda: c.is_model_ready("identity_fp32"))
     finally:
         server.stop()
