@@ -133,6 +133,22 @@ fn assert_one_tree(spans: &[Span], client_span: &str) {
     }
 }
 
+/// A server tracing every request to the OTLP receiver at `url`, sending every 100 ms.
+fn traced_server(repo: &std::path::Path, url: &str) -> TestServer {
+    let url = format!("opentelemetry,url={url}");
+    let mut args = Vec::new();
+    for setting in [
+        "mode=opentelemetry",
+        "level=TIMESTAMPS",
+        "rate=1",
+        url.as_str(),
+        "opentelemetry,bsp_schedule_delay=100",
+    ] {
+        args.extend(["--trace-config", setting]);
+    }
+    TestServer::start(repo, &args)
+}
+
 fn traceparent(trace: &str, span: &str) -> String {
     format!("00-{trace}-{span}-01")
 }
@@ -147,22 +163,7 @@ fn traces_follow_requests_through_ensembles_stages_and_models() {
         "orientation",
         "classify_orientation",
     ]);
-    let url = format!("opentelemetry,url=http://{addr}/v1/traces");
-    let mut s = TestServer::start(
-        repo.path(),
-        &[
-            "--trace-config",
-            "mode=opentelemetry",
-            "--trace-config",
-            "level=TIMESTAMPS",
-            "--trace-config",
-            "rate=1",
-            "--trace-config",
-            &url,
-            "--trace-config",
-            "opentelemetry,bsp_schedule_delay=100",
-        ],
-    );
+    let mut s = traced_server(repo.path(), &format!("http://{addr}/v1/traces"));
     let settings: serde_json::Value = http()
         .get(s.url("/v2/trace/setting"))
         .send()
@@ -275,19 +276,7 @@ fn traces_follow_requests_through_ensembles_stages_and_models() {
 fn without_a_collector_setting_the_server_still_serves() {
     // An unreachable collector costs exports, never requests.
     let repo = temp_repository(&["simple"]);
-    let s = TestServer::start(
-        repo.path(),
-        &[
-            "--trace-config",
-            "mode=opentelemetry",
-            "--trace-config",
-            "level=TIMESTAMPS",
-            "--trace-config",
-            "rate=1",
-            "--trace-config",
-            "opentelemetry,url=http://127.0.0.1:9/v1/traces",
-        ],
-    );
+    let s = traced_server(repo.path(), "http://127.0.0.1:9/v1/traces");
     for _ in 0..5 {
         let (status, _) = infer(&s, "simple", &simple_request());
         assert_eq!(status, 200);

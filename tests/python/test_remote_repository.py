@@ -7,8 +7,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import boto3
 import numpy as np
@@ -28,6 +26,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def listening(proc, port, what):
+    """Waits until `proc` accepts connections on `port` (or fails if it exits first)."""
+    deadline = time.time() + WAIT
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return
+        except OSError:
+            assert time.time() < deadline and proc.poll() is None, f"{what} did not start"
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def s3():
     """moto's S3 server on a free loopback port, and a boto3 client for it."""
@@ -37,16 +47,7 @@ def s3():
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + WAIT
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=5)
-                break
-            except urllib.error.HTTPError:
-                break  # answering
-            except OSError:
-                assert time.time() < deadline and proc.poll() is None, "moto_server did not start"
-                time.sleep(0.2)
+        listening(proc, port, "moto_server")
         client = boto3.client("s3", endpoint_url=endpoint, **{
             "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
             "region_name": "us-east-1"})
@@ -188,14 +189,7 @@ def azurite():
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + WAIT
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=5).close()
-                break
-            except OSError:
-                assert time.time() < deadline and proc.poll() is None, "azurite did not start"
-                time.sleep(0.2)
+        listening(proc, port, "azurite")
         service = BlobServiceClient.from_connection_string(
             f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
             f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};")

@@ -89,6 +89,34 @@ impl GrpcService {
             .map_err(to_status)
     }
 
+    /// The caller's shared-memory regions of `kind` (the one named, unless `name` is empty).
+    fn regions<T>(
+        &self,
+        r: Request<T>,
+        kind: MemoryKind,
+        name: impl FnOnce(T) -> String,
+    ) -> Result<Vec<crate::frontends::shared_memory::RegionStatus>, Status> {
+        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
+        let name = name(r.into_inner());
+        self.shared_memory
+            .status(&caller, kind, (!name.is_empty()).then_some(name.as_str()))
+            .map_err(to_status)
+    }
+
+    /// Unregisters the caller's region `name` of `kind` (all of them when empty).
+    fn unregister_regions<T>(
+        &self,
+        r: Request<T>,
+        kind: MemoryKind,
+        name: impl FnOnce(T) -> String,
+    ) -> Result<(), Status> {
+        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
+        let name = name(r.into_inner());
+        self.shared_memory
+            .unregister(&caller, kind, (!name.is_empty()).then_some(name.as_str()))
+            .map_err(to_status)
+    }
+
     /// Who sent `request` to an API of `group`, after the group's restriction header.
     fn caller<T>(&self, request: &Request<T>, group: ApiGroup) -> Result<Caller, Status> {
         self.restrict(request, group)?;
@@ -717,16 +745,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
-        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
-        let name = r.into_inner().name;
-        let regions = self
-            .shared_memory
-            .status(
-                &caller,
-                MemoryKind::System,
-                (!name.is_empty()).then_some(name.as_str()),
-            )
-            .map_err(to_status)?;
+        let regions = self.regions(r, MemoryKind::System, |r| r.name)?;
         Ok(Response::new(SystemSharedMemoryStatusResponse {
             regions: regions
                 .into_iter()
@@ -762,15 +781,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
-        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
-        let name = r.into_inner().name;
-        self.shared_memory
-            .unregister(
-                &caller,
-                MemoryKind::System,
-                (!name.is_empty()).then_some(name.as_str()),
-            )
-            .map_err(to_status)?;
+        self.unregister_regions(r, MemoryKind::System, |r| r.name)?;
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
@@ -778,16 +789,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
-        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
-        let name = r.into_inner().name;
-        let regions = self
-            .shared_memory
-            .status(
-                &caller,
-                MemoryKind::Cuda,
-                (!name.is_empty()).then_some(name.as_str()),
-            )
-            .map_err(to_status)?;
+        let regions = self.regions(r, MemoryKind::Cuda, |r| r.name)?;
         Ok(Response::new(CudaSharedMemoryStatusResponse {
             regions: regions
                 .into_iter()
@@ -822,15 +824,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
-        let caller = self.caller(&r, ApiGroup::SharedMemory)?;
-        let name = r.into_inner().name;
-        self.shared_memory
-            .unregister(
-                &caller,
-                MemoryKind::Cuda,
-                (!name.is_empty()).then_some(name.as_str()),
-            )
-            .map_err(to_status)?;
+        self.unregister_regions(r, MemoryKind::Cuda, |r| r.name)?;
         Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 

@@ -170,33 +170,39 @@ pub fn router(state: HttpState) -> Router {
             "/v2/repository/{repository}/models/{model}/unload",
             post(unload),
         )
-        .route("/v2/systemsharedmemory/status", get(shm_status))
+        .route("/v2/systemsharedmemory/status", get(shm_status::<false>))
         .route(
             "/v2/systemsharedmemory/region/{region}/status",
-            get(shm_status),
+            get(shm_status::<false>),
         )
         .route(
             "/v2/systemsharedmemory/region/{region}/register",
             post(shm_register),
         )
-        .route("/v2/systemsharedmemory/unregister", post(shm_unregister))
+        .route(
+            "/v2/systemsharedmemory/unregister",
+            post(shm_unregister::<false>),
+        )
         .route(
             "/v2/systemsharedmemory/region/{region}/unregister",
-            post(shm_unregister),
+            post(shm_unregister::<false>),
         )
-        .route("/v2/cudasharedmemory/status", get(cuda_status))
+        .route("/v2/cudasharedmemory/status", get(shm_status::<true>))
         .route(
             "/v2/cudasharedmemory/region/{region}/status",
-            get(cuda_status),
+            get(shm_status::<true>),
         )
         .route(
             "/v2/cudasharedmemory/region/{region}/register",
             post(cuda_register),
         )
-        .route("/v2/cudasharedmemory/unregister", post(cuda_unregister))
+        .route(
+            "/v2/cudasharedmemory/unregister",
+            post(shm_unregister::<true>),
+        )
         .route(
             "/v2/cudasharedmemory/region/{region}/unregister",
-            post(cuda_unregister),
+            post(shm_unregister::<true>),
         )
         .route(
             "/v2/trace/setting",
@@ -250,15 +256,24 @@ fn regions_json(regions: Vec<RegionStatus>) -> Json<Value> {
     Json(Value::Array(regions.into_iter().map(region_json).collect()))
 }
 
-/// `GET /v2/systemsharedmemory[/region/<name>]/status`: the caller's regions.
-async fn shm_status(
+/// System (`CUDA` false) or CUDA shared memory, for the handlers shared by the two.
+fn memory_kind(cuda: bool) -> MemoryKind {
+    if cuda {
+        MemoryKind::Cuda
+    } else {
+        MemoryKind::System
+    }
+}
+
+/// `GET /v2/{system,cuda}sharedmemory[/region/<name>]/status`: the caller's regions.
+async fn shm_status<const CUDA: bool>(
     State(st): State<HttpState>,
     Extension(caller): Extension<Caller>,
     p: Option<Path<HashMap<String, String>>>,
 ) -> ApiResult<Json<Value>> {
     let regions = st
         .shared_memory
-        .status(&caller, MemoryKind::System, region_name(&p))?;
+        .status(&caller, memory_kind(CUDA), region_name(&p))?;
     Ok(regions_json(regions))
 }
 
@@ -294,27 +309,15 @@ async fn shm_register(
     Ok(Json(json!({})))
 }
 
-/// `POST /v2/systemsharedmemory[/region/<name>]/unregister`.
-async fn shm_unregister(
+/// `POST /v2/{system,cuda}sharedmemory[/region/<name>]/unregister`.
+async fn shm_unregister<const CUDA: bool>(
     State(st): State<HttpState>,
     Extension(caller): Extension<Caller>,
     p: Option<Path<HashMap<String, String>>>,
 ) -> ApiResult<Json<Value>> {
     st.shared_memory
-        .unregister(&caller, MemoryKind::System, region_name(&p))?;
+        .unregister(&caller, memory_kind(CUDA), region_name(&p))?;
     Ok(Json(json!({})))
-}
-
-/// `GET /v2/cudasharedmemory[/region/<name>]/status`.
-async fn cuda_status(
-    State(st): State<HttpState>,
-    Extension(caller): Extension<Caller>,
-    p: Option<Path<HashMap<String, String>>>,
-) -> ApiResult<Json<Value>> {
-    let regions = st
-        .shared_memory
-        .status(&caller, MemoryKind::Cuda, region_name(&p))?;
-    Ok(regions_json(regions))
 }
 
 /// `POST /v2/cudasharedmemory/region/<name>/register` with
@@ -348,17 +351,6 @@ async fn cuda_register(
         .ok_or_else(|| field("'byte_size' must be a non-negative integer"))?;
     st.shared_memory
         .register_cuda(&caller, &name, &handle, device_id, byte_size)?;
-    Ok(Json(json!({})))
-}
-
-/// `POST /v2/cudasharedmemory[/region/<name>]/unregister`.
-async fn cuda_unregister(
-    State(st): State<HttpState>,
-    Extension(caller): Extension<Caller>,
-    p: Option<Path<HashMap<String, String>>>,
-) -> ApiResult<Json<Value>> {
-    st.shared_memory
-        .unregister(&caller, MemoryKind::Cuda, region_name(&p))?;
     Ok(Json(json!({})))
 }
 
