@@ -185,14 +185,7 @@ impl SystemSharedMemory {
         offset: u64,
         byte_size: u64,
     ) -> Result<()> {
-        caller.require_admin("system shared memory")?;
-        if name.is_empty() {
-            return Err(Error::invalid("a shared memory region needs a name"));
-        }
-        let id = (owner(caller), name.to_owned());
-        if self.lock().contains_key(&id) {
-            return Err(already_registered(name));
-        }
+        let id = self.new_region(caller, Kind::System, name)?;
         let path = shm_path(key)?;
         let file = OpenOptions::new()
             .read(true)
@@ -247,6 +240,19 @@ impl SystemSharedMemory {
         self.insert(id, region)
     }
 
+    /// The caller may register a region of `kind` named `name` (checked again on insert).
+    fn new_region(&self, caller: &Caller, kind: Kind, name: &str) -> Result<Key> {
+        caller.require_admin(kind.api())?;
+        if name.is_empty() {
+            return Err(Error::invalid("a shared memory region needs a name"));
+        }
+        let id = (owner(caller), name.to_owned());
+        if self.lock().contains_key(&id) {
+            return Err(already_registered(name));
+        }
+        Ok(id)
+    }
+
     fn insert(&self, id: Key, region: Region) -> Result<()> {
         let mut regions = self.lock();
         if regions.contains_key(&id) {
@@ -267,14 +273,7 @@ impl SystemSharedMemory {
         device_id: i64,
         byte_size: u64,
     ) -> Result<()> {
-        caller.require_admin("CUDA shared memory")?;
-        if name.is_empty() {
-            return Err(Error::invalid("a shared memory region needs a name"));
-        }
-        let id = (owner(caller), name.to_owned());
-        if self.lock().contains_key(&id) {
-            return Err(already_registered(name));
-        }
+        let id = self.new_region(caller, Kind::Cuda, name)?;
         if let Err(why) = crate::runtime::gpu::device_count() {
             return Err(Error::unsupported(format!(
                 "CUDA shared memory is not available: {why}"
@@ -308,7 +307,7 @@ impl SystemSharedMemory {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (raw_handle, device_id, byte_size);
+            let _ = (id, raw_handle, device_id, byte_size);
             Err(Error::unsupported(
                 "CUDA shared memory is not available in this build",
             ))

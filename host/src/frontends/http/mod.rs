@@ -23,7 +23,9 @@ use super::{
     check_load, check_unload, model_config, model_metadata, model_statistics, on_behalf_of,
     parse_version,
     restricted::{ApiGroup, Restrictions},
-    shared_memory::{Kind as MemoryKind, Location, RegionStatus, SystemSharedMemory},
+    shared_memory::{
+        output_parameters, Kind as MemoryKind, Location, RegionStatus, SystemSharedMemory,
+    },
     trace::Tracing,
     EXTENSIONS, SERVER_NAME, SERVER_VERSION,
 };
@@ -702,7 +704,13 @@ async fn encode_for(
     response: InferResponse,
 ) -> Result<Encoded, Error> {
     let accept = accepted_encoding(headers);
-    let size: usize = response.outputs.iter().map(|t| t.data.len()).sum();
+    // Outputs written to shared memory are not encoded: they do not count.
+    let size: usize = response
+        .outputs
+        .iter()
+        .filter(|t| output_parameters(&requested, &t.name, 0).is_none())
+        .map(|t| t.data.len())
+        .sum();
     if size < LARGE_RESPONSE_BYTES {
         return encode_and_compress(accept, &parameters, &requested, &response);
     }
