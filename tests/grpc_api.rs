@@ -224,8 +224,26 @@ async fn bad_requests_map_to_grpc_codes() {
     let mut c = client(&s).await;
     let mut unknown = typed_simple_request();
     unknown.model_name = "ghost".into();
-    let err = c.model_infer(unknown).await.unwrap_err();
+    let err = c.model_infer(unknown.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
+    // A malformed request to an unknown model names the model, not the request's flaw.
+    let mut malformed = unknown;
+    malformed.inputs[0].datatype = "NOPE".into();
+    malformed.raw_input_contents = vec![vec![0u8; 3].into()];
+    let err = c.model_infer(malformed.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+    assert!(err.message().contains("'ghost'"), "{}", err.message());
+    let mut answers = c
+        .model_stream_infer(tokio_stream::iter([malformed]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().unwrap();
+    assert!(
+        answer.error_message.contains("unknown model: 'ghost'"),
+        "{}",
+        answer.error_message
+    );
 
     let mut wrong_type = typed_simple_request();
     wrong_type.inputs[0].datatype = "FP32".into();

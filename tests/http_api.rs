@@ -122,6 +122,24 @@ fn unknown_things_are_named_with_404() {
     let (status, msg) = error_of(post_infer(&s, "nope", &simple_request()));
     assert_eq!(status, 404);
     assert!(msg.contains("nope"), "{msg}");
+    // The model is looked up before the body is read: a malformed body to an unknown model
+    // names the model, on every inference route.
+    let (status, msg) = error_of(post_infer(&s, "nope", &json!({})));
+    assert_eq!(
+        (status.as_u16(), msg.contains("'nope'")),
+        (404, true),
+        "{msg}"
+    );
+    for route in ["infer", "generate", "generate_stream"] {
+        let resp = http()
+            .post(s.url(&format!("/v2/models/nope/versions/3/{route}")))
+            .body("{not json")
+            .send()
+            .unwrap();
+        let (status, msg) = error_of(resp);
+        assert_eq!(status, 404, "{route}: {msg}");
+        assert!(msg.contains("'nope'"), "{route}: {msg}");
+    }
     let (status, msg) = error_of(http().get(s.url("/v2/not/a/route")).send().unwrap());
     assert_eq!((status, msg.as_str()), (StatusCode::NOT_FOUND, "Not Found"));
     let (status, msg) = error_of(

@@ -375,6 +375,13 @@ impl TraceContext {
     }
 }
 
+/// Fails with NOT_FOUND when the request names no loaded model (version), before anything
+/// else in it is looked at, as Triton answers.
+fn known_model(server: &Server, req: &ModelInferRequest) -> Result<(), Error> {
+    let version = parse_version(&req.model_name, &req.model_version)?;
+    server.models().get(&req.model_name, version).map(drop)
+}
+
 async fn infer_one(
     server: &Server,
     shm: &SystemSharedMemory,
@@ -383,6 +390,7 @@ async fn infer_one(
     caller: &Caller,
     req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Error> {
+    known_model(server, &req)?;
     let shared = |input: &str, params: &Parameters| shm.input(caller, input, params);
     let mut request = decode_request(req, &shared)?;
     on_behalf_of(caller, &mut request);
@@ -430,7 +438,8 @@ fn stream_one(
 ) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
     let id = req.id.clone();
     let shared = |input: &str, params: &Parameters| shm.input(caller, input, params);
-    let mut request = match decode_request(req, &shared) {
+    let decoded = known_model(&server, &req).and_then(|()| decode_request(req, &shared));
+    let mut request = match decoded {
         Ok(r) => r,
         Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
     };

@@ -807,21 +807,20 @@ async fn run_infer(
                 })?,
         ),
     };
-    let config = if json_length == Some(0) {
-        Some(st.server.models().get(&model, version)?.config.clone())
-    } else {
-        None
-    };
+    // An unknown model is named before anything in the body is (Triton's order).
+    let target = st.server.models().get(&model, version)?;
+    let config = (json_length == Some(0)).then_some(&target.config);
     let shared = |input: &str, params: &Parameters| st.shared_memory.input(caller, input, params);
     let mut request = codec::decode_request(
         &model,
         version,
         body,
         json_length,
-        config.as_ref(),
+        config,
         st.server.limits(),
         &shared,
     )?;
+    drop(target);
     on_behalf_of(caller, &mut request);
     request.trace = st
         .tracing
@@ -871,9 +870,9 @@ async fn generate_request(
     let version = parse_version(&model, &version)?;
     let body = read_body(st, headers, body).await?;
     let admission = caller.admit(body.len())?;
+    let config = st.server.models().get(&model, version)?.config.clone();
     let json: Value = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid(format!("generate: the body is not valid JSON: {e}")))?;
-    let config = st.server.models().get(&model, version)?.config.clone();
     let mut request = generate::to_request(&config, &model, version, json)?;
     on_behalf_of(caller, &mut request);
     request.trace = st
