@@ -22,6 +22,10 @@ and, for the test suite, into a second directory:
 
 * slow            - FP32 [N,512] through 100 chained 512x512 MatMuls (seconds at N=64), to hold
                     requests in flight in drain and queueing tests
+* masked_encoder  - a tiny self-attention encoder that masks padding: input_ids,
+                    attention_mask INT64 [N,L] -> last_hidden_state FP32 [N,L,8] (embedding,
+                    one attention layer whose masked positions get -1e9 before the softmax)
+                    and pooled FP32 [N,8] (the masked mean), for sequence-padding tests
 * accumulate      - a stateful model for the sequence batcher: OUTPUT = ACC_IN + INPUT and
                     ACC_OUT = OUTPUT (the implicit state), and its control inputs echoed as
                     outputs; accumulate/initial_state/hundred holds its first state (INT32 100)
@@ -137,6 +141,50 @@ def slow():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def masked_encoder():
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    embedding = rng.standard_normal((50, 8)).astype(np.float32)
+    seq = lambda name, elem: helper.make_tensor_value_info(name, elem, ["batch", "length"])
+    const = lambda name, value: onnx.numpy_helper.from_array(np.array(value, dtype=np.float32), name)
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["h"]),
+        helper.make_node("Transpose", ["h"], ["ht"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["h", "ht"], ["scores"]),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+        # 0 where attended, -1e9 where masked: exp() of it is exactly 0 in fp32.
+        helper.make_node("Sub", ["m", "one"], ["m1"]),
+        helper.make_node("Mul", ["m1", "big"], ["bias2"]),
+        helper.make_node("Unsqueeze", ["bias2", "axis1"], ["bias"]),
+        helper.make_node("Add", ["scores", "bias"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["attn"], axis=-1),
+        helper.make_node("MatMul", ["attn", "h"], ["last_hidden_state"]),
+        helper.make_node("Unsqueeze", ["m", "axis2"], ["m3"]),
+        helper.make_node("Mul", ["last_hidden_state", "m3"], ["kept"]),
+        helper.make_node("ReduceSum", ["kept", "axis1"], ["total"], keepdims=0),
+        helper.make_node("ReduceSum", ["m3", "axis1"], ["count"], keepdims=0),
+        helper.make_node("Div", ["total", "count"], ["pooled"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_encoder",
+        [seq("input_ids", TensorProto.INT64), seq("attention_mask", TensorProto.INT64)],
+        [
+            helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "length", 8]),
+            helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 8]),
+        ],
+        initializer=[
+            onnx.numpy_helper.from_array(embedding, "E"),
+            const("one", 1.0),
+            const("big", 1e9),
+            onnx.numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+            onnx.numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
 def accumulate():
     def value(name, elem):
         return helper.make_tensor_value_info(name, elem, ["batch", 1])
@@ -214,6 +262,7 @@ def main():
         tests = {
             "slow/1/model.onnx": lambda p: save(slow(), p),
             "accumulate/1/model.onnx": lambda p: save(accumulate(), p),
+            "masked_encoder/1/model.onnx": lambda p: save(masked_encoder(), p),
             "accumulate/initial_state/hundred": lambda p: write(p, (100).to_bytes(4, "little")),
         }
         for name, make in tests.items():

@@ -8,23 +8,10 @@
 
 mod common;
 
-use std::{path::Path, time::Duration};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-
-/// Replaces (or creates) `<repo>/<name>` with a copy of `source`'s files and `config`.
-fn add_model(repo: &Path, name: &str, source: &str, config: &str) {
-    let src = [
-        example_repository().join(source),
-        workspace().join("tests/models").join(source),
-    ]
-    .into_iter()
-    .find(|p| p.is_dir())
-    .unwrap();
-    copy_dir(&src, &repo.join(name));
-    std::fs::write(repo.join(name).join("config.pbtxt"), config).unwrap();
-}
 
 /// Waits until `model` has `n` requests queued.
 fn wait_pending(s: &TestServer, model: &str, n: f64) {

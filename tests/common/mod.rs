@@ -48,6 +48,20 @@ pub fn add_probe(repo: &Path, name: &str, mode: &str, params: &[(&str, &str)]) {
     std::fs::write(dst.join("config.pbtxt"), config).unwrap();
 }
 
+/// Replaces (or creates) `<repo>/<name>` with a copy of `source`'s files (from the example
+/// repository or the test models) and `config`.
+pub fn add_model(repo: &Path, name: &str, source: &str, config: &str) {
+    let src = [
+        example_repository().join(source),
+        workspace().join("tests/models").join(source),
+    ]
+    .into_iter()
+    .find(|p| p.is_dir())
+    .unwrap_or_else(|| panic!("no model '{source}' (run `make models`)"));
+    copy_dir(&src, &repo.join(name));
+    std::fs::write(repo.join(name).join("config.pbtxt"), config).unwrap();
+}
+
 /// A fresh repository in a temp dir holding copies of the named models from the example
 /// repository or `tests/models`.
 pub fn temp_repository(models: &[&str]) -> TempDir {

@@ -143,6 +143,22 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
     ) else {
         return vec![];
     };
+    let (Some(padded), Ok(warmup)) = (
+        counter(
+            "wasmtron_inference_padded_rows",
+            "Rows of zeros executions ran with to reach a batch bucket (never answered, not counted as inferences)",
+            &mv,
+        ),
+        GaugeVec::new(
+            Opts::new(
+                "wasmtron_model_warmup_duration_secs",
+                "Time the model's warm-up took at load, in seconds (part of the load time)",
+            ),
+            &mv,
+        ),
+    ) else {
+        return vec![];
+    };
     for m in server.models().loaded() {
         let version = m.version.to_string();
         let l = [m.name.as_str(), version.as_str()];
@@ -172,6 +188,10 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
         pending.with_label_values(&l).set(s.pending.load(Relaxed));
         load.with_label_values(&l)
             .set(m.load_duration.as_secs_f64());
+        padded
+            .with_label_values(&l)
+            .inc_by(s.padded_rows.load(Relaxed));
+        warmup.with_label_values(&l).set(s.warmup.ns() as f64 / 1e9);
         restarts.with_label_values(&l).inc_by(m.health.restarts());
         healthy
             .with_label_values(&l)
@@ -187,5 +207,7 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
     families.extend(restarts.collect());
     families.extend(healthy.collect());
     families.extend(load.collect());
+    families.extend(padded.collect());
+    families.extend(warmup.collect());
     families
 }

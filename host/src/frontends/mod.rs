@@ -177,6 +177,7 @@ pub fn model_statistics(
                     cache_hit: Some(StatisticDuration::default()),
                     cache_miss: Some(StatisticDuration::default()),
                 }),
+                warmup: duration(&s.warmup),
                 batch_stats: s
                     .batch_stats()
                     .into_iter()

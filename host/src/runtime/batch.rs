@@ -107,6 +107,30 @@ pub fn split(model: &str, outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Ve
     Ok(per_request)
 }
 
+/// The first `rows` rows of `t` (an execution's output without its padding rows).
+pub fn first_rows(model: &str, t: Tensor, rows: usize) -> Result<Tensor> {
+    let total = t.shape.first().and_then(|&r| usize::try_from(r).ok());
+    let Some(total) = total.filter(|&total| total >= rows) else {
+        return Err(Error::internal(format!(
+            "model '{model}': output '{}' has fewer rows than the {rows} requested",
+            t.name
+        )));
+    };
+    let offsets = row_offsets(&t, total).ok_or_else(|| {
+        Error::internal(format!(
+            "model '{model}': output '{}' holds data that does not match its shape",
+            t.name
+        ))
+    })?;
+    let mut shape = t.shape;
+    shape[0] = rows as i64;
+    Ok(Tensor {
+        data: t.data.slice(0..offsets[rows]),
+        shape,
+        ..t
+    })
+}
+
 /// Byte offset of the start of every row, plus the end: `rows + 1` entries.
 fn row_offsets(t: &Tensor, rows: usize) -> Option<Vec<usize>> {
     let per_row = element_count(t.shape.get(1..)?)?;

@@ -87,9 +87,10 @@ pub struct TensorRtOptions {
     pub fp16: bool,
     /// `max_workspace_size_bytes`.
     pub max_workspace_size: Option<usize>,
-    /// `trt_engine_cache_enable`.
-    pub engine_cache: bool,
-    /// `trt_engine_cache_path`.
+    /// `trt_engine_cache_enable`; unset means on: building engines takes minutes, and a
+    /// restart should not pay it again.
+    pub engine_cache: Option<bool>,
+    /// `trt_engine_cache_path`; unset means `trt_engine_cache/` in the version directory.
     pub engine_cache_path: Option<String>,
     /// `trt_min_subgraph_size`.
     pub min_subgraph_size: Option<usize>,
@@ -97,17 +98,135 @@ pub struct TensorRtOptions {
     pub max_partition_iterations: Option<u32>,
 }
 
-/// The TensorRT accelerator the configuration asks for on GPU instances, if any. `cuda` is
-/// accepted as a name for the default (CUDA alone); unknown names and parameters, and CPU
+impl TensorRtOptions {
+    /// Where engines are cached, if they are: the configured path, else a directory in the
+    /// version directory, created here (a read-only repository turns the cache off, with a
+    /// warning, rather than failing the load).
+    pub fn engine_cache_dir(&self, version_dir: &std::path::Path) -> Option<String> {
+        if self.engine_cache == Some(false) {
+            return None;
+        }
+        if let Some(path) = &self.engine_cache_path {
+            return Some(path.clone());
+        }
+        let dir = version_dir.join("trt_engine_cache");
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => Some(dir.display().to_string()),
+            Err(e) if self.engine_cache == Some(true) => {
+                tracing::warn!(
+                    "TensorRT engine cache '{}' cannot be created: {e}",
+                    dir.display()
+                );
+                Some(dir.display().to_string())
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "TensorRT engine cache off: '{}' cannot be created ({e}); set \
+                     trt_engine_cache_path to a writable directory",
+                    dir.display()
+                );
+                None
+            }
+        }
+    }
+}
+
+/// The GPU execution accelerators a configuration asks for, checked.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Accelerators {
+    /// TensorRT first, when asked for (CUDA runs what it does not take).
+    pub tensorrt: Option<TensorRtOptions>,
+    /// CUDA execution provider options, by ONNX Runtime's names with values it accepts.
+    pub cuda: Vec<(String, String)>,
+}
+
+/// CUDA options Triton's ONNX Runtime backend also takes as model `parameters` (its older form).
+const CUDA_MODEL_PARAMETERS: [&str; 4] = [
+    "cudnn_conv_algo_search",
+    "gpu_mem_limit",
+    "arena_extend_strategy",
+    "do_copy_in_default_stream",
+];
+
+/// The CUDA options understood, for messages.
+const CUDA_OPTIONS: &str = "cudnn_conv_algo_search, gpu_mem_limit, arena_extend_strategy, \
+     cudnn_conv_use_max_workspace, do_copy_in_default_stream, use_ep_level_unified_stream, \
+     use_tf32, prefer_nhwc, enable_cuda_graph";
+
+/// One CUDA option as ONNX Runtime takes it, or why `value` is not one; `Ok(None)` for an
+/// unknown key.
+fn cuda_option(key: &str, value: &str) -> std::result::Result<Option<String>, String> {
+    let v = value.trim();
+    let flag = || match v.to_ascii_lowercase().as_str() {
+        "1" | "true" => Ok("1".to_owned()),
+        "0" | "false" => Ok("0".to_owned()),
+        _ => Err(format!("must be 1 or 0 (true or false), got \"{value}\"")),
+    };
+    Ok(Some(match key {
+        "cudnn_conv_algo_search" => match v.to_ascii_uppercase().as_str() {
+            "0" | "EXHAUSTIVE" => "EXHAUSTIVE".to_owned(),
+            "1" | "HEURISTIC" => "HEURISTIC".to_owned(),
+            "2" | "DEFAULT" => "DEFAULT".to_owned(),
+            _ => {
+                return Err(format!(
+                    "must be EXHAUSTIVE (0), HEURISTIC (1) or DEFAULT (2), got \"{value}\""
+                ))
+            }
+        },
+        "arena_extend_strategy" => match v {
+            "0" | "kNextPowerOfTwo" => "kNextPowerOfTwo".to_owned(),
+            "1" | "kSameAsRequested" => "kSameAsRequested".to_owned(),
+            _ => {
+                return Err(format!(
+                    "must be kNextPowerOfTwo (0) or kSameAsRequested (1), got \"{value}\""
+                ))
+            }
+        },
+        "gpu_mem_limit" => v
+            .parse::<u64>()
+            .map_err(|_| format!("must be a number of bytes, got \"{value}\""))?
+            .to_string(),
+        "cudnn_conv_use_max_workspace"
+        | "do_copy_in_default_stream"
+        | "use_ep_level_unified_stream"
+        | "use_tf32"
+        | "prefer_nhwc" => flag()?,
+        "enable_cuda_graph" => {
+            let on = flag()?;
+            if on == "1" {
+                return Err(
+                    "CUDA graphs need inputs bound in GPU memory at fixed addresses, \
+                            which wasmtron does not do yet; leave it 0"
+                        .to_owned(),
+                );
+            }
+            on
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// The accelerators the configuration asks for on GPU instances. `cuda` takes the CUDA
+/// provider's options as parameters (Triton's form; the four older model-level `parameters`
+/// are read too, the accelerator's winning); unknown names, parameters and values, and CPU
 /// accelerators, are refused by name.
-pub fn gpu_accelerator(config: &ModelConfig) -> Result<Option<TensorRtOptions>> {
+pub fn accelerators(config: &ModelConfig) -> Result<Accelerators> {
     let name = &config.name;
+    let mut out = Accelerators::default();
+    for key in CUDA_MODEL_PARAMETERS {
+        if let Some(p) = config.parameters.get(key) {
+            let value = cuda_option(key, &p.string_value)
+                .map_err(|msg| Error::invalid(format!("model '{name}': parameter '{key}' {msg}")))?
+                .unwrap_or_default();
+            out.cuda.push((key.to_owned(), value));
+        }
+    }
     let Some(acc) = config
         .optimization
         .as_ref()
         .and_then(|o| o.execution_accelerators.as_ref())
     else {
-        return Ok(None);
+        return Ok(out);
     };
     if let Some(cpu) = acc.cpu_execution_accelerator.first() {
         return Err(Error::invalid(format!(
@@ -116,71 +235,90 @@ pub fn gpu_accelerator(config: &ModelConfig) -> Result<Option<TensorRtOptions>> 
             cpu.name
         )));
     }
-    let mut tensorrt = None;
     for (i, a) in acc.gpu_execution_accelerator.iter().enumerate() {
         let field = format!("optimization.execution_accelerators.gpu_execution_accelerator[{i}]");
         match a.name.as_str() {
-            "tensorrt" => {
-                let mut o = TensorRtOptions::default();
-                for (key, value) in &a.parameters {
-                    let number = || {
-                        value.trim().parse::<usize>().map_err(|_| {
+            "tensorrt" => out.tensorrt = Some(tensorrt_options(name, &field, a)?),
+            "cuda" => {
+                let mut keys: Vec<&String> = a.parameters.keys().collect();
+                keys.sort();
+                for key in keys {
+                    let value = cuda_option(key, &a.parameters[key])
+                        .map_err(|msg| {
                             Error::invalid(format!(
-                                "model '{name}': {field} parameter '{key}' must be a \
-                                 non-negative integer, got \"{value}\""
+                                "model '{name}': {field} parameter '{key}' {msg}"
                             ))
-                        })
-                    };
-                    let flag = || match value.trim() {
-                        "true" | "1" => Ok(true),
-                        "false" | "0" => Ok(false),
-                        _ => Err(Error::invalid(format!(
-                            "model '{name}': {field} parameter '{key}' must be true or false, \
-                             got \"{value}\""
-                        ))),
-                    };
-                    match key.as_str() {
-                        "precision_mode" => {
-                            o.fp16 = match value.trim() {
-                                "FP16" => true,
-                                "FP32" => false,
-                                other => {
-                                    return Err(Error::invalid(format!(
-                                        "model '{name}': {field} precision_mode \"{other}\" is \
-                                         not supported (FP32 or FP16)"
-                                    )))
-                                }
-                            }
-                        }
-                        "max_workspace_size_bytes" => o.max_workspace_size = Some(number()?),
-                        "trt_engine_cache_enable" => o.engine_cache = flag()?,
-                        "trt_engine_cache_path" => o.engine_cache_path = Some(value.clone()),
-                        "trt_min_subgraph_size" => o.min_subgraph_size = Some(number()?),
-                        "trt_max_partition_iterations" => {
-                            o.max_partition_iterations = Some(number()? as u32)
-                        }
-                        other => {
-                            return Err(Error::invalid(format!(
-                                "model '{name}': {field} has unknown parameter '{other}' \
-                                 (supported: precision_mode, max_workspace_size_bytes, \
-                                 trt_engine_cache_enable, trt_engine_cache_path, \
-                                 trt_min_subgraph_size, trt_max_partition_iterations)"
-                            )))
-                        }
-                    }
+                        })?
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "model '{name}': {field} has unknown CUDA parameter '{key}' \
+                                 (supported: {CUDA_OPTIONS})"
+                            ))
+                        })?;
+                    out.cuda.retain(|(k, _)| k != key);
+                    out.cuda.push((key.clone(), value));
                 }
-                tensorrt = Some(o);
             }
-            "cuda" if a.parameters.is_empty() => {}
             other => {
                 return Err(Error::invalid(format!(
-                    "model '{name}': {field} name '{other}' is not supported (tensorrt, or cuda \
-                     without parameters)"
+                    "model '{name}': {field} name '{other}' is not supported (tensorrt or cuda)"
                 )))
             }
         }
     }
-    Ok(tensorrt)
+    Ok(out)
+}
+
+fn tensorrt_options(
+    name: &str,
+    field: &str,
+    a: &crate::proto::inference::model_optimization_policy::execution_accelerators::Accelerator,
+) -> Result<TensorRtOptions> {
+    let mut o = TensorRtOptions::default();
+    for (key, value) in &a.parameters {
+        let number = || {
+            value.trim().parse::<usize>().map_err(|_| {
+                Error::invalid(format!(
+                    "model '{name}': {field} parameter '{key}' must be a non-negative integer, \
+                     got \"{value}\""
+                ))
+            })
+        };
+        let flag = || match value.trim() {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(Error::invalid(format!(
+                "model '{name}': {field} parameter '{key}' must be true or false, got \"{value}\""
+            ))),
+        };
+        match key.as_str() {
+            "precision_mode" => {
+                o.fp16 = match value.trim() {
+                    "FP16" => true,
+                    "FP32" => false,
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "model '{name}': {field} precision_mode \"{other}\" is not \
+                             supported (FP32 or FP16)"
+                        )))
+                    }
+                }
+            }
+            "max_workspace_size_bytes" => o.max_workspace_size = Some(number()?),
+            "trt_engine_cache_enable" => o.engine_cache = Some(flag()?),
+            "trt_engine_cache_path" => o.engine_cache_path = Some(value.clone()),
+            "trt_min_subgraph_size" => o.min_subgraph_size = Some(number()?),
+            "trt_max_partition_iterations" => o.max_partition_iterations = Some(number()? as u32),
+            other => {
+                return Err(Error::invalid(format!(
+                    "model '{name}': {field} has unknown parameter '{other}' (supported: \
+                     precision_mode, max_workspace_size_bytes, trt_engine_cache_enable, \
+                     trt_engine_cache_path, trt_min_subgraph_size, trt_max_partition_iterations)"
+                )))
+            }
+        }
+    }
+    Ok(o)
 }
 
 /// How many CUDA devices this host has; an error saying why there are none usable (a build
@@ -399,7 +537,7 @@ mod tests {
 
     #[test]
     fn tensorrt_parameters_are_read_and_mistakes_named() {
-        let o = gpu_accelerator(&accelerating(
+        let a = accelerators(&accelerating(
             "tensorrt",
             &[
                 ("precision_mode", "FP16"),
@@ -407,23 +545,100 @@ mod tests {
                 ("trt_engine_cache_enable", "true"),
             ],
         ))
-        .unwrap()
         .unwrap();
-        assert!(o.fp16 && o.engine_cache);
+        let o = a.tensorrt.unwrap();
+        assert!(o.fp16 && o.engine_cache == Some(true));
         assert_eq!(o.max_workspace_size, Some(1 << 30));
-        let err = gpu_accelerator(&accelerating("tensorrt", &[("precision", "FP16")])).unwrap_err();
+        let err = accelerators(&accelerating("tensorrt", &[("precision", "FP16")])).unwrap_err();
         assert!(
             err.message.contains("unknown parameter 'precision'"),
             "{}",
             err.message
         );
-        let err = gpu_accelerator(&accelerating("openvino", &[])).unwrap_err();
+        let err = accelerators(&accelerating("openvino", &[])).unwrap_err();
         assert!(
             err.message
                 .contains("gpu_execution_accelerator[0] name 'openvino'"),
             "{}",
             err.message
         );
-        assert_eq!(gpu_accelerator(&accelerating("cuda", &[])).unwrap(), None);
+        assert_eq!(
+            accelerators(&accelerating("cuda", &[])).unwrap(),
+            Accelerators::default()
+        );
+    }
+
+    #[test]
+    fn tensorrt_engines_are_cached_in_the_version_directory_by_default() {
+        let dir = std::env::temp_dir().join(format!("wasmtron-trt-{}", std::process::id()));
+        let cache = TensorRtOptions::default().engine_cache_dir(&dir);
+        assert_eq!(
+            cache,
+            Some(dir.join("trt_engine_cache").display().to_string())
+        );
+        assert!(dir.join("trt_engine_cache").is_dir());
+        let off = TensorRtOptions {
+            engine_cache: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(off.engine_cache_dir(&dir), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn cuda_options_are_read_in_both_places_and_mistakes_named() {
+        let mut config = accelerating(
+            "cuda",
+            &[
+                ("cudnn_conv_algo_search", "HEURISTIC"),
+                ("cudnn_conv_use_max_workspace", "0"),
+                ("arena_extend_strategy", "1"),
+            ],
+        );
+        for (k, v) in [
+            ("cudnn_conv_algo_search", "2"),
+            ("gpu_mem_limit", "4294967296"),
+        ] {
+            config.parameters.insert(
+                k.into(),
+                crate::proto::inference::ModelParameter {
+                    string_value: v.into(),
+                },
+            );
+        }
+        let mut cuda = accelerators(&config).unwrap().cuda;
+        cuda.sort();
+        let want = [
+            ("arena_extend_strategy", "kSameAsRequested"),
+            ("cudnn_conv_algo_search", "HEURISTIC"),
+            ("cudnn_conv_use_max_workspace", "0"),
+            ("gpu_mem_limit", "4294967296"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(
+            cuda, want,
+            "the accelerator's value wins over the model parameter"
+        );
+        let cases = [
+            (
+                ("cudnn_conv_algo_search", "FAST"),
+                "must be EXHAUSTIVE (0), HEURISTIC (1) or DEFAULT (2)",
+            ),
+            (("gpu_mem_limit", "lots"), "must be a number of bytes"),
+            (("do_copy_in_default_stream", "2"), "must be 1 or 0"),
+            (
+                ("enable_cuda_graph", "1"),
+                "CUDA graphs need inputs bound in GPU memory",
+            ),
+            (("cudnn_algo", "1"), "unknown CUDA parameter 'cudnn_algo'"),
+        ];
+        for ((k, v), want) in cases {
+            let err = accelerators(&accelerating("cuda", &[(k, v)])).unwrap_err();
+            assert!(err.message.contains(want), "{}", err.message);
+            assert!(err.message.contains(&format!("'{k}'")), "{}", err.message);
+        }
     }
 }

@@ -3,9 +3,11 @@
 //! thread the scheduler owns, never on the async runtime.
 
 pub mod batch;
+pub mod buckets;
 pub mod gpu;
 pub mod onnx;
 pub mod request_check;
+pub mod warmup;
 pub mod wasm;
 
 use std::{
@@ -25,7 +27,8 @@ use crate::{
     tensor::Tensor,
 };
 
-/// Time spent in the three phases Triton reports for each execution.
+/// What one execution reports: the time spent in the three phases Triton reports, and the
+/// rows of padding it ran with.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ExecTimings {
     /// Preparing inputs for the engine.
@@ -34,6 +37,8 @@ pub struct ExecTimings {
     pub compute_infer: Duration,
     /// Collecting outputs from the engine.
     pub compute_output: Duration,
+    /// Rows of zeros added to reach a batch bucket ([`buckets`]); never answered.
+    pub padded_rows: u64,
 }
 
 /// One execution instance of a model (an ONNX Runtime session, a Wasm stage instance).
@@ -124,6 +129,11 @@ pub struct LoadedBackend {
     pub instances: Vec<Box<dyn ModelInstance>>,
     /// Crash accounting shared by the instances.
     pub health: Arc<InstanceHealth>,
+    /// The shapes its executions are padded to, if any: the scheduler batches requests
+    /// whose padded shapes agree.
+    pub buckets: Option<Arc<buckets::ShapeBuckets>>,
+    /// What warming up the instances took, if the model was warmed up.
+    pub warmup: Option<warmup::WarmupReport>,
 }
 
 /// Crash accounting for a model version: instances that trap are replaced, and a version
@@ -213,7 +223,7 @@ pub fn load(
             config.name
         )));
     }
-    match backend.as_str() {
+    let mut loaded = match backend.as_str() {
         ONNXRUNTIME => onnx::load(config, version_dir, options),
         wasm::BACKEND => wasm::load(config, version_dir, options),
         other => Err(Error::invalid(format!(
@@ -221,5 +231,8 @@ pub fn load(
             config.name,
             wasm::BACKEND
         ))),
-    }
+    }?;
+    // Warm-up runs against the completed configuration, before the version is READY.
+    loaded.warmup = warmup::run(&mut loaded, version_dir)?;
+    Ok(loaded)
 }

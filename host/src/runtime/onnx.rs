@@ -5,7 +5,7 @@
 use std::{
     borrow::Cow,
     path::{Path, PathBuf},
-    sync::OnceLock,
+    sync::{Arc, OnceLock},
     time::Instant,
 };
 
@@ -21,6 +21,7 @@ use ort::{
 
 use super::{
     batch,
+    buckets::{self, ShapeBuckets},
     gpu::{self, Placement},
     model_file, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions,
 };
@@ -151,23 +152,32 @@ pub fn load(
     let model_path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
     let env = environment(options)?;
     let placements = gpu::placements(&config)?;
-    let tensorrt = gpu::gpu_accelerator(&config)?;
+    let accelerators = gpu::accelerators(&config)?;
+    let engine_cache = accelerators
+        .tensorrt
+        .as_ref()
+        .and_then(|t| t.engine_cache_dir(version_dir));
     let count = placements.len();
     let (intra, inter) = thread_counts(&config, count)?;
-    let (&first_place, rest) = placements
+    let (&first_place, _) = placements
         .split_first()
         .ok_or_else(|| Error::internal(format!("model '{}': no instances", config.name)))?;
-    let build = |placement| {
+    let providers = Providers {
+        accelerators: &accelerators,
+        engine_cache: engine_cache.as_deref(),
+    };
+    let build = |placement, profile: Option<&str>| {
         build_session(
             &env,
             &model_path,
             intra,
             inter,
             placement,
-            tensorrt.as_ref(),
+            &providers,
+            profile,
         )
     };
-    let first = build(first_place).map_err(|e| {
+    let probe = build(first_place, None).map_err(|e| {
         Error::invalid(format!(
             "model '{}': ONNX Runtime cannot load '{}'{}: {e}",
             config.name,
@@ -180,34 +190,79 @@ pub fn load(
     })?;
     reconcile(
         &mut config,
-        &signatures(first.inputs()),
-        &signatures(first.outputs()),
+        &signatures(probe.inputs()),
+        &signatures(probe.outputs()),
         options,
     )?;
-    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
+    // Buckets are read once the configuration is complete (auto-completion may set
+    // max_batch_size and dims).
+    let on_gpu = placements.iter().any(|p| matches!(p, Placement::Gpu(_)));
+    let buckets = ShapeBuckets::from_config(&config, on_gpu)?.map(Arc::new);
+    // One session per instance, or one per batch bucket; TensorRT builds each bucket's
+    // session for exactly its shape.
+    let profiles: Vec<Option<String>> = match &buckets {
+        Some(b) if b.session_per_bucket => b
+            .batch
+            .iter()
+            .map(|&n| {
+                accelerators
+                    .tensorrt
+                    .as_ref()
+                    .and_then(|_| tensorrt_profile(&config, n))
+            })
+            .collect(),
+        _ => vec![None],
+    };
     let output_types = output_types(&config);
     let shapes = Reshapes::of(&config);
-    instances.push(Box::new(OnnxInstance {
-        name: config.name.clone(),
-        session: first,
-        output_types: output_types.clone(),
-        shapes: shapes.clone(),
-    }));
-    for &placement in rest {
-        let session = build(placement)
-            .map_err(|e| Error::internal(format!("model '{}': {e}", config.name)))?;
+    let mut probe = Some(probe);
+    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
+    for (index, &placement) in placements.iter().enumerate() {
+        let mut sessions = Vec::with_capacity(profiles.len());
+        for profile in &profiles {
+            // The session built to read the signature serves when it fits.
+            let reuse = index == 0 && profile.is_none();
+            let session = match probe.take().filter(|_| reuse) {
+                Some(session) => session,
+                None => build(placement, profile.as_deref())
+                    .map_err(|e| Error::internal(format!("model '{}': {e}", config.name)))?,
+            };
+            sessions.push(session);
+        }
         instances.push(Box::new(OnnxInstance {
             name: config.name.clone(),
-            session,
+            sessions,
             output_types: output_types.clone(),
             shapes: shapes.clone(),
+            buckets: buckets.clone(),
         }));
     }
     Ok(LoadedBackend {
         config,
         instances,
         health: Default::default(),
+        buckets,
+        warmup: None,
     })
+}
+
+/// TensorRT's optimisation profile for one batch bucket (`name:BxD1xD2,...`), the minimum,
+/// optimum and maximum alike; `None` when an input has variable dimensions besides the batch
+/// (TensorRT then profiles by itself).
+fn tensorrt_profile(config: &ModelConfig, rows: usize) -> Option<String> {
+    let mut shapes = Vec::with_capacity(config.input.len());
+    for input in &config.input {
+        let dims = input.reshape.as_ref().map_or(&input.dims, |r| &r.shape);
+        if dims.iter().any(|&d| d < 0) {
+            return None;
+        }
+        let all: Vec<String> = std::iter::once(rows as i64)
+            .chain(dims.iter().copied())
+            .map(|d| d.to_string())
+            .collect();
+        shapes.push(format!("{}:{}", input.name, all.join("x")));
+    }
+    Some(shapes.join(","))
 }
 
 fn output_types(config: &ModelConfig) -> Vec<(String, DataType)> {
@@ -244,13 +299,22 @@ fn thread_counts(config: &ModelConfig, instances: usize) -> Result<(usize, usize
     Ok((intra, inter))
 }
 
+/// The execution providers of GPU sessions (read only by GPU builds).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Providers<'a> {
+    accelerators: &'a gpu::Accelerators,
+    /// Where TensorRT caches engines, if it does.
+    engine_cache: Option<&'a str>,
+}
+
 fn build_session(
     env: &Environment,
     path: &Path,
     intra: usize,
     inter: usize,
     placement: Placement,
-    tensorrt: Option<&gpu::TensorRtOptions>,
+    providers: &Providers<'_>,
+    profile: Option<&str>,
 ) -> std::result::Result<Session, String> {
     let mut builder = Session::builder(env)
         .map_err(|e| e.to_string())?
@@ -259,33 +323,35 @@ fn build_session(
         .with_inter_threads(inter)
         .map_err(|e| e.to_string())?;
     if let Placement::Gpu(device) = placement {
-        builder = with_gpu(builder, device, tensorrt)?;
+        builder = with_gpu(builder, device, providers, profile)?;
     }
     builder.commit_from_file(path).map_err(|e| e.to_string())
 }
 
 /// Adds the GPU execution providers: TensorRT first when asked for (ONNX Runtime falls back
-/// to CUDA for what TensorRT does not take), then CUDA, each failing the load if unavailable.
+/// to CUDA for what TensorRT does not take), then CUDA with the configured options, each
+/// failing the load if unavailable.
 #[cfg(feature = "cuda")]
 fn with_gpu(
     builder: ort::session::builder::SessionBuilder,
     device: i32,
-    tensorrt: Option<&gpu::TensorRtOptions>,
+    providers: &Providers<'_>,
+    profile: Option<&str>,
 ) -> std::result::Result<ort::session::builder::SessionBuilder, String> {
-    use ort::ep::ExecutionProviderDispatch;
-    let mut providers: Vec<ExecutionProviderDispatch> = Vec::new();
-    if let Some(options) = tensorrt {
+    use ort::ep::{ArbitrarilyConfigurableExecutionProvider, ExecutionProviderDispatch};
+    let mut list: Vec<ExecutionProviderDispatch> = Vec::new();
+    if let Some(options) = &providers.accelerators.tensorrt {
         #[cfg(feature = "tensorrt")]
         {
             let mut trt = ort::ep::TensorRT::default()
                 .with_device_id(device)
                 .with_fp16(options.fp16)
-                .with_engine_cache(options.engine_cache);
+                .with_engine_cache(providers.engine_cache.is_some());
+            if let Some(path) = providers.engine_cache {
+                trt = trt.with_engine_cache_path(path);
+            }
             if let Some(size) = options.max_workspace_size {
                 trt = trt.with_max_workspace_size(size);
-            }
-            if let Some(path) = &options.engine_cache_path {
-                trt = trt.with_engine_cache_path(path);
             }
             if let Some(size) = options.min_subgraph_size {
                 trt = trt.with_min_subgraph_size(size);
@@ -293,11 +359,17 @@ fn with_gpu(
             if let Some(n) = options.max_partition_iterations {
                 trt = trt.with_max_partition_iterations(n);
             }
-            providers.push(trt.build().error_on_failure());
+            if let Some(shapes) = profile {
+                trt = trt
+                    .with_profile_min_shapes(shapes)
+                    .with_profile_opt_shapes(shapes)
+                    .with_profile_max_shapes(shapes);
+            }
+            list.push(trt.build().error_on_failure());
         }
         #[cfg(not(feature = "tensorrt"))]
         {
-            let _ = options;
+            let _ = (options, profile);
             return Err(
                 "the configuration asks for the tensorrt accelerator, but this wasmtron \
                         build has no TensorRT support (rebuild with `--features tensorrt`)"
@@ -305,14 +377,13 @@ fn with_gpu(
             );
         }
     }
-    providers.push(
-        ort::ep::CUDA::default()
-            .with_device_id(device)
-            .build()
-            .error_on_failure(),
-    );
+    let mut cuda = ort::ep::CUDA::default().with_device_id(device);
+    for (key, value) in &providers.accelerators.cuda {
+        cuda = cuda.with_arbitrary_config(key, value);
+    }
+    list.push(cuda.build().error_on_failure());
     builder
-        .with_execution_providers(providers)
+        .with_execution_providers(list)
         .map_err(|e| e.to_string())
 }
 
@@ -320,7 +391,8 @@ fn with_gpu(
 fn with_gpu(
     _: ort::session::builder::SessionBuilder,
     _: i32,
-    _: Option<&gpu::TensorRtOptions>,
+    _: &Providers<'_>,
+    _: Option<&str>,
 ) -> std::result::Result<ort::session::builder::SessionBuilder, String> {
     // `placements` refuses GPU groups in such a build; kept for a clear message regardless.
     Err("this wasmtron build has no GPU support (rebuild with `--features cuda`)".to_owned())
@@ -527,12 +599,27 @@ fn check_against_model(
     Ok(())
 }
 
-/// One ONNX Runtime session.
+/// One execution instance: an ONNX Runtime session, or one per batch bucket.
 struct OnnxInstance {
     name: String,
-    session: Session,
+    /// One session, or one per batch bucket in bucket order.
+    sessions: Vec<Session>,
     output_types: Vec<(String, DataType)>,
     shapes: Reshapes,
+    buckets: Option<Arc<ShapeBuckets>>,
+}
+
+/// The shape one execution runs at: rows padded to a batch bucket, variable dimensions to
+/// the padded sequence length.
+struct Padding {
+    /// Real rows of the batch.
+    rows: usize,
+    /// Rows the execution runs with.
+    padded_rows: usize,
+    /// The padded length of the variable dimensions, when they are padded.
+    sequence: Option<i64>,
+    /// Which session runs it.
+    session: usize,
 }
 
 /// The `reshape` settings of a model's tensors: inputs are handed to ONNX Runtime in their
@@ -579,13 +666,52 @@ impl Reshapes {
 }
 
 impl OnnxInstance {
+    /// How a batch of `requests` is padded (no padding without buckets).
+    fn padding(&self, requests: &[&InferRequest]) -> Padding {
+        let rows = if self.shapes.batching {
+            requests.iter().map(|r| batch::rows(r)).sum()
+        } else {
+            1
+        };
+        let Some(b) = self.buckets.as_deref() else {
+            return Padding {
+                rows,
+                padded_rows: rows,
+                sequence: None,
+                session: 0,
+            };
+        };
+        let padded_rows = if self.shapes.batching {
+            b.batch_size(rows)
+        } else {
+            rows
+        };
+        // The batch's requests agree on their padded shape (the scheduler batches so).
+        let sequence = requests
+            .first()
+            .and_then(|r| b.sequence_of(r))
+            .map(|len| b.padded_len(len));
+        let session = if self.sessions.len() > 1 {
+            b.bucket_index(rows).min(self.sessions.len() - 1)
+        } else {
+            0
+        };
+        Padding {
+            rows,
+            padded_rows,
+            sequence,
+            session,
+        }
+    }
+
     /// Builds one ONNX Runtime input per model input from `requests` (several requests are
-    /// concatenated along the batch dimension while being copied in), runs the session and
-    /// collects `outputs`.
+    /// concatenated along the batch dimension, and padded, while being copied in), runs the
+    /// session and collects `outputs` for the real rows.
     fn run(
         &mut self,
         requests: &[&InferRequest],
         outputs: &[String],
+        padding: &Padding,
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
         let start = Instant::now();
         let Some(first) = requests.first() else {
@@ -595,13 +721,25 @@ impl OnnxInstance {
             Vec::with_capacity(first.inputs.len());
         for (i, tensor) in first.inputs.iter().enumerate() {
             let parts: Vec<&Tensor> = requests.iter().filter_map(|r| r.inputs.get(i)).collect();
+            let mut shape = match &self.buckets {
+                Some(b) => b.padded_shape(&tensor.name, &tensor.shape, padding.sequence),
+                None => tensor.shape.clone(),
+            };
+            if self.shapes.batching {
+                if let Some(rows) = shape.first_mut() {
+                    *rows = padding.padded_rows as i64;
+                }
+            }
             let reshape = self.shapes.input(&tensor.name);
-            let value = to_ort_value(&parts, reshape, self.shapes.batching)?;
+            let value = to_ort_value(&parts, shape, reshape, self.shapes.batching)?;
             values.push((Cow::Borrowed(tensor.name.as_str()), value));
         }
         let prepared = Instant::now();
-        let mut results = self
-            .session
+        let session = self
+            .sessions
+            .get_mut(padding.session)
+            .ok_or_else(|| Error::internal("no session for this batch size"))?;
+        let mut results = session
             .run(values)
             .map_err(|e| Error::internal(format!("ONNX Runtime failed to run the model: {e}")))?;
         let ran = Instant::now();
@@ -611,6 +749,9 @@ impl OnnxInstance {
                 Error::internal(format!("ONNX Runtime did not produce output '{name}'"))
             })?;
             let mut tensor = from_ort_value(name, value)?;
+            if padding.padded_rows > padding.rows {
+                tensor = batch::first_rows(&self.name, tensor, padding.rows)?;
+            }
             self.shapes.output(&mut tensor);
             if let Some((_, want)) = self.output_types.iter().find(|(n, _)| n == name) {
                 if *want != tensor.datatype {
@@ -626,8 +767,25 @@ impl OnnxInstance {
             compute_input: prepared - start,
             compute_infer: ran - prepared,
             compute_output: ran.elapsed(),
+            padded_rows: (padding.padded_rows - padding.rows) as u64,
         };
         Ok((tensors, timings))
+    }
+
+    /// Cuts a request's outputs back from the padded sequence length to its own.
+    fn unpad(
+        &self,
+        request: &InferRequest,
+        outputs: &mut [Tensor],
+        padding: &Padding,
+    ) -> Result<()> {
+        match (&self.buckets, padding.sequence) {
+            (Some(b), Some(padded)) => match b.sequence_of(request) {
+                Some(len) => b.crop_outputs(outputs, len, padded),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
     }
 }
 
@@ -637,27 +795,44 @@ impl ModelInstance for OnnxInstance {
         request: &InferRequest,
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
-        let _span = crate::trace_span!(parent: &tracing::Span::current(), "onnx.run").entered();
-        self.run(&[request], outputs)
+        let (mut results, timings) = self.execute_batch(&[request], outputs);
+        let result = results
+            .pop()
+            .unwrap_or_else(|| Err(Error::internal("no result for the request")));
+        result.map(|tensors| (tensors, timings))
     }
 
     /// Like the default, but each request's inputs are copied once, straight into ONNX
-    /// Runtime's tensors, instead of into a merged request first.
+    /// Runtime's tensors (padded there), instead of into a merged request first.
     fn execute_batch(
         &mut self,
         requests: &[&InferRequest],
         outputs: &[String],
     ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
-        let rows: Vec<usize> = requests.iter().map(|r| batch::rows(r)).collect();
         let _span = crate::trace_span!(parent: &tracing::Span::current(), "onnx.run").entered();
-        match self.run(requests, outputs) {
-            Ok((tensors, timings)) if requests.len() == 1 => (vec![Ok(tensors)], timings),
-            Ok((tensors, timings)) => match batch::split(&self.name, tensors, &rows) {
-                Ok(parts) => (parts.into_iter().map(Ok).collect(), timings),
-                Err(e) => (vec![Err(e); requests.len()], timings),
-            },
-            Err(e) => (vec![Err(e); requests.len()], ExecTimings::default()),
-        }
+        let padding = self.padding(requests);
+        let (tensors, timings) = match self.run(requests, outputs, &padding) {
+            Ok(ran) => ran,
+            Err(e) => return (vec![Err(e); requests.len()], ExecTimings::default()),
+        };
+        let parts = if let [_] = requests {
+            vec![tensors]
+        } else {
+            let rows: Vec<usize> = requests.iter().map(|r| batch::rows(r)).collect();
+            match batch::split(&self.name, tensors, &rows) {
+                Ok(parts) => parts,
+                Err(e) => return (vec![Err(e); requests.len()], timings),
+            }
+        };
+        let results = requests
+            .iter()
+            .zip(parts)
+            .map(|(request, mut tensors)| {
+                self.unpad(request, &mut tensors, &padding)?;
+                Ok(tensors)
+            })
+            .collect();
+        (results, timings)
     }
 }
 
@@ -665,34 +840,42 @@ fn ort_error(name: &str, e: ort::Error) -> Error {
     Error::internal(format!("cannot hand tensor '{name}' to ONNX Runtime: {e}"))
 }
 
-/// One ONNX Runtime tensor holding `parts` (the same input of one or more compatible
-/// requests) one after the other along the first dimension.
-/// One ONNX Runtime input from `parts` (one per request, concatenated along the batch
-/// dimension). With `reshape`, the model sees that shape (after the batch dimension when
-/// `batching`) instead of the declared dims.
+/// One ONNX Runtime input of `shape` from `parts` (one per request, concatenated along the
+/// batch dimension). Where `shape` is larger than the parts (padding to a bucket), the rest
+/// is zeros, or empty strings. With `reshape`, the model sees that shape (after the batch
+/// dimension when `batching`) instead of the declared dims.
 fn to_ort_value(
     parts: &[&Tensor],
+    shape: Vec<i64>,
     reshape: Option<&[i64]>,
     batching: bool,
 ) -> Result<SessionInputValue<'static>> {
     let Some(first) = parts.first() else {
         return Err(Error::internal("no tensor to hand to ONNX Runtime"));
     };
-    let mut shape: Vec<i64> = first.shape.clone();
-    if parts.len() > 1 {
-        if let Some(rows) = shape.first_mut() {
-            *rows = parts
-                .iter()
-                .map(|t| t.shape.first().copied().unwrap_or(1))
-                .sum();
+    // Whether each part fills whole rows of `shape` (no padding inside a row).
+    let whole_rows = if batching {
+        parts.iter().all(|t| t.shape.get(1..) == shape.get(1..))
+    } else {
+        parts.len() == 1 && first.shape == shape
+    };
+    if !whole_rows && first.datatype == DataType::Bytes {
+        return Err(Error::internal(format!(
+            "input '{}': TYPE_STRING inputs are padded only along the batch dimension",
+            first.name
+        )));
+    }
+    let model_shape = |shape: &[i64]| -> Vec<i64> {
+        match reshape {
+            Some(reshape) => {
+                let rows = shape.first().copied().filter(|_| batching);
+                rows.into_iter().chain(reshape.iter().copied()).collect()
+            }
+            None => shape.to_vec(),
         }
-    }
-    if let Some(reshape) = reshape {
-        let rows = shape.first().copied().filter(|_| batching);
-        shape = rows.into_iter().chain(reshape.iter().copied()).collect();
-    }
+    };
     if first.datatype == DataType::Bytes {
-        let strings = parts
+        let mut strings = parts
             .iter()
             .flat_map(|t| bytes_elements(&t.data))
             .map(|b| {
@@ -710,17 +893,43 @@ fn to_ort_value(
                 })
             })
             .collect::<Result<Vec<String>>>()?;
-        let value = OrtTensor::from_string_array((shape, strings.as_slice()))
+        // Padding rows of empty strings.
+        strings.resize(
+            element_count(&shape).unwrap_or(strings.len()),
+            String::new(),
+        );
+        let value = OrtTensor::from_string_array((model_shape(&shape), strings.as_slice()))
             .map_err(|e| ort_error(&first.name, e))?;
         return Ok(value.into());
     }
+    let size = first.datatype.element_size().unwrap_or(1);
     let total: usize = parts.iter().map(|t| t.data.len()).sum();
-    let expected = element_count(&shape)
-        .zip(first.datatype.element_size())
-        .map(|(n, size)| n * size);
-    if expected != Some(total) {
-        return Err(Error::invalid(format!(
-            "input '{}': {total} bytes of data for shape {}",
+    for part in parts {
+        if element_count(&part.shape).map(|n| n * size) != Some(part.data.len()) {
+            return Err(Error::invalid(format!(
+                "input '{}': {} bytes of data for shape {}",
+                part.name,
+                part.data.len(),
+                shape_string(&part.shape)
+            )));
+        }
+    }
+    let bytes = element_count(&shape).map(|n| n * size).ok_or_else(|| {
+        Error::invalid(format!(
+            "input '{}': shape {} is not a tensor shape",
+            first.name,
+            shape_string(&shape)
+        ))
+    })?;
+    let row_dims = buckets::dims(shape.get(usize::from(batching)..).unwrap_or_default());
+    let fits = |part: &Tensor| {
+        let d = buckets::dims(&part.shape);
+        let inner = d.get(usize::from(batching)..).unwrap_or_default();
+        inner.len() == row_dims.len() && inner.iter().zip(&row_dims).all(|(a, b)| a <= b)
+    };
+    if total > bytes || !parts.iter().all(|p| fits(p)) {
+        return Err(Error::internal(format!(
+            "input '{}': the batch's data does not fit shape {}",
             first.name,
             shape_string(&shape)
         )));
@@ -728,19 +937,46 @@ fn to_ort_value(
     let mut value = DynTensor::new(
         &Allocator::default(),
         to_element_type(first.datatype),
-        shape,
+        model_shape(&shape),
     )
     .map_err(|e| ort_error(&first.name, e))?;
-    if total > 0 {
-        let dst = value.data_ptr_mut().cast::<u8>();
-        let mut offset = 0;
-        for part in parts {
-            // SAFETY: the tensor was allocated on the CPU for `shape` and this element type,
-            // which is `total` bytes (checked above), and the parts hold `total` bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(part.data.as_ptr(), dst.add(offset), part.data.len())
-            };
-            offset += part.data.len();
+    if bytes > 0 {
+        // SAFETY: the tensor was allocated on the CPU for its shape and this element type,
+        // which is `bytes` bytes.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(value.data_ptr_mut().cast::<u8>(), bytes) };
+        if whole_rows {
+            let mut offset = 0;
+            for part in parts {
+                dst[offset..offset + part.data.len()].copy_from_slice(&part.data);
+                offset += part.data.len();
+            }
+            dst[total.min(bytes)..].fill(0);
+        } else {
+            dst.fill(0);
+            let row_bytes = row_dims.iter().product::<usize>() * size;
+            let mut offset = 0;
+            for part in parts {
+                let part_dims = buckets::dims(&part.shape);
+                if !batching {
+                    buckets::copy_corner(&part.data, &part_dims, dst, &row_dims, size);
+                    continue;
+                }
+                let part_rows = part_dims.first().copied().unwrap_or(1);
+                let target: Vec<usize> = std::iter::once(part_rows)
+                    .chain(row_dims.iter().copied())
+                    .collect();
+                let end = offset + part_rows * row_bytes;
+                if end > bytes {
+                    return Err(Error::internal(format!(
+                        "input '{}': the batch has more rows than shape {}",
+                        first.name,
+                        shape_string(&shape)
+                    )));
+                }
+                buckets::copy_corner(&part.data, &part_dims, &mut dst[offset..end], &target, size);
+                offset = end;
+            }
         }
     }
     Ok(value.into())

@@ -495,12 +495,19 @@ impl ModelManager {
             let loaded = runtime::load(config.clone(), &dir, &self.options.runtime)
                 .map_err(|e| Error::new(e.code, format!("{} (version {version})", e.message)))?;
             let stats = Arc::new(ModelStats::default());
+            if let Some(w) = loaded.warmup {
+                stats.warmup.record_many(w.runs, w.duration);
+            }
             let health = loaded.health.clone();
+            let policy = BatchPolicy {
+                padding: loaded.buckets.clone(),
+                ..BatchPolicy::from_config(&loaded.config)
+            };
             let scheduler = Scheduler::start(
                 name,
                 version,
                 loaded.instances,
-                BatchPolicy::from_config(&loaded.config),
+                policy,
                 self.options.queue_capacity,
                 stats.clone(),
                 self.options.execution_share.clone(),

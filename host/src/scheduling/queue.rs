@@ -107,6 +107,9 @@ pub struct BatchPolicy {
     pub levels: Vec<QueuePolicy>,
     /// Level (index) of requests that name no priority.
     pub default_level: usize,
+    /// The shapes the model's executions are padded to: with sequence padding, requests
+    /// batch when their padded shapes agree.
+    pub padding: Option<std::sync::Arc<crate::runtime::buckets::ShapeBuckets>>,
 }
 
 impl BatchPolicy {
@@ -145,6 +148,7 @@ impl BatchPolicy {
             preserve_ordering: db.preserve_ordering,
             levels,
             default_level: (db.default_priority_level.clamp(1, count as u64) - 1) as usize,
+            padding: None,
         }
     }
 
@@ -158,6 +162,7 @@ impl BatchPolicy {
             preserve_ordering: false,
             levels: vec![QueuePolicy::default()],
             default_level: 0,
+            padding: None,
         }
     }
 

@@ -24,7 +24,7 @@ use super::{
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse, ParamValue},
-    runtime::{batch, ExecTimings, ModelInstance},
+    runtime::{batch, buckets::ShapeBuckets, ExecTimings, ModelInstance},
     tenancy::Caller,
     tensor::Tensor,
 };
@@ -36,6 +36,8 @@ struct Job {
     received: Instant,
     /// Arrival order, for `preserve_ordering`.
     seq: u64,
+    /// The model's sequence padding, when requests batch by their padded shapes.
+    padding: Option<Arc<ShapeBuckets>>,
     reply: oneshot::Sender<Result<InferResponse>>,
 }
 
@@ -44,7 +46,11 @@ impl Batchable for Job {
         self.rows as usize
     }
     fn fits_with(&self, other: &Self) -> bool {
-        self.outputs == other.outputs && batch::compatible(&self.request, &other.request)
+        self.outputs == other.outputs
+            && match &self.padding {
+                Some(p) => p.compatible(&self.request, &other.request),
+                None => batch::compatible(&self.request, &other.request),
+            }
     }
     fn share(&self) -> Option<Share<'_>> {
         // A stage's call for a batch of several tenants queues as the first of them.
@@ -256,6 +262,11 @@ impl Scheduler {
                 received,
                 seq,
                 reply,
+                padding: s
+                    .policy
+                    .padding
+                    .clone()
+                    .filter(|p| p.sequence_multiple.is_some()),
             };
             let pushed = state.queue.push(level, job, timeout, Instant::now());
             if pushed.is_ok() {
@@ -485,6 +496,9 @@ impl Shared {
         });
         // The slot is free again as soon as the model is done.
         drop(execution);
+        self.stats
+            .padded_rows
+            .fetch_add(timings.padded_rows, Relaxed);
         let succeeded: u64 = jobs
             .iter()
             .zip(&results)

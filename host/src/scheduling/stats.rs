@@ -20,7 +20,11 @@ pub struct DurationStat {
 impl DurationStat {
     /// Records one occurrence that took `d`.
     pub fn record(&self, d: Duration) {
-        self.count.fetch_add(1, Relaxed);
+        self.record_many(1, d);
+    }
+    /// Records `n` occurrences that took `d` together.
+    pub fn record_many(&self, n: u64, d: Duration) {
+        self.count.fetch_add(n, Relaxed);
         self.ns.fetch_add(d.as_nanos() as u64, Relaxed);
     }
     /// Occurrences so far.
@@ -101,6 +105,10 @@ pub struct ModelStats {
     pub last_inference_ms: AtomicU64,
     /// Requests queued and not yet executing.
     pub pending: AtomicI64,
+    /// Rows of padding executions ran with to reach a batch bucket (not inferences).
+    pub padded_rows: AtomicU64,
+    /// Warm-up executions at load and their total time.
+    pub warmup: DurationStat,
     failures: [AtomicU64; 4],
     batches: Mutex<BTreeMap<u64, BatchStat>>,
 }

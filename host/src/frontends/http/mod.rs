@@ -541,6 +541,7 @@ fn stats_json(stats: Vec<ModelStatistics>) -> Value {
                     "compute_output": duration_json(&b.compute_output),
                 })).collect::<Vec<_>>(),
                 "memory_usage": [],
+                "warmup": duration_json(&s.warmup),
             })
         })
         .collect();

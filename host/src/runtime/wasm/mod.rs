@@ -486,6 +486,7 @@ impl ModelInstance for StageInstance {
             compute_input: prepared - start,
             compute_infer: ran - prepared,
             compute_output: ran.elapsed(),
+            padded_rows: 0,
         };
         (answers, timings)
     }
@@ -595,5 +596,7 @@ pub fn load(
         config,
         instances,
         health,
+        buckets: None,
+        warmup: None,
     })
 }
