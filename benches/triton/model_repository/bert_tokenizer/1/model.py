@@ -13,7 +13,8 @@ class TritonPythonModel:
     def initialize(self, args):
         self.tokenizer = Tokenizer.from_file(os.path.join(os.path.dirname(__file__), "tokenizer.json"))
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(128)
+        # sentence-transformers' max_seq_length for all-MiniLM-L6-v2, as the Wasm stage uses.
+        self.tokenizer.enable_truncation(256)
 
     def execute(self, requests):
         responses = []
