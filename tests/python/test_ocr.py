@@ -1,8 +1,14 @@
 """The `ocr` stage (Wasm: detection post-processing, crops, CTC decoding; PP-OCRv4 detector
 and recogniser as ONNX models called through the server) against the reference: the
 `rapidocr-onnxruntime` 1.4.4 package's own pipeline, imported from the wheel `make models`
-downloaded, on generated images. Same lines in the same order, same text, boxes within a few
-pixels, confidences within 0.05."""
+downloaded, on generated images. Same lines in the same order and the same text, spaces
+included; boxes within a pixel (cv2.minAreaRect works in float32 where the stage works in
+double, and rapidocr's boxes on scaled-up strips are fractional where ours are whole pixels);
+confidences within 0.01. Given the same box, the stage's crop and the recogniser's input are
+bit-identical to rapidocr's: the box growth is pyclipper's, the perspective crop and the resizes
+are OpenCV's fixed-point arithmetic. (On random pages of short words with narrow gaps about 1 in
+100 still differs: a box a pixel off from cv2.minAreaRect's float32 arithmetic can decide a
+space.)"""
 import io
 import os
 import sys
@@ -17,7 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 from conftest import ROOT, serving
 
 WHEEL_PREFIX = "rapidocr_onnxruntime-1.4.4-"
-BOX_TOLERANCE = 3  # pixels, per corner coordinate
+BOX_TOLERANCE = 1  # pixel, per corner coordinate (see the docstring)
 
 
 def page(lines, size, font_size, origin=(20, 20), gap=None, ink=(0, 0, 0), paper=(255, 255, 255)):
@@ -44,6 +50,15 @@ IMAGES = {
     # and under 30 pixels tall (scaled up first, then banded).
     "one_line_strip": page(["Receipt total 42.00"], (420, 40), 24, origin=(10, 8)),
     "tiny": page(["tiny label 7"], (300, 28), 18, origin=(6, 4)),
+    # Narrow gaps between short words and numbers: whether a space is read there turns on a
+    # pixel of the box or a grey level of the crop, so these pass only when the detection
+    # post-processing, the crop and the resize compute exactly what rapidocr's do.
+    "narrow_gaps": page(["Version 42 v2 of 7 a4", "Item 3 x 12 kg", "A 1 b 2 c 3 d 4"],
+                        (520, 160), 26),
+    "narrow_gaps_strip": page(["ab 12 cd 34 ef 56"], (420, 60), 20),
+    "narrow_gaps_units": page(["build 42 v2", "room 7 b", "node 12 x3"], (360, 150), 22),
+    "narrow_gaps_mixed": page(["B2 12 tx a4 Item ab"], (379, 84), 28),
+    "narrow_gaps_lines": page(["tx kg kg", "Item cd tx cd", "Q a4 12"], (262, 164), 26),
 }
 
 
@@ -87,8 +102,9 @@ def test_lines_match_rapidocr(ocr_server, rapidocr, name):
     assert boxes.dtype == np.int32 and boxes.shape == (len(expected), 4, 2)
     for got, line in zip(boxes, expected):
         assert np.abs(got - np.array(line[0])).max() <= BOX_TOLERANCE, (got.tolist(), line[0])
-    # A box a pixel off crops slightly different pixels: confidences move by a few hundredths.
-    assert np.allclose(scores, [line[2] for line in expected], atol=0.05)
+    # A box a pixel off crops a pixel wider, which changes the padded width of its whole
+    # recogniser batch: confidences of that batch move by up to a few thousandths.
+    assert np.allclose(scores, [line[2] for line in expected], atol=0.01)
     if name != "blank":
         assert texts, "the generated page has text"
 

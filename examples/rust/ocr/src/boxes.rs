@@ -57,10 +57,9 @@ pub fn detect(map: &ProbMap, params: &DbParams, image_w: usize, image_h: usize) 
         if short_side < 5.0 {
             continue;
         }
+        // In float32, as numpy computes on the float32 box.
         let scale = |v: f64, from: usize, to: usize| {
-            (v / from as f64 * to as f64)
-                .round_ties_even()
-                .clamp(0.0, to as f64)
+            f64::from((v as f32 / from as f32 * to as f32).round_ties_even()).clamp(0.0, to as f64)
         };
         // Whole pixels already (rounded), as rapidocr's int32 boxes.
         let scaled = corners.map(|[x, y]| [scale(x, w, image_w), scale(y, h, image_h)]);
@@ -188,6 +187,8 @@ fn mini_box(points: &[Point]) -> Option<([Point; 4], f64)> {
         }
     }
     let (_, corners, short) = best?;
+    // cv2.boxPoints gives float32 corners.
+    let corners = corners.map(|p| p.map(|v| f64::from(v as f32)));
     // get_mini_boxes: sort by x; of the two left points the upper is first and the lower
     // last; of the two right points the upper is second, the lower third.
     let mut p = corners;
@@ -255,24 +256,104 @@ fn inside(poly: &[Point], p: Point) -> bool {
     true
 }
 
-/// The box grown by `area * ratio / perimeter` with round corners (pyclipper's offset of
-/// the integer polygon), as points on that outline.
+/// The box grown by `area * ratio / perimeter` with round corners, as rapidocr grows it: the
+/// distance from the float box (shapely's area and length), the offset of the box truncated
+/// to integers (pyclipper's `PyclipperOffset` with `JT_ROUND`, arc tolerance 0.25), whose
+/// vertices are rounded to integers. Reproducing Clipper's arc steps and rounding, not just a
+/// circle, matters: a vertex a pixel off moves the final box by a pixel, and a crop a pixel
+/// narrower can lose or gain a space between words.
 fn unclip(corners: &[Point; 4], ratio: f64) -> Vec<Point> {
-    let poly = corners.map(|[x, y]| [x.trunc(), y.trunc()]);
-    let mut area = 0.0;
-    let mut perimeter = 0.0;
+    let (mut area, mut perimeter) = (0.0, 0.0);
     for i in 0..4 {
-        let (a, b) = (poly[i], poly[(i + 1) % 4]);
+        let (a, b) = (corners[i], corners[(i + 1) % 4]);
         area += a[0] * b[1] - b[0] * a[1];
         perimeter += distance(a, b);
     }
-    let d = (area / 2.0).abs() * ratio / perimeter.max(1e-9);
-    let mut out = Vec::with_capacity(4 * 64);
-    for p in poly {
-        for k in 0..64 {
-            let t = k as f64 * std::f64::consts::TAU / 64.0;
-            out.push([(p[0] + d * t.cos()).round(), (p[1] + d * t.sin()).round()]);
+    let delta = (area / 2.0).abs() * ratio / perimeter.max(1e-9);
+    let mut poly: Vec<Point> = Vec::with_capacity(4);
+    for p in corners.map(|[x, y]| [x.trunc(), y.trunc()]) {
+        if poly.last() != Some(&p) {
+            poly.push(p);
         }
+    }
+    while poly.len() > 1 && poly.first() == poly.last() {
+        poly.pop();
+    }
+    if poly.len() < 3 {
+        return poly;
+    }
+    clipper_round_offset(&poly, delta)
+}
+
+/// Clipper 6's `ClipperOffset` of one closed polygon by `delta` > 0 with round joins (the
+/// union Clipper runs afterwards only drops collinear or duplicate vertices, which change no
+/// hull).
+fn clipper_round_offset(src: &[Point], delta: f64) -> Vec<Point> {
+    // Clipper makes the polygon positively oriented (its `Area` >= 0) before offsetting.
+    let signed: f64 = (0..src.len())
+        .map(|i| {
+            let (a, b) = (src[(i + src.len() - 1) % src.len()], src[i]);
+            (a[0] + b[0]) * (a[1] - b[1])
+        })
+        .sum::<f64>()
+        * -0.5;
+    let mut src = src.to_vec();
+    if signed < 0.0 {
+        src.reverse();
+    }
+    // Clipper's Round: half away from zero.
+    let round = |v: f64| {
+        if v < 0.0 {
+            (v - 0.5).trunc()
+        } else {
+            (v + 0.5).trunc()
+        }
+    };
+    let arc_tolerance = 0.25f64.min(delta * 0.25);
+    let mut steps = std::f64::consts::PI / (1.0 - arc_tolerance / delta).acos();
+    steps = steps.min(delta * std::f64::consts::PI);
+    let (sin, cos) = (std::f64::consts::TAU / steps).sin_cos();
+    let steps_per_rad = steps / std::f64::consts::TAU;
+    let n = src.len();
+    let normal = |a: Point, b: Point| {
+        let (dx, dy) = (b[0] - a[0], b[1] - a[1]);
+        if dx == 0.0 && dy == 0.0 {
+            return [0.0, 0.0];
+        }
+        let f = 1.0 / (dx * dx + dy * dy).sqrt();
+        [dy * f, -dx * f]
+    };
+    let normals: Vec<Point> = (0..n).map(|j| normal(src[j], src[(j + 1) % n])).collect();
+    let mut out = Vec::new();
+    let mut k = n - 1;
+    for j in 0..n {
+        let (nk, nj, p) = (normals[k], normals[j], src[j]);
+        let at = |v: Point| [round(p[0] + v[0] * delta), round(p[1] + v[1] * delta)];
+        let mut sin_a = nk[0] * nj[1] - nj[0] * nk[1];
+        let cos_a = nk[0] * nj[0] + nk[1] * nj[1];
+        if (sin_a * delta).abs() < 1.0 && cos_a > 0.0 {
+            // Nearly straight on: one vertex.
+            out.push(at(nk));
+            k = j;
+            continue;
+        }
+        sin_a = sin_a.clamp(-1.0, 1.0);
+        if sin_a * delta < 0.0 {
+            // A concave corner.
+            out.push(at(nk));
+            out.push(p);
+            out.push(at(nj));
+        } else {
+            let a = sin_a.atan2(cos_a);
+            let count = ((steps_per_rad * a.abs()).round() as i64).max(1);
+            let [mut x, mut y] = nk;
+            for _ in 0..count {
+                out.push(at([x, y]));
+                (x, y) = (x * cos - sin * y, x * sin + y * cos);
+            }
+            out.push(at(nj));
+        }
+        k = j;
     }
     out
 }
