@@ -51,14 +51,7 @@ pub fn add_probe(repo: &Path, name: &str, mode: &str, params: &[(&str, &str)]) {
 /// Replaces (or creates) `<repo>/<name>` with a copy of `source`'s files (from the example
 /// repository or the test models) and `config`.
 pub fn add_model(repo: &Path, name: &str, source: &str, config: &str) {
-    let src = [
-        example_repository().join(source),
-        workspace().join("tests/models").join(source),
-    ]
-    .into_iter()
-    .find(|p| p.is_dir())
-    .unwrap_or_else(|| panic!("no model '{source}' (run `make models`)"));
-    copy_dir(&src, &repo.join(name));
+    copy_dir(&model_source(source), &repo.join(name));
     std::fs::write(repo.join(name).join("config.pbtxt"), config).unwrap();
 }
 
@@ -67,16 +60,20 @@ pub fn add_model(repo: &Path, name: &str, source: &str, config: &str) {
 pub fn temp_repository(models: &[&str]) -> TempDir {
     let dir = TempDir::new();
     for m in models {
-        let src = [
-            example_repository().join(m),
-            workspace().join("tests/models").join(m),
-        ]
-        .into_iter()
-        .find(|p| p.is_dir())
-        .unwrap_or_else(|| panic!("model {m} not found; run `make models`"));
-        copy_dir(&src, &dir.path().join(m));
+        copy_dir(&model_source(m), &dir.path().join(m));
     }
     dir
+}
+
+/// The directory of model `name` in the example repository or `tests/models`.
+fn model_source(name: &str) -> PathBuf {
+    [
+        example_repository().join(name),
+        workspace().join("tests/models").join(name),
+    ]
+    .into_iter()
+    .find(|p| p.is_dir())
+    .unwrap_or_else(|| panic!("model {name} not found; run `make models`"))
 }
 
 pub fn copy_dir(src: &Path, dst: &Path) {

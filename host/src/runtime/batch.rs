@@ -85,12 +85,7 @@ pub fn split(model: &str, outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Ve
                 output.name
             )));
         }
-        let offsets = row_offsets(&output, total).ok_or_else(|| {
-            Error::internal(format!(
-                "model '{model}': output '{}' holds data that does not match its shape",
-                output.name
-            ))
-        })?;
+        let offsets = row_offsets(model, &output, total)?;
         let mut row = 0;
         for (i, n) in rows.iter().enumerate() {
             let mut shape = output.shape.clone();
@@ -116,12 +111,7 @@ pub fn first_rows(model: &str, t: Tensor, rows: usize) -> Result<Tensor> {
             t.name
         )));
     };
-    let offsets = row_offsets(&t, total).ok_or_else(|| {
-        Error::internal(format!(
-            "model '{model}': output '{}' holds data that does not match its shape",
-            t.name
-        ))
-    })?;
+    let offsets = row_offsets(model, &t, total)?;
     let mut shape = t.shape;
     shape[0] = rows as i64;
     Ok(Tensor {
@@ -131,8 +121,18 @@ pub fn first_rows(model: &str, t: Tensor, rows: usize) -> Result<Tensor> {
     })
 }
 
-/// Byte offset of the start of every row, plus the end: `rows + 1` entries.
-fn row_offsets(t: &Tensor, rows: usize) -> Option<Vec<usize>> {
+/// Byte offset of the start of every row, plus the end: `rows + 1` entries; an error of the
+/// model when its output's data does not match its shape.
+fn row_offsets(model: &str, t: &Tensor, rows: usize) -> Result<Vec<usize>> {
+    raw_row_offsets(t, rows).ok_or_else(|| {
+        Error::internal(format!(
+            "model '{model}': output '{}' holds data that does not match its shape",
+            t.name
+        ))
+    })
+}
+
+fn raw_row_offsets(t: &Tensor, rows: usize) -> Option<Vec<usize>> {
     let per_row = element_count(t.shape.get(1..)?)?;
     if let Some(size) = t.datatype.element_size() {
         let row_bytes = per_row * size;
