@@ -9,6 +9,7 @@ use std::{
     time::Instant,
 };
 
+use bytes::Bytes;
 use ort::{
     environment::Environment,
     memory::Allocator,
@@ -1004,24 +1005,36 @@ fn from_ort_value(name: &str, value: DynValue) -> Result<Tensor> {
         for s in &strings {
             push_bytes_element(&mut out, s.as_bytes());
         }
-        out
+        Bytes::from(out)
     } else {
         let tensor = value
             .downcast::<DynTensorValueType>()
             .map_err(|e| ort_error(name, e))?;
-        let len = tensor.size().unwrap_or(0);
-        if len == 0 {
-            Vec::new()
-        } else {
-            let src = tensor.data_ptr().cast::<u8>();
-            // SAFETY: CPU tensor owned by `tensor`, `len` bytes as reported by ONNX Runtime.
-            unsafe { std::slice::from_raw_parts(src, len) }.to_vec()
+        match tensor.size().unwrap_or(0) {
+            0 => Bytes::new(),
+            len => Bytes::from_owner(OutputMemory { tensor, len }),
         }
     };
     Ok(Tensor {
         name: name.to_owned(),
         datatype,
         shape,
-        data: data.into(),
+        data,
     })
+}
+
+/// An output tensor's own memory, answered as it is: the bytes (and every request's slice of
+/// a batch) keep the ONNX Runtime value alive instead of copying it out.
+struct OutputMemory {
+    tensor: DynTensor,
+    /// Its size in bytes, as ONNX Runtime reports it.
+    len: usize,
+}
+
+impl AsRef<[u8]> for OutputMemory {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: a CPU tensor (run() hands outputs back in CPU memory) that this owns, `len`
+        // bytes as ONNX Runtime reports, never written after the run.
+        unsafe { std::slice::from_raw_parts(self.tensor.data_ptr().cast::<u8>(), self.len) }
+    }
 }
