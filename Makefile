@@ -11,7 +11,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 # Rust example stages: examples/rust/<name> is served as model_repository/<name>.
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad
 
-.PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release \
+.PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release python-package \
         test-rust test-python ray-deps lint bench bench-isolation fuzz clean
 
 run: deps build-release
@@ -109,6 +109,15 @@ triton:
 build:
 	$(CARGO) build --locked
 
+# The Python package (python/: PyO3 + maturin, one abi3 wheel), built against this checkout's
+# server and installed into .venv for tests/python/test_python_package.py.
+PY_WHEELS := target/wheels/python
+python-package: venv
+	rm -rf $(PY_WHEELS)
+	PYO3_PYTHON=$(CURDIR)/$(VPY) $(VENV)/bin/maturin build --quiet --locked --manifest-path python/Cargo.toml \
+	  --interpreter $(VPY) --compatibility linux --out $(PY_WHEELS)
+	$(VPY) -m pip install -q --force-reinstall --no-deps $(PY_WHEELS)/wasmtron-*.whl
+
 build-release:
 	$(CARGO) build --locked --release
 
@@ -134,7 +143,7 @@ $(AZURITE): tests/tools/azurite/package.json tests/tools/azurite/package-lock.js
 	cd tests/tools/azurite && npm install --no-save --no-audit --no-fund --loglevel=error
 	touch $@
 
-test-python: build ray-deps $(AZURITE)
+test-python: build python-package ray-deps $(AZURITE)
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
 	  $(VPY) -m pytest -q -p no:cacheprovider tests/python
 
@@ -143,6 +152,7 @@ lint: venv
 	$(VENV)/bin/hadolint docker/Dockerfile
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 	$(CARGO) clippy --locked -p wasmtron --all-targets --features $(ALL_FEATURES) -- -D warnings
+	PYO3_PYTHON=$(CURDIR)/$(VPY) $(CARGO) clippy --locked -p wasmtron-python -- -D warnings
 	$(CARGO) clippy --locked --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe -- -D warnings
 
 # The load tests, then wasmtron against Triton 2.51 side by side (medians of 3 rounds, HTTP and

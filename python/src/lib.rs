@@ -1,0 +1,364 @@
+//! The wasmtron server as a Python extension module (`wasmtron._wasmtron`): the whole server
+//! core runs in the calling process, on its own tokio runtime, and Python calls it directly,
+//! with no network hop. This layer only translates: tensors arrive and leave as
+//! `(name, datatype, shape, bytes)` tuples (the `wasmtron` package converts them from and to
+//! NumPy), errors leave as exceptions named after Triton's in-process API. The GIL is
+//! released while the server works, so Python threads infer concurrently.
+
+use std::{sync::Arc, time::Duration};
+
+use pyo3::{
+    create_exception,
+    exceptions::PyException,
+    prelude::*,
+    types::{PyBytes, PyDict},
+};
+use wasmtron::{
+    error::{Code, Error},
+    inference::{InferRequest, ParamValue, Parameters, RequestedOutput},
+    runtime::RuntimeOptions,
+    scheduling::{
+        model_manager::LoadOverride,
+        server::{ControlMode, Server, ServerOptions},
+    },
+    tensor::{DataType, Tensor},
+};
+
+create_exception!(
+    wasmtron,
+    WasmtronError,
+    PyException,
+    "An error the server answered with."
+);
+create_exception!(
+    wasmtron,
+    InvalidArgumentError,
+    WasmtronError,
+    "The request is malformed or does not fit the model (HTTP 400)."
+);
+create_exception!(
+    wasmtron,
+    NotFoundError,
+    WasmtronError,
+    "No such model, version or tensor (HTTP 404)."
+);
+create_exception!(
+    wasmtron,
+    UnavailableError,
+    WasmtronError,
+    "The model or server cannot take the request now (HTTP 503)."
+);
+create_exception!(
+    wasmtron,
+    UnsupportedError,
+    WasmtronError,
+    "A feature the server does not offer (HTTP 501)."
+);
+create_exception!(
+    wasmtron,
+    AlreadyExistsError,
+    WasmtronError,
+    "Something already exists."
+);
+create_exception!(
+    wasmtron,
+    CancelledError,
+    WasmtronError,
+    "The request was cancelled."
+);
+create_exception!(
+    wasmtron,
+    InternalError,
+    WasmtronError,
+    "A failure inside the server or a model (HTTP 500)."
+);
+
+/// The Python exception for a server error, its message unchanged.
+fn to_py(err: Error) -> PyErr {
+    let message = err.message;
+    match err.code {
+        Code::InvalidArg => InvalidArgumentError::new_err(message),
+        Code::NotFound => NotFoundError::new_err(message),
+        Code::Unavailable | Code::ResourceExhausted => UnavailableError::new_err(message),
+        Code::Unsupported => UnsupportedError::new_err(message),
+        Code::AlreadyExists => AlreadyExistsError::new_err(message),
+        Code::Cancelled => CancelledError::new_err(message),
+        Code::Unauthenticated | Code::PermissionDenied | Code::Internal => {
+            InternalError::new_err(message)
+        }
+    }
+}
+
+/// A tensor as it crosses into Python: name, Triton datatype, shape, row-major bytes (BYTES
+/// elements length-prefixed as on the wire).
+type PyTensor = (String, String, Vec<i64>, Vec<u8>);
+
+/// An output on its way to Python: its bytes already a Python `bytes`.
+type PyOutput<'py> = (String, String, Vec<i64>, Bound<'py, PyBytes>);
+
+/// One entry of the repository index: name, version (None: no version loaded), state, reason.
+type IndexRow = (String, Option<i64>, String, String);
+
+/// The server core, in-process. `wasmtron.Server` wraps it with the NumPy-facing API.
+#[pyclass(module = "wasmtron._wasmtron")]
+struct CoreServer {
+    runtime: tokio::runtime::Runtime,
+    options: ServerOptions,
+    server: Option<Arc<Server>>,
+}
+
+impl CoreServer {
+    fn running(&self) -> PyResult<&Arc<Server>> {
+        self.server.as_ref().ok_or_else(|| {
+            UnavailableError::new_err("the server is not started (call start() first)")
+        })
+    }
+}
+
+#[pymethods]
+impl CoreServer {
+    /// `model_control_mode`: "none", "poll" or "explicit"; `load_models`: what explicit mode
+    /// loads at start ("*" for all).
+    #[new]
+    #[pyo3(signature = (model_repository, model_control_mode="none", load_models=Vec::new(), strict_readiness=true, onnxruntime_library=None))]
+    fn new(
+        model_repository: Vec<String>,
+        model_control_mode: &str,
+        load_models: Vec<String>,
+        strict_readiness: bool,
+        onnxruntime_library: Option<String>,
+    ) -> PyResult<Self> {
+        let control_mode = match model_control_mode {
+            "none" => ControlMode::None,
+            "poll" => ControlMode::Poll,
+            "explicit" => ControlMode::Explicit,
+            other => {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "model_control_mode '{other}' is not one of none, poll, explicit"
+                )))
+            }
+        };
+        if model_repository.is_empty() {
+            return Err(InvalidArgumentError::new_err(
+                "model_repository names no directory",
+            ));
+        }
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.clamp(1, 4))
+            .thread_name("wasmtron-py")
+            .enable_all()
+            .build()
+            .map_err(|e| InternalError::new_err(format!("cannot start the runtime: {e}")))?;
+        let options = ServerOptions {
+            model_repositories: model_repository.into_iter().map(Into::into).collect(),
+            remote_repositories: Vec::new(),
+            control_mode,
+            load_models,
+            strict_readiness,
+            runtime: RuntimeOptions {
+                onnxruntime_library: onnxruntime_library.map(Into::into),
+                default_max_batch_size: 4,
+                wasm_cache_dir: wasmtron::runtime::wasm::engine::default_cache_dir(),
+                ..Default::default()
+            },
+            queue_capacity: 1024,
+            poll_interval: Duration::from_secs(5),
+            limits: Default::default(),
+            execution_slots: 0,
+        };
+        Ok(Self {
+            runtime,
+            options,
+            server: None,
+        })
+    }
+
+    /// Loads the repository and starts serving in this process.
+    fn start(&mut self, py: Python<'_>) -> PyResult<()> {
+        if self.server.is_some() {
+            return Ok(());
+        }
+        let options = self.options.clone();
+        let runtime = &self.runtime;
+        let server = py
+            .detach(|| runtime.block_on(Server::start(options)))
+            .map_err(to_py)?;
+        self.server = Some(server);
+        Ok(())
+    }
+
+    /// Stops taking requests, waits up to `timeout` seconds for those accepted, then unloads.
+    #[pyo3(signature = (timeout=30.0))]
+    fn stop(&mut self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let Some(server) = self.server.take() else {
+            return Ok(true);
+        };
+        let wait = Duration::from_secs_f64(timeout.max(0.0));
+        let runtime = &self.runtime;
+        let drained = py.detach(|| runtime.block_on(server.drain(wait)));
+        Ok(drained)
+    }
+
+    /// Whether the server is started and its models are ready.
+    fn ready(&self) -> bool {
+        self.server.as_ref().is_some_and(|s| s.is_ready())
+    }
+
+    /// Whether `name` (at `version`, or its latest) is loaded and healthy.
+    #[pyo3(signature = (name, version=None))]
+    fn model_ready(&self, name: &str, version: Option<i64>) -> bool {
+        self.server
+            .as_ref()
+            .is_some_and(|s| s.models().is_ready(name, version))
+    }
+
+    /// The repository index: (name, version or None, state, reason) per model.
+    fn index(&self) -> PyResult<Vec<IndexRow>> {
+        let server = self.running()?;
+        Ok(server
+            .models()
+            .index(false)
+            .into_iter()
+            .map(|e| (e.name, e.version, e.state.as_str().to_owned(), e.reason))
+            .collect())
+    }
+
+    /// Loads (or reloads) a model; explicit control mode only.
+    fn load(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let server = self.running()?.clone();
+        server.check_model_control().map_err(to_py)?;
+        py.detach(|| {
+            self.runtime
+                .block_on(server.models().load(name, LoadOverride::default()))
+        })
+        .map_err(to_py)
+    }
+
+    /// Unloads a model; explicit control mode only.
+    #[pyo3(signature = (name, unload_dependents=false))]
+    fn unload(&self, py: Python<'_>, name: &str, unload_dependents: bool) -> PyResult<()> {
+        let server = self.running()?.clone();
+        server.check_model_control().map_err(to_py)?;
+        py.detach(|| {
+            self.runtime
+                .block_on(server.models().unload(name, unload_dependents))
+        })
+        .map_err(to_py)
+    }
+
+    /// The Prometheus metrics, as the metrics endpoint serves them.
+    fn metrics(&self) -> PyResult<String> {
+        Ok(wasmtron::frontends::metrics::render(self.running()?))
+    }
+
+    /// Runs one request through the model's scheduler (batched with other callers like any
+    /// request) and returns its outputs. `version` < 0 means the latest.
+    #[pyo3(signature = (model, version, inputs, outputs=Vec::new(), parameters=None))]
+    fn infer<'py>(
+        &self,
+        py: Python<'py>,
+        model: &str,
+        version: i64,
+        inputs: Vec<PyTensor>,
+        outputs: Vec<String>,
+        parameters: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<Vec<PyOutput<'py>>> {
+        let server = self.running()?.clone();
+        let mut tensors = Vec::with_capacity(inputs.len());
+        for (name, datatype, shape, data) in inputs {
+            let datatype = DataType::from_wire(&datatype).ok_or_else(|| {
+                InvalidArgumentError::new_err(format!(
+                    "input '{name}' has unknown datatype '{datatype}'"
+                ))
+            })?;
+            tensors.push(Tensor {
+                name,
+                datatype,
+                shape,
+                data: data.into(),
+            });
+        }
+        let request = InferRequest {
+            model_name: model.to_owned(),
+            model_version: (version >= 0).then_some(version),
+            parameters: parameters
+                .map(|p| to_parameters(&p))
+                .transpose()?
+                .unwrap_or_default(),
+            inputs: tensors,
+            outputs: outputs
+                .into_iter()
+                .map(|name| RequestedOutput {
+                    name,
+                    parameters: Default::default(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let runtime = &self.runtime;
+        let response = py
+            .detach(|| runtime.block_on(server.infer(request)))
+            .map_err(to_py)?;
+        Ok(response
+            .outputs
+            .into_iter()
+            .map(|t| {
+                let bytes = PyBytes::new(py, &t.data);
+                (t.name, t.datatype.wire_name().to_owned(), t.shape, bytes)
+            })
+            .collect())
+    }
+}
+
+impl Drop for CoreServer {
+    /// A server dropped while serving (garbage-collected, or the interpreter exiting) drains
+    /// what it accepted before its runtime goes.
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            self.runtime.block_on(server.drain(Duration::from_secs(30)));
+        }
+    }
+}
+
+/// Request parameters from a dict of bool, int, float or str values.
+fn to_parameters(dict: &Bound<'_, PyDict>) -> PyResult<Parameters> {
+    let mut out = Parameters::new();
+    for (key, value) in dict.iter() {
+        let key: String = key.extract()?;
+        // bool before int: a Python bool is an int too.
+        let value = if let Ok(b) = value.extract::<bool>() {
+            ParamValue::Bool(b)
+        } else if let Ok(i) = value.extract::<i64>() {
+            ParamValue::Int(i)
+        } else if let Ok(f) = value.extract::<f64>() {
+            ParamValue::Double(f)
+        } else if let Ok(s) = value.extract::<String>() {
+            ParamValue::String(s)
+        } else {
+            return Err(InvalidArgumentError::new_err(format!(
+                "parameter '{key}' must be a bool, int, float or str"
+            )));
+        };
+        out.insert(key, value);
+    }
+    Ok(out)
+}
+
+#[pymodule]
+fn _wasmtron(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CoreServer>()?;
+    let py = m.py();
+    m.add("WasmtronError", py.get_type::<WasmtronError>())?;
+    m.add(
+        "InvalidArgumentError",
+        py.get_type::<InvalidArgumentError>(),
+    )?;
+    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
+    m.add("UnavailableError", py.get_type::<UnavailableError>())?;
+    m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
+    m.add("AlreadyExistsError", py.get_type::<AlreadyExistsError>())?;
+    m.add("CancelledError", py.get_type::<CancelledError>())?;
+    m.add("InternalError", py.get_type::<InternalError>())?;
+    Ok(())
+}

@@ -1,0 +1,151 @@
+"""The `wasmtron` Python package (python/, built and installed by `make python-package`): the
+server in-process, called with NumPy arrays, with no network hop. Outputs are checked against
+what the models compute; errors against the messages the HTTP API gives."""
+import asyncio
+import gc
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import wasmtron
+from conftest import copy_models
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inprocess")
+    copy_models(str(root), ["simple", "identity_bytes", "add_sub"])
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with wasmtron.Server(model_repository=repo) as s:
+        yield s
+
+
+def pair(k):
+    a = np.arange(16, dtype=np.int32).reshape(1, 16) + 100 * k
+    b = np.full((1, 16), k, dtype=np.int32)
+    return a, b
+
+
+def test_infer_returns_numpy_outputs(server):
+    assert server.ready()
+    assert server.model("simple").ready()
+    a, b = pair(3)
+    out = server.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b})
+    assert set(out) == {"OUTPUT0", "OUTPUT1"}
+    assert out["OUTPUT0"].dtype == np.int32 and out["OUTPUT0"].shape == (1, 16)
+    np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+    np.testing.assert_array_equal(out["OUTPUT1"], a - b)
+    only = server.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b},
+                                        output_names=["OUTPUT1"])
+    assert list(only) == ["OUTPUT1"]
+    index = server.models()
+    assert index[("simple", 1)]["state"] == "READY"
+
+
+def test_bytes_round_trip_as_object_arrays(server):
+    words = np.array([[b"alpha", "b\u00e9ta".encode(), b""]], dtype=np.object_)
+    out = server.model("identity_bytes").infer(inputs={"INPUT0": words})
+    assert out["OUTPUT0"].dtype == np.object_
+    assert out["OUTPUT0"].tolist() == words.tolist()
+    as_str = server.model("identity_bytes").infer(inputs={"INPUT0": np.array([["x", "yz"]])})
+    assert as_str["OUTPUT0"].tolist() == [[b"x", b"yz"]]
+
+
+def test_a_wasm_stage_runs_in_process(server):
+    # add_sub does not batch: its inputs are [4].
+    x = np.array([1.5, 2.0, -3.0, 4.25], dtype=np.float32)
+    y = np.array([0.5, 1.0, 1.0, 0.25], dtype=np.float32)
+    out = server.model("add_sub").infer(inputs={"INPUT0": x, "INPUT1": y})
+    np.testing.assert_array_equal(out["OUTPUT0"], x + y)
+    np.testing.assert_array_equal(out["OUTPUT1"], x - y)
+
+
+def test_threads_and_asyncio_infer_concurrently(server):
+    simple = server.model("simple")
+
+    def one(k):
+        a, b = pair(k)
+        return k, simple.infer(inputs={"INPUT0": a, "INPUT1": b})["OUTPUT0"]
+
+    with ThreadPoolExecutor(8) as pool:
+        for k, got in pool.map(one, range(32)):
+            a, b = pair(k)
+            np.testing.assert_array_equal(got, a + b)
+
+    async def many():
+        calls = [simple.async_infer(inputs=dict(zip(("INPUT0", "INPUT1"), pair(k))))
+                 for k in range(8)]
+        return await asyncio.gather(*calls)
+
+    for k, out in enumerate(asyncio.run(many())):
+        a, b = pair(k)
+        np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+
+
+def test_mistakes_raise_the_servers_errors_and_it_keeps_serving(server):
+    a, b = pair(1)
+    with pytest.raises(wasmtron.InvalidArgumentError, match=r"Expected \[4\], got \[1,4\]"):
+        server.model("add_sub").infer(inputs={"INPUT0": np.zeros((1, 4), np.float32),
+                                              "INPUT1": np.zeros((1, 4), np.float32)})
+    with pytest.raises(wasmtron.NotFoundError, match="'ghost'"):
+        server.model("ghost").infer(inputs={"INPUT0": a})
+    with pytest.raises(wasmtron.InvalidArgumentError, match="INPUT0") as wrong:
+        server.model("simple").infer(inputs={"INPUT0": a.astype(np.float32), "INPUT1": b})
+    assert isinstance(wrong.value, wasmtron.WasmtronError)
+    with pytest.raises(wasmtron.InvalidArgumentError, match="INPUT1"):
+        server.model("simple").infer(inputs={"INPUT0": a})
+    with pytest.raises(wasmtron.InvalidArgumentError, match="INPUT0"):
+        server.model("simple").infer(inputs={"INPUT0": np.zeros((1, 15), np.int32), "INPUT1": b})
+    with pytest.raises(wasmtron.NotFoundError, match="version 7"):
+        server.model("simple", version=7).infer(inputs={"INPUT0": a, "INPUT1": b})
+    with pytest.raises(wasmtron.InvalidArgumentError, match="parameter 'p'"):
+        server.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b}, parameters={"p": [1]})
+    with pytest.raises(wasmtron.UnsupportedError, match="explicit"):
+        server.load("simple")
+    out = server.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b})
+    np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+    assert 'nv_inference_request_success{model="simple",version="1"}' in server.metrics()
+
+
+def test_explicit_control_and_lifecycle(repo):
+    s = wasmtron.Server(model_repository=repo, model_control_mode="explicit",
+                        load_models=["simple"])
+    with pytest.raises(wasmtron.UnavailableError, match="start"):
+        s.model("simple").infer(inputs={})
+    s.start()
+    a, b = pair(2)
+    assert s.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b})["OUTPUT0"].sum() > 0
+    assert not s.model("identity_bytes").ready()
+    s.load("identity_bytes")
+    assert s.model("identity_bytes").ready()
+    s.unload("simple")
+    with pytest.raises(wasmtron.NotFoundError, match="simple"):
+        s.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b})
+    # A second server in the same process serves the same repository side by side.
+    with wasmtron.Server(model_repository=repo) as other:
+        out = other.model("identity_bytes").infer(inputs={"INPUT0": np.array([[b"two"]], dtype=object)})
+        assert out["OUTPUT0"].tolist() == [[b"two"]]
+    assert s.stop() is True
+    with pytest.raises(wasmtron.UnavailableError):
+        s.model("identity_bytes").infer(inputs={"INPUT0": np.array([[b"x"]], dtype=object)})
+    with pytest.raises(wasmtron.InvalidArgumentError, match="model_control_mode 'sometimes'"):
+        wasmtron.Server(model_repository=repo, model_control_mode="sometimes")
+    with pytest.raises(wasmtron.InvalidArgumentError, match="not a directory"):
+        wasmtron.Server(model_repository=repo + "/nope").start()
+
+
+def test_a_dropped_server_drains_and_stops(repo):
+    s = wasmtron.Server(model_repository=repo).start()
+    simple = s.model("simple")
+    a, b = pair(5)
+    with ThreadPoolExecutor(4) as pool:
+        answers = [pool.submit(simple.infer, {"INPUT0": a, "INPUT1": b}) for _ in range(16)]
+        results = [f.result() for f in answers]
+    assert all((r["OUTPUT0"] == a + b).all() for r in results)
+    del s, simple
+    gc.collect()  # drops the core: drains, unloads, stops its runtime, without hanging
