@@ -15,7 +15,7 @@ use pyo3::{
 };
 use wasmtron::{
     error::{Code, Error},
-    inference::{InferRequest, ParamValue, Parameters, RequestedOutput},
+    inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
     runtime::RuntimeOptions,
     scheduling::{
         model_manager::LoadOverride,
@@ -265,49 +265,88 @@ impl CoreServer {
         parameters: Option<Bound<'py, PyDict>>,
     ) -> PyResult<Vec<PyOutput<'py>>> {
         let server = self.running()?.clone();
-        let mut tensors = Vec::with_capacity(inputs.len());
-        for (name, datatype, shape, data) in inputs {
-            let datatype = DataType::from_wire(&datatype).ok_or_else(|| {
-                InvalidArgumentError::new_err(format!(
-                    "input '{name}' has unknown datatype '{datatype}'"
-                ))
-            })?;
-            tensors.push(Tensor {
-                name,
-                datatype,
-                shape,
-                data: data.into(),
-            });
+        let request = request(model, version, inputs, outputs, parameters)?;
+        let decoupled = server
+            .models()
+            .get(&request.model_name, request.model_version)
+            .is_ok_and(|m| wasmtron::runtime::is_decoupled(&m.config));
+        if decoupled {
+            return Err(InvalidArgumentError::new_err(format!(
+                "model '{model}' is decoupled (0..N responses per request): use \
+                 Model.infer_stream()"
+            )));
         }
-        let request = InferRequest {
-            model_name: model.to_owned(),
-            model_version: (version >= 0).then_some(version),
-            parameters: parameters
-                .map(|p| to_parameters(&p))
-                .transpose()?
-                .unwrap_or_default(),
-            inputs: tensors,
-            outputs: outputs
-                .into_iter()
-                .map(|name| RequestedOutput {
-                    name,
-                    parameters: Default::default(),
-                })
-                .collect(),
-            ..Default::default()
-        };
         let runtime = &self.runtime;
         let response = py
             .detach(|| runtime.block_on(server.infer(request)))
             .map_err(to_py)?;
-        Ok(response
-            .outputs
-            .into_iter()
-            .map(|t| {
-                let bytes = PyBytes::new(py, &t.data);
-                (t.name, t.datatype.wire_name().to_owned(), t.shape, bytes)
-            })
-            .collect())
+        Ok(to_outputs(py, response.outputs))
+    }
+
+    /// Runs one request and returns an iterator of its responses: every response of a
+    /// decoupled model as it is sent, or the one response of any other model.
+    #[pyo3(signature = (model, version, inputs, outputs=Vec::new(), parameters=None))]
+    fn infer_stream<'py>(
+        &self,
+        model: &str,
+        version: i64,
+        inputs: Vec<PyTensor>,
+        outputs: Vec<String>,
+        parameters: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<ResponseStream> {
+        let server = self.running()?.clone();
+        let request = request(model, version, inputs, outputs, parameters)?;
+        let _entered = self.runtime.enter();
+        Ok(ResponseStream {
+            items: Some(server.infer_stream(request)),
+            runtime: self.runtime.handle().clone(),
+        })
+    }
+
+    /// The statistics extension's JSON for `name` (all models when empty), as
+    /// `GET /v2/models/<name>/stats` answers it.
+    #[pyo3(signature = (name="", version=""))]
+    fn statistics(&self, name: &str, version: &str) -> PyResult<String> {
+        let stats =
+            wasmtron::frontends::model_statistics(self.running()?, name, version).map_err(to_py)?;
+        Ok(wasmtron::frontends::http::stats_json(stats).to_string())
+    }
+}
+
+/// The responses of one streamed request; iterating blocks (without the GIL) for the next.
+#[pyclass(module = "wasmtron._wasmtron")]
+struct ResponseStream {
+    items: Option<tokio::sync::mpsc::Receiver<wasmtron::error::Result<InferResponse>>>,
+    runtime: tokio::runtime::Handle,
+}
+
+#[pymethods]
+impl ResponseStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Vec<PyOutput<'py>>>> {
+        let Some(items) = self.items.as_mut() else {
+            return Ok(None);
+        };
+        let runtime = &self.runtime;
+        match py.detach(|| runtime.block_on(items.recv())) {
+            Some(Ok(response)) => Ok(Some(to_outputs(py, response.outputs))),
+            Some(Err(err)) => {
+                self.items = None;
+                Err(to_py(err))
+            }
+            None => {
+                self.items = None;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Stops the request: the model's remaining responses are not waited for.
+    fn close(&mut self) {
+        self.items = None;
     }
 }
 
@@ -319,6 +358,58 @@ impl Drop for CoreServer {
             self.runtime.block_on(server.drain(Duration::from_secs(30)));
         }
     }
+}
+
+/// A request from what Python passed.
+fn request(
+    model: &str,
+    version: i64,
+    inputs: Vec<PyTensor>,
+    outputs: Vec<String>,
+    parameters: Option<Bound<'_, PyDict>>,
+) -> PyResult<InferRequest> {
+    let mut tensors = Vec::with_capacity(inputs.len());
+    for (name, datatype, shape, data) in inputs {
+        let datatype = DataType::from_wire(&datatype).ok_or_else(|| {
+            InvalidArgumentError::new_err(format!(
+                "input '{name}' has unknown datatype '{datatype}'"
+            ))
+        })?;
+        tensors.push(Tensor {
+            name,
+            datatype,
+            shape,
+            data: data.into(),
+        });
+    }
+    Ok(InferRequest {
+        model_name: model.to_owned(),
+        model_version: (version >= 0).then_some(version),
+        parameters: parameters
+            .map(|p| to_parameters(&p))
+            .transpose()?
+            .unwrap_or_default(),
+        inputs: tensors,
+        outputs: outputs
+            .into_iter()
+            .map(|name| RequestedOutput {
+                name,
+                parameters: Default::default(),
+            })
+            .collect(),
+        ..Default::default()
+    })
+}
+
+/// Outputs as Python sees them.
+fn to_outputs(py: Python<'_>, outputs: Vec<Tensor>) -> Vec<PyOutput<'_>> {
+    outputs
+        .into_iter()
+        .map(|t| {
+            let bytes = PyBytes::new(py, &t.data);
+            (t.name, t.datatype.wire_name().to_owned(), t.shape, bytes)
+        })
+        .collect()
 }
 
 /// Request parameters from a dict of bool, int, float or str values.
@@ -348,6 +439,7 @@ fn to_parameters(dict: &Bound<'_, PyDict>) -> PyResult<Parameters> {
 #[pymodule]
 fn _wasmtron(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoreServer>()?;
+    m.add_class::<ResponseStream>()?;
     let py = m.py();
     m.add("WasmtronError", py.get_type::<WasmtronError>())?;
     m.add(

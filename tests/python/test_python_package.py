@@ -15,7 +15,7 @@ from conftest import copy_models
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("inprocess")
-    copy_models(str(root), ["simple", "identity_bytes", "add_sub"])
+    copy_models(str(root), ["simple", "identity_bytes", "add_sub", "words"])
     return str(root)
 
 
@@ -149,3 +149,32 @@ def test_a_dropped_server_drains_and_stops(repo):
     assert all((r["OUTPUT0"] == a + b).all() for r in results)
     del s, simple
     gc.collect()  # drops the core: drains, unloads, stops its runtime, without hanging
+
+
+def test_a_decoupled_model_streams_its_responses(server):
+    words = server.model("words")
+    text = np.array(["the quick brown fox"], dtype=object)
+    got = [(r["WORD"].tolist(), r["POSITION"].tolist()) for r in words.infer_stream(inputs={"TEXT": text})]
+    assert got == [([b"the"], [0]), ([b"quick"], [1]), ([b"brown"], [2]), ([b"fox"], [3])]
+    # Leaving early is fine; a plain model streams its one response.
+    first = next(iter(words.infer_stream(inputs={"TEXT": text})))
+    assert first["WORD"].tolist() == [b"the"]
+    a, b = pair(4)
+    (only,) = list(server.model("simple").infer_stream(inputs={"INPUT0": a, "INPUT1": b}))
+    np.testing.assert_array_equal(only["OUTPUT0"], a + b)
+    with pytest.raises(wasmtron.InvalidArgumentError, match="decoupled.*infer_stream"):
+        words.infer(inputs={"TEXT": text})
+    with pytest.raises(wasmtron.NotFoundError, match="'ghost'"):
+        list(server.model("ghost").infer_stream(inputs={"TEXT": text}))
+
+
+def test_statistics_count_what_ran(repo):
+    with wasmtron.Server(model_repository=repo) as s:
+        a, b = pair(1)
+        for _ in range(3):
+            s.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b})
+        stats = s.model("simple").statistics()["model_stats"][0]
+        assert (stats["name"], stats["version"], stats["inference_count"]) == ("simple", "1", 3)
+        assert stats["inference_stats"]["success"]["count"] == 3
+        every = {m["name"] for m in s.statistics()["model_stats"]}
+        assert {"simple", "identity_bytes", "add_sub", "words"} <= every

@@ -17,7 +17,8 @@ a wrong dtype, shape or name raises ``InvalidArgumentError`` naming the tensor, 
 ``NotFoundError``. The GIL is released while the server works, so threads infer concurrently.
 """
 import asyncio
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+import json
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -132,6 +133,27 @@ class Model:
                                            list(output_names or ()), dict(parameters or {}))
         return {name: _decode(datatype, shape, data) for name, datatype, shape, data in answers}
 
+    def infer_stream(self, inputs: Mapping[str, object],
+                     parameters: Optional[Mapping[str, object]] = None,
+                     output_names: Optional[Iterable[str]] = None) -> Iterator[Dict[str, np.ndarray]]:
+        """Runs one request and yields its responses as they come: every response of a
+        decoupled model (``model_transaction_policy { decoupled: true }``), or the one response
+        of any other model. Leaving the loop early stops waiting for the rest."""
+        encoded = [_encode(name, value) for name, value in inputs.items()]
+        stream = self._server._core.infer_stream(self.name, self.version, encoded,
+                                                 list(output_names or ()), dict(parameters or {}))
+        try:
+            for answers in stream:
+                yield {name: _decode(datatype, shape, data) for name, datatype, shape, data in answers}
+        finally:
+            stream.close()
+
+    def statistics(self) -> Dict[str, object]:
+        """This model's statistics, as the statistics extension reports them (counts and
+        nanoseconds of success, fail, queue, compute; per batch size; warm-up)."""
+        version = "" if self.version < 0 else str(self.version)
+        return json.loads(self._server._core.statistics(self.name, version))
+
     async def async_infer(self, inputs: Mapping[str, object],
                           parameters: Optional[Mapping[str, object]] = None,
                           output_names: Optional[Iterable[str]] = None) -> Dict[str, np.ndarray]:
@@ -195,6 +217,11 @@ class Server:
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unloads ``name`` (explicit control mode); requests already accepted finish."""
         self._core.unload(name, unload_dependents)
+
+    def statistics(self) -> Dict[str, object]:
+        """Every loaded model's statistics (``{"model_stats": [...]}``, as
+        ``GET /v2/models/stats`` answers)."""
+        return json.loads(self._core.statistics())
 
     def metrics(self) -> str:
         """The Prometheus metrics text, as the metrics endpoint serves it."""

@@ -1,5 +1,5 @@
 """Type stubs of the extension module (python/src/lib.rs); use the `wasmtron` package's API."""
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 Tensor = Tuple[str, str, List[int], bytes]
 
@@ -37,3 +37,17 @@ class CoreServer:
         outputs: List[str] = ...,
         parameters: Optional[Dict[str, Union[bool, int, float, str]]] = None,
     ) -> List[Tensor]: ...
+    def infer_stream(
+        self,
+        model: str,
+        version: int,
+        inputs: List[Tensor],
+        outputs: List[str] = ...,
+        parameters: Optional[Dict[str, Union[bool, int, float, str]]] = None,
+    ) -> ResponseStream: ...
+    def statistics(self, name: str = "", version: str = "") -> str: ...
+
+class ResponseStream:
+    def __iter__(self) -> Iterator[List[Tensor]]: ...
+    def __next__(self) -> List[Tensor]: ...
+    def close(self) -> None: ...

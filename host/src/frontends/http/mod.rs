@@ -512,7 +512,9 @@ fn duration_json(d: &Option<StatisticDuration>) -> Value {
     json!({"count": d.count, "ns": d.ns})
 }
 
-fn stats_json(stats: Vec<ModelStatistics>) -> Value {
+/// The statistics extension's JSON (`GET /v2/models/<m>/stats`), also what the in-process
+/// Python API returns.
+pub fn stats_json(stats: Vec<ModelStatistics>) -> Value {
     let models: Vec<Value> = stats
         .into_iter()
         .map(|s| {
