@@ -240,24 +240,26 @@ fn set_nodelay(stream: &mut tokio::net::TcpStream) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Registers SIGTERM and SIGINT now and returns what waits for the first of them. Called
+/// before the listeners start: a signal that came after the server said it was ready, but
+/// before a handler existed, would end the process at once instead of draining it.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {},
-                    _ = term.recv() => {},
-                }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = terminate.recv() => {},
+                _ = interrupt.recv() => {},
             }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
+        })
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// Reloads the server config file on every SIGHUP: keys added or removed take effect for the
@@ -406,6 +408,8 @@ async fn serve() -> anyhow::Result<()> {
         tracing::info!(model = %entry.name, version = %version, state = entry.state.as_str(), reason = %entry.reason, "model status");
     }
 
+    // Before the first listener: from the moment a client can see the server, a signal drains.
+    let shutdown = shutdown_signal()?;
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
     let shared_memory = Arc::new(SystemSharedMemory::new());
@@ -478,7 +482,7 @@ async fn serve() -> anyhow::Result<()> {
         }));
     }
 
-    shutdown_signal().await;
+    shutdown.await;
     let timeout = Duration::from_secs(cli.exit_timeout_secs);
     server.mark_unready();
     health_reporter

@@ -36,6 +36,29 @@ def test_sigterm_keeps_serving_through_the_drain_delay_then_exits_0(draining):
     assert draining.proc.wait(60) == 0
 
 
+def test_a_signal_as_soon_as_a_listener_is_up_drains_instead_of_killing(tmp_path):
+    """SIGTERM the moment the first listener reports itself: the handler is in place by then,
+    so the server drains and exits 0 (it used to be registered after every listener started,
+    and a signal in between ended the process at once, while probes already said ready)."""
+    from conftest import copy_models
+    copy_models(str(tmp_path), ["simple"])
+    proc = subprocess.Popen(
+        [BINARY, "--model-repository", str(tmp_path), "--http-port", "0", "--grpc-port", "0",
+         "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+         "--metrics-address", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith("Started "):
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.communicate(timeout=120)[1]
+        assert proc.returncode == 0, f"exit {proc.returncode}:\n{rest}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_reloads_and_version_switches_under_traffic_lose_nothing():
     """benches/soak.py, briefly: four clients over HTTP and gRPC while a model is reloaded or
     switches versions every second, then SIGTERM with the clients still sending."""
