@@ -146,13 +146,7 @@ fn zero_request(
             let one = element_count(&dims).unwrap_or(0);
             let row = match datatype.element_size() {
                 Some(size) => vec![0u8; one * size],
-                None => {
-                    let mut row = Vec::new();
-                    for _ in 0..one {
-                        push_bytes_element(&mut row, b"");
-                    }
-                    row
-                }
+                None => strings(one, |_| Vec::new()),
             };
             Ok(tensor(config, input, datatype, &dims, &row, rows))
         })
