@@ -7,6 +7,7 @@ pub mod buckets;
 pub mod gpu;
 pub mod onnx;
 pub mod request_check;
+mod staging;
 pub mod warmup;
 pub mod wasm;
 

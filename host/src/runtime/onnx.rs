@@ -3,7 +3,6 @@
 //! which side (config.pbtxt or the model) to change.
 
 use std::{
-    borrow::Cow,
     path::{Path, PathBuf},
     sync::{Arc, OnceLock},
     time::Instant,
@@ -13,7 +12,7 @@ use bytes::Bytes;
 use ort::{
     environment::Environment,
     memory::Allocator,
-    session::{Session, SessionInputValue},
+    session::Session,
     value::{
         DynTensor, DynTensorValueType, DynValue, Outlet, Tensor as OrtTensor, TensorElementType,
         ValueType,
@@ -24,7 +23,9 @@ use super::{
     batch,
     buckets::{self, ShapeBuckets},
     gpu::{self, Placement},
-    model_file, ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions,
+    model_file,
+    staging::Staging,
+    ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions,
 };
 use crate::{
     error::{Error, Result},
@@ -230,9 +231,17 @@ pub fn load(
             };
             sessions.push(session);
         }
+        let staging = match sessions.first() {
+            Some(session) => Staging::for_session(session, placement, &config.name)?,
+            None => Staging::host()?,
+        };
+        if staging.pinned() {
+            tracing::debug!(model = %config.name, instance = index, "inputs and outputs staged in CUDA pinned memory");
+        }
         instances.push(Box::new(OnnxInstance {
             name: config.name.clone(),
             sessions,
+            staging,
             output_types: output_types.clone(),
             shapes: shapes.clone(),
             buckets: buckets.clone(),
@@ -605,6 +614,8 @@ struct OnnxInstance {
     name: String,
     /// One session, or one per batch bucket in bucket order.
     sessions: Vec<Session>,
+    /// The host memory inputs are gathered into and outputs land in.
+    staging: Staging,
     output_types: Vec<(String, DataType)>,
     shapes: Reshapes,
     buckets: Option<Arc<ShapeBuckets>>,
@@ -718,8 +729,7 @@ impl OnnxInstance {
         let Some(first) = requests.first() else {
             return Err(Error::internal("no request to run"));
         };
-        let mut values: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
-            Vec::with_capacity(first.inputs.len());
+        let mut values: Vec<(&str, DynValue)> = Vec::with_capacity(first.inputs.len());
         for (i, tensor) in first.inputs.iter().enumerate() {
             let parts: Vec<&Tensor> = requests.iter().filter_map(|r| r.inputs.get(i)).collect();
             let mut shape = match &self.buckets {
@@ -732,23 +742,24 @@ impl OnnxInstance {
                 }
             }
             let reshape = self.shapes.input(&tensor.name);
-            let value = to_ort_value(&parts, shape, reshape, self.shapes.batching)?;
-            values.push((Cow::Borrowed(tensor.name.as_str()), value));
+            let value = to_ort_value(
+                &parts,
+                shape,
+                reshape,
+                self.shapes.batching,
+                self.staging.allocator(),
+            )?;
+            values.push((tensor.name.as_str(), value));
         }
         let prepared = Instant::now();
         let session = self
             .sessions
             .get_mut(padding.session)
             .ok_or_else(|| Error::internal("no session for this batch size"))?;
-        let mut results = session
-            .run(values)
-            .map_err(|e| Error::internal(format!("ONNX Runtime failed to run the model: {e}")))?;
+        let results = self.staging.run(session, values, outputs)?;
         let ran = Instant::now();
         let mut tensors = Vec::with_capacity(outputs.len());
-        for name in outputs {
-            let value = results.remove(name.as_str()).ok_or_else(|| {
-                Error::internal(format!("ONNX Runtime did not produce output '{name}'"))
-            })?;
+        for (name, value) in outputs.iter().zip(results) {
             let mut tensor = from_ort_value(name, value)?;
             if padding.padded_rows > padding.rows {
                 tensor = batch::first_rows(&self.name, tensor, padding.rows)?;
@@ -850,7 +861,8 @@ fn to_ort_value(
     shape: Vec<i64>,
     reshape: Option<&[i64]>,
     batching: bool,
-) -> Result<SessionInputValue<'static>> {
+    allocator: &Allocator,
+) -> Result<DynValue> {
     let Some(first) = parts.first() else {
         return Err(Error::internal("no tensor to hand to ONNX Runtime"));
     };
@@ -901,7 +913,7 @@ fn to_ort_value(
         );
         let value = OrtTensor::from_string_array((model_shape(&shape), strings.as_slice()))
             .map_err(|e| ort_error(&first.name, e))?;
-        return Ok(value.into());
+        return Ok(value.into_dyn());
     }
     let size = first.datatype.element_size().unwrap_or(1);
     let total: usize = parts.iter().map(|t| t.data.len()).sum();
@@ -936,13 +948,13 @@ fn to_ort_value(
         )));
     }
     let mut value = DynTensor::new(
-        &Allocator::default(),
+        allocator,
         to_element_type(first.datatype),
         model_shape(&shape),
     )
     .map_err(|e| ort_error(&first.name, e))?;
     if bytes > 0 {
-        // SAFETY: the tensor was allocated on the CPU for its shape and this element type,
+        // SAFETY: the tensor was allocated in host memory (plain or pinned) for its shape and this element type,
         // which is `bytes` bytes.
         let dst =
             unsafe { std::slice::from_raw_parts_mut(value.data_ptr_mut().cast::<u8>(), bytes) };
@@ -980,7 +992,7 @@ fn to_ort_value(
             }
         }
     }
-    Ok(value.into())
+    Ok(value.into_dyn())
 }
 
 fn from_ort_value(name: &str, value: DynValue) -> Result<Tensor> {
@@ -1033,7 +1045,7 @@ struct OutputMemory {
 
 impl AsRef<[u8]> for OutputMemory {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: a CPU tensor (run() hands outputs back in CPU memory) that this owns, `len`
+        // SAFETY: a host tensor (`Staging` binds outputs to host memory, plain or pinned) that this owns, `len`
         // bytes as ONNX Runtime reports, never written after the run.
         unsafe { std::slice::from_raw_parts(self.tensor.data_ptr().cast::<u8>(), self.len) }
     }
