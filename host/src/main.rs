@@ -1,20 +1,14 @@
 //! The `wasmtron` binary: a command line shaped like `tritonserver`'s, the three listeners,
 //! and the signal-driven drain.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{bail, Context};
-use axum::serve::ListenerExt;
 use clap::{ArgAction, Parser};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use wasmtron::{
     frontends::{
-        grpc::{GrpcInferenceServiceServer, GrpcService},
-        http::{self, HttpState},
-        metrics,
+        listeners::{Endpoint, ListenerOptions, Listeners},
         restricted::Restrictions,
-        shared_memory::SystemSharedMemory,
     },
     limits::RequestLimits,
     repository::remote::{is_remote, Mirror},
@@ -224,22 +218,6 @@ async fn open_repositories(
     Ok((remote, local))
 }
 
-async fn bind(address: &str, port: u16, what: &str) -> anyhow::Result<TcpListener> {
-    let addr: SocketAddr = format!("{address}:{port}")
-        .parse()
-        .or_else(|_| format!("[{address}]:{port}").parse())
-        .with_context(|| format!("--{what}-address {address} is not an IP address"))?;
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} for {what}"))
-}
-
-fn set_nodelay(stream: &mut tokio::net::TcpStream) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!("cannot set TCP_NODELAY: {e}");
-    }
-}
-
 /// Registers SIGTERM and SIGINT now and returns what waits for the first of them. Called
 /// before the listeners start: a signal that came after the server said it was ready, but
 /// before a handler existed, would end the process at once instead of draining it.
@@ -410,84 +388,31 @@ async fn serve() -> anyhow::Result<()> {
 
     // Before the first listener: from the moment a client can see the server, a signal drains.
     let shutdown = shutdown_signal()?;
-    let stop = CancellationToken::new();
-    let mut tasks = Vec::new();
-    let shared_memory = Arc::new(SystemSharedMemory::new());
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-
-    if cli.allow_grpc {
-        let listener = bind(&cli.grpc_address, cli.grpc_port, "grpc").await?;
-        eprintln!("Started GRPCInferenceService at {}", listener.local_addr()?);
-        let grpc = GrpcService::new(server.clone())
-            .with_tenancy(tenancy.clone())
-            .with_restrictions(grpc_restrictions)
-            .with_shared_memory(shared_memory.clone())
-            .with_tracing(tracing_settings.clone());
-        let service = GrpcInferenceServiceServer::new(grpc)
-            .max_decoding_message_size(cli.grpc_max_message_size)
-            .max_encoding_message_size(usize::MAX)
-            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
-        let service = match cli.grpc_infer_response_compression_level {
-            CompressionLevel::None => service,
-            _ => service.send_compressed(tonic::codec::CompressionEncoding::Gzip),
-        };
-        // Small request/response messages stall on Nagle + delayed ACK without TCP_NODELAY.
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let token = stop.clone();
-        let health_service = health_service.clone();
-        tasks.push(tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .add_service(health_service)
-                .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
-                .await
-                .map_err(anyhow::Error::from)
-        }));
-    }
-    if cli.allow_http {
-        let listener = bind(&cli.http_address, cli.http_port, "http").await?;
-        eprintln!("Started HTTPService at {}", listener.local_addr()?);
-        let listener = listener.tap_io(set_nodelay);
-        let app = http::router(HttpState {
-            server: server.clone(),
-            max_input_size: cli.http_max_input_size,
+    let endpoint =
+        |allowed: bool, address: &str, port: u16| allowed.then(|| Endpoint::new(address, port));
+    let listeners = Listeners::open(
+        server.clone(),
+        ListenerOptions {
+            http: endpoint(cli.allow_http, &cli.http_address, cli.http_port),
+            grpc: endpoint(cli.allow_grpc, &cli.grpc_address, cli.grpc_port),
+            metrics: endpoint(cli.allow_metrics, &cli.metrics_address, cli.metrics_port),
+            http_max_input_size: cli.http_max_input_size,
+            grpc_max_message_size: cli.grpc_max_message_size,
+            grpc_compress_responses: cli.grpc_infer_response_compression_level
+                != CompressionLevel::None,
             tenancy: tenancy.clone(),
-            restrictions: Arc::new(http_restrictions),
-            shared_memory: shared_memory.clone(),
+            http_restrictions,
+            grpc_restrictions,
             tracing: tracing_settings.clone(),
-        });
-        let token = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await
-                .map_err(anyhow::Error::from)
-        }));
-    }
-    if cli.allow_metrics {
-        let listener = bind(&cli.metrics_address, cli.metrics_port, "metrics").await?;
-        eprintln!("Started Metrics Service at {}", listener.local_addr()?);
-        let listener = listener.tap_io(set_nodelay);
-        let app = metrics::router(server.clone(), tenancy.clone());
-        let token = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await
-                .map_err(anyhow::Error::from)
-        }));
-    }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!(e.message))?;
 
     shutdown.await;
     let timeout = Duration::from_secs(cli.exit_timeout_secs);
     server.mark_unready();
-    health_reporter
-        .set_service_status("", tonic_health::ServingStatus::NotServing)
-        .await;
+    listeners.set_not_serving().await;
     if cli.drain_delay_secs > 0 {
         tracing::info!(
             "shutting down: not ready any more, still serving for {}s (--drain-delay-secs)",
@@ -503,12 +428,7 @@ async fn serve() -> anyhow::Result<()> {
     if !drained {
         tracing::warn!("exit timeout reached with requests still in flight");
     }
-    stop.cancel();
-    let servers = futures::future::join_all(tasks);
-    if tokio::time::timeout(Duration::from_secs(5), servers)
-        .await
-        .is_err()
-    {
+    if !listeners.close(Duration::from_secs(5)).await {
         tracing::warn!("frontends did not close in time");
     }
     drop(server);

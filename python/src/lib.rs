@@ -15,6 +15,7 @@ use pyo3::{
 };
 use wasmtron::{
     error::{Code, Error},
+    frontends::listeners::{Endpoint, ListenerOptions, Listeners},
     inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
     runtime::RuntimeOptions,
     scheduling::{
@@ -105,6 +106,8 @@ struct CoreServer {
     runtime: tokio::runtime::Runtime,
     options: ServerOptions,
     server: Option<Arc<Server>>,
+    /// HTTP/gRPC/metrics listeners, when `start` opened any.
+    listeners: Option<Listeners>,
 }
 
 impl CoreServer {
@@ -171,33 +174,81 @@ impl CoreServer {
             runtime,
             options,
             server: None,
+            listeners: None,
         })
     }
 
-    /// Loads the repository and starts serving in this process.
-    fn start(&mut self, py: Python<'_>) -> PyResult<()> {
+    /// Loads the repository and starts serving in this process; with ports (0: a free one),
+    /// also opens the HTTP, gRPC and metrics listeners on `address`. Started twice, the
+    /// second call does nothing.
+    #[pyo3(signature = (http_port=None, grpc_port=None, metrics_port=None, address="127.0.0.1"))]
+    fn start(
+        &mut self,
+        py: Python<'_>,
+        http_port: Option<u16>,
+        grpc_port: Option<u16>,
+        metrics_port: Option<u16>,
+        address: &str,
+    ) -> PyResult<()> {
         if self.server.is_some() {
             return Ok(());
         }
         let options = self.options.clone();
+        let endpoint = |port: Option<u16>| port.map(|p| Endpoint::new(address, p));
+        let listening = ListenerOptions {
+            http: endpoint(http_port),
+            grpc: endpoint(grpc_port),
+            metrics: endpoint(metrics_port),
+            ..Default::default()
+        };
+        let any =
+            listening.http.is_some() || listening.grpc.is_some() || listening.metrics.is_some();
         let runtime = &self.runtime;
-        let server = py
-            .detach(|| runtime.block_on(Server::start(options)))
+        let (server, listeners) = py
+            .detach(|| {
+                runtime.block_on(async {
+                    let server = Server::start(options).await?;
+                    if !any {
+                        return Ok((server, None));
+                    }
+                    match Listeners::open(server.clone(), listening).await {
+                        Ok(listeners) => Ok((server, Some(listeners))),
+                        Err(e) => {
+                            server.drain(Duration::from_secs(5)).await;
+                            Err(e)
+                        }
+                    }
+                })
+            })
             .map_err(to_py)?;
         self.server = Some(server);
+        self.listeners = listeners;
         Ok(())
     }
 
-    /// Stops taking requests, waits up to `timeout` seconds for those accepted, then unloads.
+    /// Where the listeners listen: `{"http": "127.0.0.1:8000", ...}` for those open.
+    fn addresses(&self) -> std::collections::HashMap<String, String> {
+        let mut out = std::collections::HashMap::new();
+        if let Some(bound) = self.listeners.as_ref().map(Listeners::addresses) {
+            for (what, addr) in [
+                ("http", bound.http),
+                ("grpc", bound.grpc),
+                ("metrics", bound.metrics),
+            ] {
+                if let Some(addr) = addr {
+                    out.insert(what.to_owned(), addr.to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// Stops taking requests, waits up to `timeout` seconds for those accepted, closes the
+    /// listeners, then unloads.
     #[pyo3(signature = (timeout=30.0))]
     fn stop(&mut self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
-        let Some(server) = self.server.take() else {
-            return Ok(true);
-        };
         let wait = Duration::from_secs_f64(timeout.max(0.0));
-        let runtime = &self.runtime;
-        let drained = py.detach(|| runtime.block_on(server.drain(wait)));
-        Ok(drained)
+        Ok(py.detach(|| self.shut_down(wait)))
     }
 
     /// Whether the server is started and its models are ready.
@@ -350,13 +401,34 @@ impl ResponseStream {
     }
 }
 
+impl CoreServer {
+    /// Readiness off, new requests refused, accepted ones waited for up to `wait`, then the
+    /// listeners closed (remote callers' answers are sent before), as the binary shuts down.
+    /// Returns whether every accepted request finished.
+    fn shut_down(&mut self, wait: Duration) -> bool {
+        let Some(server) = self.server.take() else {
+            return true;
+        };
+        let listeners = self.listeners.take();
+        self.runtime.block_on(async {
+            server.mark_unready();
+            if let Some(listeners) = &listeners {
+                listeners.set_not_serving().await;
+            }
+            let drained = server.drain(wait).await;
+            if let Some(listeners) = listeners {
+                listeners.close(Duration::from_secs(5)).await;
+            }
+            drained
+        })
+    }
+}
+
 impl Drop for CoreServer {
     /// A server dropped while serving (garbage-collected, or the interpreter exiting) drains
     /// what it accepted before its runtime goes.
     fn drop(&mut self) {
-        if let Some(server) = self.server.take() {
-            self.runtime.block_on(server.drain(Duration::from_secs(30)));
-        }
+        self.shut_down(Duration::from_secs(30));
     }
 }
 

@@ -178,3 +178,44 @@ def test_statistics_count_what_ran(repo):
         assert stats["inference_stats"]["success"]["count"] == 3
         every = {m["name"] for m in s.statistics()["model_stats"]}
         assert {"simple", "identity_bytes", "add_sub", "words"} <= every
+
+
+def test_the_same_server_answers_remote_callers_on_its_listeners(repo):
+    import socket
+    import urllib.request
+
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    s = wasmtron.Server(model_repository=repo).start(http_port=0, grpc_port=0, metrics_port=0)
+    urls = s.addresses
+    assert set(urls) == {"http", "grpc", "metrics"}
+    a, b = pair(6)
+    # A remote call over each protocol, then one in-process: the statistics count all three.
+    http = httpclient.InferenceServerClient(urls["http"])
+    assert http.is_server_ready() and http.is_model_ready("simple")
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+              httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    np.testing.assert_array_equal(http.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
+    grpc = grpcclient.InferenceServerClient(urls["grpc"])
+    ginputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+               grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+    ginputs[0].set_data_from_numpy(a)
+    ginputs[1].set_data_from_numpy(b)
+    np.testing.assert_array_equal(grpc.infer("simple", ginputs).as_numpy("OUTPUT1"), a - b)
+    s.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b})
+    assert s.model("simple").statistics()["model_stats"][0]["inference_count"] == 3
+    metrics = urllib.request.urlopen(f"http://{urls['metrics']}/metrics", timeout=30).read().decode()
+    assert 'nv_inference_request_success{model="simple",version="1"} 3' in metrics
+    grpc.close()
+    http.close()
+    # A port in use fails the start, naming the listener; the first server is untouched.
+    with pytest.raises(wasmtron.UnavailableError, match="cannot listen on .* for http"):
+        wasmtron.Server(model_repository=repo).start(http_port=int(urls["http"].rsplit(":", 1)[1]))
+    assert s.stop() is True
+    assert s.addresses == {}
+    host, port = urls["http"].rsplit(":", 1)
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=5).close()

@@ -4,6 +4,7 @@
 
 pub mod grpc;
 pub mod http;
+pub mod listeners;
 pub mod metrics;
 pub mod restricted;
 pub mod shared_memory;

@@ -179,21 +179,35 @@ class Server:
         self._core = CoreServer([str(r) for r in repositories], model_control_mode,
                                 list(load_models), strict_readiness, onnxruntime_library)
 
-    def start(self, wait_until_ready: bool = True) -> "Server":
-        """Loads the repository and starts serving; returns the server. Load errors of single
-        models do not fail the start (see :meth:`models`); with ``wait_until_ready`` a server
-        that is not ready afterwards raises :class:`UnavailableError` naming the models that
-        did not load."""
-        self._core.start()
+    def start(self, wait_until_ready: bool = True, http_port: Optional[int] = None,
+              grpc_port: Optional[int] = None, metrics_port: Optional[int] = None,
+              address: str = "127.0.0.1") -> "Server":
+        """Loads the repository and starts serving; returns the server.
+
+        With ``http_port``, ``grpc_port`` or ``metrics_port`` (0: a free port) the same server
+        also listens on ``address`` for remote callers (KServe v2 over HTTP and gRPC,
+        Prometheus metrics), so ``tritonclient`` and ``perf_analyzer`` reach the models this
+        process calls in-process; :attr:`addresses` says where. Load errors of single models
+        do not fail the start (see :meth:`models`); with ``wait_until_ready`` a server that is
+        not ready afterwards raises :class:`UnavailableError` naming the models that did not
+        load."""
+        self._core.start(http_port, grpc_port, metrics_port, address)
         if wait_until_ready and not self._core.ready():
             failed = [f"{name}: {reason}" for (name, _), state in self.models().items()
                       if state["state"] == "UNAVAILABLE" for reason in [state["reason"]]]
             raise UnavailableError("the server is not ready: " + "; ".join(failed))
         return self
 
+    @property
+    def addresses(self) -> Dict[str, str]:
+        """Where the listeners opened by :meth:`start` listen, as tritonclient takes them:
+        ``{"http": "127.0.0.1:8000", "grpc": ..., "metrics": ...}`` (only those opened)."""
+        return self._core.addresses()
+
     def stop(self, timeout: float = 30.0) -> bool:
-        """Stops taking requests and waits up to ``timeout`` seconds for those accepted;
-        returns whether they all finished."""
+        """Stops taking requests (readiness off), waits up to ``timeout`` seconds for those
+        accepted, in-process and remote, then closes the listeners; returns whether they all
+        finished."""
         return self._core.stop(timeout)
 
     def ready(self) -> bool:

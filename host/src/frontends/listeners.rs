@@ -1,0 +1,257 @@
+//! The network listeners of a running [`Server`]: KServe v2 over HTTP and gRPC (with gRPC
+//! health checking) and Prometheus metrics, each on its own address, opened and closed
+//! together. The binary opens them from its command line; the Python package opens them from
+//! `Server.start(http_port=...)`, so one process serves in-process and remote callers.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use axum::serve::ListenerExt;
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    grpc::{GrpcInferenceServiceServer, GrpcService},
+    http::{self, HttpState},
+    metrics,
+    restricted::Restrictions,
+    shared_memory::SystemSharedMemory,
+    trace::Tracing,
+};
+use crate::{
+    error::{Error, Result},
+    scheduling::server::Server,
+    tenancy::Tenancy,
+};
+
+/// Where one listener binds: an IP address and a port (0 picks a free one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// An IPv4 or IPv6 address (`0.0.0.0` for every interface).
+    pub address: String,
+    /// The port; 0 picks a free one.
+    pub port: u16,
+}
+
+impl Endpoint {
+    /// `address:port`.
+    pub fn new(address: impl Into<String>, port: u16) -> Self {
+        Self {
+            address: address.into(),
+            port,
+        }
+    }
+}
+
+/// Which listeners to open and how they treat requests.
+#[derive(Clone)]
+pub struct ListenerOptions {
+    /// HTTP/REST, if served.
+    pub http: Option<Endpoint>,
+    /// gRPC, if served.
+    pub grpc: Option<Endpoint>,
+    /// Prometheus metrics, if served.
+    pub metrics: Option<Endpoint>,
+    /// Largest HTTP request body in bytes (before and after decompression).
+    pub http_max_input_size: usize,
+    /// Largest gRPC request message in bytes.
+    pub grpc_max_message_size: usize,
+    /// Gzip gRPC inference responses for clients that accept it.
+    pub grpc_compress_responses: bool,
+    /// Tenants and their keys; `None` serves everyone.
+    pub tenancy: Option<Arc<Tenancy>>,
+    /// HTTP API groups that need a header (`--http-restricted-api`).
+    pub http_restrictions: Restrictions,
+    /// gRPC protocol groups that need a header (`--grpc-restricted-protocol`).
+    pub grpc_restrictions: Restrictions,
+    /// Request tracing settings, changed at run time through the trace API.
+    pub tracing: Arc<Tracing>,
+}
+
+impl Default for ListenerOptions {
+    /// Every listener on 127.0.0.1 at a free port, the binary's default limits.
+    fn default() -> Self {
+        Self {
+            http: Some(Endpoint::new("127.0.0.1", 0)),
+            grpc: Some(Endpoint::new("127.0.0.1", 0)),
+            metrics: Some(Endpoint::new("127.0.0.1", 0)),
+            http_max_input_size: 64 * 1024 * 1024,
+            grpc_max_message_size: 64 * 1024 * 1024,
+            grpc_compress_responses: false,
+            tenancy: None,
+            http_restrictions: Restrictions::default(),
+            grpc_restrictions: Restrictions::default(),
+            tracing: Arc::new(Tracing::default()),
+        }
+    }
+}
+
+/// The addresses the listeners got (the real port where 0 was asked for).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BoundAddresses {
+    /// HTTP's, if served.
+    pub http: Option<SocketAddr>,
+    /// gRPC's, if served.
+    pub grpc: Option<SocketAddr>,
+    /// Metrics', if served.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// Open listeners; [`Listeners::close`] stops them.
+pub struct Listeners {
+    addresses: BoundAddresses,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<std::io::Result<()>>>,
+    health: tonic_health::server::HealthReporter,
+}
+
+/// Binds every listener first, so that a port in use fails before anything serves.
+async fn bind(endpoint: &Endpoint, what: &str) -> Result<TcpListener> {
+    let address = &endpoint.address;
+    let addr: SocketAddr = format!("{address}:{}", endpoint.port)
+        .parse()
+        .or_else(|_| format!("[{address}]:{}", endpoint.port).parse())
+        .map_err(|_| Error::invalid(format!("{what} address '{address}' is not an IP address")))?;
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::unavailable(format!("cannot listen on {addr} for {what}: {e}")))
+}
+
+fn set_nodelay(stream: &mut tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!("cannot set TCP_NODELAY: {e}");
+    }
+}
+
+fn local_addr(listener: &TcpListener, what: &str) -> Result<SocketAddr> {
+    listener
+        .local_addr()
+        .map_err(|e| Error::internal(format!("the {what} listener has no address: {e}")))
+}
+
+impl Listeners {
+    /// Binds and starts the listeners `options` names for `server`, on the current tokio
+    /// runtime. Each prints Triton's "Started ... at ADDRESS" line to stderr.
+    pub async fn open(server: Arc<Server>, options: ListenerOptions) -> Result<Self> {
+        let grpc = match &options.grpc {
+            Some(e) => Some(bind(e, "grpc").await?),
+            None => None,
+        };
+        let http = match &options.http {
+            Some(e) => Some(bind(e, "http").await?),
+            None => None,
+        };
+        let metrics = match &options.metrics {
+            Some(e) => Some(bind(e, "metrics").await?),
+            None => None,
+        };
+        let stop = CancellationToken::new();
+        let shared_memory = Arc::new(SystemSharedMemory::new());
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
+        let mut addresses = BoundAddresses::default();
+        let mut tasks = Vec::new();
+        if let Some(listener) = grpc {
+            let addr = local_addr(&listener, "grpc")?;
+            addresses.grpc = Some(addr);
+            eprintln!("Started GRPCInferenceService at {addr}");
+            let service = GrpcService::new(server.clone())
+                .with_tenancy(options.tenancy.clone())
+                .with_restrictions(options.grpc_restrictions.clone())
+                .with_shared_memory(shared_memory.clone())
+                .with_tracing(options.tracing.clone());
+            let service = GrpcInferenceServiceServer::new(service)
+                .max_decoding_message_size(options.grpc_max_message_size)
+                .max_encoding_message_size(usize::MAX)
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+            let service = if options.grpc_compress_responses {
+                service.send_compressed(tonic::codec::CompressionEncoding::Gzip)
+            } else {
+                service
+            };
+            // Small request/response messages stall on Nagle + delayed ACK without TCP_NODELAY.
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let token = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .add_service(health_service)
+                    .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                    .await
+                    .map_err(std::io::Error::other)
+            }));
+        }
+        if let Some(listener) = http {
+            let addr = local_addr(&listener, "http")?;
+            addresses.http = Some(addr);
+            eprintln!("Started HTTPService at {addr}");
+            let app = http::router(HttpState {
+                server: server.clone(),
+                max_input_size: options.http_max_input_size,
+                tenancy: options.tenancy.clone(),
+                restrictions: Arc::new(options.http_restrictions.clone()),
+                shared_memory: shared_memory.clone(),
+                tracing: options.tracing.clone(),
+            });
+            let token = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                axum::serve(listener.tap_io(set_nodelay), app)
+                    .with_graceful_shutdown(token.cancelled_owned())
+                    .await
+            }));
+        }
+        if let Some(listener) = metrics {
+            let addr = local_addr(&listener, "metrics")?;
+            addresses.metrics = Some(addr);
+            eprintln!("Started Metrics Service at {addr}");
+            let app = metrics::router(server.clone(), options.tenancy.clone());
+            let token = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                axum::serve(listener.tap_io(set_nodelay), app)
+                    .with_graceful_shutdown(token.cancelled_owned())
+                    .await
+            }));
+        }
+        Ok(Self {
+            addresses,
+            stop,
+            tasks,
+            health,
+        })
+    }
+
+    /// Where the listeners listen.
+    pub fn addresses(&self) -> BoundAddresses {
+        self.addresses
+    }
+
+    /// Tells gRPC health checks the server is not serving any more (the start of a drain;
+    /// HTTP readiness follows the server's own state).
+    pub async fn set_not_serving(&self) {
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+
+    /// Stops accepting connections, lets open ones finish, and waits up to `timeout` for the
+    /// listeners to end; returns whether they did.
+    pub async fn close(self, timeout: Duration) -> bool {
+        self.stop.cancel();
+        let ended = tokio::time::timeout(timeout, futures::future::join_all(self.tasks)).await;
+        match ended {
+            Ok(results) => {
+                for result in results {
+                    match result {
+                        Ok(Err(e)) => tracing::warn!("a listener ended with an error: {e}"),
+                        Err(e) => tracing::warn!("a listener task failed: {e}"),
+                        Ok(Ok(())) => {}
+                    }
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
