@@ -1,12 +1,21 @@
-"""Runs the Ray Serve adapter end to end on this machine and prints one JSON line: a local Ray
-cluster, `Wasmtron` with two replicas behind Serve's HTTP proxy, inference through the proxy
-with tritonclient, a replica's server killed and replaced, the latency of the extra hop
-(sequential requests straight to a replica's server and through Serve), and shutdown with no
-server left behind. Ray rewrites loopback addresses to the machine's outward address, so run it
+"""Runs wasmtron in Ray Serve end to end on this machine and prints one JSON line.
+
+The subprocess adapter: a local Ray cluster, `Wasmtron` with two replicas behind Serve's HTTP
+proxy, inference through the proxy with tritonclient, a replica's server killed and replaced,
+the latency of the extra hop (requests straight to a replica's server and through Serve), and
+shutdown with no server left behind.
+
+In-process (`wasmtron_inprocess.py`, given a third argument: a repository that holds
+`simple`, `embed_text` and its models, and `identity_bytes`, such as model_repository/): `WasmtronModels` called through a deployment handle,
+`TextApp`'s `/embed` and `/identity` through Serve's proxy (checked against the `embed_text`
+ensemble run in this process), and the latency of `simple` at 1 and 8 concurrent callers: the
+in-process call in this process (the floor), a handle to a deployment that does nothing (Ray's
+own cost), a handle to `WasmtronModels`, and the adapter through Serve's proxy. Ray rewrites loopback addresses to the machine's outward address, so run it
 in a network namespace that has only `lo` (tests/python/test_ray_serve.py does):
 
     ip netns add ray && ip netns exec ray ip link set lo up
-    ip netns exec ray .venv/bin/python deploy/ray/smoke.py target/debug/wasmtron REPOSITORY
+    ip netns exec ray .venv/bin/python deploy/ray/smoke.py target/debug/wasmtron REPOSITORY \
+        model_repository
 """
 import json
 import os
@@ -24,6 +33,7 @@ from ray import serve
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wasmtron_ray import Wasmtron  # noqa: E402
+from wasmtron_inprocess import TextApp, WasmtronModels  # noqa: E402
 
 REQUESTS = int(os.environ.get("REQUESTS", "300"))
 
@@ -76,13 +86,119 @@ def wait(check, timeout=180):
     return False
 
 
+def timed(call, n, callers=1):
+    """Latencies in ms of `n` calls, spread over `callers` threads calling back to back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(count):
+        times = []
+        for _ in range(count):
+            start = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - start) * 1000)
+        return times
+
+    with ThreadPoolExecutor(callers) as pool:
+        parts = pool.map(run, [n // callers] * callers)
+        return [t for part in parts for t in part]
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Nothing:
+    """Ray's own cost: a handle call that carries the same arrays and does no work."""
+
+    async def infer(self, model, inputs):
+        return inputs
+
+
+def in_process(result, full_repository, adapter_port):
+    import wasmtron
+
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = {"INPUT0": a, "INPUT1": a}
+    models = serve.run(WasmtronModels.bind(full_repository, model_control_mode="explicit",
+                                           load_models=["simple"]), name="models", route_prefix=None)
+    out = models.infer.remote("simple", inputs).result()
+    result["inprocess_handle_infer"] = bool((out["OUTPUT0"] == 2 * a).all())
+    try:
+        models.infer.remote("simple", {"INPUT0": a}).result()
+        result["inprocess_handle_error"] = None
+    except Exception as e:  # Serve wraps the replica's exception
+        result["inprocess_handle_error"] = "INPUT1" in str(e) and "InvalidArgumentError" in str(e)
+    nothing = serve.run(Nothing.bind(), name="nothing", route_prefix=None)
+
+    port = free_port_of_serve()
+    serve.run(TextApp.bind(full_repository), name="text", route_prefix="/text")
+    import urllib.request
+    texts = ["the server answers in process", "Ray Serve calls it"]
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/text/embed",
+                                     data=json.dumps({"texts": texts}).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as r:
+        embeddings = np.array(json.loads(r.read())["embeddings"], dtype=np.float32)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/text/identity?string=h%C3%A9", timeout=60) as r:
+        result["text_identity"] = json.loads(r.read())
+
+    local = wasmtron.Server(model_repository=full_repository, model_control_mode="explicit",
+                            load_models=["simple", "embed_text"]).start()
+    reference = local.model("embed_text").infer(
+        {"TEXT": np.array([[t.encode()] for t in texts], dtype=object)})["EMBEDDING"]
+    result["text_embed_max_diff"] = float(np.abs(embeddings - reference).max())
+    result["text_embed_shape"] = list(embeddings.shape)
+
+    simple_local = local.model("simple")
+    import threading
+    clients = threading.local()  # tritonclient.http (gevent) stays on the thread that made it
+
+    def adapter():
+        if not hasattr(clients, "http"):
+            clients.http = httpclient.InferenceServerClient(f"127.0.0.1:{adapter_port}",
+                                                            network_timeout=120)
+        return clients.http
+    http_inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+                   httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+    for t in http_inputs:
+        t.set_data_from_numpy(a)
+    paths = {
+        "inprocess_call": lambda: simple_local.infer(inputs),
+        "handle_nothing": lambda: nothing.infer.remote("simple", inputs).result(),
+        "handle_inprocess": lambda: models.infer.remote("simple", inputs).result(),
+        "adapter_through_serve": lambda: adapter().infer("simple", http_inputs),
+    }
+    latency = {}
+    for callers in (1, 8):
+        for name, call in paths.items():
+            timed(call, 8 * callers)  # warm
+            latency[f"{name}@{callers}"] = percentiles(timed(call, REQUESTS, callers))
+    result["inprocess_latency_ms"] = latency
+    local.stop()
+    for name in ("models", "nothing", "text"):
+        serve.delete(name)
+
+
+SERVE_PORT = {}
+
+
+def free_port_of_serve():
+    return SERVE_PORT["port"]
+
+
+def give_up(*_):
+    """A deployment that cannot start makes serve.run wait for ever: fail, saying where."""
+    raise TimeoutError("gave up waiting; Serve says: " + repr(serve.status()))
+
+
 def main():
+    signal.signal(signal.SIGALRM, give_up)
+    signal.alarm(int(os.environ.get("SMOKE_TIMEOUT_S", "600")))
     binary, repository = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    full_repository = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else None
     result = {}
     before = servers(binary)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
              _temp_dir=os.environ.get("RAY_TMP", "/tmp/ray-wasmtron"))
     port = free_port()
+    SERVE_PORT["port"] = port
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     started = time.time()
     serve.run(Wasmtron.options(num_replicas=2).bind(repository, binary=binary),
@@ -116,6 +232,9 @@ def main():
         and serve.status().applications["wasmtron"].status == "RUNNING"
         and simple(via_serve)[0])
     result["infer_after_replacement"] = simple(via_serve, 5)[0]
+
+    if full_repository:
+        in_process(result, full_repository, port)
 
     serve.delete("wasmtron")
     serve.shutdown()

@@ -2,8 +2,10 @@
 in a network namespace that has only loopback, because Ray rewrites 127.0.0.1 to the machine's
 outward address and would listen there otherwise. Two replicas, inference through Serve's
 proxy with tritonclient, a replica's server killed and replaced, no server left after
-shutdown. The latency of the hop is printed (and recorded in deploy/ray/README.md), not
-asserted."""
+shutdown. Then the in-process deployments (deploy/ray/wasmtron_inprocess.py): a handle to
+`WasmtronModels` infers and gets wasmtron's error for a bad request; `TextApp`'s `/embed`
+(three models called from the handler) equals the `embed_text` ensemble, `/identity` echoes.
+Latencies are printed (and recorded in deploy/ray/README.md), not asserted."""
 import json
 import os
 import shutil
@@ -28,8 +30,9 @@ def netns_available():
     return True
 
 
-def test_the_adapter_serves_replaces_and_cleans_up():
+def test_the_adapter_and_the_in_process_deployments_serve():
     pytest.importorskip("ray.serve", reason="ray[serve] is not installed (make ray-deps)")
+    pytest.importorskip("wasmtron", reason="the wasmtron package is not installed (make python-package)")
     if not netns_available():
         pytest.skip("creating a network namespace needs root and iproute2; Ray cannot be "
                     "kept on loopback without one (see deploy/ray/README.md to run by hand)")
@@ -43,9 +46,10 @@ def test_the_adapter_serves_replaces_and_cleans_up():
         subprocess.run(["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"],
                        check=True)
         out = subprocess.run(
-            ["ip", "netns", "exec", namespace, sys.executable, SMOKE, BINARY, repo],
+            ["ip", "netns", "exec", namespace, sys.executable, SMOKE, BINARY, repo,
+             os.path.join(ROOT, "model_repository")],
             capture_output=True, text=True, timeout=900,
-            env=dict(os.environ, REQUESTS="50", RAY_TMP=os.path.join(scratch, "ray"),
+            env=dict(os.environ, REQUESTS="48", RAY_TMP=os.path.join(scratch, "ray"),
                      RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0"))
     finally:
         subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
@@ -58,3 +62,7 @@ def test_the_adapter_serves_replaces_and_cleans_up():
     assert result["model_metadata_through_serve"] == "simple", result
     assert result["replaced_after_kill"] and result["infer_after_replacement"], result
     assert result["orphans"] == 0, result
+    assert result["inprocess_handle_infer"] and result["inprocess_handle_error"], result
+    assert result["text_identity"] == "h\u00e9", result
+    assert result["text_embed_shape"] == [2, 384], result
+    assert result["text_embed_max_diff"] < 1e-6, result
