@@ -7,6 +7,8 @@
 
 use std::{sync::Arc, time::Duration};
 
+mod bound;
+
 use pyo3::{
     create_exception,
     exceptions::PyException,
@@ -180,7 +182,7 @@ impl CoreServer {
 
     /// Loads the repository and starts serving in this process; with ports (0: a free one),
     /// also opens the HTTP, gRPC and metrics listeners on `address`. Started twice, the
-    /// second call does nothing.
+    /// second call does nothing (and refuses ports).
     #[pyo3(signature = (http_port=None, grpc_port=None, metrics_port=None, address="127.0.0.1"))]
     fn start(
         &mut self,
@@ -191,6 +193,11 @@ impl CoreServer {
         address: &str,
     ) -> PyResult<()> {
         if self.server.is_some() {
+            if http_port.is_some() || grpc_port.is_some() || metrics_port.is_some() {
+                return Err(AlreadyExistsError::new_err(
+                    "the server is already started: give the ports to the first start()",
+                ));
+            }
             return Ok(());
         }
         let options = self.options.clone();
@@ -352,6 +359,33 @@ impl CoreServer {
             items: Some(server.infer_stream(request)),
             runtime: self.runtime.handle().clone(),
         })
+    }
+
+    /// Serves Python callables as model `config_json["name"]` (one instance per callable),
+    /// through the model's scheduler like any model. Each callable is the package's
+    /// `_call_bound` wrapper.
+    fn bind(&self, py: Python<'_>, config_json: &str, calls: Vec<Py<PyAny>>) -> PyResult<()> {
+        let server = self.running()?.clone();
+        let config = wasmtron::repository::config::parse_json(config_json)
+            .map_err(|e| InvalidArgumentError::new_err(format!("bind: {e}")))?;
+        let outputs: Vec<(String, DataType)> = config
+            .output
+            .iter()
+            .filter_map(|o| Some((o.name.clone(), DataType::from_config_value(o.data_type)?)))
+            .collect();
+        let instances: Vec<Box<dyn wasmtron::runtime::ModelInstance>> = calls
+            .into_iter()
+            .map(|call| {
+                Box::new(bound::BoundFunction {
+                    model: config.name.clone(),
+                    call,
+                    outputs: outputs.clone(),
+                }) as Box<dyn wasmtron::runtime::ModelInstance>
+            })
+            .collect();
+        let runtime = &self.runtime;
+        py.detach(|| runtime.block_on(server.models().add_model(config, instances)))
+            .map_err(to_py)
     }
 
     /// The statistics extension's JSON for `name` (all models when empty), as

@@ -103,6 +103,9 @@ struct ModelEntry {
     state: ModelState,
     reason: String,
     fingerprint: u64,
+    /// Added in-process ([`ModelManager::add_model`]), not read from a repository: poll mode
+    /// leaves it alone.
+    added: bool,
 }
 
 /// One line of the repository index.
@@ -366,6 +369,7 @@ impl ModelManager {
                 state: ModelState::Loading,
                 reason: String::new(),
                 fingerprint: 0,
+                added: false,
             });
             if entry.versions.is_empty() {
                 entry.state = ModelState::Loading;
@@ -639,7 +643,12 @@ impl ModelManager {
         let known: Vec<(String, u64)> = self
             .models
             .read()
-            .map(|m| m.iter().map(|(k, e)| (k.clone(), e.fingerprint)).collect())
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, e)| !e.added)
+                    .map(|(k, e)| (k.clone(), e.fingerprint))
+                    .collect()
+            })
             .unwrap_or_default();
         for (name, _) in known.iter().filter(|(n, _)| !found.contains_key(n)) {
             let _ = self.unload(name, false).await;
@@ -647,7 +656,21 @@ impl ModelManager {
                 m.remove(name);
             }
         }
+        let added: HashSet<String> = self
+            .models
+            .read()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, e)| e.added)
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
         for (name, source) in found {
+            if added.contains(&name) {
+                tracing::warn!(model = %name, "a model added in-process has this name; the repository's is not loaded");
+                continue;
+            }
             let previous = known.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
             if previous != Some(source.fingerprint()) {
                 let _ = self.load_as_is(&name, LoadOverride::default()).await;
@@ -655,6 +678,8 @@ impl ModelManager {
         }
     }
 }
+
+mod added;
 
 fn poisoned() -> Error {
     Error::internal("model table lock poisoned")

@@ -17,8 +17,13 @@ a wrong dtype, shape or name raises ``InvalidArgumentError`` naming the tensor, 
 ``NotFoundError``. The GIL is released while the server works, so threads infer concurrently.
 """
 import asyncio
+import dataclasses
 import json
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+import tempfile
+import traceback
+import weakref
+from typing import (Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 
@@ -37,6 +42,9 @@ from ._wasmtron import (  # noqa: F401  (re-exported)
 __all__ = [
     "Server",
     "Model",
+    "Tensor",
+    "ModelConfig",
+    "DynamicBatcher",
     "WasmtronError",
     "InvalidArgumentError",
     "NotFoundError",
@@ -100,6 +108,83 @@ def _decode(datatype: str, shape: Sequence[int], data: bytes) -> np.ndarray:
     if dtype is None:  # BF16: raw 16-bit words.
         return np.frombuffer(data, dtype=np.uint16).reshape(shape)
     return np.frombuffer(data, dtype=dtype.newbyteorder("<")).reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """An input or output of a bound function (PyTriton's ``Tensor``): ``name``, a NumPy
+    ``dtype`` (``np.bytes_`` or ``object`` for BYTES) and ``shape`` without the batch
+    dimension, ``-1`` for a variable one."""
+    name: str
+    dtype: object
+    shape: Tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicBatcher:
+    """Triton's ``dynamic_batching``: how long a request may wait for others, and the batch
+    sizes to prefer."""
+    max_queue_delay_microseconds: int = 0
+    preferred_batch_size: Tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The configuration of a bound function (PyTriton's ``ModelConfig``): ``max_batch_size``
+    (0: no batching; then shapes are whole tensors) and ``batcher`` (None: each request runs
+    alone)."""
+    max_batch_size: int = 0
+    batcher: Optional[DynamicBatcher] = None
+
+
+def _config_type(name: str, dtype) -> str:
+    dtype = np.dtype(dtype)
+    if dtype == np.object_ or dtype.kind in ("S", "U"):
+        return "TYPE_STRING"
+    triton = _TO_TRITON.get(dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
+    if triton is None:
+        raise InvalidArgumentError(f"tensor '{name}': dtype {dtype} has no Triton datatype")
+    return "TYPE_" + triton
+
+
+def _bound_config(model_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                  config: ModelConfig, instances: int) -> str:
+    def tensors(ts):
+        return [{"name": t.name, "data_type": _config_type(t.name, t.dtype),
+                 "dims": [int(d) for d in t.shape]} for t in ts]
+    out = {"name": model_name, "backend": "python", "max_batch_size": int(config.max_batch_size),
+           "input": tensors(inputs), "output": tensors(outputs),
+           "instance_group": [{"count": instances, "kind": "KIND_CPU"}]}
+    if config.batcher is not None:
+        out["dynamic_batching"] = {
+            "max_queue_delay_microseconds": int(config.batcher.max_queue_delay_microseconds),
+            "preferred_batch_size": [int(n) for n in config.batcher.preferred_batch_size]}
+    return json.dumps(out)
+
+
+_STATUS = {"InvalidArgumentError": "INVALID_ARGUMENT", "NotFoundError": "NOT_FOUND",
+           "UnavailableError": "UNAVAILABLE", "UnsupportedError": "UNSUPPORTED"}
+
+
+def _call_bound(function: Callable, inputs, output_names):
+    """Runs a bound function on one execution's inputs (the server calls this, GIL held):
+    tuples in, tuples out; an exception comes back as (status, message with traceback)."""
+    try:
+        arrays = {name: _decode(datatype, shape, data) for name, datatype, shape, data in inputs}
+        result = function(**arrays)
+        if not isinstance(result, Mapping):
+            raise TypeError(f"a bound function must return a dict of arrays, not "
+                            f"{type(result).__name__}")
+        return [_encode(name, result[name]) for name in output_names if name in result]
+    except Exception as e:  # noqa: BLE001 - every failure answers the request, not the server
+        status = _STATUS.get(type(e).__name__, "INTERNAL")
+        return (status, "".join(traceback.format_exception(e)).rstrip())
+
+
+def _bound_caller(function: Callable) -> Callable:
+    def call(inputs, output_names):
+        return _call_bound(function, inputs, output_names)
+    return call
 
 
 class Model:
@@ -172,12 +257,18 @@ class Server:
     was built with.
     """
 
-    def __init__(self, model_repository: Union[str, Sequence[str]], model_control_mode: str = "none",
-                 load_models: Sequence[str] = (), strict_readiness: bool = True,
-                 onnxruntime_library: Optional[str] = None):
+    def __init__(self, model_repository: Union[str, Sequence[str], None] = None,
+                 model_control_mode: str = "none", load_models: Sequence[str] = (),
+                 strict_readiness: bool = True, onnxruntime_library: Optional[str] = None):
+        if model_repository is None:  # only bound functions: an empty repository
+            self._empty = tempfile.TemporaryDirectory(prefix="wasmtron-")
+            model_repository = self._empty.name
         repositories = [model_repository] if isinstance(model_repository, str) else list(model_repository)
         self._core = CoreServer([str(r) for r in repositories], model_control_mode,
                                 list(load_models), strict_readiness, onnxruntime_library)
+        # Garbage-collected or at interpreter exit: drain and stop while Python still runs
+        # (bound functions need the interpreter to finish what was accepted).
+        self._finalizer = weakref.finalize(self, self._core.stop)
 
     def start(self, wait_until_ready: bool = True, http_port: Optional[int] = None,
               grpc_port: Optional[int] = None, metrics_port: Optional[int] = None,
@@ -240,6 +331,28 @@ class Server:
     def metrics(self) -> str:
         """The Prometheus metrics text, as the metrics endpoint serves it."""
         return self._core.metrics()
+
+    def bind(self, model_name: str, infer_func: Union[Callable, Sequence[Callable]],
+             inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+             config: ModelConfig = ModelConfig()) -> Model:
+        """Serves a Python function as model ``model_name`` (PyTriton's ``bind``), to
+        in-process and remote callers alike, through the same scheduler as every model: with
+        ``config.batcher`` requests are batched by the dynamic batcher and the function gets
+        the batch (arrays with the batch dimension first, like PyTriton's ``@batch``).
+
+        ``infer_func(**inputs) -> {output name: array}``; a list of functions gives one
+        execution instance each (they run side by side where they release the GIL, as NumPy
+        does). An exception fails only the requests of that execution, with its traceback in
+        the message (raise :class:`InvalidArgumentError` for a 400). The function runs in the
+        server's process with the server's rights: this is for trusted code; code from
+        tenants belongs in Wasm stages. Call after :meth:`start`; returns the model."""
+        functions = list(infer_func) if isinstance(infer_func, (list, tuple)) else [infer_func]
+        if not functions or not all(callable(f) for f in functions):
+            raise InvalidArgumentError(f"bind '{model_name}': infer_func must be a callable "
+                                       "or a list of callables")
+        calls = [_bound_caller(f) for f in functions]
+        self._core.bind(_bound_config(model_name, inputs, outputs, config, len(calls)), calls)
+        return self.model(model_name)
 
     def __enter__(self) -> "Server":
         return self.start()

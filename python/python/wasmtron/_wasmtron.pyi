@@ -1,5 +1,5 @@
 """Type stubs of the extension module (python/src/lib.rs); use the `wasmtron` package's API."""
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 Tensor = Tuple[str, str, List[int], bytes]
 
@@ -53,6 +53,7 @@ class CoreServer:
         parameters: Optional[Dict[str, Union[bool, int, float, str]]] = None,
     ) -> ResponseStream: ...
     def statistics(self, name: str = "", version: str = "") -> str: ...
+    def bind(self, config_json: str, calls: List[Callable[[List[Tensor], List[str]], object]]) -> None: ...
 
 class ResponseStream:
     def __iter__(self) -> Iterator[List[Tensor]]: ...
