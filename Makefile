@@ -12,7 +12,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release python-package \
-        test-rust test-python ray-deps lint bench bench-isolation fuzz clean
+        test-rust test-python ray-deps bentoml-deps lint bench bench-isolation fuzz clean
 
 run: deps build-release
 	./target/release/wasmtron --model-repository model_repository \
@@ -143,9 +143,19 @@ $(AZURITE): tests/tools/azurite/package.json tests/tools/azurite/package-lock.js
 	cd tests/tools/azurite && npm install --no-save --no-audit --no-fund --loglevel=error
 	touch $@
 
-test-python: build python-package ray-deps $(AZURITE)
+# BentoML's service (deploy/bentoml) and its test, in a venv of its own: bentoml pins
+# OpenTelemetry versions that Ray's do not accept. The wasmtron wheel is installed there too.
+BENTO_VENV := .venv-bentoml
+bentoml-deps: $(BENTO_VENV)/.installed python-package
+	$(BENTO_VENV)/bin/python -m pip install -q --force-reinstall --no-deps $(PY_WHEELS)/wasmtron-*.whl
+$(BENTO_VENV)/.installed: deploy/bentoml/requirements.txt
+	test -x $(BENTO_VENV)/bin/python || $(PYTHON) -m venv $(BENTO_VENV)
+	$(BENTO_VENV)/bin/python -m pip install -q -r deploy/bentoml/requirements.txt
+	touch $@
+
+test-python: build python-package ray-deps bentoml-deps $(AZURITE)
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
-	  $(VPY) -m pytest -q -p no:cacheprovider tests/python
+	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python $(VPY) -m pytest -q -p no:cacheprovider tests/python
 
 lint: venv
 	$(CARGO) fmt --all -- --check
@@ -181,4 +191,4 @@ bench-isolation: deps perf-analyzer build-release
 
 clean:
 	$(CARGO) clean
-	rm -rf .cache $(VENV)
+	rm -rf .cache $(VENV) $(BENTO_VENV)

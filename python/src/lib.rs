@@ -388,6 +388,13 @@ impl CoreServer {
             .map_err(to_py)
     }
 
+    /// The model's configuration as JSON, as `GET /v2/models/<name>/config` answers it.
+    #[pyo3(signature = (name, version=None))]
+    fn model_config(&self, name: &str, version: Option<i64>) -> PyResult<String> {
+        let model = self.running()?.models().get(name, version).map_err(to_py)?;
+        Ok(wasmtron::repository::config::to_json(&model.config).to_string())
+    }
+
     /// The statistics extension's JSON for `name` (all models when empty), as
     /// `GET /v2/models/<name>/stats` answers it.
     #[pyo3(signature = (name="", version=""))]

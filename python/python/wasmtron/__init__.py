@@ -233,6 +233,12 @@ class Model:
         finally:
             stream.close()
 
+    def config(self) -> Dict[str, object]:
+        """This model's configuration, completed as the server serves it (the JSON of
+        ``GET /v2/models/<name>/config``: ``input``, ``output``, ``max_batch_size``, ...)."""
+        version = None if self.version < 0 else self.version
+        return json.loads(self._server._core.model_config(self.name, version))
+
     def statistics(self) -> Dict[str, object]:
         """This model's statistics, as the statistics extension reports them (counts and
         nanoseconds of success, fail, queue, compute; per batch size; warm-up)."""
