@@ -158,3 +158,41 @@ def test_wrong_outputs_and_bad_bindings_are_named(server):
                     outputs=[Tensor("y", np.float32, (1,))])
     # The server keeps serving the models bound before.
     assert model.ready() and server.ready()
+
+
+def test_an_interpreter_that_exits_finishes_what_it_accepted(tmp_path):
+    """A script that leaves while a bound function still runs for callers: the server drains
+    (the calls answer) and the process exits 0 instead of hanging or crashing."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "leave.py"
+    script.write_text(textwrap.dedent("""
+        import threading, time
+        import numpy as np
+        import wasmtron
+        from wasmtron import Tensor
+
+        started = threading.Event()
+        def slow(x):
+            started.set()
+            time.sleep(0.5)
+            return {"y": x + 1}
+
+        server = wasmtron.Server().start()
+        model = server.bind("slow", [slow, slow], inputs=[Tensor("x", np.int32, (1,))],
+                            outputs=[Tensor("y", np.int32, (1,))])
+        answers = []
+        def call(k):
+            answers.append(int(model.infer({"x": np.array([k], np.int32)})["y"][0]))
+            print("answered", k, flush=True)
+        for k in range(2):
+            threading.Thread(target=call, args=(k,), daemon=False).start()
+        started.wait(30)
+        print("leaving", flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "leaving" and sorted(lines[1:]) == ["answered 0", "answered 1"], out.stdout
