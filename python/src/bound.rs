@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use pyo3::{prelude::*, types::PyBytes};
+use pyo3::prelude::*;
 use wasmtron::{
     error::{Code, Error, Result},
     inference::InferRequest,
@@ -106,18 +106,20 @@ impl ModelInstance for BoundFunction {
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
         let start = Instant::now();
         let answer = Python::attach(|py| -> PyResult<Answer> {
-            let inputs: Vec<(&str, &str, &[i64], Bound<'_, PyBytes>)> = request
+            // Lent without a copy, as outputs are (BYTES: copied into `bytes`).
+            let inputs = request
                 .inputs
                 .iter()
                 .map(|t| {
-                    (
+                    let data = crate::tensor_data(py, t.datatype, t.data.clone())?;
+                    Ok((
                         t.name.as_str(),
                         t.datatype.wire_name(),
                         t.shape.as_slice(),
-                        PyBytes::new(py, &t.data),
-                    )
+                        data,
+                    ))
                 })
-                .collect();
+                .collect::<PyResult<Vec<_>>>()?;
             self.call
                 .bind(py)
                 .call1((inputs, outputs.to_vec()))?

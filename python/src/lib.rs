@@ -8,6 +8,7 @@
 use std::{sync::Arc, time::Duration};
 
 mod bound;
+mod buffer;
 
 use pyo3::{
     create_exception,
@@ -96,8 +97,8 @@ fn to_py(err: Error) -> PyErr {
 /// elements length-prefixed as on the wire).
 type PyTensor = (String, String, Vec<i64>, Vec<u8>);
 
-/// An output on its way to Python: its bytes already a Python `bytes`.
-type PyOutput<'py> = (String, String, Vec<i64>, Bound<'py, PyBytes>);
+/// An output on its way to Python: its bytes lent as a buffer (BYTES tensors: a `bytes`).
+type PyOutput<'py> = (String, String, Vec<i64>, Bound<'py, PyAny>);
 
 /// One entry of the repository index: name, version (None: no version loaded), state, reason.
 type IndexRow = (String, Option<i64>, String, String);
@@ -338,7 +339,7 @@ impl CoreServer {
         let response = py
             .detach(|| runtime.block_on(server.infer(request)))
             .map_err(to_py)?;
-        Ok(to_outputs(py, response.outputs))
+        to_outputs(py, response.outputs)
     }
 
     /// Runs one request and returns an iterator of its responses: every response of a
@@ -424,7 +425,7 @@ impl ResponseStream {
         };
         let runtime = &self.runtime;
         match py.detach(|| runtime.block_on(items.recv())) {
-            Some(Ok(response)) => Ok(Some(to_outputs(py, response.outputs))),
+            Some(Ok(response)) => Ok(Some(to_outputs(py, response.outputs)?)),
             Some(Err(err)) => {
                 self.items = None;
                 Err(to_py(err))
@@ -514,15 +515,28 @@ fn request(
     })
 }
 
-/// Outputs as Python sees them.
-fn to_outputs(py: Python<'_>, outputs: Vec<Tensor>) -> Vec<PyOutput<'_>> {
+/// Outputs as Python sees them: numeric tensors lend their memory (no copy); BYTES tensors
+/// are copied, since Python makes objects of their elements anyway.
+fn to_outputs(py: Python<'_>, outputs: Vec<Tensor>) -> PyResult<Vec<PyOutput<'_>>> {
     outputs
         .into_iter()
         .map(|t| {
-            let bytes = PyBytes::new(py, &t.data);
-            (t.name, t.datatype.wire_name().to_owned(), t.shape, bytes)
+            let data = tensor_data(py, t.datatype, t.data)?;
+            Ok((t.name, t.datatype.wire_name().to_owned(), t.shape, data))
         })
         .collect()
+}
+
+/// A tensor's bytes for Python: a [`buffer::TensorBuffer`] over them, or `bytes` for BYTES.
+pub(crate) fn tensor_data(
+    py: Python<'_>,
+    datatype: DataType,
+    data: bytes::Bytes,
+) -> PyResult<Bound<'_, PyAny>> {
+    if datatype == DataType::Bytes {
+        return Ok(PyBytes::new(py, &data).into_any());
+    }
+    Ok(Bound::new(py, buffer::TensorBuffer::new(data))?.into_any())
 }
 
 /// Request parameters from a dict of bool, int, float or str values.
@@ -553,6 +567,7 @@ fn to_parameters(dict: &Bound<'_, PyDict>) -> PyResult<Parameters> {
 fn _wasmtron(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoreServer>()?;
     m.add_class::<ResponseStream>()?;
+    m.add_class::<buffer::TensorBuffer>()?;
     let py = m.py();
     m.add("WasmtronError", py.get_type::<WasmtronError>())?;
     m.add(

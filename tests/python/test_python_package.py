@@ -219,3 +219,26 @@ def test_the_same_server_answers_remote_callers_on_its_listeners(repo):
     host, port = urls["http"].rsplit(":", 1)
     with pytest.raises(OSError):
         socket.create_connection((host, int(port)), timeout=5).close()
+
+
+def test_outputs_lend_the_servers_memory_and_outlive_the_server(repo):
+    s = wasmtron.Server(model_repository=repo).start()
+    a, b = pair(7)
+    out = s.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b})["OUTPUT0"]
+    owner = out
+    while isinstance(owner, (np.ndarray, memoryview)):
+        owner = owner.base if isinstance(owner, np.ndarray) else owner.obj
+    # No copy into a Python bytes object: the array reads the server's own output memory.
+    assert type(owner).__name__ == "TensorBuffer" and len(owner) == a.nbytes
+    assert not out.flags.writeable
+    with pytest.raises(ValueError):
+        out[0, 0] = 1
+    assert memoryview(owner).readonly
+    s.stop()
+    del s
+    gc.collect()
+    np.testing.assert_array_equal(out, a + b)  # still valid: the array owns its memory
+    words = wasmtron.Server(model_repository=repo).start()
+    text = words.model("identity_bytes").infer(inputs={"INPUT0": np.array([[b"kept"]], dtype=object)})
+    words.stop()
+    assert text["OUTPUT0"].tolist() == [[b"kept"]]

@@ -1,7 +1,11 @@
 """Type stubs of the extension module (python/src/lib.rs); use the `wasmtron` package's API."""
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
-Tensor = Tuple[str, str, List[int], bytes]
+class TensorBuffer:
+    """A tensor's bytes, lent read-only through the buffer protocol (no copy)."""
+    def __len__(self) -> int: ...
+
+Tensor = Tuple[str, str, List[int], Union[bytes, TensorBuffer]]
 
 class WasmtronError(Exception): ...
 class InvalidArgumentError(WasmtronError): ...
