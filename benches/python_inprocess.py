@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Per-call latency of `simple` from Python: wasmtron in-process (the `wasmtron` package,
-`make python-package`) against tritonclient over gRPC and HTTP to the wasmtron binary serving
-the same repository on loopback, side by side in one run, at 1 and 8 concurrent callers.
+"""Per-call latency of `simple` and of the `embed_text` ensemble (one sentence) from Python:
+wasmtron in-process (the `wasmtron` package, `make python-package`) against tritonclient over
+gRPC and HTTP to the wasmtron binary serving the same repository on loopback, side by side in
+one run, at 1 and 8 concurrent callers. The Rust floor (the same calls to `Server::infer` with
+no Python) is `cargo bench -p wasmtron --bench server_inprocess`.
 
     .venv/bin/python benches/python_inprocess.py [calls per caller, default 2000]
 """
@@ -26,6 +28,10 @@ from conftest import Server as BinaryServer  # noqa: E402  (starts the built bin
 CALLS = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.ones((1, 16), dtype=np.int32)
+TEXT = np.array([[b"wasmtron serves this sentence in process"]], dtype=object)
+# model -> its inputs: (name, array, Triton datatype)
+MODELS = {"simple": [("INPUT0", A, "INT32"), ("INPUT1", B, "INT32")],
+          "embed_text": [("TEXT", TEXT, "BYTES")]}
 
 
 def measure(make_call, callers):
@@ -53,36 +59,39 @@ def measure(make_call, callers):
 
 def main():
     repo = tempfile.mkdtemp(prefix="inprocess-bench-")
-    shutil.copytree(os.path.join(ROOT, "model_repository", "simple"), os.path.join(repo, "simple"))
+    for name in ("simple", "embed_text", "bert_tokenizer", "minilm", "mean_pool"):
+        shutil.copytree(os.path.join(ROOT, "model_repository", name), os.path.join(repo, name))
     local = wasmtron.Server(model_repository=repo).start()
     remote = BinaryServer(repo)
     try:
-        simple = local.model("simple")
+        def in_process(model):
+            handle = local.model(model)
+            inputs = {name: data for name, data, _ in MODELS[model]}
+            return lambda: lambda: handle.infer(inputs=inputs)
 
-        def in_process():
-            return lambda: simple.infer(inputs={"INPUT0": A, "INPUT1": B})
-
-        def over(mod, url):
+        def over(mod, url, model):
             def make():
                 client = mod.InferenceServerClient(url)
                 inputs = []
-                for name, data in (("INPUT0", A), ("INPUT1", B)):
-                    t = mod.InferInput(name, [1, 16], "INT32")
+                for name, data, datatype in MODELS[model]:
+                    t = mod.InferInput(name, list(data.shape), datatype)
                     t.set_data_from_numpy(data)
                     inputs.append(t)
-                return lambda: client.infer("simple", inputs)
+                return lambda: client.infer(model, inputs)
             return make
 
-        runs = [("in-process (wasmtron package)", in_process),
-                ("tritonclient gRPC -> wasmtron", over(grpcclient, remote.grpc)),
-                ("tritonclient HTTP -> wasmtron", over(httpclient, remote.http))]
-        print(f"{CALLS} calls per caller, simple (INT32 [1,16] add/sub)\n")
-        print("| path | callers | p50 µs | p99 µs | calls/s |")
-        print("|---|---|---|---|---|")
-        for callers in (1, 8):
-            for name, make in runs:
-                p50, p99, rate = measure(make, callers)
-                print(f"| {name} | {callers} | {p50:.0f} | {p99:.0f} | {rate:.0f} |", flush=True)
+        print(f"{CALLS} calls per caller; simple (INT32 [1,16] add/sub), embed_text (one sentence)\n")
+        print("| model | path | callers | p50 µs | p99 µs | calls/s |")
+        print("|---|---|---|---|---|---|")
+        for model in MODELS:
+            runs = [("in-process (wasmtron package)", in_process(model)),
+                    ("tritonclient gRPC -> wasmtron", over(grpcclient, remote.grpc, model)),
+                    ("tritonclient HTTP -> wasmtron", over(httpclient, remote.http, model))]
+            for callers in (1, 8):
+                for name, make in runs:
+                    p50, p99, rate = measure(make, callers)
+                    print(f"| {model} | {name} | {callers} | {p50:.0f} | {p99:.0f} | {rate:.0f} |",
+                          flush=True)
     finally:
         local.stop()
         remote.stop()
