@@ -608,7 +608,8 @@ def test_a_flooding_tenant_does_not_make_another_wait_behind_it(fair_server):
     # Until most of the flood waits in the model's queue (one request runs at a time).
     while pending(fair_server) < 16 and any(t.is_alive() for t in threads):
         time.sleep(0.02)
-    assert pending(fair_server) >= 16, "the flood was answered before it queued up"
+    assert pending(fair_server) >= 16, \
+        f"the flood was answered before it queued up: {len(done)} done, errors {errors[:3]}"
     slow_request(fair_server, "light", rows=4)
     flood_done_before_light = len(done)
     for t in threads:
