@@ -111,6 +111,9 @@ struct CoreServer {
     server: Option<Arc<Server>>,
     /// HTTP/gRPC/metrics listeners, when `start` opened any.
     listeners: Option<Listeners>,
+    /// The tenants of the server config file, if one was given: remote callers need their
+    /// keys; in-process callers are the embedding program and are not checked.
+    tenancy: Option<Arc<wasmtron::tenancy::Tenancy>>,
 }
 
 impl CoreServer {
@@ -124,15 +127,17 @@ impl CoreServer {
 #[pymethods]
 impl CoreServer {
     /// `model_control_mode`: "none", "poll" or "explicit"; `load_models`: what explicit mode
-    /// loads at start ("*" for all).
+    /// loads at start ("*" for all); `config`: the server config file (TOML: tenants, keys,
+    /// quotas), as the binary's `--config`.
     #[new]
-    #[pyo3(signature = (model_repository, model_control_mode="none", load_models=Vec::new(), strict_readiness=true, onnxruntime_library=None))]
+    #[pyo3(signature = (model_repository, model_control_mode="none", load_models=Vec::new(), strict_readiness=true, onnxruntime_library=None, config=None))]
     fn new(
         model_repository: Vec<String>,
         model_control_mode: &str,
         load_models: Vec<String>,
         strict_readiness: bool,
         onnxruntime_library: Option<String>,
+        config: Option<String>,
     ) -> PyResult<Self> {
         let control_mode = match model_control_mode {
             "none" => ControlMode::None,
@@ -149,6 +154,11 @@ impl CoreServer {
                 "model_repository names no directory",
             ));
         }
+        let tenancy = config
+            .map(|path| wasmtron::tenancy::Tenancy::load(std::path::Path::new(&path)))
+            .transpose()
+            .map_err(|e| InvalidArgumentError::new_err(e.to_string()))?
+            .map(Arc::new);
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.clamp(1, 4))
@@ -166,18 +176,21 @@ impl CoreServer {
                 onnxruntime_library: onnxruntime_library.map(Into::into),
                 default_max_batch_size: 4,
                 wasm_cache_dir: wasmtron::runtime::wasm::engine::default_cache_dir(),
+                tenancy: tenancy.clone(),
                 ..Default::default()
             },
             queue_capacity: 1024,
             poll_interval: Duration::from_secs(5),
             limits: Default::default(),
-            execution_slots: 0,
+            // With tenants, executions are shared among them by weight, as in the binary.
+            execution_slots: if tenancy.is_some() { threads } else { 0 },
         };
         Ok(Self {
             runtime,
             options,
             server: None,
             listeners: None,
+            tenancy,
         })
     }
 
@@ -207,6 +220,7 @@ impl CoreServer {
             http: endpoint(http_port),
             grpc: endpoint(grpc_port),
             metrics: endpoint(metrics_port),
+            tenancy: self.tenancy.clone(),
             ..Default::default()
         };
         let any =

@@ -242,3 +242,43 @@ def test_outputs_lend_the_servers_memory_and_outlive_the_server(repo):
     text = words.model("identity_bytes").infer(inputs={"INPUT0": np.array([[b"kept"]], dtype=object)})
     words.stop()
     assert text["OUTPUT0"].tolist() == [[b"kept"]]
+
+
+def test_a_server_config_file_guards_the_listeners_not_in_process_calls(repo, tmp_path):
+    import subprocess
+
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from conftest import BINARY
+
+    key = "py-tenant-key-123"
+    hashed = subprocess.run([BINARY, "hash-key"], input=key, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    config = tmp_path / "wasmtron.toml"
+    config.write_text(f'[[tenant]]\nname = "team"\napi_keys = [{hashed}]\ninfer = ["simple"]\n')
+    with pytest.raises(wasmtron.InvalidArgumentError, match="nope.toml"):
+        wasmtron.Server(model_repository=repo, config=str(tmp_path / "nope.toml"))
+    s = wasmtron.Server(model_repository=repo, config=str(config)).start(http_port=0)
+    try:
+        a, b = pair(8)
+        np.testing.assert_array_equal(
+            s.model("simple").infer(inputs={"INPUT0": a, "INPUT1": b})["OUTPUT0"], a + b)
+        inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+                  httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        client = httpclient.InferenceServerClient(s.addresses["http"])
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("simple", inputs)
+        assert refused.value.status() == "401"
+        out = client.infer("simple", inputs, headers={"authorization": f"Bearer {key}"})
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), a + b)
+        words = httpclient.InferInput("INPUT0", [1, 1], "BYTES")
+        words.set_data_from_numpy(np.array([[b"x"]], dtype=object))
+        with pytest.raises(InferenceServerException) as other_model:
+            client.infer("identity_bytes", [words], headers={"authorization": f"Bearer {key}"})
+        assert other_model.value.status() in ("403", "404")
+        client.close()
+    finally:
+        s.stop()

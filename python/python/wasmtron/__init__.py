@@ -260,18 +260,22 @@ class Server:
     to the repository) or ``"explicit"`` (load and unload on request; ``load_models`` names
     what to load at start, ``"*"`` for all). ``strict_readiness``: ready only when every model
     is. ``onnxruntime_library``: path of ``libonnxruntime.so`` when not the one the package
-    was built with.
+    was built with. ``config``: the server config file (TOML; tenants, their hashed API keys,
+    models and quotas), as the binary's ``--config``: remote callers on the listeners need a
+    tenant's key; in-process calls are this program's own and are not checked.
     """
 
     def __init__(self, model_repository: Union[str, Sequence[str], None] = None,
                  model_control_mode: str = "none", load_models: Sequence[str] = (),
-                 strict_readiness: bool = True, onnxruntime_library: Optional[str] = None):
+                 strict_readiness: bool = True, onnxruntime_library: Optional[str] = None,
+                 config: Optional[str] = None):
         if model_repository is None:  # only bound functions: an empty repository
             self._empty = tempfile.TemporaryDirectory(prefix="wasmtron-")
             model_repository = self._empty.name
         repositories = [model_repository] if isinstance(model_repository, str) else list(model_repository)
         self._core = CoreServer([str(r) for r in repositories], model_control_mode,
-                                list(load_models), strict_readiness, onnxruntime_library)
+                                list(load_models), strict_readiness, onnxruntime_library,
+                                None if config is None else str(config))
         # Garbage-collected or at interpreter exit: drain and stop while Python still runs
         # (bound functions need the interpreter to finish what was accepted).
         self._finalizer = weakref.finalize(self, self._core.stop)

@@ -24,6 +24,7 @@ class CoreServer:
         load_models: List[str] = ...,
         strict_readiness: bool = True,
         onnxruntime_library: Optional[str] = None,
+        config: Optional[str] = None,
     ) -> None: ...
     def start(
         self,
