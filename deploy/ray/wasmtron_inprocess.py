@@ -35,8 +35,22 @@ def _server(model_repository, **options) -> "wasmtron.Server":
     return wasmtron.Server(model_repository=model_repository, **options).start()
 
 
+class _OwnsServer:
+    """Health and shutdown of a replica that owns `self.server`: unhealthy while the server
+    is not ready; stopping the replica drains the server."""
+
+    def check_health(self):
+        if not self.server.ready():
+            raise RuntimeError("wasmtron is not ready: " + repr(self.server.models()))
+
+    def __del__(self):
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.stop()
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 1}, health_check_period_s=5)
-class WasmtronModels:
+class WasmtronModels(_OwnsServer):
     """The repository's models, in-process in each replica; call `infer` from a handle.
 
     `options` go to `wasmtron.Server` (`model_control_mode`, `load_models`, ...)."""
@@ -56,15 +70,6 @@ class WasmtronModels:
     def ready(self, model: str) -> bool:
         return self.server.model(model).ready()
 
-    def check_health(self):
-        if not self.server.ready():
-            raise RuntimeError("wasmtron is not ready: " + repr(self.server.models()))
-
-    def __del__(self):
-        server = getattr(self, "server", None)
-        if server is not None:
-            server.stop()
-
 
 class EmbedRequest(BaseModel):
     texts: List[str]
@@ -75,7 +80,7 @@ api = FastAPI(title="wasmtron in Ray Serve")
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, health_check_period_s=5)
 @serve.ingress(api)
-class TextApp:
+class TextApp(_OwnsServer):
     """The shape of Triton's Ray Serve example: an HTTP ingress whose handlers run business
     logic in Python and call several models through the in-process server. `/embed` runs
     the WordPiece tokenizer (a Wasm stage), the MiniLM encoder (ONNX) and mean pooling (a
@@ -105,15 +110,6 @@ class TextApp:
             {"last_hidden_state": hidden["last_hidden_state"],
              "attention_mask": tokens["attention_mask"]})
         return {"embeddings": pooled["EMBEDDING"].tolist()}
-
-    def check_health(self):
-        if not self.server.ready():
-            raise RuntimeError("wasmtron is not ready: " + repr(self.server.models()))
-
-    def __del__(self):
-        server = getattr(self, "server", None)
-        if server is not None:
-            server.stop()
 
 
 __all__ = ["WasmtronModels", "TextApp"]
