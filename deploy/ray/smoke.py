@@ -86,15 +86,22 @@ def wait(check, timeout=180):
     return False
 
 
-def timed(call, n, callers=1):
-    """Latencies in ms of `n` calls, spread over `callers` threads calling back to back."""
+def timed(call, n, callers=1, errors=None):
+    """Latencies in ms of `n` calls, spread over `callers` threads calling back to back. A
+    failed call is not timed; its error is appended to `errors` (or raised without a list)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def run(count):
         times = []
         for _ in range(count):
             start = time.perf_counter()
-            call()
+            try:
+                call()
+            except Exception as e:
+                if errors is None:
+                    raise
+                errors.append(f"{type(e).__name__}: {e}"[:300])
+                continue
             times.append((time.perf_counter() - start) * 1000)
         return times
 
@@ -165,12 +172,18 @@ def in_process(result, full_repository, adapter_port):
         "handle_inprocess": lambda: models.infer.remote("simple", inputs).result(),
         "adapter_through_serve": lambda: adapter().infer("simple", http_inputs),
     }
-    latency = {}
+    latency, failures = {}, {}
     for callers in (1, 8):
         for name, call in paths.items():
-            timed(call, 8 * callers)  # warm
-            latency[f"{name}@{callers}"] = percentiles(timed(call, REQUESTS, callers))
+            errors = []
+            timed(call, 8 * callers, errors=errors)  # warm
+            times = timed(call, REQUESTS, callers, errors=errors)
+            latency[f"{name}@{callers}"] = percentiles(times) if times else None
+            if errors:
+                failures[f"{name}@{callers}"] = {"count": len(errors), "first": errors[0]}
     result["inprocess_latency_ms"] = latency
+    # Timing runs do not stop at a failed call; the test decides which failures matter.
+    result["latency_failures"] = failures
     local.stop()
     for name in ("models", "nothing", "text"):
         serve.delete(name)

@@ -66,3 +66,10 @@ def test_the_adapter_and_the_in_process_deployments_serve():
     assert result["text_identity"] == "h\u00e9", result
     assert result["text_embed_shape"] == [2, 384], result
     assert result["text_embed_max_diff"] < 1e-6, result
+    # Calls through Ray to the in-process server never fail; the adapter's path through
+    # Serve's proxy has answered an occasional 500 right after a replica was replaced (seen
+    # once in CI): reported, not asserted.
+    failed = result["latency_failures"]
+    assert not {k: v for k, v in failed.items() if not k.startswith("adapter_")}, failed
+    if failed:
+        print("adapter failures while timing:", json.dumps(failed))
