@@ -483,8 +483,14 @@ impl CoreServer {
 impl Drop for CoreServer {
     /// A server dropped while serving (garbage-collected, or the interpreter exiting) drains
     /// what it accepted before its runtime goes.
+    ///
+    /// The GIL is let go while draining: a bound Python function still running needs it to
+    /// finish (the package's finalizer normally stops the server before this runs).
     fn drop(&mut self) {
-        self.shut_down(Duration::from_secs(30));
+        if self.server.is_none() {
+            return;
+        }
+        Python::attach(|py| py.detach(|| self.shut_down(Duration::from_secs(30))));
     }
 }
 
