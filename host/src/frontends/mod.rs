@@ -2,6 +2,7 @@
 //! They translate the wire into [`crate::inference`] types and back; the views they share
 //! (metadata, statistics) are built once here in protocol types.
 
+pub mod generation_metrics;
 pub mod grpc;
 pub mod http;
 pub mod listeners;

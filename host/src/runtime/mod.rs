@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod buckets;
+pub mod generation;
 pub mod gpu;
 pub mod onnx;
 pub mod request_check;
@@ -135,6 +136,8 @@ pub struct LoadedBackend {
     pub buckets: Option<Arc<buckets::ShapeBuckets>>,
     /// What warming up the instances took, if the model was warmed up.
     pub warmup: Option<warmup::WarmupReport>,
+    /// The counters of a generation model.
+    pub generation: Option<Arc<generation::stats::GenerationStats>>,
 }
 
 /// Crash accounting for a model version: instances that trap are replaced, and a version
@@ -217,20 +220,22 @@ pub fn load(
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
     let backend = backend_name(&config).unwrap_or_else(|| ONNXRUNTIME.to_owned());
-    if is_decoupled(&config) && backend != wasm::BACKEND {
+    if is_decoupled(&config) && backend != wasm::BACKEND && backend != generation::BACKEND {
         return Err(Error::invalid(format!(
-            "model '{}': field 'model_transaction_policy.decoupled': only wasm stages can be \
-             decoupled (backend '{backend}' answers each request once)",
+            "model '{}': field 'model_transaction_policy.decoupled': only wasm stages and \
+             generation models can be decoupled (backend '{backend}' answers each request once)",
             config.name
         )));
     }
     let mut loaded = match backend.as_str() {
         ONNXRUNTIME => onnx::load(config, version_dir, options),
         wasm::BACKEND => wasm::load(config, version_dir, options),
+        generation::BACKEND => generation::load(config, version_dir, options),
         other => Err(Error::invalid(format!(
-            "model '{}': backend '{other}' is not available (this server runs: {ONNXRUNTIME}, {})",
+            "model '{}': backend '{other}' is not available (this server runs: {ONNXRUNTIME}, {}, {})",
             config.name,
-            wasm::BACKEND
+            wasm::BACKEND,
+            generation::BACKEND
         ))),
     }?;
     // Warm-up runs against the completed configuration, before the version is READY.

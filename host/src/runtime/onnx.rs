@@ -62,7 +62,7 @@ fn library_path(options: &RuntimeOptions) -> PathBuf {
     PathBuf::from(BUILD_TIME_LIBRARY.unwrap_or("libonnxruntime.so"))
 }
 
-fn environment(options: &RuntimeOptions) -> Result<Environment> {
+pub(crate) fn environment(options: &RuntimeOptions) -> Result<Environment> {
     ENVIRONMENT
         .get_or_init(|| {
             let path = library_path(options);
@@ -253,6 +253,7 @@ pub fn load(
         health: Default::default(),
         buckets,
         warmup: None,
+        generation: None,
     })
 }
 

@@ -68,6 +68,13 @@ struct Step {
 pub struct Ensemble {
     name: String,
     steps: Vec<Step>,
+    /// The step whose model is decoupled, if one is: the steps after it run once per
+    /// response it sends, and the ensemble answers as many times (as Triton's ensembles of
+    /// TensorRT-LLM models stream).
+    decoupled: Option<usize>,
+    /// The ensemble's inputs: one the client leaves out (an optional one) is left out of the
+    /// steps that read it.
+    inputs: HashSet<String>,
 }
 
 /// Datatype and full shape (batch dimension included as -1) of a tensor.
@@ -143,6 +150,7 @@ impl Ensemble {
             tensors.insert(input.name.clone(), (sig, Producer::Input));
         }
         let mut steps = Vec::with_capacity(sched.step.len());
+        let mut decoupled = None;
         let mut composing = Vec::with_capacity(sched.step.len());
         for (i, s) in sched.step.iter().enumerate() {
             let at = |msg: String| invalid(format!("step {i} (model '{}'): {msg}", s.model_name));
@@ -160,9 +168,13 @@ impl Ensemble {
                 ))
             })?;
             if crate::runtime::is_decoupled(&model) {
-                return Err(at(
-                    "a decoupled model cannot be an ensemble step (it answers 0..N times)".into(),
-                ));
+                if let Some(other) = decoupled {
+                    return Err(at(format!(
+                        "step {other} is decoupled already; an ensemble may have one decoupled \
+                         step (the steps after it run once per response)"
+                    )));
+                }
+                decoupled = Some(i);
             }
             if config.max_batch_size > model.max_batch_size && model.max_batch_size > 0 {
                 return Err(at(format!(
@@ -301,6 +313,8 @@ impl Ensemble {
         let plan = Self {
             name: name.clone(),
             steps,
+            decoupled,
+            inputs: config.input.iter().map(|i| i.name.clone()).collect(),
         };
         plan.check_acyclic(&tensors)?;
         Ok(plan)
@@ -352,93 +366,182 @@ impl Ensemble {
     /// Runs the steps, each as soon as its inputs exist, and returns the ensemble's `outputs`
     /// in that order. Request parameters and the deadline go to every step; the first failing
     /// step ends the run (steps not started yet never start).
+    ///
+    /// With a decoupled step, every response it sends runs the steps after it and becomes a
+    /// response of the ensemble, sent to the request's response stream; the ensemble's own
+    /// final answer is then empty.
     pub async fn run(
         &self,
         runner: &dyn StepRunner,
-        request: InferRequest,
+        mut request: InferRequest,
         outputs: &[String],
         durations: &StepDurations,
     ) -> Result<Vec<Tensor>> {
-        let mut tensors: HashMap<String, Tensor> = request
-            .inputs
+        let mut tensors: HashMap<String, Tensor> = std::mem::take(&mut request.inputs)
             .into_iter()
             .map(|t| (t.name.clone(), t))
             .collect();
-        let mut waiting: Vec<usize> = (0..self.steps.len()).collect();
-        let mut running = FuturesUnordered::new();
-        loop {
-            let (ready, still): (Vec<usize>, Vec<usize>) = waiting.iter().partition(|i| {
-                self.steps[**i]
-                    .inputs
-                    .iter()
-                    .all(|(_, t)| tensors.contains_key(t))
-            });
-            waiting = still;
-            for i in ready {
-                let step = &self.steps[i];
-                let inputs = step
-                    .inputs
-                    .iter()
-                    .filter_map(|(model_tensor, ensemble_tensor)| {
-                        let t = tensors.get(ensemble_tensor)?;
-                        Some(Tensor {
-                            name: model_tensor.clone(),
-                            ..t.clone()
-                        })
-                    })
-                    .collect();
-                let step_request = InferRequest {
-                    model_name: step.model.clone(),
-                    model_version: step.version,
-                    id: request.id.clone(),
-                    parameters: request.parameters.clone(),
-                    inputs,
-                    outputs: step
-                        .outputs
-                        .iter()
-                        .map(|(name, _)| RequestedOutput {
-                            name: name.clone(),
-                            parameters: Default::default(),
-                        })
-                        .collect(),
-                    deadline: request.deadline,
-                    responses: None,
-                    step_durations: Some(durations.clone()),
-                    callers: request.callers.clone(),
-                    from_stage: request.from_stage,
-                    trace: Trace(
-                        crate::trace_span!(parent: &request.trace.0, "ensemble.step", model = %step.model),
-                    ),
-                };
-                running.push(async move { (i, runner.run_step(step_request).await) });
+        let Some(d) = self.decoupled else {
+            let all: Vec<usize> = (0..self.steps.len()).collect();
+            self.run_steps(runner, &request, &all, &mut tensors, durations)
+                .await?;
+            return self.collect(outputs, tensors);
+        };
+        let Some(sink) = request.responses.take() else {
+            return Err(Error::invalid(format!(
+                "ensemble '{}' is decoupled (step {d}, model '{}', answers 0..N times): use \
+                 the gRPC stream (ModelStreamInfer) or POST /v2/models/{}/generate_stream",
+                self.name, self.steps[d].model, self.name
+            )));
+        };
+        let after = self.downstream_of(d);
+        let before: Vec<usize> = (0..self.steps.len())
+            .filter(|i| *i != d && !after.contains(i))
+            .collect();
+        self.run_steps(runner, &request, &before, &mut tensors, durations)
+            .await?;
+        let (step_sink, mut produced) = crate::inference::ResponseSink::channel(16);
+        let mut step_request = self.step_request(d, &request, &tensors, durations);
+        step_request.responses = Some(step_sink);
+        let answer = |outputs_of_step: Vec<Tensor>| {
+            let mut tensors = tensors.clone();
+            let after = &after;
+            let request = &request;
+            let sink = &sink;
+            async move {
+                self.take_outputs(d, outputs_of_step, &mut tensors);
+                self.run_steps(runner, request, after, &mut tensors, durations)
+                    .await?;
+                let answer = self.collect(outputs, tensors)?;
+                sink.send(answer).await
             }
-            let Some((i, result)) = running.next().await else {
-                break;
-            };
-            let step = &self.steps[i];
-            let response = result.map_err(|e| {
-                Error::new(
-                    e.code,
-                    format!(
-                        "ensemble '{}' step {i} (model '{}'): {}",
-                        self.name, step.model, e.message
-                    ),
-                )
-            })?;
-            for out in response.outputs {
-                if let Some((_, ensemble_tensor)) =
-                    step.outputs.iter().find(|(m, _)| *m == out.name)
-                {
-                    tensors.insert(
-                        ensemble_tensor.clone(),
-                        Tensor {
-                            name: ensemble_tensor.clone(),
-                            ..out
-                        },
-                    );
+        };
+        let last = {
+            let step = runner.run_step(step_request);
+            tokio::pin!(step);
+            loop {
+                tokio::select! {
+                    Some(outputs_of_step) = produced.recv() => answer(outputs_of_step).await?,
+                    result = &mut step => break result,
                 }
             }
+        };
+        while let Ok(outputs_of_step) = produced.try_recv() {
+            answer(outputs_of_step).await?;
         }
+        let last = last.map_err(|e| self.step_error(d, e))?;
+        if !last.outputs.is_empty() {
+            answer(last.outputs).await?;
+        }
+        Ok(Vec::new())
+    }
+
+    /// The steps that read, directly or not, what step `d` writes.
+    fn downstream_of(&self, d: usize) -> Vec<usize> {
+        let mut written: HashSet<&str> = self.steps[d]
+            .outputs
+            .iter()
+            .map(|(_, t)| t.as_str())
+            .collect();
+        let mut found = Vec::new();
+        loop {
+            let more: Vec<usize> = (0..self.steps.len())
+                .filter(|i| *i != d && !found.contains(i))
+                .filter(|i| {
+                    self.steps[*i]
+                        .inputs
+                        .iter()
+                        .any(|(_, t)| written.contains(t.as_str()))
+                })
+                .collect();
+            if more.is_empty() {
+                found.sort_unstable();
+                return found;
+            }
+            for i in more {
+                written.extend(self.steps[i].outputs.iter().map(|(_, t)| t.as_str()));
+                found.push(i);
+            }
+        }
+    }
+
+    fn step_error(&self, i: usize, e: Error) -> Error {
+        Error::new(
+            e.code,
+            format!(
+                "ensemble '{}' step {i} (model '{}'): {}",
+                self.name, self.steps[i].model, e.message
+            ),
+        )
+    }
+
+    /// The request for step `i`, from the ensemble tensors it reads.
+    fn step_request(
+        &self,
+        i: usize,
+        request: &InferRequest,
+        tensors: &HashMap<String, Tensor>,
+        durations: &StepDurations,
+    ) -> InferRequest {
+        let step = &self.steps[i];
+        let inputs = step
+            .inputs
+            .iter()
+            .filter_map(|(model_tensor, ensemble_tensor)| {
+                let t = tensors.get(ensemble_tensor)?;
+                Some(Tensor {
+                    name: model_tensor.clone(),
+                    ..t.clone()
+                })
+            })
+            .collect();
+        InferRequest {
+            model_name: step.model.clone(),
+            model_version: step.version,
+            id: request.id.clone(),
+            parameters: request.parameters.clone(),
+            inputs,
+            outputs: step
+                .outputs
+                .iter()
+                .map(|(name, _)| RequestedOutput {
+                    name: name.clone(),
+                    parameters: Default::default(),
+                })
+                .collect(),
+            deadline: request.deadline,
+            responses: None,
+            step_durations: Some(durations.clone()),
+            callers: request.callers.clone(),
+            from_stage: request.from_stage,
+            trace: Trace(
+                crate::trace_span!(parent: &request.trace.0, "ensemble.step", model = %step.model),
+            ),
+        }
+    }
+
+    /// Files step `i`'s outputs under the ensemble tensors they map to.
+    fn take_outputs(&self, i: usize, outputs: Vec<Tensor>, tensors: &mut HashMap<String, Tensor>) {
+        let step = &self.steps[i];
+        for out in outputs {
+            if let Some((_, ensemble_tensor)) = step.outputs.iter().find(|(m, _)| *m == out.name) {
+                tensors.insert(
+                    ensemble_tensor.clone(),
+                    Tensor {
+                        name: ensemble_tensor.clone(),
+                        ..out
+                    },
+                );
+            }
+        }
+    }
+
+    /// The ensemble's `outputs`, in that order.
+    fn collect(
+        &self,
+        outputs: &[String],
+        mut tensors: HashMap<String, Tensor>,
+    ) -> Result<Vec<Tensor>> {
         outputs
             .iter()
             .map(|name| {
@@ -450,6 +553,43 @@ impl Ensemble {
                 })
             })
             .collect()
+    }
+
+    /// Runs `which` steps, each as soon as its inputs exist in `tensors`, adding their outputs.
+    async fn run_steps(
+        &self,
+        runner: &dyn StepRunner,
+        request: &InferRequest,
+        which: &[usize],
+        tensors: &mut HashMap<String, Tensor>,
+        durations: &StepDurations,
+    ) -> Result<()> {
+        let mut waiting: Vec<usize> = which.to_vec();
+        let mut running = FuturesUnordered::new();
+        loop {
+            let (ready, still): (Vec<usize>, Vec<usize>) = waiting.iter().partition(|i| {
+                self.steps[**i]
+                    .inputs
+                    .iter()
+                    .all(|(_, t)| tensors.contains_key(t) || self.inputs.contains(t))
+            });
+            waiting = still;
+            for i in ready {
+                let step_request = self.step_request(i, request, tensors, durations);
+                running.push(async move { (i, runner.run_step(step_request).await) });
+            }
+            let Some((i, result)) = running.next().await else {
+                break;
+            };
+            let response = result.map_err(|e| self.step_error(i, e))?;
+            self.take_outputs(i, response.outputs, tensors);
+        }
+        Ok(())
+    }
+
+    /// Whether a step is decoupled (the ensemble then answers 0..N times).
+    pub fn is_decoupled(&self) -> bool {
+        self.decoupled.is_some()
     }
 
     /// The models this ensemble calls.

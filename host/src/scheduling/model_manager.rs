@@ -48,6 +48,8 @@ pub struct ModelVersion {
     pub runner: Runner,
     /// Crash accounting of the instances.
     pub health: Arc<crate::runtime::InstanceHealth>,
+    /// A generation model's counters (tokens, batch, cache).
+    pub generation: Option<Arc<crate::runtime::generation::stats::GenerationStats>>,
 }
 
 /// What executes a model version's requests.
@@ -477,6 +479,11 @@ impl ModelManager {
                     .map(|m| m.config.clone())
                     .map_err(|_| self.unavailable_reason(model, version))
             })?;
+            if plan.is_decoupled() {
+                // It answers 0..N times, as its decoupled step does: say so in its config.
+                config.model_transaction_policy =
+                    Some(crate::proto::inference::ModelTransactionPolicy { decoupled: true });
+            }
             for version in chosen {
                 versions.insert(
                     version,
@@ -488,6 +495,7 @@ impl ModelManager {
                         load_duration: Duration::ZERO,
                         runner: Runner::Ensemble(plan.clone()),
                         health: Default::default(),
+                        generation: None,
                     }),
                 );
             }
@@ -503,6 +511,7 @@ impl ModelManager {
                 stats.warmup.record_many(w.runs, w.duration);
             }
             let health = loaded.health.clone();
+            let generation = loaded.generation.clone();
             let policy = BatchPolicy {
                 padding: loaded.buckets.clone(),
                 ..BatchPolicy::from_config(&loaded.config)
@@ -537,6 +546,7 @@ impl ModelManager {
                     load_duration: started.elapsed(),
                     runner,
                     health,
+                    generation,
                 }),
             );
         }

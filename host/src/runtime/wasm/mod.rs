@@ -598,5 +598,6 @@ pub fn load(
         health,
         buckets: None,
         warmup: None,
+        generation: None,
     })
 }

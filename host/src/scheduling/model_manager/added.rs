@@ -83,6 +83,7 @@ impl ModelManager {
             load_duration: Duration::ZERO,
             runner: Runner::Scheduler(scheduler),
             health: Default::default(),
+            generation: None,
         });
         let mut models = self.models.write().map_err(|_| super::poisoned())?;
         models.insert(

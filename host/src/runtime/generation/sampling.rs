@@ -1,0 +1,242 @@
+//! Choosing the next token from a row of logits: penalties, temperature, top-k, top-p, and a
+//! random draw from a per-request generator (seeded: the same seed gives the same tokens).
+
+use rand_chacha::{
+    rand_core::{RngCore, SeedableRng},
+    ChaCha8Rng,
+};
+
+/// How one request samples. `temperature == 0` (the default) is greedy decoding, as
+/// TensorRT-LLM does when no sampling parameter is given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Divides the logits; 0 picks the most likely token.
+    pub temperature: f32,
+    /// Keeps the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keeps the smallest set of most likely tokens whose probability reaches `top_p`; 1 keeps all.
+    pub top_p: f32,
+    /// Seed of the request's generator; `None` draws one.
+    pub seed: Option<u64>,
+    /// Divides positive logits (multiplies negative ones) of tokens already in the sequence,
+    /// as Hugging Face and TensorRT-LLM do; 1 is off.
+    pub repetition_penalty: f32,
+    /// Subtracted once per earlier occurrence of a token among the generated ones (OpenAI).
+    pub frequency_penalty: f32,
+    /// Subtracted once from every token already generated (OpenAI).
+    pub presence_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+        }
+    }
+}
+
+/// One request's sampler.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+    /// Scratch: (token, logit) candidates.
+    candidates: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// A sampler; without a seed its generator is seeded from the clock and a counter.
+    pub fn new(params: SamplingParams) -> Self {
+        let seed = params.seed.unwrap_or_else(fresh_seed);
+        Self {
+            params,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            candidates: Vec::new(),
+        }
+    }
+
+    /// Picks the next token from `logits` (modified in place by the penalties), given the
+    /// prompt and the tokens generated so far.
+    pub fn sample(&mut self, logits: &mut [f32], prompt: &[i64], generated: &[i64]) -> u32 {
+        self.penalise(logits, prompt, generated);
+        let p = &self.params;
+        if p.temperature <= 0.0 || p.top_k == 1 {
+            return argmax(logits);
+        }
+        let inv_t = 1.0 / p.temperature;
+        self.candidates.clear();
+        self.candidates.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l * inv_t)),
+        );
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < self.candidates.len() {
+            self.candidates
+                .select_nth_unstable_by(p.top_k - 1, by_logit);
+            self.candidates.truncate(p.top_k);
+        }
+        // Softmax over the candidates, most likely first (top-p needs them in order).
+        self.candidates.sort_unstable_by(by_logit);
+        let max = self.candidates.first().map_or(0.0, |c| c.1);
+        let mut total = 0.0f64;
+        for c in &mut self.candidates {
+            c.1 = (c.1 - max).exp();
+            total += f64::from(c.1);
+        }
+        let mut keep = self.candidates.len();
+        if p.top_p < 1.0 {
+            let mut mass = 0.0f64;
+            for (i, c) in self.candidates.iter().enumerate() {
+                mass += f64::from(c.1) / total;
+                if mass >= f64::from(p.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let kept: f64 = self.candidates[..keep].iter().map(|c| f64::from(c.1)).sum();
+        // A uniform draw in [0, kept) with 53 random bits.
+        let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * kept;
+        let mut acc = 0.0f64;
+        for c in &self.candidates[..keep] {
+            acc += f64::from(c.1);
+            if draw < acc {
+                return c.0;
+            }
+        }
+        self.candidates[keep - 1].0
+    }
+
+    fn penalise(&self, logits: &mut [f32], prompt: &[i64], generated: &[i64]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            let mut seen = std::collections::HashSet::new();
+            for &t in prompt.iter().chain(generated) {
+                if let Some(l) = usize::try_from(t).ok().and_then(|i| logits.get_mut(i)) {
+                    if seen.insert(t) {
+                        *l = if *l > 0.0 {
+                            *l / p.repetition_penalty
+                        } else {
+                            *l * p.repetition_penalty
+                        };
+                    }
+                }
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            let mut counts = std::collections::HashMap::<i64, u32>::new();
+            for &t in generated {
+                *counts.entry(t).or_default() += 1;
+            }
+            for (t, n) in counts {
+                if let Some(l) = usize::try_from(t).ok().and_then(|i| logits.get_mut(i)) {
+                    *l -= p.frequency_penalty * n as f32 + p.presence_penalty;
+                }
+            }
+        }
+    }
+}
+
+/// The index of the largest value (the first of equals).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in values.iter().enumerate() {
+        if *v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![0.1, 2.0, 1.9, -1.0, 0.5, 1.0]
+    }
+
+    #[test]
+    fn greedy_takes_the_largest() {
+        let mut s = Sampler::new(SamplingParams::default());
+        assert_eq!(s.sample(&mut logits(), &[], &[]), 1);
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_draws() {
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: Some(42),
+            ..Default::default()
+        };
+        let draws = |params: &SamplingParams| {
+            let mut s = Sampler::new(params.clone());
+            (0..64)
+                .map(|_| s.sample(&mut logits(), &[], &[]))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draws(&params), draws(&params));
+        let other = SamplingParams {
+            seed: Some(43),
+            ..params.clone()
+        };
+        assert_ne!(draws(&params), draws(&other));
+    }
+
+    #[test]
+    fn top_k_and_top_p_keep_only_the_likely_tokens() {
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            seed: Some(1),
+            ..Default::default()
+        });
+        for _ in 0..200 {
+            assert!(matches!(s.sample(&mut logits(), &[], &[]), 1 | 2));
+        }
+        // Token 1 alone holds more than 1% of the mass.
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_p: 0.01,
+            seed: Some(1),
+            ..Default::default()
+        });
+        for _ in 0..200 {
+            assert_eq!(s.sample(&mut logits(), &[], &[]), 1);
+        }
+    }
+
+    #[test]
+    fn penalties_push_repeated_tokens_down() {
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        });
+        // 2.0 / 2 = 1.0 < 1.9: the repeated token loses its lead.
+        assert_eq!(s.sample(&mut logits(), &[1], &[]), 2);
+        let mut s = Sampler::new(SamplingParams {
+            frequency_penalty: 0.2,
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&mut logits(), &[], &[1]), 2);
+    }
+}

