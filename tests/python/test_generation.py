@@ -4,11 +4,17 @@ by `make models`, and a tiny decoder of another shape, served by the real binary
 Covers the conversion (ONNX greedy decoding against an independent NumPy forward pass of the
 GGUF weights), greedy serving against ONNX Runtime called directly, concurrent requests
 (in-flight batching gives each the tokens it gets alone), seeds, stop strings, a short request
-overtaking a long one, cancellation freeing its place in the batch, and bad requests.
+overtaking a long one, cancellation freeing its place in the batch, and bad requests; then
+the `smollm2` ensemble (tokenizer stage -> decoder -> detokenizer stage) over Triton's
+generate, generate_stream and tritonclient's gRPC streaming.
 """
+import json
+import urllib.error
+import urllib.request
 import os
 import queue
 import re
+import shutil
 import sys
 import threading
 import time
@@ -44,7 +50,8 @@ def tokenizer():
 
 
 def link_model(repo, source, name=None, config=None):
-    """`source` in `repo` as `name`: config.pbtxt copied (or `config`), version files linked."""
+    """`source` in `repo` as `name`: config.pbtxt copied (or `config`), the ONNX model linked,
+    other files copied (Wasm stages may not follow links out of their directory)."""
     dest = os.path.join(repo, name or os.path.basename(source))
     os.makedirs(os.path.join(dest, "1"))
     with open(os.path.join(source, "config.pbtxt")) as f:
@@ -52,7 +59,8 @@ def link_model(repo, source, name=None, config=None):
     with open(os.path.join(dest, "config.pbtxt"), "w") as f:
         f.write(config(text) if config else text)
     for file in os.listdir(os.path.join(source, "1")):
-        os.symlink(os.path.join(source, "1", file), os.path.join(dest, "1", file))
+        place = os.symlink if file.endswith(".onnx") else shutil.copy
+        place(os.path.join(source, "1", file), os.path.join(dest, "1", file))
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +68,8 @@ def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("generation"))
     link_model(repo, SMOL)
     link_model(repo, TINY)
+    for name in ("smollm2", "llm_preprocessing", "llm_postprocessing"):
+        link_model(repo, os.path.join(ROOT, "model_repository", name))
     # Two sequences at a time, for the cancellation test.
     link_model(repo, SMOL, "smollm2_two",
                lambda t: t.replace("max_batch_size: 32", "max_batch_size: 2"))
@@ -295,3 +305,118 @@ def test_bad_requests_are_refused_by_field_and_the_model_keeps_serving(server, i
     assert "tiny_decoder" in str(e.value)
     tokens, _, _ = generate(server, "tiny_decoder", [5, 6], max_tokens=2, end_id=-1)
     assert len(tokens) == 2
+
+
+# The ensemble: text in, text out.
+
+def http_json(server, path, body):
+    req = urllib.request.Request(f"http://{server.http}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def sse_events(text):
+    return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_the_ensemble_answers_a_chat_over_generate_and_generate_stream(server, tokenizer):
+    messages = json.dumps([{"role": "user", "content": PROMPTS[0]}])
+    status, body = http_json(server, "/v2/models/smollm2/generate",
+                             {"messages": messages, "max_tokens": 32, "stream": False})
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["text_output"] == "The capital of France is Paris."
+    assert answer["finish_reason"] == "stop"
+    # The chat template adds SmolLM's default system prompt, as Hugging Face's does.
+    assert answer["prompt_tokens"] == len(tokenizer.encode(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        + chat(PROMPTS[0])).ids)
+    status, body = http_json(server, "/v2/models/smollm2/generate_stream",
+                             {"messages": messages, "max_tokens": 32})
+    assert status == 200, body
+    events = sse_events(body)
+    assert len(events) > 3
+    assert "".join(e["text_output"] for e in events) == answer["text_output"]
+    assert [e["finish_reason"] for e in events][-1] == "stop"
+    assert all(e["finish_reason"] == "" for e in events[:-1])
+
+
+def test_the_ensemble_streams_over_grpc_to_tritonclient(server):
+    client = grpcclient.InferenceServerClient(server.grpc)
+    responses = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[chat(PROMPTS[0]).encode()]], dtype=object))
+        max_tokens = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+        max_tokens.set_data_from_numpy(np.array([[32]], dtype=np.int32))
+        client.async_stream_infer("smollm2", [text, max_tokens])
+        pieces = []
+        while True:
+            result, error = responses.get(timeout=300)
+            assert error is None, error
+            pieces.append(result.as_numpy("text_output")[0][0].decode())
+            if result.as_numpy("finish_reason")[0][0]:
+                break
+        assert "".join(pieces) == "The capital of France is Paris."
+        assert len(pieces) > 3
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_the_detokenizer_never_splits_a_character(server, tokenizer):
+    """Characters of several bytes spread over several byte-level tokens come out whole."""
+    text = "Caf\u00e9 \U0001F600 na\u00efve \u2019quote\u2019 \u4e2d\u6587 \U0001F680\U0001F30D"
+    ids = tokenizer.encode(text).ids
+    assert len(ids) > len(text.split()) + 4  # some characters take several tokens
+    client = grpcclient.InferenceServerClient(server.grpc)
+    pieces = []
+    for i in range(len(ids)):
+        context = ids[max(0, i - 8):i]
+        new = grpcclient.InferInput("output_ids", [1, 1], "INT32")
+        new.set_data_from_numpy(np.array([[ids[i]]], dtype=np.int32))
+        inputs = [new]
+        if context:
+            ctx = grpcclient.InferInput("context_ids", [1, len(context)], "INT32")
+            ctx.set_data_from_numpy(np.array([context], dtype=np.int32))
+            inputs.append(ctx)
+        result = client.infer("llm_postprocessing", inputs)
+        piece = result.as_numpy("text_output")[0][0].decode("utf-8")
+        assert "\ufffd" not in piece
+        pieces.append(piece)
+    assert "".join(pieces) == text
+    assert "" in pieces  # a token that ends inside a character answers nothing yet
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"messages": json.dumps([{"role": "system", "content": "Be brief."}])}, "no message with role 'user'"),
+    ({"messages": "not json"}, "'messages' must be a JSON list"),
+    ({"text_input": ""}, "'text_input' is empty"),
+    ({}, "send 'text_input' (a prompt) or 'messages' (a chat)"),
+    ({"text_input": "Hi", "max_tokens": 5000}, "'max_tokens' is 5000"),
+    ({"text_input": "Hi", "top_p": 0.0}, "'top_p' is 0, outside"),
+])
+def test_bad_ensemble_requests_are_400_naming_the_field(server, body, message):
+    status, text = http_json(server, "/v2/models/smollm2/generate", body)
+    assert status == 400, text
+    assert message in json.loads(text)["error"]
+
+
+def test_text_that_is_not_utf8_is_refused(server):
+    client = grpcclient.InferenceServerClient(server.grpc)
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"caf\xe9"]], dtype=object))
+    stream = queue.Queue()
+    client.start_stream(callback=lambda result, error: stream.put((result, error)))
+    try:
+        client.async_stream_infer("smollm2", [text])
+        result, error = stream.get(timeout=120)
+        assert result is None and "'text_input' is not UTF-8" in str(error)
+    finally:
+        client.stop_stream()
+        client.close()

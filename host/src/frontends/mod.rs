@@ -7,6 +7,7 @@ pub mod grpc;
 pub mod http;
 pub mod listeners;
 pub mod metrics;
+pub mod openai;
 pub mod restricted;
 pub mod shared_memory;
 pub mod trace;

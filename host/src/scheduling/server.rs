@@ -379,6 +379,9 @@ impl Server {
                         }
                     }
                     result = &mut final_response => break result,
+                    // The client left before anything was sent (a long answer that is not
+                    // streamed): dropping the request cancels it.
+                    () = out.closed() => return,
                 }
             };
             // Everything sent during execution is queued ahead of the final response.

@@ -119,6 +119,9 @@ async fn authenticate(
                 .and_then(|v| v.to_str().ok());
             match tenancy.authenticate(key) {
                 Ok(caller) => caller,
+                Err(e) if request.uri().path().starts_with("/v1/") => {
+                    return super::openai::error_response(&e, None)
+                }
                 Err(e) => return ApiError(e).into_response(),
             }
         }
@@ -215,6 +218,12 @@ pub fn router(state: HttpState) -> Router {
             get(trace_settings).post(update_trace_settings),
         )
         .route("/v2/logging", any(admin_unsupported))
+        .route("/v1/models", get(super::openai::models))
+        .route("/v1/completions", post(super::openai::completions))
+        .route(
+            "/v1/chat/completions",
+            post(super::openai::chat_completions),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read with our own limit so that oversize requests get a JSON error.
@@ -572,7 +581,11 @@ async fn stats(
 }
 
 /// Reads a body up to the size limit, then undoes `Content-Encoding: gzip|deflate`.
-async fn read_body(st: &HttpState, headers: &HeaderMap, body: Body) -> Result<Bytes, Error> {
+pub(crate) async fn read_body(
+    st: &HttpState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, Error> {
     let limit = st.max_input_size;
     let raw = axum::body::to_bytes(body, limit).await.map_err(|_| {
         Error::invalid(format!(

@@ -1,0 +1,377 @@
+//! OpenAI-compatible endpoints on the HTTP port, as Triton's OpenAI frontend offers them:
+//! `GET /v1/models`, `POST /v1/completions` and `POST /v1/chat/completions`, streamed
+//! (server-sent events ending in `data: [DONE]`) or not, with `usage` and `finish_reason`.
+//!
+//! A model serves these when it takes a prompt (`text_input`) or a chat (`messages`) and
+//! answers `text_output`, like the `smollm2` ensemble; sampling fields become its inputs by
+//! TensorRT-LLM's names. Errors come in OpenAI's shape (`{"error": {"message", "type",
+//! "param", "code"}}`); tenants' API keys are the OpenAI client's `api_key`.
+
+pub mod request;
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use axum::{
+    body::Body,
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    response::{
+        sse::{Event, Sse},
+        IntoResponse, Response,
+    },
+    Extension, Json,
+};
+use serde_json::{json, Value};
+
+use self::request::{Invalid, Kind};
+use super::http::{read_body, status_for, HttpState};
+use crate::{
+    error::{Code, Error},
+    inference::InferResponse,
+    tenancy::{Caller, ModelAction},
+    tensor::{bytes_elements, DataType, Tensor},
+};
+
+/// An error as OpenAI's API answers it.
+pub fn error_response(error: &Error, param: Option<&str>) -> Response {
+    let (kind, code) = match error.code {
+        Code::NotFound => ("invalid_request_error", Some("model_not_found")),
+        Code::Unauthenticated => ("invalid_request_error", Some("invalid_api_key")),
+        Code::PermissionDenied => ("permission_error", None),
+        Code::ResourceExhausted => ("rate_limit_error", Some("rate_limit_exceeded")),
+        Code::Internal | Code::Unavailable => ("server_error", None),
+        _ => ("invalid_request_error", None),
+    };
+    let body = json!({"error": {
+        "message": error.message,
+        "type": kind,
+        "param": param,
+        "code": code,
+    }});
+    (status_for(error.code), Json(body)).into_response()
+}
+
+/// The request field a generation model's message is about, when it names one.
+fn param_of(message: &str) -> Option<&'static str> {
+    if message.contains("'max_tokens'") {
+        Some("max_tokens")
+    } else if message.contains("the prompt") || message.contains("'text_input'") {
+        Some("prompt")
+    } else if message.contains("'messages'") {
+        Some("messages")
+    } else {
+        None
+    }
+}
+
+fn invalid_response(e: Invalid) -> Response {
+    let param = e.param.as_deref().or_else(|| param_of(&e.error.message));
+    error_response(&e.error, param)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn completion_id(kind: Kind) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    format!("{prefix}-{:x}{n:x}", now())
+}
+
+/// `GET /v1/models`: the models that generate text, as the caller may see them.
+pub async fn models(State(st): State<HttpState>, Extension(caller): Extension<Caller>) -> Response {
+    let created = now();
+    let data: Vec<Value> = st
+        .server
+        .models()
+        .loaded()
+        .into_iter()
+        .filter(|m| request::generates_text(&m.config) && caller.may(ModelAction::See, &m.name))
+        .map(|m| json!({"id": m.name, "object": "model", "created": created, "owned_by": "wasmtron"}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    complete(Kind::Completion, st, caller, headers, body).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    complete(Kind::Chat, st, caller, headers, body).await
+}
+
+/// What one response of the model says.
+#[derive(Debug, Default)]
+struct Piece {
+    text: String,
+    finish: Option<String>,
+    prompt_tokens: Option<i64>,
+    generated_tokens: Option<i64>,
+}
+
+fn first_string(t: &Tensor) -> String {
+    bytes_elements(&t.data)
+        .next()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default()
+}
+
+fn first_int(t: &Tensor) -> Option<i64> {
+    match t.datatype {
+        DataType::Int32 => t
+            .data
+            .get(..4)
+            .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        DataType::Int64 => t
+            .data
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map(i64::from_le_bytes),
+        _ => None,
+    }
+}
+
+fn piece(response: &InferResponse) -> Piece {
+    let mut p = Piece::default();
+    for t in &response.outputs {
+        match t.name.as_str() {
+            "text_output" => p.text = first_string(t),
+            "finish_reason" => p.finish = Some(first_string(t)).filter(|s| !s.is_empty()),
+            "prompt_tokens" => p.prompt_tokens = first_int(t),
+            "generated_tokens" => p.generated_tokens = first_int(t),
+            _ => {}
+        }
+    }
+    p
+}
+
+fn usage(prompt: i64, completion: i64) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+async fn complete(
+    kind: Kind,
+    st: HttpState,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match read_body(&st, &headers, body).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e, None),
+    };
+    let json: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error_response(
+                &Error::invalid(format!("the request body is not valid JSON: {e}")),
+                None,
+            )
+        }
+    };
+    let lookup = |model: &str| {
+        caller.require(ModelAction::Infer, model)?;
+        let config = st.server.models().get(model, None)?.config.clone();
+        if !request::generates_text(&config) {
+            return Err(Error::not_found(format!(
+                "model '{model}' does not generate text (it needs input 'text_input' or \
+                 'messages' and output 'text_output')"
+            )));
+        }
+        Ok(config)
+    };
+    let mut parsed = match request::parse(kind, &json, lookup) {
+        Ok(p) => p,
+        Err(e) => return invalid_response(e),
+    };
+    let admission = match caller.admit(body.len()) {
+        Ok(a) => a,
+        Err(e) => return error_response(&e, None),
+    };
+    let track = caller.track(&parsed.model);
+    super::on_behalf_of(&caller, &mut parsed.request);
+    let mut items = st.server.infer_stream(parsed.request);
+    let id = completion_id(kind);
+    let created = now();
+    let model = parsed.model;
+    if !parsed.stream {
+        let (mut text, mut finish, mut prompt, mut generated) = (String::new(), None, 0, 0);
+        while let Some(item) = items.recv().await {
+            match item {
+                Ok(response) => {
+                    let p = piece(&response);
+                    text.push_str(&p.text);
+                    finish = p.finish.or(finish);
+                    prompt = p.prompt_tokens.unwrap_or(prompt);
+                    generated = p.generated_tokens.unwrap_or(generated);
+                }
+                Err(e) => {
+                    track.finish(Err(e.code));
+                    return invalid_response(e.into());
+                }
+            }
+        }
+        track.finish(Ok(()));
+        drop(admission);
+        let finish = finish.unwrap_or_else(|| "stop".into());
+        let choice = match kind {
+            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
+                                 "logprobs": null, "finish_reason": finish}),
+            Kind::Completion => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+            }
+        };
+        let object = match kind {
+            Kind::Chat => "chat.completion",
+            Kind::Completion => "text_completion",
+        };
+        return Json(
+            json!({"id": id, "object": object, "created": created, "model": model,
+                           "choices": [choice], "usage": usage(prompt, generated)}),
+        )
+        .into_response();
+    }
+    track.finish(Ok(()));
+    let object = match kind {
+        Kind::Chat => "chat.completion.chunk",
+        Kind::Completion => "text_completion",
+    };
+    let include_usage = parsed.include_usage;
+    let chunk = move |choices: Value, usage_value: Option<Value>| {
+        let mut c = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
+        if include_usage {
+            c["usage"] = usage_value.unwrap_or(Value::Null);
+        }
+        Event::default().data(c.to_string())
+    };
+    let choice = move |text: Option<String>, finish: Option<String>| match kind {
+        Kind::Chat => {
+            let delta = match text {
+                Some(t) => json!({"content": t}),
+                None => json!({}),
+            };
+            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}])
+        }
+        Kind::Completion => {
+            json!([{"index": 0, "text": text.unwrap_or_default(), "logprobs": null, "finish_reason": finish}])
+        }
+    };
+    let events = stream_events(items, admission, kind, include_usage, chunk, choice);
+    Sse::new(events).into_response()
+}
+
+/// The server-sent events of a streamed completion: a role chunk first (chat), a chunk per
+/// piece of text, one with the finish reason, the usage chunk if asked, then `[DONE]`. An
+/// error ends the stream with an error event.
+fn stream_events(
+    items: tokio::sync::mpsc::Receiver<crate::error::Result<InferResponse>>,
+    admission: crate::tenancy::Admission,
+    kind: Kind,
+    include_usage: bool,
+    chunk: impl Fn(Value, Option<Value>) -> Event + Send + 'static,
+    choice: impl Fn(Option<String>, Option<String>) -> Value + Send + 'static,
+) -> impl futures::Stream<Item = Result<Event, std::convert::Infallible>> {
+    struct State<C, H> {
+        items: tokio::sync::mpsc::Receiver<crate::error::Result<InferResponse>>,
+        _admission: crate::tenancy::Admission,
+        pending: std::collections::VecDeque<Event>,
+        started: bool,
+        done: bool,
+        prompt: i64,
+        generated: i64,
+        chunk: C,
+        choice: H,
+    }
+    let state = State {
+        items,
+        _admission: admission,
+        pending: Default::default(),
+        started: false,
+        done: false,
+        prompt: 0,
+        generated: 0,
+        chunk,
+        choice,
+    };
+    futures::stream::unfold(state, move |mut s| async move {
+        loop {
+            if let Some(event) = s.pending.pop_front() {
+                return Some((Ok(event), s));
+            }
+            if s.done {
+                return None;
+            }
+            if !s.started {
+                s.started = true;
+                if kind == Kind::Chat {
+                    let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": null, "finish_reason": null}]);
+                    s.pending.push_back((s.chunk)(role, None));
+                    continue;
+                }
+            }
+            match s.items.recv().await {
+                Some(Ok(response)) => {
+                    let p = piece(&response);
+                    s.prompt = p.prompt_tokens.unwrap_or(s.prompt);
+                    s.generated = p.generated_tokens.unwrap_or(s.generated);
+                    if !p.text.is_empty() {
+                        let c = (s.choice)(Some(p.text), None);
+                        s.pending.push_back((s.chunk)(c, None));
+                    }
+                    if let Some(finish) = p.finish {
+                        let c = (s.choice)(None, Some(finish));
+                        s.pending.push_back((s.chunk)(c, None));
+                    }
+                }
+                Some(Err(e)) => {
+                    let param = param_of(&e.message);
+                    let status = status_for(e.code);
+                    let body = json!({"error": {"message": e.message, "type": error_type(status),
+                                                "param": param, "code": null}});
+                    s.pending.push_back(Event::default().data(body.to_string()));
+                    s.pending.push_back(Event::default().data("[DONE]"));
+                    s.done = true;
+                }
+                None => {
+                    if include_usage {
+                        let usage = usage(s.prompt, s.generated);
+                        s.pending.push_back((s.chunk)(json!([]), Some(usage)));
+                    }
+                    s.pending.push_back(Event::default().data("[DONE]"));
+                    s.done = true;
+                }
+            }
+        }
+    })
+}
+
+fn error_type(status: StatusCode) -> &'static str {
+    if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    }
+}

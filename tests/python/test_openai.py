@@ -1,0 +1,155 @@
+"""The OpenAI-compatible endpoints (/v1/models, /v1/completions, /v1/chat/completions) with the
+official `openai` Python client against the `smollm2` ensemble, behind tenants' API keys."""
+import os
+import re
+import time
+
+import openai
+import pytest
+
+from conftest import ROOT, Server
+from test_generation import link_model
+from test_tenancy import digest
+
+KEYS = {"writer": "writer-key-1", "reader": "reader-key-1"}
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("openai")
+    for name in ("smollm2", "smollm2_decoder", "llm_preprocessing", "llm_postprocessing"):
+        link_model(str(repo), os.path.join(ROOT, "model_repository", name))
+    config = repo / "wasmtron.toml"
+    config.write_text(f"""
+[[tenant]]
+name = "writer"
+api_keys = [{digest(KEYS["writer"])}]
+infer = ["smollm2*"]
+
+[[tenant]]
+name = "reader"
+api_keys = [{digest(KEYS["reader"])}]
+see = ["smollm2"]
+""")
+    s = Server(str(repo), "--config", str(config))
+    yield s
+    s.stop()
+
+
+def client(server, tenant="writer"):
+    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key=KEYS.get(tenant, tenant),
+                         max_retries=0, timeout=300)
+
+
+def test_models_lists_the_text_models_a_tenant_may_see(server):
+    assert [m.id for m in client(server).models.list()] == ["smollm2"]
+    assert [m.id for m in client(server, "reader").models.list()] == ["smollm2"]
+
+
+def test_a_chat_completion_answers_with_usage(server):
+    r = client(server).chat.completions.create(model="smollm2", messages=QUESTION, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == "The capital of France is Paris."
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == 7
+    assert r.usage.prompt_tokens > 20
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_a_streamed_chat_adds_up_to_the_same_answer(server):
+    c = client(server)
+    params = dict(model="smollm2", messages=[{"role": "user", "content": "Tell me about cats."}],
+                  temperature=0.8, seed=11, max_tokens=24)
+    whole = c.chat.completions.create(**params)
+    chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **params))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason == "length"
+    assert all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert len({ch.id for ch in chunks}) == 1
+
+
+def test_completions_stream_and_not(server):
+    c = client(server)
+    r = c.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=5, temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    assert r.choices[0].text.startswith(" Paris")
+    chunks = list(c.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=5,
+                                       temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
+
+
+def test_a_stop_string_ends_the_answer_before_it(server):
+    r = client(server).chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                               stop=["Paris", "\n\n"])
+    assert r.choices[0].message.content == "The capital of France is"
+    assert r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("params,status,param,message", [
+    (dict(n=2), 400, "n", "'n' is 2; only 1 is supported"),
+    (dict(temperature=3), 400, "temperature", "'temperature' is 3"),
+    (dict(top_p=1.5), 400, "top_p", "'top_p' is 1.5"),
+    (dict(frequency_penalty=-3), 400, "frequency_penalty", "'frequency_penalty' is -3"),
+    (dict(extra_body={"best_guess": 1}), 400, "best_guess", "Unrecognized request argument supplied: best_guess"),
+    (dict(messages=[{"role": "system", "content": "Be brief."}]), 400, "messages", "no message with role 'user'"),
+    (dict(messages=[]), 400, "messages", "'messages' is empty"),
+    (dict(max_tokens=5000), 400, "max_tokens", "'max_tokens' is 5000"),
+    (dict(model="smollm2-large"), 404, None, "'smollm2-large'"),
+])
+def test_bad_chat_requests_get_openai_errors_naming_the_field(server, params, status, param, message):
+    request = dict(model="smollm2", messages=QUESTION, max_tokens=4) | params
+    with pytest.raises(openai.APIStatusError) as e:
+        client(server).chat.completions.create(**request)
+    assert e.value.status_code == status
+    assert e.value.param == param
+    assert message in e.value.message
+    if status == 404:
+        assert e.value.code == "model_not_found"
+    # Nothing else is affected.
+    ok = client(server).chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2)
+    assert ok.usage.completion_tokens == 2
+
+
+def test_bad_completion_prompts_are_refused(server):
+    for prompt, message in [("", "'prompt' is empty"), (["a", "b"], "one non-empty string")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client(server).completions.create(model="smollm2", prompt=prompt, max_tokens=2)
+        assert e.value.param == "prompt" and message in e.value.message
+
+
+def test_api_keys_are_the_tenants(server):
+    with pytest.raises(openai.AuthenticationError):
+        client(server, "not-a-key").chat.completions.create(model="smollm2", messages=QUESTION)
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        client(server, "reader").chat.completions.create(model="smollm2", messages=QUESTION)
+    assert "tenant 'reader' may not infer" in e.value.message
+
+
+def running(server):
+    text = server.metrics_text()
+    m = re.search(r'^vllm:num_requests_running\{model="smollm2_decoder",version="1"\} (\S+)$', text, re.M)
+    aborted = re.search(r'^vllm:request_success_total\{model="smollm2_decoder",version="1",'
+                        r'finished_reason="abort"\} (\S+)$', text, re.M)
+    return float(m.group(1)), float(aborted.group(1))
+
+
+def test_closing_a_stream_frees_its_place_at_the_next_step(server):
+    _, aborted_before = running(server)
+    stream = client(server).chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Write a long essay about rivers."}],
+        max_tokens=1500, stream=True, extra_body={"ignore_eos": True})
+    for _, _ in zip(range(4), stream):
+        pass
+    assert running(server)[0] == 1
+    stream.close()
+    deadline = time.time() + 120
+    while running(server) != (0, aborted_before + 1):
+        assert time.time() < deadline, f"still running: {running(server)}"
+        time.sleep(0.2)
