@@ -51,6 +51,10 @@ pub struct EngineLimits {
     pub cache_tokens: usize,
     /// Token that pads prompts (never attended to).
     pub pad_id: i64,
+    /// Prompt tokens prefilled between two decode steps at most (one prompt always goes):
+    /// a burst of arrivals is prefilled a few at a time, so that the first of them answer
+    /// early and the running sequences keep stepping.
+    pub max_prefill_tokens: usize,
 }
 
 /// Why a sequence ended.
@@ -255,10 +259,15 @@ impl Worker {
             .map(|r| r.sub.final_len())
             .max()
             .unwrap_or(0);
+        let mut prefill = 0;
         while let Some(next) = self.waiting.front() {
             let rows = self.rows.len() + admitted.len() + 1;
             let longest_with = longest.max(next.final_len());
             if rows > self.limits.max_rows || rows * longest_with > self.limits.cache_tokens {
+                break;
+            }
+            prefill += next.prompt.len();
+            if !admitted.is_empty() && prefill > self.limits.max_prefill_tokens {
                 break;
             }
             longest = longest_with;

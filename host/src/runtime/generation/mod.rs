@@ -309,6 +309,8 @@ pub fn load(
         .as_i64()
         .or_else(|| end_ids.first().copied())
         .unwrap_or(0);
+    let max_prefill_tokens =
+        param::<usize>(&config, "max_prefill_tokens", "a positive integer")?.unwrap_or(384);
     let default_max_tokens = param::<usize>(&config, "default_max_tokens", "a positive integer")?
         .unwrap_or(DEFAULT_MAX_TOKENS);
     let tokenizer = version_dir.join("tokenizer.json");
@@ -360,6 +362,7 @@ pub fn load(
             max_rows: rows,
             cache_tokens,
             pad_id,
+            max_prefill_tokens,
         },
         stats.clone(),
     )?);

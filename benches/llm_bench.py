@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Text generation side by side: streams of ~128-token prompts each generating exactly 128
+tokens (no end token), at 1 / 8 / 32 concurrent streams, over Triton's generate_stream (SSE):
+
+  A  Triton 2.51's python backend: benches/triton/model_repository/llm_generate, a
+     per-request generate loop in onnxruntime (what a Triton user writes without TensorRT-LLM);
+  B  wasmtron: the `smollm2` ensemble (Wasm tokenizer -> generation backend with in-flight
+     batching -> Wasm detokenizer);
+  L  the limit: the same ONNX decoder called in-process by onnxruntime, a batched greedy
+     decode loop at the same batch sizes (prefill, then one run per step for all sequences).
+
+Reports output tokens/s, time to first token p50/p99 and inter-token latency p50/p99 per
+level, wasmtron's RSS at the end of its highest level, and writes benches/results/llm.json.
+
+Usage: benches/llm_bench.py [--levels 1,8,32] [--tokens 128] [--only A,B,L]
+Needs `make build-release models stages triton`.
+"""
+import argparse
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+REPO = os.path.join(ROOT, "model_repository")
+DECODER = os.path.join(REPO, "smollm2_decoder", "1", "model.onnx")
+TOKENIZER = os.path.join(REPO, "smollm2_decoder", "1", "tokenizer.json")
+SENTENCE = "The river runs past the old mill, through the meadow and under the stone bridge. "
+
+
+def prompt_text(tokens):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(TOKENIZER)
+    body = ""
+    while True:
+        text = f"<|im_start|>user\nSummarise this: {body}<|im_end|>\n<|im_start|>assistant\n"
+        if len(tok.encode(text).ids) >= tokens:
+            return text, len(tok.encode(text).ids)
+        body += SENTENCE
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    found = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return found
+
+
+def start(binary, repo, env=None):
+    http_port, grpc, metrics = free_ports(3)
+    proc = subprocess.Popen([binary, "--model-repository", repo, "--http-port", str(http_port),
+                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+                             "--metrics-address", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=5) as r:
+                if r.status == 200:
+                    return proc, http_port
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"{binary} not ready within 600 s")
+
+
+def stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def one_stream(port, model, body):
+    """(time to first token, gaps between tokens, tokens) of one generate_stream call."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    started = time.perf_counter()
+    conn.request("POST", f"/v2/models/{model}/generate_stream", json.dumps(body),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(resp.read().decode())
+    times = []
+    for line in resp:
+        if line.startswith(b"data: "):
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(event["error"])
+            # One event per generated token (the last may only carry the finish reason).
+            if event.get("text_output", "") != "" or not event.get("finish_reason"):
+                times.append(time.perf_counter())
+    conn.close()
+    return times[0] - started, [b - a for a, b in zip(times, times[1:])], len(times)
+
+
+def load(port, model, body, streams, rounds=2):
+    """Every stream sends `rounds` requests back to back; returns the level's figures."""
+    ttfts, gaps, tokens = [], [], 0
+    errors = []
+    lock = threading.Lock()
+
+    def worker():
+        nonlocal tokens
+        for _ in range(rounds):
+            try:
+                ttft, g, n = one_stream(port, model, body)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(str(e))
+                return
+            with lock:
+                ttfts.append(ttft)
+                gaps.extend(g)
+                tokens += n
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise SystemExit(f"{model}: {errors[0]}")
+    return figures(tokens / elapsed, ttfts, gaps)
+
+
+def pct(values, p):
+    return float(np.percentile(values, p)) * 1000 if values else float("nan")
+
+
+def figures(rate, ttfts, gaps):
+    return {"tokens_per_s": rate, "ttft_p50_ms": pct(ttfts, 50), "ttft_p99_ms": pct(ttfts, 99),
+            "itl_p50_ms": pct(gaps, 50), "itl_p99_ms": pct(gaps, 99)}
+
+
+def in_process(prompt_tokens, tokens, streams):
+    """The batched decode loop, in-process: prefill `streams` prompts, then `tokens` steps."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    session = ort.InferenceSession(DECODER, providers=["CPUExecutionProvider"])
+    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    names = [o.name for o in session.get_outputs()]
+    ids = Tokenizer.from_file(TOKENIZER).encode(prompt_tokens).ids
+    n = len(ids)
+    ttft_started = time.perf_counter()
+    feeds = {p.name: np.zeros((streams, p.shape[1], 0, p.shape[3]), np.float32) for p in pasts}
+    feeds.update(input_ids=np.array([ids] * streams, np.int64),
+                 attention_mask=np.ones((streams, n), np.int64),
+                 position_ids=np.tile(np.arange(n), (streams, 1)).astype(np.int64))
+    gaps, total = [], n
+    last = None
+    for step in range(tokens):
+        results = dict(zip(names, session.run(None, feeds)))
+        nxt = np.argmax(results["logits"][:, -1], axis=-1)
+        now = time.perf_counter()
+        if last is None:
+            ttft = now - ttft_started
+            decode_started = now
+        else:
+            gaps.append(now - last)
+        last = now
+        for p in pasts:
+            feeds[p.name] = results[p.name.replace("past_key_values", "present")]
+        total += 1
+        feeds.update(input_ids=nxt[:, None].astype(np.int64),
+                     attention_mask=np.ones((streams, total), np.int64),
+                     position_ids=np.full((streams, 1), total - 1, np.int64))
+    elapsed = last - ttft_started
+    del decode_started
+    return figures(streams * tokens / elapsed, [ttft], gaps)
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--levels", default="1,8,32")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--only", default="A,B,L")
+    ap.add_argument("--max-prefill-tokens", type=int, help="the decoder's max_prefill_tokens for B")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    only = set(args.only.split(","))
+    text, prompt_len = prompt_text(args.prompt_tokens)
+    print(f"prompt: {prompt_len} tokens; {args.tokens} generated per request", flush=True)
+    results = {"prompt_tokens": prompt_len, "generated_tokens": args.tokens, "levels": levels}
+    tmp = tempfile.mkdtemp()
+    try:
+        if "B" in only:
+            repo = os.path.join(tmp, "wasmtron")
+            os.makedirs(repo)
+            for m in ("smollm2", "llm_preprocessing", "llm_postprocessing", "smollm2_decoder"):
+                shutil.copytree(os.path.join(REPO, m), os.path.join(repo, m))
+            if args.max_prefill_tokens:
+                with open(os.path.join(repo, "smollm2_decoder", "config.pbtxt"), "a") as f:
+                    f.write('parameters { key: "max_prefill_tokens" value { string_value: "%d" } }\n'
+                            % args.max_prefill_tokens)
+            proc, port = start(os.path.join(ROOT, "target", "release", "wasmtron"), repo)
+            body = {"text_input": text, "max_tokens": args.tokens, "end_id": -1}
+            one_stream(port, "smollm2", body)  # warm-up
+            results["B"] = {}
+            for c in levels:
+                results["B"][c] = load(port, "smollm2", body, c)
+                print("B", c, results["B"][c], flush=True)
+            results["B_rss_mib"] = rss_mib(proc.pid)
+            print(f"wasmtron RSS after {levels[-1]} streams: {results['B_rss_mib']:.0f} MiB", flush=True)
+            stop(proc)
+        if "A" in only:
+            repo = os.path.join(tmp, "triton")
+            shutil.copytree(os.path.join(ROOT, "benches", "triton", "model_repository", "llm_generate"),
+                            os.path.join(repo, "llm_generate"))
+            os.symlink(DECODER, os.path.join(repo, "llm_generate", "1", "model.onnx"))
+            shutil.copy(TOKENIZER, os.path.join(repo, "llm_generate", "1", "tokenizer.json"))
+            proc, port = start(os.path.join(ROOT, ".cache", "triton", "run"), repo)
+            body = {"text_input": text, "max_tokens": args.tokens}
+            one_stream(port, "llm_generate", body)
+            results["A"] = {}
+            for c in levels:
+                results["A"][c] = load(port, "llm_generate", body, c, rounds=1)
+                print("A", c, results["A"][c], flush=True)
+            stop(proc)
+        if "L" in only:
+            results["L"] = {}
+            for c in levels:
+                results["L"][c] = in_process(text, args.tokens, c)
+                print("L", c, results["L"][c], flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.join(ROOT, "benches", "results"), exist_ok=True)
+    with open(os.path.join(ROOT, "benches", "results", "llm.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("\n| streams | server | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |")
+    print("|---|---|---|---|---|")
+    for c in levels:
+        for key, name in (("A", "Triton python backend"), ("B", "wasmtron"), ("L", "ORT in-process, batched")):
+            if key in results:
+                r = results[key][c]
+                print(f"| {c} | {name} | {r['tokens_per_s']:.0f} | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} "
+                      f"| {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} |")
+    for c in levels:
+        line = f"streams {c}:"
+        if "A" in results and "B" in results:
+            line += f" B/A = {results['B'][c]['tokens_per_s'] / results['A'][c]['tokens_per_s']:.2f}x"
+        if "L" in results and "B" in results:
+            line += f" B/L = {results['B'][c]['tokens_per_s'] / results['L'][c]['tokens_per_s']:.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
