@@ -33,7 +33,7 @@ def _const(nodes, inits, name, array):
     return name
 
 
-def decoder(weights, hp, name="decoder"):
+def decoder(weights, hp, name="decoder", accuracy_level=0):
     """An ONNX decoder from Hugging Face-layout weights.
 
     weights: `embed` [vocab, hidden]; per layer i `{i}.attn_norm`, `{i}.q` [heads*dim, hidden],
@@ -82,6 +82,15 @@ def decoder(weights, hp, name="decoder"):
         return op("Mul", [op("Div", [x, op("Sqrt", [op("Add", [mean, eps])])]), w])
 
     def linear(x, weight_name, weight):
+        if isinstance(weight, Nbits):
+            # ONNX Runtime's 4-bit MatMul: the GGUF's blocks as they are.
+            inputs = [x, const(weight_name, weight.packed), const(weight_name + "_scales", weight.scales),
+                      const(weight_name + "_zero_points", weight.zero_points)]
+            out = f"matmulnbits_{next(n)}"
+            nodes.append(helper.make_node("MatMulNBits", inputs, [out], domain="com.microsoft",
+                                          K=weight.k, N=weight.n, bits=4, block_size=32,
+                                          accuracy_level=accuracy_level))
+            return out
         # Stored as [in, out] so that MatMul needs no transpose.
         return op("MatMul", [x, const(weight_name, f32(weight).T.copy())])
 
@@ -161,9 +170,37 @@ def decoder(weights, hp, name="decoder"):
     out_shape = op("Concat", [rows_shape, const("vocab_dim", np.array([vocab]))], axis=0)
     nodes.append(helper.make_node("Reshape", [logits, out_shape], ["logits"]))
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    opsets = [helper.make_opsetid("", OPSET)]
+    if any(node.domain == "com.microsoft" for node in nodes):
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
     return model
+
+
+class Nbits:
+    """A weight [n, k] in MatMulNBits' 4-bit form: w = (q - zero_point) * scale per block of 32."""
+
+    def __init__(self, packed, scales, zero_points, n, k):
+        self.packed, self.scales, self.zero_points, self.n, self.k = packed, scales, zero_points, n, k
+
+
+def q4_1_nbits(raw, rows):
+    """GGUF Q4_1 blocks (per 32 values: f16 d, f16 m, 16 bytes of nibbles; value = d * q + m)
+    as MatMulNBits weights: scale d, zero point -m / d (a float zero point keeps m exact), the
+    nibbles repacked in MatMulNBits' order (element 2i low, 2i + 1 high). `rows` reorders rows."""
+    raw = raw[rows]
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, 20)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
+    qs = blocks[..., 4:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # the 32 values in order
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    zero = d == 0
+    scales = np.where(zero, m, d)
+    zero_points = np.where(zero, -1.0, -m / np.where(zero, 1.0, d)).astype(np.float32)
+    return Nbits(packed, scales.reshape(-1).astype(np.float32), zero_points.reshape(-1), n, blocks.shape[1] * 32)
 
 
 def unpermute_rope(w, n_heads):
@@ -174,8 +211,9 @@ def unpermute_rope(w, n_heads):
     return w.reshape(n_heads, dim // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
 
 
-def read_gguf(path):
-    """(weights in Hugging Face layout, hyper-parameters, reader) of a llama GGUF file."""
+def read_gguf(path, four_bit=False):
+    """(weights in Hugging Face layout, hyper-parameters, reader) of a llama GGUF file; with
+    `four_bit`, Q4_1 matrices stay 4-bit (`Nbits`), the rest is dequantised to FP32."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -195,8 +233,21 @@ def read_gguf(path):
     }
     hp["head_dim"] = hp["hidden"] // hp["heads"]
     tensors = {}
+    raw = {}
     for t in reader.tensors:
+        if four_bit and t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+            raw[t.name] = np.asarray(t.data)
+            continue
         tensors[t.name] = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+
+    def matrix(name, heads=None):
+        if name in raw:
+            rows = np.arange(raw[name].shape[0])
+            if heads:
+                rows = unpermute_rope(rows.reshape(-1, 1), heads)[:, 0]
+            return q4_1_nbits(raw[name], rows)
+        w = tensors[name]
+        return unpermute_rope(w, heads) if heads else w
     hp["vocab"] = tensors["token_embd.weight"].shape[0]
     w = {"embed": tensors["token_embd.weight"], "norm": tensors["output_norm.weight"]}
     if "output.weight" in tensors:
@@ -205,9 +256,9 @@ def read_gguf(path):
              "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
     for i in range(hp["layers"]):
         for gname, key in names.items():
-            w[f"{i}.{key}"] = tensors[f"blk.{i}.{gname}.weight"]
-        w[f"{i}.q"] = unpermute_rope(tensors[f"blk.{i}.attn_q.weight"], hp["heads"])
-        w[f"{i}.k"] = unpermute_rope(tensors[f"blk.{i}.attn_k.weight"], hp["kv_heads"])
+            w[f"{i}.{key}"] = matrix(f"blk.{i}.{gname}.weight")
+        w[f"{i}.q"] = matrix(f"blk.{i}.attn_q.weight", hp["heads"])
+        w[f"{i}.k"] = matrix(f"blk.{i}.attn_k.weight", hp["kv_heads"])
     return w, hp, reader
 
 
@@ -253,12 +304,12 @@ def tokenizer_json(reader):
     }
 
 
-def from_gguf(gguf_path, out_dir):
+def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0):
     """Writes model.onnx, tokenizer.json, chat_template.jinja and generation_config.json."""
-    weights, hp, reader = read_gguf(gguf_path)
+    weights, hp, reader = read_gguf(gguf_path, four_bit)
     field = lambda key: reader.fields[key].contents()  # noqa: E731
     os.makedirs(out_dir, exist_ok=True)
-    model = decoder(weights, hp, name=str(field("general.name")))
+    model = decoder(weights, hp, name=str(field("general.name")), accuracy_level=accuracy_level)
     onnx.save(model, os.path.join(out_dir, "model.onnx"))
     with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
         json.dump(tokenizer_json(reader), f, ensure_ascii=False)
@@ -287,3 +338,16 @@ def tiny(seed=7, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=300):
                   f"{i}.v": g(kv_heads * head_dim, hidden), f"{i}.o": g(hidden, heads * head_dim),
                   f"{i}.gate": g(ffn, hidden), f"{i}.up": g(ffn, hidden), f"{i}.down": g(hidden, ffn)})
     return decoder(w, hp, name="tiny_decoder"), w, hp
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Convert a llama GGUF file into an ONNX decoder with its tokenizer files.")
+    ap.add_argument("gguf")
+    ap.add_argument("out_dir")
+    ap.add_argument("--four-bit", action="store_true",
+                    help="keep Q4_1 matrices 4-bit (MatMulNBits) instead of FP32")
+    ap.add_argument("--accuracy-level", type=int, default=0, help="MatMulNBits accuracy_level (4: int8 compute)")
+    a = ap.parse_args()
+    print(from_gguf(a.gguf, a.out_dir, a.four_bit, a.accuracy_level))

@@ -168,6 +168,19 @@ def test_the_onnx_conversion_decodes_as_an_independent_forward_pass_of_the_gguf(
         assert ours == theirs, f"{prompt!r}: {tokenizer.decode(ours)!r} vs {tokenizer.decode(theirs)!r}"
 
 
+def test_the_4bit_export_keeps_the_ggufs_blocks(tokenizer, tmp_path):
+    """`--four-bit` keeps Q4_1 matrices as MatMulNBits (scale d, float zero point -m/d): the
+    same weights, so greedy decoding agrees with the FP32 export."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import llm_export
+
+    llm_export.from_gguf(GGUF, str(tmp_path), four_bit=True)
+    ids = tokenizer.encode(chat(PROMPTS[0])).ids
+    four_bit = onnx_greedy(str(tmp_path / "model.onnx"), ids, 12, end_ids=(2,))
+    assert four_bit == onnx_greedy(os.path.join(SMOL, "1", "model.onnx"), ids, 12, end_ids=(2,))
+    assert tokenizer.decode(four_bit) == "The capital of France is Paris."
+
+
 def test_greedy_serving_gives_onnx_runtimes_tokens(server, tokenizer):
     for prompt in PROMPTS:
         ids = tokenizer.encode(chat(prompt)).ids

@@ -523,7 +523,13 @@ impl ModelManager {
                 policy,
                 self.options.queue_capacity,
                 stats.clone(),
-                self.options.execution_share.clone(),
+                // A generation model's sequences all run in its one batch loop: held back by
+                // the share, a tenant would get one sequence at a time instead of the batch.
+                if generation.is_some() {
+                    Arc::new(ExecutionShare::new(0))
+                } else {
+                    self.options.execution_share.clone()
+                },
             )?;
             let runner = match sequence_spec(&loaded.config).map_err(Error::invalid)? {
                 Some(spec) => Runner::Sequence(Box::new(SequenceBatcher::new(
