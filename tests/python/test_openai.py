@@ -11,7 +11,7 @@ from conftest import ROOT, Server
 from test_generation import link_model
 from test_tenancy import digest
 
-KEYS = {"writer": "writer-key-1", "reader": "reader-key-1"}
+KEYS = {"writer": "writer-key-1", "reader": "reader-key-1", "other": "other-key-1"}
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -26,6 +26,11 @@ def server(tmp_path_factory):
 name = "writer"
 api_keys = [{digest(KEYS["writer"])}]
 infer = ["smollm2*"]
+
+[[tenant]]
+name = "other"
+api_keys = [{digest(KEYS["other"])}]
+infer = ["smollm2"]
 
 [[tenant]]
 name = "reader"
@@ -140,8 +145,17 @@ def running(server):
     return float(m.group(1)), float(aborted.group(1))
 
 
+def settled(server):
+    """The decoder's counters once no sequence runs (another test's may still be leaving)."""
+    deadline = time.time() + 120
+    while running(server)[0] != 0:
+        assert time.time() < deadline, f"still running: {running(server)}"
+        time.sleep(0.2)
+    return running(server)
+
+
 def test_closing_a_stream_frees_its_place_at_the_next_step(server):
-    _, aborted_before = running(server)
+    _, aborted_before = settled(server)
     stream = client(server).chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "Write a long essay about rivers."}],
         max_tokens=1500, stream=True, extra_body={"ignore_eos": True})
@@ -153,3 +167,21 @@ def test_closing_a_stream_frees_its_place_at_the_next_step(server):
     while running(server) != (0, aborted_before + 1):
         assert time.time() < deadline, f"still running: {running(server)}"
         time.sleep(0.2)
+
+
+def test_tenants_generate_in_one_batch(server):
+    """Two tenants' streams share the running batch: the execution share (a part of the cores
+    per active tenant) does not cut a tenant down to one sequence."""
+    body = dict(model="smollm2", messages=[{"role": "user", "content": "Write a long essay about lakes."}],
+                max_tokens=1500, stream=True, extra_body={"ignore_eos": True})
+    streams = [client(server, t).chat.completions.create(**body) for t in ("writer", "writer", "other", "other")]
+    try:
+        for s in streams:
+            next(iter(s))
+        deadline = time.time() + 120
+        while running(server)[0] != 4:
+            assert time.time() < deadline, f"running: {running(server)}"
+            time.sleep(0.2)
+    finally:
+        for s in streams:
+            s.close()
