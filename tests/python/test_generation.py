@@ -70,9 +70,10 @@ def server(tmp_path_factory):
     link_model(repo, TINY)
     for name in ("smollm2", "llm_preprocessing", "llm_postprocessing"):
         link_model(repo, os.path.join(ROOT, "model_repository", name))
-    # Two sequences at a time, for the cancellation test.
+    # Two sequences at a time in a cache of 2048 tokens, for the cancellation and cache tests.
     link_model(repo, SMOL, "smollm2_two",
-               lambda t: t.replace("max_batch_size: 32", "max_batch_size: 2"))
+               lambda t: t.replace("max_batch_size: 32", "max_batch_size: 2")
+               + 'parameters { key: "kv_cache_max_tokens" value { string_value: "2048" } }\n')
     s = Server(repo)
     yield s
     s.stop()
@@ -86,7 +87,7 @@ class Stream:
         self.responses = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
 
-    def send(self, model, ids, **params):
+    def send(self, model, ids, timeout_us=None, **params):
         inputs = []
         ids = np.asarray([ids], dtype=np.int32)
         t = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
@@ -104,7 +105,7 @@ class Stream:
                 t = grpcclient.InferInput(key, [1, 1], wire)
                 t.set_data_from_numpy(np.array([[value]], dtype=dtype))
             inputs.append(t)
-        self.client.async_stream_infer(model, inputs)
+        self.client.async_stream_infer(model, inputs, timeout=timeout_us)
 
     def collect(self, timeout=300):
         """(tokens, finish_reason, responses) of the request, or raises its error."""
@@ -276,7 +277,7 @@ def test_a_cancelled_stream_frees_its_place_in_the_batch(server, tokenizer):
     ids = tokenizer.encode(chat("Write an essay about mountains.")).ids
     streams = [Stream(server) for _ in range(2)]
     for s in streams:
-        s.send("smollm2_two", ids, max_tokens=1500, end_id=-1)
+        s.send("smollm2_two", ids, max_tokens=900, end_id=-1)
     for s in streams:
         assert s.responses.get(timeout=300)[1] is None
     wait_for(lambda: metric(server, "vllm:num_requests_running", "smollm2_two") == 2,
@@ -289,6 +290,32 @@ def test_a_cancelled_stream_frees_its_place_in_the_batch(server, tokenizer):
     # Both places are free again: a third request runs at once.
     tokens, finish, _ = generate(server, "smollm2_two", ids, max_tokens=4, end_id=-1)
     assert (len(tokens), finish) == (4, "length")
+
+
+def test_a_request_that_does_not_fit_the_cache_waits_within_its_timeout(server, tokenizer):
+    ids = tokenizer.encode(chat("Write an essay about forests.")).ids
+    wait_for(lambda: metric(server, "vllm:num_requests_running", "smollm2_two") == 0, "an idle model")
+    long_stream, late, patient = Stream(server), Stream(server), Stream(server)
+    try:
+        # Prompt + 1500 tokens: a second sequence of any length would pass 2048 tokens.
+        long_stream.send("smollm2_two", ids, max_tokens=1500, end_id=-1)
+        assert long_stream.responses.get(timeout=300)[1] is None
+        late.send("smollm2_two", ids, timeout_us=300_000, max_tokens=8)
+        result, error = late.responses.get(timeout=300)
+        assert result is None and "timed out waiting for room in the key/value cache" in str(error)
+        patient.send("smollm2_two", ids, max_tokens=8, end_id=-1)
+        wait_for(lambda: metric(server, "vllm:num_requests_waiting", "smollm2_two") == 1,
+                 "the request to wait for room")
+        assert patient.responses.empty()
+        long_stream.close(cancel=True)
+        tokens, finish, _ = patient.collect()
+        assert (len(tokens), finish) == (8, "length")
+    finally:
+        for s in (long_stream, late, patient):
+            try:
+                s.close()
+            except Exception:  # noqa: BLE001 - closed already
+                pass
 
 
 def test_generation_metrics_count_tokens_and_latencies(server):

@@ -104,6 +104,9 @@ pub struct Submission {
     pub cancelled: Arc<AtomicBool>,
     /// When the request arrived (for time to first token).
     pub arrived: Instant,
+    /// Past this, a request still waiting for room in the cache is refused (the request's
+    /// `timeout` parameter, as queue policies read it).
+    pub deadline: Option<Instant>,
 }
 
 impl Submission {
@@ -213,16 +216,35 @@ impl Worker {
                     Ok(s) => self.waiting.push_back(s),
                     Err(_) => return,
                 }
+            } else if self.rows.is_empty() {
+                // Only requests that do not fit yet (a cache budget below one of them cannot
+                // happen: load refuses it): look again for deadlines and cancellations.
+                match submissions.recv_timeout(std::time::Duration::from_millis(10)) {
+                    Ok(s) => self.waiting.push_back(s),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
             }
             while let Ok(s) = submissions.try_recv() {
                 self.waiting.push_back(s);
             }
+            let now = Instant::now();
             self.waiting.retain(|s| {
                 let gone = s.cancelled.load(Relaxed);
                 if gone {
                     self.stats.finished_cancelled.fetch_add(1, Relaxed);
+                    return false;
                 }
-                !gone
+                if s.deadline.is_some_and(|d| now >= d) {
+                    let _ = s.steps.send(Err(Error::unavailable(format!(
+                        "the request timed out waiting for room in the key/value cache after {} ms \
+                         (kv_cache_max_tokens is {} tokens; its timeout parameter)",
+                        now.duration_since(s.arrived).as_millis(),
+                        self.limits.cache_tokens
+                    ))));
+                    return false;
+                }
+                true
             });
             let admitted = self.admit();
             self.stats.waiting.store(self.waiting.len() as i64, Relaxed);

@@ -680,6 +680,11 @@ impl ModelInstance for GenerationInstance {
             steps: steps_tx,
             cancelled: cancelled.clone(),
             arrived: started,
+            deadline: timeout_of(request)
+                .map(|t| started + t)
+                .into_iter()
+                .chain(request.deadline)
+                .min(),
         })?;
         // Cancels the sequence however this returns (an error, the client gone).
         struct CancelOnDrop(Arc<AtomicBool>);
@@ -744,6 +749,16 @@ impl ModelInstance for GenerationInstance {
             }
         }
     }
+}
+
+/// The request's `timeout` parameter (microseconds), as queue policies read it.
+fn timeout_of(request: &InferRequest) -> Option<Duration> {
+    match request.parameters.get("timeout")? {
+        ParamValue::Uint(u) => Some(*u),
+        other => other.as_i64().and_then(|i| u64::try_from(i).ok()),
+    }
+    .filter(|&us| us > 0)
+    .map(Duration::from_micros)
 }
 
 fn timings(started: Instant) -> ExecTimings {
