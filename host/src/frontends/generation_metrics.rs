@@ -4,7 +4,10 @@
 
 use std::{fmt::Write, sync::atomic::Ordering::Relaxed};
 
-use crate::{runtime::generation::stats::Histogram, scheduling::server::Server};
+use crate::{
+    runtime::generation::stats::{GenerationStats, Histogram},
+    scheduling::server::Server,
+};
 
 /// The text-format lines of every loaded generation model's metrics (empty without one).
 pub fn render(server: &Server) -> String {
@@ -20,136 +23,80 @@ pub fn render(server: &Server) -> String {
     let mut out = String::new();
     let labels =
         |name: &str, version: i64| format!("model=\"{}\",version=\"{version}\"", escape(name));
-    let mut family = |name: &str, kind: &str, help: &str, lines: &mut dyn FnMut(&mut String)| {
+    type Read = fn(&GenerationStats) -> f64;
+    let scalars: [(&str, &str, &str, Read); 5] = [
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in the running batch.",
+            |s| s.running.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting for room in the KV cache.",
+            |s| s.waiting.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            GenerationStats::cache_usage,
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            |s| s.prompt_tokens.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            |s| s.generation_tokens.load(Relaxed) as f64,
+        ),
+    ];
+    for (name, kind, help, read) in scalars {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        lines(&mut out);
-    };
-    family(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in the running batch.",
-        &mut |o| {
-            for (m, v, s) in &models {
-                let _ = writeln!(
-                    o,
-                    "vllm:num_requests_running{{{}}} {}",
-                    labels(m, *v),
-                    s.running.load(Relaxed)
-                );
-            }
-        },
-    );
-    family(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting for room in the KV cache.",
-        &mut |o| {
-            for (m, v, s) in &models {
-                let _ = writeln!(
-                    o,
-                    "vllm:num_requests_waiting{{{}}} {}",
-                    labels(m, *v),
-                    s.waiting.load(Relaxed)
-                );
-            }
-        },
-    );
-    family(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        &mut |o| {
-            for (m, v, s) in &models {
-                let _ = writeln!(
-                    o,
-                    "vllm:kv_cache_usage_perc{{{}}} {}",
-                    labels(m, *v),
-                    s.cache_usage()
-                );
-            }
-        },
-    );
-    family(
-        "vllm:prompt_tokens_total",
-        "counter",
-        "Number of prefill tokens processed.",
-        &mut |o| {
-            for (m, v, s) in &models {
-                let _ = writeln!(
-                    o,
-                    "vllm:prompt_tokens_total{{{}}} {}",
-                    labels(m, *v),
-                    s.prompt_tokens.load(Relaxed)
-                );
-            }
-        },
-    );
-    family(
-        "vllm:generation_tokens_total",
-        "counter",
-        "Number of generation tokens processed.",
-        &mut |o| {
-            for (m, v, s) in &models {
-                let _ = writeln!(
-                    o,
-                    "vllm:generation_tokens_total{{{}}} {}",
-                    labels(m, *v),
-                    s.generation_tokens.load(Relaxed)
-                );
-            }
-        },
-    );
-    family(
-        "vllm:request_success_total",
-        "counter",
-        "Count of finished requests by finish reason (abort: the client went away).",
-        &mut |o| {
-            for (m, v, s) in &models {
-                for (reason, n) in [
-                    ("stop", &s.finished_stop),
-                    ("length", &s.finished_length),
-                    ("abort", &s.finished_cancelled),
-                ] {
-                    let _ = writeln!(
-                        o,
-                        "vllm:request_success_total{{{},finished_reason=\"{reason}\"}} {}",
-                        labels(m, *v),
-                        n.load(Relaxed)
-                    );
-                }
-            }
-        },
-    );
-    family(
-        "vllm:time_to_first_token_seconds",
-        "histogram",
-        "Histogram of time to first token in seconds.",
-        &mut |o| {
-            for (m, v, s) in &models {
-                histogram(
-                    o,
-                    "vllm:time_to_first_token_seconds",
-                    &labels(m, *v),
-                    &s.time_to_first_token,
-                );
-            }
-        },
-    );
-    family(
-        "vllm:inter_token_latency_seconds",
-        "histogram",
-        "Histogram of inter-token latency in seconds.",
-        &mut |o| {
-            for (m, v, s) in &models {
-                histogram(
-                    o,
-                    "vllm:inter_token_latency_seconds",
-                    &labels(m, *v),
-                    &s.inter_token_latency,
-                );
-            }
-        },
-    );
+        for (m, v, s) in &models {
+            let _ = writeln!(out, "{name}{{{}}} {}", labels(m, *v), read(s));
+        }
+    }
+    let name = "vllm:request_success_total";
+    let _ = writeln!(out, "# HELP {name} Count of finished requests by finish reason (abort: the client went away).\n# TYPE {name} counter");
+    for (m, v, s) in &models {
+        for (reason, n) in [
+            ("stop", &s.finished_stop),
+            ("length", &s.finished_length),
+            ("abort", &s.finished_cancelled),
+        ] {
+            let _ = writeln!(
+                out,
+                "{name}{{{},finished_reason=\"{reason}\"}} {}",
+                labels(m, *v),
+                n.load(Relaxed)
+            );
+        }
+    }
+    type ReadHistogram = fn(&GenerationStats) -> &Histogram;
+    let histograms: [(&str, &str, ReadHistogram); 2] = [
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            |s| &s.time_to_first_token,
+        ),
+        (
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            |s| &s.inter_token_latency,
+        ),
+    ];
+    for (name, help, read) in histograms {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (m, v, s) in &models {
+            histogram(&mut out, name, &labels(m, *v), read(s));
+        }
+    }
     out
 }
 
