@@ -36,6 +36,13 @@ impl ParamValue {
             _ => None,
         }
     }
+    /// The value as a non-negative integer, if it is one.
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            ParamValue::Uint(u) => Some(*u),
+            other => other.as_i64().and_then(|i| u64::try_from(i).ok()),
+        }
+    }
 }
 
 /// Named parameters, ordered for stable output.

@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    inference::{InferRequest, InferResponse, ParamValue},
+    inference::{InferRequest, InferResponse},
     runtime::{batch, buckets::ShapeBuckets, ExecTimings, ModelInstance},
     tenancy::Caller,
     tensor::Tensor,
@@ -168,10 +168,7 @@ fn held_back(request: &InferRequest) -> Option<Error> {
 
 /// A request parameter as a non-negative integer.
 fn uint_param(request: &InferRequest, key: &str) -> Option<u64> {
-    match request.parameters.get(key)? {
-        ParamValue::Uint(u) => Some(*u),
-        other => other.as_i64().and_then(|i| u64::try_from(i).ok()),
-    }
+    request.parameters.get(key)?.as_u64()
 }
 
 impl Scheduler {

@@ -753,12 +753,12 @@ impl ModelInstance for GenerationInstance {
 
 /// The request's `timeout` parameter (microseconds), as queue policies read it.
 fn timeout_of(request: &InferRequest) -> Option<Duration> {
-    match request.parameters.get("timeout")? {
-        ParamValue::Uint(u) => Some(*u),
-        other => other.as_i64().and_then(|i| u64::try_from(i).ok()),
-    }
-    .filter(|&us| us > 0)
-    .map(Duration::from_micros)
+    request
+        .parameters
+        .get("timeout")?
+        .as_u64()
+        .filter(|&us| us > 0)
+        .map(Duration::from_micros)
 }
 
 fn timings(started: Instant) -> ExecTimings {
