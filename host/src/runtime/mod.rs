@@ -111,6 +111,28 @@ pub fn model_file(
     }
 }
 
+/// A config.pbtxt `parameters` value parsed as `T` (spaces around it ignored), `None` when
+/// absent; a value that does not parse is an error naming the model, the parameter and `what`
+/// it must be.
+pub fn parameter<T: std::str::FromStr>(
+    config: &ModelConfig,
+    key: &str,
+    what: &str,
+) -> Result<Option<T>> {
+    config
+        .parameters
+        .get(key)
+        .map(|p| {
+            p.string_value.trim().parse::<T>().map_err(|_| {
+                Error::invalid(format!(
+                    "model '{}': parameter '{key}' must be {what}, got \"{}\"",
+                    config.name, p.string_value
+                ))
+            })
+        })
+        .transpose()
+}
+
 /// Total instances over all instance groups (a group's count of 0 means 1); 1 without groups.
 pub fn instance_count(config: &ModelConfig) -> usize {
     if config.instance_group.is_empty() {

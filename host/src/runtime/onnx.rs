@@ -285,20 +285,7 @@ fn output_types(config: &ModelConfig) -> Vec<(String, DataType)> {
 }
 
 fn thread_counts(config: &ModelConfig, instances: usize) -> Result<(usize, usize)> {
-    let param = |key: &str| -> Result<Option<usize>> {
-        config
-            .parameters
-            .get(key)
-            .map(|p| {
-                p.string_value.trim().parse::<usize>().map_err(|_| {
-                    Error::invalid(format!(
-                        "model '{}': parameter '{key}' must be a non-negative integer, got \"{}\"",
-                        config.name, p.string_value
-                    ))
-                })
-            })
-            .transpose()
-    };
+    let param = |key: &str| super::parameter::<usize>(config, key, "a non-negative integer");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Sessions that each use every core fight each other: split the cores between instances.
     let intra = param("intra_op_thread_count")?

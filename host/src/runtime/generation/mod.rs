@@ -63,21 +63,6 @@ struct Settings {
     text: Option<Arc<TokenBytes>>,
 }
 
-fn param<T: std::str::FromStr>(config: &ModelConfig, key: &str, what: &str) -> Result<Option<T>> {
-    config
-        .parameters
-        .get(key)
-        .map(|p| {
-            p.string_value.trim().parse::<T>().map_err(|_| {
-                Error::invalid(format!(
-                    "model '{}': parameter '{key}' must be {what}, got \"{}\"",
-                    config.name, p.string_value
-                ))
-            })
-        })
-        .transpose()
-}
-
 /// Reads `generation_config.json` (Hugging Face's), if there is one.
 fn generation_config(dir: &Path) -> serde_json::Value {
     std::fs::read_to_string(dir.join("generation_config.json"))
@@ -263,7 +248,7 @@ pub fn load(
         .and_then(|v| v.as_u64())
         .map(|v| v as usize);
     let max_sequence_length =
-        match param::<usize>(&config, "max_sequence_length", "a positive integer")? {
+        match super::parameter::<usize>(&config, "max_sequence_length", "a positive integer")? {
             Some(0) => {
                 return Err(Error::invalid(format!(
                     "model '{name}': parameter 'max_sequence_length' must be at least 2"
@@ -283,8 +268,9 @@ pub fn load(
             }),
         };
     let rows = config.max_batch_size as usize;
-    let cache_tokens = param::<usize>(&config, "kv_cache_max_tokens", "a positive integer")?
-        .unwrap_or(rows * max_sequence_length);
+    let cache_tokens =
+        super::parameter::<usize>(&config, "kv_cache_max_tokens", "a positive integer")?
+            .unwrap_or(rows * max_sequence_length);
     if cache_tokens < max_sequence_length {
         return Err(Error::invalid(format!(
             "model '{name}': parameter 'kv_cache_max_tokens' is {cache_tokens}, less than one \
@@ -310,9 +296,11 @@ pub fn load(
         .or_else(|| end_ids.first().copied())
         .unwrap_or(0);
     let max_prefill_tokens =
-        param::<usize>(&config, "max_prefill_tokens", "a positive integer")?.unwrap_or(384);
-    let default_max_tokens = param::<usize>(&config, "default_max_tokens", "a positive integer")?
-        .unwrap_or(DEFAULT_MAX_TOKENS);
+        super::parameter::<usize>(&config, "max_prefill_tokens", "a positive integer")?
+            .unwrap_or(384);
+    let default_max_tokens =
+        super::parameter::<usize>(&config, "default_max_tokens", "a positive integer")?
+            .unwrap_or(DEFAULT_MAX_TOKENS);
     let tokenizer = version_dir.join("tokenizer.json");
     let text = if tokenizer.is_file() {
         Some(Arc::new(
@@ -325,7 +313,7 @@ pub fn load(
 
     let env = super::onnx::environment(options)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let intra = param::<usize>(&config, "intra_op_thread_count", "a positive integer")?
+    let intra = super::parameter::<usize>(&config, "intra_op_thread_count", "a positive integer")?
         .filter(|&n| n > 0)
         .unwrap_or(cores);
     let cannot = |e: String| {
