@@ -12,6 +12,7 @@
 
 pub mod engine;
 pub mod kv_cache;
+mod request;
 pub mod sampling;
 pub mod stats;
 pub mod stop;
@@ -30,16 +31,16 @@ use ort::{session::Session, value::ValueType};
 
 use self::{
     engine::{DecoderSpec, Engine, EngineLimits, Finish, Submission},
-    sampling::SamplingParams,
+    request::{parse, timeout_of},
     stats::GenerationStats,
     stop::{StopStrings, TokenBytes},
 };
 use super::{ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions};
 use crate::{
     error::{Code, Error, Result},
-    inference::{InferRequest, ParamValue},
+    inference::InferRequest,
     proto::inference::{ModelConfig, ModelInput, ModelOutput},
-    tensor::{bytes_elements, push_bytes_element, DataType, Tensor},
+    tensor::{push_bytes_element, DataType, Tensor},
 };
 
 /// The `backend` name that selects this backend.
@@ -388,214 +389,6 @@ struct GenerationInstance {
     decoupled: bool,
 }
 
-/// A request's generation parameters, checked.
-struct Parsed {
-    prompt: Vec<i64>,
-    max_tokens: usize,
-    sampling: SamplingParams,
-    end_ids: Vec<i64>,
-    stop: Vec<String>,
-    stream: bool,
-}
-
-fn invalid(model: &str, message: String) -> Error {
-    Error::invalid(format!("model '{model}': {message}"))
-}
-
-/// One scalar of an input, or the request parameter of the same name.
-fn scalar(request: &InferRequest, name: &str) -> Result<Option<f64>> {
-    if let Some(t) = request.inputs.iter().find(|t| t.name == name) {
-        let d = &t.data;
-        let size = t.datatype.element_size().unwrap_or(0);
-        if size == 0 || d.len() != size {
-            return Err(invalid(
-                &request.model_name,
-                format!("input '{name}' must hold one value, has {} bytes", d.len()),
-            ));
-        }
-        let v = match t.datatype {
-            DataType::Bool => f64::from(d[0]),
-            DataType::Int32 => f64::from(i32::from_le_bytes([d[0], d[1], d[2], d[3]])),
-            DataType::Uint32 => f64::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]])),
-            DataType::Fp32 => f64::from(f32::from_le_bytes([d[0], d[1], d[2], d[3]])),
-            DataType::Int64 => i64::from_le_bytes(d[..8].try_into().unwrap_or_default()) as f64,
-            DataType::Uint64 => u64::from_le_bytes(d[..8].try_into().unwrap_or_default()) as f64,
-            DataType::Fp64 => f64::from_le_bytes(d[..8].try_into().unwrap_or_default()),
-            other => {
-                return Err(invalid(
-                    &request.model_name,
-                    format!(
-                        "input '{name}' has type {}, not a number",
-                        other.wire_name()
-                    ),
-                ))
-            }
-        };
-        return Ok(Some(v));
-    }
-    Ok(match request.parameters.get(name) {
-        None => None,
-        Some(ParamValue::Bool(b)) => Some(f64::from(u8::from(*b))),
-        Some(ParamValue::Int(i)) => Some(*i as f64),
-        Some(ParamValue::Uint(u)) => Some(*u as f64),
-        Some(ParamValue::Double(d)) => Some(*d),
-        Some(ParamValue::String(s)) => Some(s.trim().parse::<f64>().map_err(|_| {
-            invalid(
-                &request.model_name,
-                format!("parameter '{name}' must be a number, got \"{s}\""),
-            )
-        })?),
-    })
-}
-
-/// Checks `value` of `name` against [lo, hi].
-fn within(model: &str, name: &str, value: f64, lo: f64, hi: f64) -> Result<f64> {
-    if value.is_finite() && value >= lo && value <= hi {
-        Ok(value)
-    } else {
-        Err(invalid(
-            model,
-            format!("'{name}' is {value}, outside [{lo}, {hi}]"),
-        ))
-    }
-}
-
-fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
-    let model = request.model_name.as_str();
-    let ids = request
-        .inputs
-        .iter()
-        .find(|t| t.name == "input_ids")
-        .ok_or_else(|| invalid(model, "input 'input_ids' is missing".into()))?;
-    if ids.shape.first().is_some_and(|&rows| rows != 1) {
-        return Err(invalid(
-            model,
-            format!(
-                "input 'input_ids' has {} rows: a request generates one sequence (send one \
-                 request per prompt)",
-                ids.shape[0]
-            ),
-        ));
-    }
-    let prompt: Vec<i64> = match ids.datatype {
-        DataType::Int32 => ids
-            .data
-            .chunks_exact(4)
-            .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .collect(),
-        DataType::Int64 => ids
-            .data
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()))
-            .collect(),
-        other => {
-            return Err(invalid(
-                model,
-                format!(
-                    "input 'input_ids' must be INT32 or INT64, is {}",
-                    other.wire_name()
-                ),
-            ))
-        }
-    };
-    if prompt.is_empty() {
-        return Err(invalid(
-            model,
-            "the prompt is empty: input 'input_ids' needs at least one token".into(),
-        ));
-    }
-    if let Some(vocab) = settings.vocab {
-        if let Some(bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-            return Err(invalid(
-                model,
-                format!("input 'input_ids' holds token {bad}, outside the vocabulary [0, {vocab})"),
-            ));
-        }
-    }
-    let limit = settings.max_sequence_length;
-    if prompt.len() >= limit {
-        return Err(invalid(
-            model,
-            format!(
-                "the prompt has {} tokens; the context is {limit} tokens (max_sequence_length), \
-                 so a prompt may have at most {}",
-                prompt.len(),
-                limit - 1
-            ),
-        ));
-    }
-    let room = limit - prompt.len();
-    let max_tokens = match scalar(request, "max_tokens")? {
-        None => settings.default_max_tokens.min(room),
-        Some(v) => {
-            let v = within(model, "max_tokens", v, 1.0, f64::from(u32::MAX))? as usize;
-            if v > room {
-                return Err(invalid(
-                    model,
-                    format!(
-                        "'max_tokens' is {v}, but the prompt's {} tokens leave room for {room} \
-                         in the context of {limit} tokens (max_sequence_length)",
-                        prompt.len()
-                    ),
-                ));
-            }
-            v
-        }
-    };
-    let get = |name: &str, lo: f64, hi: f64| -> Result<Option<f64>> {
-        scalar(request, name)?
-            .map(|v| within(model, name, v, lo, hi))
-            .transpose()
-    };
-    let sampling = SamplingParams {
-        temperature: get("temperature", 0.0, 100.0)?.unwrap_or(0.0) as f32,
-        top_k: get("top_k", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize,
-        top_p: get("top_p", f64::MIN_POSITIVE, 1.0)?.unwrap_or(1.0) as f32,
-        seed: scalar(request, "seed")?
-            .map(|v| within(model, "seed", v, 0.0, u64::MAX as f64).map(|v| v as u64))
-            .transpose()?,
-        repetition_penalty: get("repetition_penalty", f64::MIN_POSITIVE, 100.0)?.unwrap_or(1.0)
-            as f32,
-        frequency_penalty: get("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
-        presence_penalty: get("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
-    };
-    let end_ids = match get("end_id", -1.0, f64::from(i32::MAX))? {
-        Some(v) if v >= 0.0 => vec![v as i64],
-        // -1 turns end tokens off (generate exactly max_tokens), as TensorRT-LLM's end_id does.
-        Some(_) => Vec::new(),
-        None => settings.end_ids.clone(),
-    };
-    let mut stop = Vec::new();
-    if let Some(t) = request.inputs.iter().find(|t| t.name == "stop") {
-        for s in bytes_elements(&t.data) {
-            stop.push(String::from_utf8(s.to_vec()).map_err(|_| {
-                invalid(
-                    model,
-                    "input 'stop' holds a string that is not UTF-8".into(),
-                )
-            })?);
-        }
-    } else if let Some(ParamValue::String(s)) = request.parameters.get("stop") {
-        stop.push(s.clone());
-    }
-    stop.retain(|s| !s.is_empty());
-    if !stop.is_empty() && settings.text.is_none() {
-        return Err(invalid(
-            model,
-            "'stop' needs the model's tokenizer.json beside model.onnx to read the text".into(),
-        ));
-    }
-    let stream = scalar(request, "stream")?.is_none_or(|v| v != 0.0);
-    Ok(Parsed {
-        prompt,
-        max_tokens,
-        sampling,
-        end_ids,
-        stop,
-        stream,
-    })
-}
-
 fn int32_tensor(name: &str, values: &[i32]) -> Tensor {
     Tensor {
         name: name.to_owned(),
@@ -737,16 +530,6 @@ impl ModelInstance for GenerationInstance {
             }
         }
     }
-}
-
-/// The request's `timeout` parameter (microseconds), as queue policies read it.
-fn timeout_of(request: &InferRequest) -> Option<Duration> {
-    request
-        .parameters
-        .get("timeout")?
-        .as_u64()
-        .filter(|&us| us > 0)
-        .map(Duration::from_micros)
 }
 
 fn timings(started: Instant) -> ExecTimings {
