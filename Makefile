@@ -42,8 +42,13 @@ models: venv
 	$(VPY) scripts/gen_models.py model_repository tests/models
 
 # WebAssembly stages: the examples served from model_repository/ and the test-only probe.
-PY_STAGES := model_repository/tokenize/1/model.wasm
-JS_STAGES := model_repository/scores_json/1/model.wasm
+# Python stages: examples/python/<name> (an app.py on the SDK in guest-sdk/python) is served as
+# model_repository/<name> (preprocess as preprocess_py, beside its Rust twin).
+PY_SDK := $(wildcard guest-sdk/python/wasmtron_stage/*.py)
+PY_STAGES := model_repository/tokenize/1/model.wasm model_repository/preprocess_py/1/model.wasm
+# JavaScript stages: examples/js/<name>/app.js on the SDK in guest-sdk/js (topk as topk_js).
+JS_SDK := guest-sdk/js/wasmtron-stage.js
+JS_STAGES := model_repository/scores_json/1/model.wasm model_repository/topk_js/1/model.wasm
 C_STAGES := model_repository/softmax/1/model.wasm
 stages: toolchain $(PY_STAGES) $(JS_STAGES) $(C_STAGES)
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
@@ -51,9 +56,12 @@ stages: toolchain $(PY_STAGES) $(JS_STAGES) $(C_STAGES)
 	for s in $(STAGE_CRATES); do install -D -m 644 $(STAGE_OUT)/$$s.wasm model_repository/$$s/1/model.wasm; done
 	install -D -m 644 $(STAGE_OUT)/probe.wasm tests/models/probe/1/model.wasm
 
-model_repository/tokenize/1/model.wasm: examples/python/tokenize/app.py wit/stage.wit $(VENV)/.installed
-	mkdir -p $(@D)
-	$(VENV)/bin/componentize-py -d wit -w stage componentize app -p examples/python/tokenize -o $@
+COMPONENTIZE_PY = mkdir -p $(@D) && $(VENV)/bin/componentize-py -d wit -w stage componentize wasmtron_stage.component \
+	  -p $(<D) -p guest-sdk/python -o $@
+model_repository/tokenize/1/model.wasm: examples/python/tokenize/app.py $(PY_SDK) wit/stage.wit $(VENV)/.installed
+	$(COMPONENTIZE_PY)
+model_repository/preprocess_py/1/model.wasm: examples/python/preprocess/app.py $(PY_SDK) wit/stage.wit $(VENV)/.installed
+	$(COMPONENTIZE_PY)
 
 # JavaScript: componentize-js, pinned by examples/js/package-lock.json.
 JS_TOOLS := examples/js/node_modules/.package-lock.json
@@ -64,9 +72,12 @@ $(JS_TOOLS): examples/js/package.json examples/js/package-lock.json
 	cd examples/js && npm install --no-save --no-audit --no-fund --loglevel=error
 	touch $@
 
-model_repository/scores_json/1/model.wasm: examples/js/scores_json/app.js wit/stage.wit $(JS_TOOLS)
-	mkdir -p $(@D)
-	examples/js/node_modules/.bin/componentize-js $< --wit wit --world-name stage -d http fetch-event -o $@
+COMPONENTIZE_JS = mkdir -p $(@D) && examples/js/node_modules/.bin/componentize-js $< --wit wit --world-name stage \
+	  -d http fetch-event -o $@
+model_repository/scores_json/1/model.wasm: examples/js/scores_json/app.js $(JS_SDK) wit/stage.wit $(JS_TOOLS)
+	$(COMPONENTIZE_JS)
+model_repository/topk_js/1/model.wasm: examples/js/topk/app.js $(JS_SDK) wit/stage.wit $(JS_TOOLS)
+	$(COMPONENTIZE_JS)
 
 # C: clang-19 + wasi-libc from apt; bindings and the component step from tools/componentize-c.
 COMPONENTIZE_C := target/debug/componentize-c

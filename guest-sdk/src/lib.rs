@@ -319,6 +319,107 @@ pub mod host {
     }
 }
 
+/// Tensor operations the host runs natively (`wasmtron:stage/ops`): image decoding and
+/// geometry, layout, casts, normalisation, softmax, top-k, non-maximum suppression. Arrays stay
+/// on the host between operations; `Array::to_tensor` copies one out. Semantics: README,
+/// "Host tensor operations".
+pub mod ops {
+    use super::{bindings::wasmtron::stage::ops as raw, Datatype, Result, Tensor};
+    pub use raw::{Array, BoxFormat, Color, Filter};
+
+    /// A host array holding a copy of a tensor's elements.
+    pub fn array(tensor: &Tensor) -> Result<Array> {
+        Array::from_tensor(tensor).map_err(Into::into)
+    }
+    /// PNG or JPEG bytes as uint8 [height, width, channels]; `max_pixels` 0: 40 million.
+    pub fn decode_image(data: &[u8], color: Color, max_pixels: u64) -> Result<Array> {
+        raw::decode_image(data, color, max_pixels).map_err(Into::into)
+    }
+    /// A uint8 image in another color.
+    pub fn convert_color(image: &Array, from: Color, to: Color) -> Result<Array> {
+        raw::convert_color(image, from, to).map_err(Into::into)
+    }
+    /// Resized to exactly `height` x `width` (Pillow's resize).
+    pub fn resize(image: &Array, height: u32, width: u32, filter: Filter) -> Result<Array> {
+        raw::resize(image, height, width, filter).map_err(Into::into)
+    }
+    /// Resized so that the shorter side is `size`, keeping the aspect ratio.
+    pub fn resize_shorter_side(image: &Array, size: u32, filter: Filter) -> Result<Array> {
+        raw::resize_shorter_side(image, size, filter).map_err(Into::into)
+    }
+    /// Fitted into `height` x `width`, centred, padded with `pad`.
+    pub fn letterbox(
+        image: &Array,
+        height: u32,
+        width: u32,
+        filter: Filter,
+        pad: f32,
+    ) -> Result<Array> {
+        raw::letterbox(image, height, width, filter, pad).map_err(Into::into)
+    }
+    /// The region at (`top`, `left`).
+    pub fn crop(image: &Array, top: u32, left: u32, height: u32, width: u32) -> Result<Array> {
+        raw::crop(image, top, left, height, width).map_err(Into::into)
+    }
+    /// The centred region (torchvision's CenterCrop).
+    pub fn center_crop(image: &Array, height: u32, width: u32) -> Result<Array> {
+        raw::center_crop(image, height, width).map_err(Into::into)
+    }
+    /// Axes permuted: `[2, 0, 1]` turns HWC into CHW.
+    pub fn transpose(a: &Array, axes: &[u32]) -> Result<Array> {
+        raw::transpose(a, axes).map_err(Into::into)
+    }
+    /// Elements converted to `datatype` (saturating).
+    pub fn cast(a: &Array, datatype: Datatype) -> Result<Array> {
+        raw::cast(a, datatype).map_err(Into::into)
+    }
+    /// fp32 `(x * scale - mean[c]) / std[c]` along `axis`.
+    pub fn normalize(a: &Array, scale: f32, mean: &[f32], std: &[f32], axis: i32) -> Result<Array> {
+        raw::normalize(a, scale, mean, std, axis).map_err(Into::into)
+    }
+    /// fp32 softmax along `axis`.
+    pub fn softmax(a: &Array, axis: i32) -> Result<Array> {
+        raw::softmax(a, axis).map_err(Into::into)
+    }
+    /// fp32 logistic sigmoid.
+    pub fn sigmoid(a: &Array) -> Result<Array> {
+        raw::sigmoid(a).map_err(Into::into)
+    }
+    /// int64 index of the largest value along `axis`.
+    pub fn argmax(a: &Array, axis: i32) -> Result<Array> {
+        raw::argmax(a, axis).map_err(Into::into)
+    }
+    /// (values fp32, indices int64) of the `k` largest along `axis`, largest first.
+    pub fn top_k(a: &Array, k: u32, axis: i32) -> Result<(Array, Array)> {
+        raw::top_k(a, k, axis)
+            .map(|r| (r.values, r.indices))
+            .map_err(Into::into)
+    }
+    /// int64 indices of the boxes kept by non-maximum suppression, best first.
+    pub fn nms(
+        boxes: &Array,
+        scores: &Array,
+        format: BoxFormat,
+        iou_threshold: f32,
+        score_threshold: f32,
+        max_outputs: u32,
+    ) -> Result<Array> {
+        raw::nms(
+            boxes,
+            scores,
+            format,
+            iou_threshold,
+            score_threshold,
+            max_outputs,
+        )
+        .map_err(Into::into)
+    }
+    /// Arrays of one shape joined along a new first axis.
+    pub fn stack(arrays: &[&Array]) -> Result<Array> {
+        raw::stack(arrays).map_err(Into::into)
+    }
+}
+
 ::std::thread_local! {
     static CURRENT_REQUEST: ::core::cell::Cell<u32> = const { ::core::cell::Cell::new(0) };
 }

@@ -17,7 +17,7 @@ use wasmtron::{
     tenancy::Tenancy,
 };
 
-mod stage_cmd;
+mod stage_cli;
 mod trace_export;
 
 /// A Triton-compatible inference server with sandboxed WebAssembly stages.
@@ -173,7 +173,11 @@ enum Command {
 #[derive(clap::Subcommand, Debug)]
 enum StageCommand {
     /// Execute a stage once, without a server, and print its outputs as JSON.
-    Run(stage_cmd::RunArgs),
+    Run(stage_cli::run::RunArgs),
+    /// Write a new stage, ready to build: source, config.pbtxt, a test input and the SDK.
+    New(stage_cli::new::NewArgs),
+    /// Build a stage with its language's toolchain into DIR/1/model.wasm.
+    Build(stage_cli::build::BuildArgs),
 }
 
 fn default_max_batch_size(settings: &[String]) -> anyhow::Result<i32> {
@@ -292,8 +296,24 @@ fn main() -> anyhow::Result<()> {
 async fn serve() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::Stage(StageCommand::New(args))) => {
+            if let Err(e) = stage_cli::new::new(args) {
+                eprintln!("error: {e:#}");
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
+        Some(Command::Stage(StageCommand::Build(args))) => {
+            if let Err(e) =
+                tokio::task::spawn_blocking(move || stage_cli::build::build(args)).await?
+            {
+                eprintln!("error: {e:#}");
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
         Some(Command::Stage(StageCommand::Run(args))) => {
-            if let Err(e) = tokio::task::spawn_blocking(move || stage_cmd::run(args)).await? {
+            if let Err(e) = tokio::task::spawn_blocking(move || stage_cli::run::run(args)).await? {
                 eprintln!("error: {e:#}");
                 std::process::exit(1);
             }

@@ -9,6 +9,7 @@ pub mod gpu;
 pub mod onnx;
 pub mod request_check;
 mod staging;
+pub mod tensor_ops;
 pub mod warmup;
 pub mod wasm;
 

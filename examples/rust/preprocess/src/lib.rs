@@ -1,16 +1,21 @@
 //! Preprocessing stage: decodes PNG or JPEG bytes (`IMAGE`, BYTES [batch, 1]), resizes to
 //! `size`×`size` and normalises with `mean`/`std` into the CHW layout image classifiers
 //! expect (`PIXELS`, FP32 [batch, 3, size, size]). Parameters in config.pbtxt: `size`
-//! (default 224), `mean` and `std` (three comma-separated values, default ImageNet's).
+//! (default 224), `mean` and `std` (three comma-separated values, default ImageNet's), and
+//! `host_ops` (default "true"): decode, resize and normalise with the host's tensor
+//! operations (`wasmtron_guest::ops`, native code, results equal to Pillow's) or, with
+//! "false", inside the component (the `image` crate and `resize.rs`; kept for comparison in
+//! benches/wasm_stage.rs).
 
 mod resize;
 
-use wasmtron_guest::{export_stage, Config, Error, Request, Result, Stage, Tensor};
+use wasmtron_guest::{export_stage, ops, Config, Error, Request, Result, Stage, Tensor};
 
 struct Preprocess {
     size: u32,
     mean: [f32; 3],
     std: [f32; 3],
+    host_ops: bool,
 }
 
 fn triple(config: &Config, key: &str, default: [f32; 3]) -> Result<[f32; 3]> {
@@ -43,10 +48,14 @@ impl Stage for Preprocess {
             size,
             mean: triple(config, "mean", [0.485, 0.456, 0.406])?,
             std: triple(config, "std", [0.229, 0.224, 0.225])?,
+            host_ops: config.parameter_or("host_ops", true)?,
         })
     }
 
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
+        if self.host_ops {
+            return self.execute_on_host(request);
+        }
         let images = request.input("IMAGE")?.bytes_elements()?;
         let side = self.size as usize;
         let plane = side * side;
@@ -71,6 +80,23 @@ impl Stage for Preprocess {
         }
         let shape = [images.len() as i64, 3, side as i64, side as i64];
         request.select(vec![Tensor::from_f32("PIXELS", &shape, &pixels)])
+    }
+}
+
+impl Preprocess {
+    /// The same work as host operations: the pixels never pass through the component.
+    fn execute_on_host(&self, request: &Request) -> Result<Vec<Tensor>> {
+        let images = request.input("IMAGE")?.bytes_elements()?;
+        let mut planes = Vec::with_capacity(images.len());
+        for (n, bytes) in images.iter().enumerate() {
+            let image = ops::decode_image(bytes, ops::Color::Rgb, 0)
+                .and_then(|image| ops::resize(&image, self.size, self.size, ops::Filter::Bilinear))
+                .map_err(|e| Error::invalid(format!("IMAGE[{n}]: {}", e.message)))?;
+            let pixels = ops::normalize(&image, 1.0 / 255.0, &self.mean, &self.std, -1)?;
+            planes.push(ops::transpose(&pixels, &[2, 0, 1])?);
+        }
+        let planes: Vec<&ops::Array> = planes.iter().collect();
+        request.select(vec![ops::stack(&planes)?.to_tensor("PIXELS")])
     }
 }
 

@@ -4,6 +4,7 @@
 //! gets a fresh, re-initialised instance.
 
 pub mod engine;
+mod ops;
 pub mod sandbox;
 
 use std::{path::Path, sync::Arc};
@@ -30,7 +31,11 @@ use crate::{
 /// Generated from `wit/stage.wit`.
 mod bindings {
     #![allow(missing_docs)]
-    wasmtime::component::bindgen!({ path: "../wit", world: "stage" });
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "stage",
+        with: { "wasmtron:stage/ops.array": crate::runtime::tensor_ops::Array },
+    });
 }
 
 use bindings::wasmtron::stage::{host as wit_host, types as wit};
@@ -41,7 +46,7 @@ pub const DEFAULT_MODEL_FILENAME: &str = "model.wasm";
 /// The backend name in config.pbtxt.
 pub const BACKEND: &str = "wasm";
 
-fn to_wit_datatype(d: DataType) -> wit::Datatype {
+pub(super) fn to_wit_datatype(d: DataType) -> wit::Datatype {
     match d {
         DataType::Bool => wit::Datatype::Bool,
         DataType::Uint8 => wit::Datatype::Uint8,
@@ -60,7 +65,7 @@ fn to_wit_datatype(d: DataType) -> wit::Datatype {
     }
 }
 
-fn from_wit_datatype(d: wit::Datatype) -> DataType {
+pub(super) fn from_wit_datatype(d: wit::Datatype) -> DataType {
     match d {
         wit::Datatype::Bool => DataType::Bool,
         wit::Datatype::Uint8 => DataType::Uint8,
@@ -88,7 +93,7 @@ fn to_wit_tensor(t: &Tensor) -> wit::Tensor {
     }
 }
 
-fn from_wit_tensor(t: wit::Tensor) -> Tensor {
+pub(super) fn from_wit_tensor(t: wit::Tensor) -> Tensor {
     Tensor {
         name: t.name,
         datatype: from_wit_datatype(t.datatype),
@@ -97,7 +102,7 @@ fn from_wit_tensor(t: wit::Tensor) -> Tensor {
     }
 }
 
-fn to_wit_error(e: Error) -> wit::Error {
+pub(super) fn to_wit_error(e: Error) -> wit::Error {
     let code = match e.code {
         Code::InvalidArg | Code::AlreadyExists | Code::Cancelled => wit::ErrorCode::InvalidArgument,
         Code::NotFound => wit::ErrorCode::NotFound,

@@ -147,17 +147,34 @@ pub struct MemoryCap {
     max_bytes: usize,
     /// Set when a growth request was refused.
     pub exceeded: bool,
+    /// Bytes of linear memory the instance has grown to.
+    linear_bytes: usize,
+    /// Bytes of the arrays the stage holds on the host (`wasmtron:stage/ops`).
+    pub held_bytes: usize,
+}
+
+impl MemoryCap {
+    /// What is left of the cap for new host arrays.
+    pub fn available(&self) -> usize {
+        self.max_bytes
+            .saturating_sub(self.linear_bytes)
+            .saturating_sub(self.held_bytes)
+    }
 }
 
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let allowed = desired <= self.max_bytes;
-        if !allowed {
+        // Linear memory and held arrays share one cap.
+        let linear = (self.linear_bytes + desired).saturating_sub(current);
+        let allowed = linear.saturating_add(self.held_bytes) <= self.max_bytes;
+        if allowed {
+            self.linear_bytes = linear;
+        } else {
             self.exceeded = true;
         }
         Ok(allowed)
@@ -176,7 +193,8 @@ impl ResourceLimiter for MemoryCap {
 /// Everything a stage's store holds.
 pub struct StageState {
     wasi: WasiCtx,
-    table: ResourceTable,
+    /// WASI's handles and the arrays the stage holds (`wasmtron:stage/ops`).
+    pub(super) table: ResourceTable,
     /// The memory limiter.
     pub limits: MemoryCap,
     /// The stage's stdout and stderr, bounded.
@@ -231,6 +249,8 @@ impl StageState {
             limits: MemoryCap {
                 max_bytes: limits.memory_bytes(),
                 exceeded: false,
+                linear_bytes: 0,
+                held_bytes: 0,
             },
             output,
             model: model.to_owned(),
