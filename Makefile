@@ -45,7 +45,8 @@ models: venv
 # Python stages: examples/python/<name> (an app.py on the SDK in guest-sdk/python) is served as
 # model_repository/<name> (preprocess as preprocess_py, beside its Rust twin).
 PY_SDK := $(wildcard guest-sdk/python/wasmtron_stage/*.py)
-PY_STAGES := model_repository/tokenize/1/model.wasm model_repository/preprocess_py/1/model.wasm
+PY_STAGES := model_repository/tokenize/1/model.wasm model_repository/preprocess_py/1/model.wasm \
+	tests/models/ops_probe/1/model.wasm tests/models/sdk_probe/1/model.wasm
 # JavaScript stages: examples/js/<name>/app.js on the SDK in guest-sdk/js (topk as topk_js).
 JS_SDK := guest-sdk/js/wasmtron-stage.js
 JS_STAGES := model_repository/scores_json/1/model.wasm model_repository/topk_js/1/model.wasm
@@ -61,6 +62,8 @@ COMPONENTIZE_PY = mkdir -p $(@D) && $(VENV)/bin/componentize-py -d wit -w stage 
 model_repository/tokenize/1/model.wasm: examples/python/tokenize/app.py $(PY_SDK) wit/stage.wit $(VENV)/.installed
 	$(COMPONENTIZE_PY)
 model_repository/preprocess_py/1/model.wasm: examples/python/preprocess/app.py $(PY_SDK) wit/stage.wit $(VENV)/.installed
+	$(COMPONENTIZE_PY)
+tests/models/%/1/model.wasm: tests/guests/python/%/app.py $(PY_SDK) wit/stage.wit $(VENV)/.installed
 	$(COMPONENTIZE_PY)
 
 # JavaScript: componentize-js, pinned by examples/js/package-lock.json.

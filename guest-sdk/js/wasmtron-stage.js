@@ -216,12 +216,21 @@ function toWitTensor(name, value) {
   throw new TypeError(`output '${name}' must be a Tensor or a host array`);
 }
 
-function outputsFor(produced, wanted) {
+// The outputs to return, in the requested order. With the request's `index`, host arrays
+// become outputs through `ops.set-output` and never pass through this stage's memory.
+function outputsFor(produced, wanted, index = undefined) {
   if (produced === undefined || produced === null) return [];
+  const returned = [];
   for (const name of wanted) {
     if (!(name in produced)) throw new StageError(`the stage function returned no output '${name}'`);
+    const value = produced[name];
+    if (index !== undefined && !(value instanceof Tensor) && value && typeof value.toTensor === "function") {
+      call(hostOps.setOutput, index, name, value);
+    } else {
+      returned.push(toWitTensor(name, value));
+    }
   }
-  return wanted.map((name) => toWitTensor(name, produced[name]));
+  return returned;
 }
 
 function witError(e) {
@@ -329,7 +338,7 @@ export function stage(definition) {
         try {
           const inputs = Object.fromEntries(request.inputs.map((t) => [t.name, Tensor.fromWit(t)]));
           const produced = definition.infer(inputs, contextOf(index, request));
-          return { tag: "ok", val: outputsFor(produced, request.requestedOutputs) };
+          return { tag: "ok", val: outputsFor(produced, request.requestedOutputs, index) };
         } catch (e) {
           return { tag: "err", val: witError(e) };
         }

@@ -177,6 +177,19 @@ impl Request {
             .find(|p| p.key == key)
             .map(|p| &p.value)
     }
+    /// Like [`Request::select`], for stages that set some outputs with [`ops::set_output`]:
+    /// returns the requested outputs found in `produced` and leaves the rest to the host,
+    /// which reports any still missing.
+    pub fn select_set(&self, mut produced: Vec<Tensor>) -> Vec<Tensor> {
+        self.requested_outputs
+            .iter()
+            .filter_map(|name| {
+                let i = produced.iter().position(|t| &t.name == name)?;
+                Some(produced.swap_remove(i))
+            })
+            .collect()
+    }
+
     /// Keeps only the requested outputs, in the requested order.
     pub fn select(&self, mut produced: Vec<Tensor>) -> Result<Vec<Tensor>> {
         self.requested_outputs
@@ -417,6 +430,12 @@ pub mod ops {
     /// Arrays of one shape joined along a new first axis.
     pub fn stack(arrays: &[&Array]) -> Result<Array> {
         raw::stack(arrays).map_err(Into::into)
+    }
+    /// Makes `value` the output `name` of the request being executed, without copying it
+    /// through the stage: leave that output out of what `execute` returns (see
+    /// [`Request::select_set`](super::Request::select_set)).
+    pub fn set_output(name: &str, value: &Array) -> Result<()> {
+        raw::set_output(super::current_request(), name, value).map_err(Into::into)
     }
 }
 

@@ -14,6 +14,7 @@ of outputs (`Tensor`s or host arrays); add `@batch` to get every request of a dy
 once, joined along the first axis. `@setup` functions run once per instance with the `Config`.
 `wasmtron stage build` bundles this package with the stage (componentize-py).
 """
+import gc
 import json
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -130,7 +131,9 @@ def _to_wit(name: str, value) -> _wit.Tensor:
     raise TypeError(f"output '{name}' must be a Tensor or a host array, got {type(value).__name__}")
 
 
-def _outputs(produced, wanted: Sequence[str]) -> List[_wit.Tensor]:
+def _outputs(produced, wanted: Sequence[str], index: Optional[int] = None) -> List[_wit.Tensor]:
+    """The outputs to return, in the requested order. With the request's `index`, host arrays
+    become outputs through `ops.set-output` and never pass through this stage's memory."""
     if produced is None:
         return []
     if not isinstance(produced, dict):
@@ -138,7 +141,14 @@ def _outputs(produced, wanted: Sequence[str]) -> List[_wit.Tensor]:
     missing = [n for n in wanted if n not in produced]
     if missing:
         raise StageError(f"the stage function returned no output {', '.join(repr(m) for m in missing)}")
-    return [_to_wit(n, produced[n]) for n in wanted]
+    returned = []
+    for name in wanted:
+        value = produced[name]
+        if index is not None and isinstance(value, ops.Array):
+            ops._call(ops._ops.set_output, index, name, value)
+        else:
+            returned.append(_to_wit(name, value))
+    return returned
 
 
 def infer(model: str, inputs: Dict[str, Union[Tensor, "ops.Array"]], outputs: Sequence[str] = (),
@@ -147,8 +157,10 @@ def infer(model: str, inputs: Dict[str, Union[Tensor, "ops.Array"]], outputs: Se
     try:
         result = _host.infer(model, version, [_to_wit(n, v) for n, v in inputs.items()], list(outputs))
     except Err as e:
-        raise StageError.from_wit(e.value) from None
-    return {t.name: Tensor._from_wit(t) for t in result}
+        error = e.value
+    else:
+        return {t.name: Tensor._from_wit(t) for t in result}
+    raise StageError.from_wit(error)  # outside the except block: see ops._call
 
 
 def respond(outputs: Dict[str, Union[Tensor, "ops.Array"]]) -> None:
@@ -156,8 +168,10 @@ def respond(outputs: Dict[str, Union[Tensor, "ops.Array"]]) -> None:
     ctx = _state["context"]
     try:
         _host.respond(ctx.index, _outputs(outputs, ctx.requested_outputs))
+        return
     except Err as e:
-        raise StageError.from_wit(e.value) from None
+        error = e.value
+    raise StageError.from_wit(error)  # outside the except block: see ops._call
 
 
 def _error(e: BaseException) -> _wit.Error:
@@ -165,14 +179,21 @@ def _error(e: BaseException) -> _wit.Error:
         return e.to_wit()
     if isinstance(e, Err) and isinstance(e.value, _wit.Error):
         return e.value
-    return _wit.Error(_wit.ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
+    where = ""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        code = tb.tb_frame.f_code
+        where = f" (at {code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name})"
+    return _wit.Error(_wit.ErrorCode.INTERNAL, f"{type(e).__name__}: {e}{where}")
 
 
 def _run_one(fn: Callable, index: int, request: _wit.Request):
     _state["context"] = Context(index, request)
     try:
         inputs = {t.name: Tensor._from_wit(t) for t in request.inputs}
-        return Ok(_outputs(fn(**inputs), request.requested_outputs))
+        return Ok(_outputs(fn(**inputs), request.requested_outputs, index))
     except Exception as e:  # every failure becomes this request's error
         return Err(_error(e))
 
@@ -221,5 +242,12 @@ class Model(exports.Model):
     def execute(self, requests: List[_wit.Request]):
         fn = _registered["infer"]
         if getattr(fn, "_wasmtron_batch", False) and requests:
-            return _run_batch(fn, requests)
-        return [_run_one(fn, i, r) for i, r in enumerate(requests)]
+            results = _run_batch(fn, requests)
+        else:
+            results = [_run_one(fn, i, r) for i, r in enumerate(requests)]
+        _state["context"] = None
+        if any(isinstance(r, Err) for r in results):
+            # A failure's traceback may keep host arrays alive in cycles; they count against
+            # the memory limit, so free them before the next request.
+            gc.collect()
+        return results

@@ -30,7 +30,11 @@ def _call(fn, *args):
     try:
         return fn(*args)
     except Err as e:
-        raise StageError.from_wit(e.value) from None
+        error = e.value
+    # Raised outside the except block: an exception raised inside it would keep the host's
+    # error and this frame in a reference cycle, and with them every array the stage's frames
+    # hold, until Python's cycle collector happens to run.
+    raise StageError.from_wit(error)
 
 
 def array(value: Union[Array, Tensor]) -> Array:

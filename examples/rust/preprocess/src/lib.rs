@@ -96,7 +96,8 @@ impl Preprocess {
             planes.push(ops::transpose(&pixels, &[2, 0, 1])?);
         }
         let planes: Vec<&ops::Array> = planes.iter().collect();
-        request.select(vec![ops::stack(&planes)?.to_tensor("PIXELS")])
+        ops::set_output("PIXELS", &ops::stack(&planes)?)?;
+        Ok(request.select_set(Vec::new()))
     }
 }
 

@@ -364,20 +364,27 @@ impl StageInstance {
         })
     }
 
-    /// Checks one result of `execute` against the configuration.
+    /// Checks one result of `execute`, with the outputs the stage set through
+    /// `ops.set-output`, against the configuration.
     fn finish(
         &self,
         request: &InferRequest,
         outputs: &[String],
         result: std::result::Result<Vec<wit::Tensor>, wit::Error>,
+        set: Vec<Tensor>,
         max_bytes: usize,
     ) -> Result<Vec<Tensor>> {
-        let tensors = result.map_err(|e| from_wit_error(&self.model.name, e))?;
-        if self.model.decoupled && tensors.is_empty() {
+        let returned = result.map_err(|e| from_wit_error(&self.model.name, e))?;
+        if self.model.decoupled && returned.is_empty() && set.is_empty() {
             // A decoupled request may end without a last response.
             return Ok(Vec::new());
         }
-        let tensors: Vec<Tensor> = tensors.into_iter().map(from_wit_tensor).collect();
+        let mut tensors: Vec<Tensor> = returned.into_iter().map(from_wit_tensor).collect();
+        for t in set {
+            if !tensors.iter().any(|r| r.name == t.name) {
+                tensors.push(t);
+            }
+        }
         let batch = if self.model.config.max_batch_size > 0 {
             request
                 .inputs
@@ -451,6 +458,7 @@ impl ModelInstance for StageInstance {
         let mut callers: Vec<_> = requests.iter().flat_map(|r| r.callers.clone()).collect();
         callers.dedup();
         store.data_mut().callers = callers;
+        store.data_mut().batch_len = Some(requests.len());
         let prepared = std::time::Instant::now();
         let result = stage
             .wasmtron_stage_model()
@@ -459,6 +467,17 @@ impl ModelInstance for StageInstance {
         // Dropping the senders lets each response stream end once its request is answered.
         store.data_mut().respond = None;
         store.data_mut().callers.clear();
+        store.data_mut().batch_len = None;
+        let set_outputs = std::mem::take(&mut store.data_mut().set_outputs);
+        let set_bytes: usize = set_outputs.iter().map(|(_, t)| t.data.len()).sum();
+        let held = &mut store.data_mut().limits.held_bytes;
+        *held = held.saturating_sub(set_bytes);
+        let mut set_per_request: Vec<Vec<Tensor>> = vec![Vec::new(); requests.len()];
+        for (index, tensor) in set_outputs {
+            if let Some(slot) = set_per_request.get_mut(index as usize) {
+                slot.push(tensor);
+            }
+        }
         let results = match result {
             Ok(results) => results,
             // The store is dropped here: a trapped instance is never entered again.
@@ -485,7 +504,8 @@ impl ModelInstance for StageInstance {
         let answers = requests
             .iter()
             .zip(results)
-            .map(|(request, result)| self.finish(request, outputs, result, max_bytes))
+            .zip(set_per_request)
+            .map(|((request, result), set)| self.finish(request, outputs, result, set, max_bytes))
             .collect();
         let timings = ExecTimings {
             compute_input: prepared - start,

@@ -275,6 +275,37 @@ impl wit_ops::Host for StageState {
         })
     }
 
+    fn set_output(&mut self, request: u32, name: String, value: Handle) -> WitResult<()> {
+        let Some(len) = self.batch_len else {
+            return Err(to_wit_error(Error::invalid(
+                "ops.set-output: outputs can be set only during execute",
+            )));
+        };
+        if request as usize >= len {
+            return Err(to_wit_error(Error::invalid(format!(
+                "ops.set-output: request {request} is not in the batch of {len}"
+            ))));
+        }
+        let tensor = self
+            .run(|s, budget| {
+                let a = s.array(&value)?;
+                budget.take("set-output", a.data.len())?;
+                Ok(crate::tensor::Tensor {
+                    name,
+                    datatype: a.datatype,
+                    shape: a.shape_i64(),
+                    data: a.data.clone().into(),
+                })
+            })
+            .map_err(to_wit_error)?;
+        // Counted like a held array until execute ends.
+        self.limits.held_bytes += tensor.data.len();
+        self.set_outputs
+            .retain(|(r, t)| *r != request || t.name != tensor.name);
+        self.set_outputs.push((request, tensor));
+        Ok(())
+    }
+
     fn stack(&mut self, arrays: Vec<Handle>) -> WitResult<Handle> {
         self.produce(|s, b| {
             let arrays = arrays

@@ -213,6 +213,10 @@ pub struct StageState {
     /// During `execute`: the tenants of the batch's requests, on whose behalf calls into
     /// other models run.
     pub callers: Vec<crate::tenancy::Caller>,
+    /// During `execute`: how many requests the batch has (`ops.set-output` checks indices).
+    pub batch_len: Option<usize>,
+    /// Outputs set with `ops.set-output` during `execute`: (request index, tensor).
+    pub set_outputs: Vec<(u32, crate::tensor::Tensor)>,
 }
 
 /// Sends a response (checked outputs) to the request at an index of the current batch.
@@ -259,6 +263,8 @@ impl StageState {
             single_instance: false,
             respond: None,
             callers: Vec::new(),
+            batch_len: None,
+            set_outputs: Vec::new(),
         })
     }
 
