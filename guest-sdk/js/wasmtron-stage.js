@@ -13,7 +13,9 @@
 //
 // `infer` gets one request's inputs by name (`Tensor`s) and returns an object of outputs
 // (`Tensor`s or host arrays); `batch: true` gives it every request of a dynamic batch at once,
-// joined along the first axis. `setup(config)` runs once per instance. Import this file with a
+// joined along the first axis. `setup(config)` runs once per instance. Host arrays made during
+// a request are released when it ends: keep data across requests as Tensors, or make the
+// arrays in `setup`. Import this file with a
 // relative path: componentize-js bundles relative imports. Host tensor operations (`ops`) run
 // natively in the server, so per-element work costs what compiled Rust costs.
 import { infer as hostInfer, log as hostLog, respond as hostRespond } from "wasmtron:stage/host@0.1.1";
@@ -27,6 +29,7 @@ const FORMATS = {
 };
 
 function dtypeName(dtype) {
+  if (dtype in FORMATS) return dtype;
   let name = String(dtype).toUpperCase();
   if (name.startsWith("TYPE_")) name = name.slice(5);
   if (name === "STRING") name = "BYTES";
@@ -35,6 +38,11 @@ function dtypeName(dtype) {
 }
 
 const count = (shape) => shape.reduce((n, d) => n * d, 1);
+
+// WIT datatype names (lower case) to Triton's, looked up rather than computed: StarlingMonkey
+// interprets, so per-request string work shows in every call.
+const FROM_WIT = Object.fromEntries(Object.keys(FORMATS).map((k) => [k.toLowerCase(), k]));
+const TO_WIT = Object.fromEntries(Object.keys(FORMATS).map((k) => [k, k.toLowerCase()]));
 
 /** A failure reported to the client; `code` maps to the HTTP status / gRPC code. */
 export class StageError extends Error {
@@ -57,9 +65,35 @@ function hostError(e) {
   return e;
 }
 
+// Host arrays made while a request runs. componentize-js never releases a resource whose
+// object is collected, so the SDK releases these when the request ends (their bytes count
+// against the stage's memory limit, and the store's handles are finite). Arrays made in
+// `setup` are kept for the instance's life.
+let scope = null;
+
+function track(value) {
+  if (scope !== null && value && typeof value === "object") {
+    if (typeof value[Symbol.dispose] === "function") scope.push(value);
+    else if (value.values && value.indices) scope.push(value.values, value.indices);
+  }
+  return value;
+}
+
+function releaseScope() {
+  const arrays = scope || [];
+  scope = null;
+  for (const a of arrays) {
+    try {
+      a[Symbol.dispose]();
+    } catch {
+      // Already released by the stage itself.
+    }
+  }
+}
+
 function call(fn, ...args) {
   try {
-    return fn(...args);
+    return track(fn(...args));
   } catch (e) {
     throw hostError(e);
   }
@@ -86,6 +120,9 @@ export class Tensor {
     this.dtype = dtypeName(dtype);
     this.shape = Array.from(shape, Number);
     this.data = data instanceof Uint8Array ? data : new Uint8Array(data);
+    // [request index, input name] for a request's input: host operations then read it from
+    // the request instead of receiving its bytes again.
+    this.origin = undefined;
   }
 
   /** A tensor of `dtype` from a flat array of numbers (BigInts for 64-bit integers). */
@@ -138,17 +175,23 @@ export class Tensor {
     return items;
   }
 
-  /** A host array holding a copy of the elements, for `ops`. */
+  /** Number of elements. */
+  count() {
+    return count(this.shape);
+  }
+
+  /** A host array holding the elements, for `ops` (a request's input is read from the request). */
   toArray() {
+    if (this.origin) return call(hostOps.input, ...this.origin);
     return call(hostOps.Array.fromTensor, this.toWit());
   }
 
   toWit(name = this.name) {
-    return { name, datatype: this.dtype.toLowerCase(), shape: BigInt64Array.from(this.shape, BigInt), data: this.data };
+    return { name, datatype: TO_WIT[this.dtype], shape: BigInt64Array.from(this.shape, BigInt), data: this.data };
   }
 
   static fromWit(t) {
-    return new Tensor(t.name, t.datatype, Array.from(t.shape, Number), t.data);
+    return new Tensor(t.name, FROM_WIT[t.datatype], Array.from(t.shape, Number), t.data);
   }
 }
 
@@ -158,7 +201,14 @@ const asArray = (value) => (value instanceof Tensor ? value.toArray() : value);
 export const ops = {
   /** A host array from raw little-endian bytes. */
   fromData: (dtype, shape, data) => call(hostOps.Array.fromData, dtypeName(dtype).toLowerCase(), BigInt64Array.from(shape, BigInt), data),
-  decodeImage: (data, color = "rgb", maxPixels = 0n) => call(hostOps.decodeImage, data, color, BigInt(maxPixels)),
+  /** PNG/JPEG bytes, or element `element` of a BYTES tensor, as uint8 [height, width, channels]. */
+  decodeImage: (source, { color = "rgb", maxPixels = 0, element = 0 } = {}) => {
+    if (source instanceof Tensor) {
+      if (source.origin) return call(hostOps.decodeInputImage, source.origin[0], source.origin[1], element, color, BigInt(maxPixels));
+      source = source.strings(true)[element];
+    }
+    return call(hostOps.decodeImage, source, color, BigInt(maxPixels));
+  },
   convertColor: (image, from, to) => call(hostOps.convertColor, asArray(image), from, to),
   resize: (image, height, width, filter = "bilinear") => call(hostOps.resize, asArray(image), height, width, filter),
   resizeShorterSide: (image, size, filter = "bilinear") => call(hostOps.resizeShorterSide, asArray(image), size, filter),
@@ -310,6 +360,7 @@ export function stage(definition) {
 
     execute(requests) {
       if (definition.batch && requests.length > 0) {
+        scope = [];
         try {
           const inputs = {};
           let counts = [];
@@ -332,15 +383,26 @@ export function stage(definition) {
         } catch (e) {
           const err = witError(e);
           return requests.map(() => ({ tag: "err", val: err }));
+        } finally {
+          releaseScope();
         }
       }
       return requests.map((request, index) => {
+        scope = [];
         try {
-          const inputs = Object.fromEntries(request.inputs.map((t) => [t.name, Tensor.fromWit(t)]));
-          const produced = definition.infer(inputs, contextOf(index, request));
+          const inputs = {};
+          for (const t of request.inputs) {
+            inputs[t.name] = Tensor.fromWit(t);
+            inputs[t.name].origin = [index, t.name];
+          }
+          // The context only for functions that take it (building it costs in an interpreter).
+          const context = definition.infer.length > 1 ? contextOf(index, request) : undefined;
+          const produced = definition.infer(inputs, context);
           return { tag: "ok", val: outputsFor(produced, request.requestedOutputs, index) };
         } catch (e) {
           return { tag: "err", val: witError(e) };
+        } finally {
+          releaseScope();
         }
       });
     },

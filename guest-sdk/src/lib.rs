@@ -431,6 +431,20 @@ pub mod ops {
     pub fn stack(arrays: &[&Array]) -> Result<Array> {
         raw::stack(arrays).map_err(Into::into)
     }
+    /// The input `name` of the request being executed, as a host array (numeric inputs).
+    pub fn input(name: &str) -> Result<Array> {
+        raw::input(super::current_request(), name).map_err(Into::into)
+    }
+    /// Decodes element `element` of the BYTES input `name` of the request being executed.
+    pub fn decode_input_image(
+        name: &str,
+        element: u32,
+        color: Color,
+        max_pixels: u64,
+    ) -> Result<Array> {
+        raw::decode_input_image(super::current_request(), name, element, color, max_pixels)
+            .map_err(Into::into)
+    }
     /// Makes `value` the output `name` of the request being executed, without copying it
     /// through the stage: leave that output out of what `execute` returns (see
     /// [`Request::select_set`](super::Request::select_set)).

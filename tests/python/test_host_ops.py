@@ -271,13 +271,13 @@ def test_hostile_sizes_are_refused_before_allocating_and_the_stage_keeps_serving
     assert err.status() == "503" and "memory_limit_mb" in err.message(), err.message()
     err = failure(ops_server, [np.zeros((4, 4, 3), np.uint8)], [["resize", {"height": 4000000, "width": 4000000}]])
     assert "memory_limit_mb" in err.message() or "too large" in err.message(), err.message()
-    # Arrays held by a request count until they are dropped: 20 x 16 MiB exceeds 256 MiB...
-    big = np.zeros((1024, 1024, 4), np.float32)
-    steps = [["cast", {"dtype": "FP32"}]] * 20
+    # Arrays held by a request count until they are dropped: 80 x 4 MiB exceeds 256 MiB...
+    big = np.zeros((512, 512, 4), np.float32)
+    steps = [["cast", {"dtype": "FP32"}]] * 80
     err = failure(ops_server, [big], steps, hold=True)
     assert err.status() == "503" and "memory_limit_mb" in err.message(), err.message()
     # ...while dropped ones are freed: the same chain without holding succeeds, many times.
-    for _ in range(8):
+    for _ in range(5):
         (out,) = run_ops(ops_server, [big], steps + [["resize", {"height": 1, "width": 1}]])
         assert out.shape == (1, 1, 4)
     (ok,) = run_ops(ops_server, [photo()], [["resize", {"height": 8, "width": 8}]])

@@ -36,9 +36,9 @@ def configure(config):
 def infer(IMAGE: Tensor):
     side = settings["size"]
     planes = []
-    for n, data in enumerate(IMAGE.strings()):
+    for n in range(IMAGE.count()):
         try:
-            image = ops.resize(ops.decode_image(data), side, side)
+            image = ops.resize(ops.decode_image(IMAGE, element=n), side, side)
         except StageError as e:
             raise InvalidArgument(f"IMAGE[{n}]: {e.message}") from None
         pixels = ops.normalize(image, settings["mean"], settings["std"], scale=1 / 255)

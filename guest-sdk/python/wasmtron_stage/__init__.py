@@ -192,7 +192,11 @@ def _error(e: BaseException) -> _wit.Error:
 def _run_one(fn: Callable, index: int, request: _wit.Request):
     _state["context"] = Context(index, request)
     try:
-        inputs = {t.name: Tensor._from_wit(t) for t in request.inputs}
+        inputs = {}
+        for t in request.inputs:
+            tensor = Tensor._from_wit(t)
+            tensor._origin = (index, t.name)
+            inputs[t.name] = tensor
         return Ok(_outputs(fn(**inputs), request.requested_outputs, index))
     except Exception as e:  # every failure becomes this request's error
         return Err(_error(e))

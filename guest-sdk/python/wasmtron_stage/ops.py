@@ -38,8 +38,11 @@ def _call(fn, *args):
 
 
 def array(value: Union[Array, Tensor]) -> Array:
-    """A host array from a `Tensor` (copied once); an array is returned as it is."""
+    """A host array from a `Tensor`; an array is returned as it is. A request's input is
+    read by the host from the request itself, so its bytes do not cross again."""
     if isinstance(value, Tensor):
+        if value._origin is not None:
+            return _call(_ops.input, *value._origin)
         return _call(Array.from_tensor, value._to_wit())
     return value
 
@@ -49,9 +52,18 @@ def from_values(dtype: str, shape: Sequence[int], data: bytes) -> Array:
     return _call(Array.from_data, wit_datatype(dtype), list(shape), data)
 
 
-def decode_image(data: bytes, color: str = "rgb", max_pixels: int = 0) -> Array:
-    """PNG or JPEG bytes -> uint8 [height, width, channels]; `color` is rgb, bgr or gray."""
-    return _call(_ops.decode_image, bytes(data), _pick(_COLORS, color, "color"), max_pixels)
+def decode_image(source: Union[bytes, Tensor], color: str = "rgb", max_pixels: int = 0,
+                 element: int = 0) -> Array:
+    """PNG or JPEG -> uint8 [height, width, channels]; `color` is rgb, bgr or gray. `source`
+    is the encoded bytes, or a BYTES tensor and the index of its `element` to decode (for a
+    request's input, the host decodes it straight from the request)."""
+    mode = _pick(_COLORS, color, "color")
+    if isinstance(source, Tensor):
+        if source._origin is not None:
+            index, name = source._origin
+            return _call(_ops.decode_input_image, index, name, element, mode, max_pixels)
+        source = source.strings()[element]
+    return _call(_ops.decode_image, bytes(source), mode, max_pixels)
 
 
 def convert_color(image, source: str, target: str) -> Array:

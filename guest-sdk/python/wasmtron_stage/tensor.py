@@ -74,13 +74,16 @@ def unpack_strings(data: bytes) -> List[bytes]:
 class Tensor:
     """A named tensor. `data` is the raw bytes; `view()`, `tolist()` and `strings()` read it."""
 
-    __slots__ = ("name", "dtype", "shape", "data")
+    __slots__ = ("name", "dtype", "shape", "data", "_origin")
 
     def __init__(self, name: str, dtype: str, shape: Sequence[int], data: bytes):
         self.name = name
         self.dtype = dtype_name(wit_datatype(dtype))
         self.shape = tuple(int(d) for d in shape)
         self.data = bytes(data)
+        # (request index, input name) for a request's input: host operations then read it
+        # from the request instead of receiving its bytes again.
+        self._origin = None
 
     def __repr__(self) -> str:
         return f"Tensor({self.name!r}, {self.dtype}, shape={list(self.shape)}, {len(self.data)} bytes)"
@@ -122,6 +125,10 @@ class Tensor:
 
         return ops.array(self)
 
+    def count(self) -> int:
+        """Number of elements."""
+        return _count(self.shape)
+
     def view(self) -> memoryview:
         """A typed, shaped, read-only view of the elements (e.g. `t.view()[0, 3]`)."""
         fmt = _DTYPES[self.dtype][1]
@@ -154,6 +161,7 @@ class Tensor:
     def _from_wit(cls, t: _wit.Tensor) -> "Tensor":
         tensor = cls.__new__(cls)
         tensor.name, tensor.dtype, tensor.shape, tensor.data = t.name, dtype_name(t.datatype), tuple(t.shape), t.data
+        tensor._origin = None
         return tensor
 
 

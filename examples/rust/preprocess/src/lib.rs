@@ -86,10 +86,10 @@ impl Stage for Preprocess {
 impl Preprocess {
     /// The same work as host operations: the pixels never pass through the component.
     fn execute_on_host(&self, request: &Request) -> Result<Vec<Tensor>> {
-        let images = request.input("IMAGE")?.bytes_elements()?;
-        let mut planes = Vec::with_capacity(images.len());
-        for (n, bytes) in images.iter().enumerate() {
-            let image = ops::decode_image(bytes, ops::Color::Rgb, 0)
+        let count = request.input("IMAGE")?.element_count();
+        let mut planes = Vec::with_capacity(count);
+        for n in 0..count {
+            let image = ops::decode_input_image("IMAGE", n as u32, ops::Color::Rgb, 0)
                 .and_then(|image| ops::resize(&image, self.size, self.size, ops::Filter::Bilinear))
                 .map_err(|e| Error::invalid(format!("IMAGE[{n}]: {}", e.message)))?;
             let pixels = ops::normalize(&image, 1.0 / 255.0, &self.mean, &self.std, -1)?;

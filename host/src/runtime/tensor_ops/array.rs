@@ -101,19 +101,27 @@ impl Array {
 
     /// A fp32 array.
     pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Self {
+        let mut data = vec![0u8; values.len() * 4];
+        for (out, v) in data.chunks_exact_mut(4).zip(values) {
+            out.copy_from_slice(&v.to_le_bytes());
+        }
         Self {
             datatype: DataType::Fp32,
             shape,
-            data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            data,
         }
     }
 
     /// An int64 array.
     pub fn from_i64(shape: Vec<usize>, values: &[i64]) -> Self {
+        let mut data = vec![0u8; values.len() * 8];
+        for (out, v) in data.chunks_exact_mut(8).zip(values) {
+            out.copy_from_slice(&v.to_le_bytes());
+        }
         Self {
             datatype: DataType::Int64,
             shape,
-            data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            data,
         }
     }
 

@@ -81,7 +81,7 @@ pub fn transpose(a: &Array, axes: &[u32], budget: &mut Budget) -> Result<Array> 
         strides[i] = strides[i + 1] * a.shape[i + 1];
     }
     let strides: Vec<usize> = axes.iter().map(|&x| strides[x as usize]).collect();
-    let mut data = Vec::with_capacity(a.data.len());
+    let mut data = vec![0u8; a.data.len()];
     if a.is_empty() {
         return Ok(Array {
             datatype: a.datatype,
@@ -89,27 +89,33 @@ pub fn transpose(a: &Array, axes: &[u32], budget: &mut Budget) -> Result<Array> 
             data,
         });
     }
-    // Walk the output in order; the innermost axis is a strided gather.
+    match size {
+        1 => gather::<1>(&a.data, &mut data, &shape, &strides),
+        2 => gather::<2>(&a.data, &mut data, &shape, &strides),
+        4 => gather::<4>(&a.data, &mut data, &shape, &strides),
+        _ => gather::<8>(&a.data, &mut data, &shape, &strides),
+    }
+    Ok(Array {
+        datatype: a.datatype,
+        shape,
+        data,
+    })
+}
+
+/// Writes `out` in order, reading each element of `N` bytes at its strided place in `src`:
+/// the innermost axis is a strided copy, the outer ones an odometer.
+fn gather<const N: usize>(src: &[u8], out: &mut [u8], shape: &[usize], strides: &[usize]) {
+    let rank = shape.len();
     let inner = shape[rank - 1];
-    let inner_stride = strides[rank - 1];
-    let mut index = vec![0usize; rank.saturating_sub(1)];
-    loop {
-        let base: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
-        for k in 0..inner {
-            let at = (base + k * inner_stride) * size;
-            data.extend_from_slice(&a.data[at..at + size]);
+    let step = strides[rank - 1] * N;
+    let mut index = vec![0usize; rank - 1];
+    for line in out.chunks_exact_mut(inner * N) {
+        let base: usize = index.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>() * N;
+        for (k, dst) in line.chunks_exact_mut(N).enumerate() {
+            let at = base + k * step;
+            dst.copy_from_slice(&src[at..at + N]);
         }
-        // Odometer over the outer axes.
-        let mut axis = rank - 1;
-        loop {
-            if axis == 0 {
-                return Ok(Array {
-                    datatype: a.datatype,
-                    shape,
-                    data,
-                });
-            }
-            axis -= 1;
+        for axis in (0..rank - 1).rev() {
             index[axis] += 1;
             if index[axis] < shape[axis] {
                 break;

@@ -127,18 +127,38 @@ pub fn normalize(
         ));
     }
     budget.take_elements(op, a.len() * 2, DataType::Fp32)?;
-    let pick = |values: &[f32], c: usize| {
-        if values.len() == 1 {
-            values[0]
-        } else {
-            values[c]
-        }
+    let per_index = |values: &[f32]| -> Vec<f32> {
+        (0..n)
+            .map(|c| {
+                if values.len() == 1 {
+                    values[0]
+                } else {
+                    values[c]
+                }
+            })
+            .collect()
     };
+    let (mean, std) = (per_index(mean), per_index(std));
     let mut values = a.to_f32();
-    if inner > 0 && n > 0 {
+    if n > 0 && inner == 1 {
+        // Channels last (HWC): the per-channel values repeated over a run of pixels, so that
+        // the loop below runs over contiguous lanes.
+        const PIXELS: usize = 64;
+        let run = n * PIXELS;
+        let means: Vec<f32> = mean.iter().copied().cycle().take(run).collect();
+        let stds: Vec<f32> = std.iter().copied().cycle().take(run).collect();
+        let mut chunks = values.chunks_exact_mut(run);
+        for chunk in &mut chunks {
+            for ((v, m), s) in chunk.iter_mut().zip(&means).zip(&stds) {
+                *v = (*v * scale - m) / s;
+            }
+        }
+        for ((v, m), s) in chunks.into_remainder().iter_mut().zip(&means).zip(&stds) {
+            *v = (*v * scale - m) / s;
+        }
+    } else if n > 0 && inner > 0 {
         for (j, block) in values.chunks_exact_mut(inner).enumerate() {
-            let c = j % n;
-            let (m, s) = (pick(mean, c), pick(std, c));
+            let (m, s) = (mean[j % n], std[j % n]);
             for v in block {
                 *v = (*v * scale - m) / s;
             }

@@ -97,13 +97,31 @@ pub(super) fn bilinear_u8(
             .chunks_exact(width * channels)
             .zip(wide.chunks_exact_mut(out_w * channels))
         {
-            for (x, (t, w)) in columns.iter().zip(&column_weights).enumerate() {
-                for c in 0..channels {
-                    let mut acc = round;
-                    for (k, wk) in w.iter().enumerate() {
-                        acc += i32::from(line[(t.first + k) * channels + c]) * wk;
+            for ((t, w), out) in columns
+                .iter()
+                .zip(&column_weights)
+                .zip(dst.chunks_exact_mut(channels))
+            {
+                let window = &line[t.first * channels..(t.first + w.len()) * channels];
+                if channels == 3 {
+                    // The common case, with the accumulators in registers.
+                    let mut acc = [round; 3];
+                    for (px, &wk) in window.chunks_exact(3).zip(w) {
+                        acc[0] += i32::from(px[0]) * wk;
+                        acc[1] += i32::from(px[1]) * wk;
+                        acc[2] += i32::from(px[2]) * wk;
                     }
-                    dst[x * channels + c] = clip8(acc);
+                    out[0] = clip8(acc[0]);
+                    out[1] = clip8(acc[1]);
+                    out[2] = clip8(acc[2]);
+                } else {
+                    for (c, o) in out.iter_mut().enumerate() {
+                        let mut acc = round;
+                        for (px, &wk) in window.chunks_exact(channels).zip(w) {
+                            acc += i32::from(px[c]) * wk;
+                        }
+                        *o = clip8(acc);
+                    }
                 }
             }
         }

@@ -458,7 +458,7 @@ impl ModelInstance for StageInstance {
         let mut callers: Vec<_> = requests.iter().flat_map(|r| r.callers.clone()).collect();
         callers.dedup();
         store.data_mut().callers = callers;
-        store.data_mut().batch_len = Some(requests.len());
+        store.data_mut().batch_inputs = Some(requests.iter().map(|r| r.inputs.clone()).collect());
         let prepared = std::time::Instant::now();
         let result = stage
             .wasmtron_stage_model()
@@ -467,7 +467,7 @@ impl ModelInstance for StageInstance {
         // Dropping the senders lets each response stream end once its request is answered.
         store.data_mut().respond = None;
         store.data_mut().callers.clear();
-        store.data_mut().batch_len = None;
+        store.data_mut().batch_inputs = None;
         let set_outputs = std::mem::take(&mut store.data_mut().set_outputs);
         let set_bytes: usize = set_outputs.iter().map(|(_, t)| t.data.len()).sum();
         let held = &mut store.data_mut().limits.held_bytes;

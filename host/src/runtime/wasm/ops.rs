@@ -41,6 +41,24 @@ impl StageState {
             .map_err(|e| Error::invalid(format!("ops: not an array handle: {e}")))
     }
 
+    /// Input `name` of request `index` of the batch being executed.
+    fn request_input(&self, op: &str, index: u32, name: &str) -> Result<&crate::tensor::Tensor> {
+        let Some(batch) = self.batch_inputs.as_ref() else {
+            return Err(Error::invalid(format!(
+                "ops.{op}: request inputs are available only during execute"
+            )));
+        };
+        let request = batch.get(index as usize).ok_or_else(|| {
+            Error::invalid(format!(
+                "ops.{op}: request {index} is not in the batch of {}",
+                batch.len()
+            ))
+        })?;
+        request.iter().find(|t| t.name == name).ok_or_else(|| {
+            Error::invalid(format!("ops.{op}: request {index} has no input '{name}'"))
+        })
+    }
+
     /// Runs one operation within the deadline and the memory cap.
     fn run<T>(&mut self, op: impl FnOnce(&Self, &mut Budget) -> Result<T>) -> Result<T> {
         if self
@@ -275,8 +293,44 @@ impl wit_ops::Host for StageState {
         })
     }
 
+    fn input(&mut self, request: u32, name: String) -> WitResult<Handle> {
+        self.produce(|s, budget| {
+            let tensor = s.request_input("input", request, &name)?;
+            budget.take("input", tensor.data.len())?;
+            Array::from_data(tensor.datatype, &tensor.shape, tensor.data.to_vec())
+                .map_err(|e| Error::new(e.code, format!("{} (input '{name}')", e.message)))
+        })
+    }
+
+    fn decode_input_image(
+        &mut self,
+        request: u32,
+        name: String,
+        element: u32,
+        c: wit_ops::Color,
+        max_pixels: u64,
+    ) -> WitResult<Handle> {
+        self.produce(|s, budget| {
+            let op = "decode-input-image";
+            let tensor = s.request_input(op, request, &name)?;
+            if tensor.datatype != crate::tensor::DataType::Bytes {
+                return Err(Error::invalid(format!(
+                    "ops.{op}: input '{name}' is {}, not BYTES",
+                    tensor.datatype
+                )));
+            }
+            let data = crate::tensor::bytes_elements(&tensor.data)
+                .nth(element as usize)
+                .ok_or_else(|| {
+                    Error::invalid(format!("ops.{op}: input '{name}' has no element {element}"))
+                })?;
+            ops::decode_image(data, color(c), max_pixels, budget)
+        })
+    }
+
     fn set_output(&mut self, request: u32, name: String, value: Handle) -> WitResult<()> {
-        let Some(len) = self.batch_len else {
+        let len = self.batch_inputs.as_ref().map(Vec::len);
+        let Some(len) = len else {
             return Err(to_wit_error(Error::invalid(
                 "ops.set-output: outputs can be set only during execute",
             )));

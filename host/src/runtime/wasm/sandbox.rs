@@ -213,8 +213,9 @@ pub struct StageState {
     /// During `execute`: the tenants of the batch's requests, on whose behalf calls into
     /// other models run.
     pub callers: Vec<crate::tenancy::Caller>,
-    /// During `execute`: how many requests the batch has (`ops.set-output` checks indices).
-    pub batch_len: Option<usize>,
+    /// During `execute`: the inputs of each request of the batch (`ops.input`,
+    /// `ops.decode-input-image`; `ops.set-output` checks indices against it).
+    pub batch_inputs: Option<Vec<Vec<crate::tensor::Tensor>>>,
     /// Outputs set with `ops.set-output` during `execute`: (request index, tensor).
     pub set_outputs: Vec<(u32, crate::tensor::Tensor)>,
 }
@@ -263,7 +264,7 @@ impl StageState {
             single_instance: false,
             respond: None,
             callers: Vec::new(),
-            batch_len: None,
+            batch_inputs: None,
             set_outputs: Vec::new(),
         })
     }
