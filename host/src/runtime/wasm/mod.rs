@@ -486,7 +486,12 @@ impl ModelInstance for StageInstance {
                 return (all(err), ExecTimings::default());
             }
         };
-        if !self.model.limits.fresh_instance_per_request {
+        if store.data().limits.nearly_full() {
+            tracing::debug!(
+                model = %self.model.name,
+                "stage instance replaced: its linear memory passed 3/4 of memory_limit_mb"
+            );
+        } else if !self.model.limits.fresh_instance_per_request {
             self.live = Some((store, stage));
         }
         self.model.health.record_success();

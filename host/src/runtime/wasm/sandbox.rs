@@ -154,6 +154,14 @@ pub struct MemoryCap {
 }
 
 impl MemoryCap {
+    /// Linear memory has grown past three quarters of the cap. Linear memory never shrinks,
+    /// and some guest toolchains never free some buffers (componentize-py 0.25.1 keeps what a
+    /// stage passes to the host and the bytes it returns), so such an instance is replaced
+    /// between requests rather than left to fail one.
+    pub fn nearly_full(&self) -> bool {
+        self.linear_bytes > self.max_bytes / 4 * 3
+    }
+
     /// What is left of the cap for new host arrays.
     pub fn available(&self) -> usize {
         self.max_bytes
