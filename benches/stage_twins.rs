@@ -8,39 +8,18 @@
 //!
 //! Run: `make stages && cargo bench -p wasmtron --bench stage_twins`
 
-use std::{hint::black_box, path::Path};
+use std::hint::black_box;
+
+#[path = "stage_loading.rs"]
+mod stage_loading;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use stage_loading::{load, workspace};
 use wasmtron::{
     inference::InferRequest,
-    proto::inference::ModelConfig,
-    repository::config::parse_text,
-    runtime::{
-        self,
-        tensor_ops::{self as ops, Budget},
-        RuntimeOptions,
-    },
+    runtime::tensor_ops::{self as ops, Budget},
     tensor::{push_bytes_element, DataType, Tensor},
 };
-
-fn workspace() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
-}
-
-fn load(model: &str, name: &str, extra: &str) -> Box<dyn runtime::ModelInstance> {
-    let model_dir = workspace().join("model_repository").join(model);
-    let text = std::fs::read_to_string(model_dir.join("config.pbtxt")).unwrap() + extra;
-    let mut config: ModelConfig = parse_text(&text, Path::new("config.pbtxt")).unwrap();
-    config.name = name.to_owned();
-    config.instance_group.clear();
-    let options = RuntimeOptions {
-        wasm_cache_dir: Some(std::env::temp_dir().join("wasmtron-bench-cache")),
-        ..Default::default()
-    };
-    let mut loaded =
-        runtime::load(config, &model_dir.join("1"), &options).expect("run `make stages` first");
-    loaded.instances.remove(0)
-}
 
 /// A 640x480 photograph-like image (smooth shapes and sensor noise) as JPEG, quality 90.
 pub fn photo_jpeg() -> Vec<u8> {
@@ -103,13 +82,13 @@ fn preprocess(c: &mut Criterion) {
         ),
         ("jpeg_640x480", photo),
     ];
-    let mut rust = load("preprocess", "preprocess", "");
+    let mut rust = load("model_repository/preprocess", "preprocess", "");
     let mut in_wasm = load(
-        "preprocess",
+        "model_repository/preprocess",
         "preprocess_in_wasm",
         "parameters [ { key: \"host_ops\", value: { string_value: \"false\" } } ]\n",
     );
-    let mut python = load("preprocess_py", "preprocess_py", "");
+    let mut python = load("model_repository/preprocess_py", "preprocess_py", "");
     let outputs = vec!["PIXELS".to_owned()];
     let mut group = c.benchmark_group("preprocess_twins");
     group.sample_size(30);
@@ -136,8 +115,8 @@ fn preprocess(c: &mut Criterion) {
 }
 
 fn topk(c: &mut Criterion) {
-    let mut rust = load("topk", "topk", "");
-    let mut js = load("topk_js", "topk_js", "");
+    let mut rust = load("model_repository/topk", "topk", "");
+    let mut js = load("model_repository/topk_js", "topk_js", "");
     let outputs = vec!["LABELS".to_owned(), "INDICES".to_owned()];
     let mut group = c.benchmark_group("topk_twins");
     group.sample_size(30);

@@ -7,34 +7,17 @@
 //!
 //! Run: `make stages && cargo bench -p wasmtron --bench wasm_stage`
 
-use std::{hint::black_box, path::Path};
+use std::hint::black_box;
+
+#[path = "stage_loading.rs"]
+mod stage_loading;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use stage_loading::load;
 use wasmtron::{
     inference::InferRequest,
-    proto::inference::ModelConfig,
-    repository::config::parse_text,
-    runtime::{self, RuntimeOptions},
     tensor::{push_bytes_element, DataType, Tensor},
 };
-
-fn workspace() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
-}
-
-fn load(dir: &str, name: &str, extra: &str) -> Box<dyn runtime::ModelInstance> {
-    let model_dir = workspace().join(dir);
-    let text = std::fs::read_to_string(model_dir.join("config.pbtxt")).unwrap() + extra;
-    let mut config: ModelConfig = parse_text(&text, Path::new("config.pbtxt")).unwrap();
-    config.name = name.to_owned();
-    let options = RuntimeOptions {
-        wasm_cache_dir: Some(std::env::temp_dir().join("wasmtron-bench-cache")),
-        ..Default::default()
-    };
-    let mut loaded =
-        runtime::load(config, &model_dir.join("1"), &options).expect("run `make stages` first");
-    loaded.instances.remove(0)
-}
 
 fn request(tensor: Tensor) -> InferRequest {
     InferRequest {
