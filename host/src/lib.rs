@@ -3,6 +3,8 @@
 //! The crate is layered, and each layer only calls the ones below it:
 //!
 //! 1. foundation: [`error`], [`tensor`], [`inference`], [`limits`], [`proto`] — shared vocabulary;
+//!    [`names`] (the one check of names from requests) and [`private_dir`] (directories the
+//!    server owns);
 //! 2. [`repository`] — model repositories on disk and `config.pbtxt`;
 //! 3. [`runtime`] — backends that execute a model (ONNX Runtime today);
 //! 4. [`scheduling`] — instance pools, queues, statistics and the model lifecycle;
@@ -13,6 +15,8 @@ pub mod error;
 pub mod frontends;
 pub mod inference;
 pub mod limits;
+pub mod names;
+pub mod private_dir;
 pub mod proto;
 pub mod repository;
 pub mod runtime;

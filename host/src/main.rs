@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use clap::{ArgAction, Parser};
 use wasmtron::{
     frontends::{
+        connections::ConnectionLimits,
         listeners::{Endpoint, ListenerOptions, Listeners},
         restricted::Restrictions,
     },
@@ -92,6 +93,18 @@ struct Cli {
     /// Largest gRPC request message in bytes (larger ones are refused with OUT_OF_RANGE).
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     grpc_max_message_size: usize,
+    /// Seconds a new connection (HTTP, gRPC or metrics) has to send its first request's
+    /// headers before it is closed.
+    #[arg(long, default_value_t = ConnectionLimits::default().header_timeout.as_secs())]
+    http_header_timeout_secs: u64,
+    /// Seconds a connection with no request in flight stays open.
+    #[arg(long, default_value_t = ConnectionLimits::default().idle_timeout.as_secs())]
+    http_idle_timeout_secs: u64,
+    /// Most connections open at once over all listeners; at the cap the longest-idle one makes
+    /// room (default 0: three quarters of the open-files limit, which is raised to its hard
+    /// limit at start).
+    #[arg(long, default_value_t = 0)]
+    max_connections: usize,
     /// Most dimensions a request tensor may have.
     #[arg(long, default_value_t = RequestLimits::default().max_rank)]
     max_tensor_rank: usize,
@@ -440,6 +453,11 @@ async fn serve() -> anyhow::Result<()> {
             http_restrictions,
             grpc_restrictions,
             tracing: tracing_settings.clone(),
+            connections: ConnectionLimits {
+                header_timeout: Duration::from_secs(cli.http_header_timeout_secs.max(1)),
+                idle_timeout: Duration::from_secs(cli.http_idle_timeout_secs.max(1)),
+                max_connections: cli.max_connections,
+            },
         },
     )
     .await

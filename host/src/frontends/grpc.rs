@@ -20,6 +20,7 @@ use super::{
 use crate::{
     error::{Code, Error},
     inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
+    names::ModelName,
     proto::inference::{
         grpc_inference_service_server::GrpcInferenceService, infer_parameter::ParameterChoice,
         model_infer_request::InferInputTensor, model_infer_response::InferOutputTensor,
@@ -40,6 +41,8 @@ pub struct GrpcService {
     restrictions: Restrictions,
     shared_memory: Arc<SystemSharedMemory>,
     tracing: Arc<Tracing>,
+    /// Largest request message: also the most one request may read from shared memory.
+    max_message_size: usize,
 }
 
 impl GrpcService {
@@ -51,7 +54,15 @@ impl GrpcService {
             restrictions: Restrictions::default(),
             shared_memory: Arc::new(SystemSharedMemory::new()),
             tracing: Arc::new(Tracing::default()),
+            max_message_size: 64 * 1024 * 1024,
         }
+    }
+
+    /// The largest request message (`--grpc-max-message-size`); a request's inputs in shared
+    /// memory are held to it as well.
+    pub fn with_max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes;
+        self
     }
 
     /// Which requests are traced, shared with the HTTP frontend.
@@ -385,13 +396,15 @@ fn known_model(server: &Server, req: &ModelInferRequest) -> Result<(), Error> {
 async fn infer_one(
     server: &Server,
     shm: &SystemSharedMemory,
+    max_bytes: usize,
     tracing: &Tracing,
     context: &TraceContext,
     caller: &Caller,
     req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Error> {
     known_model(server, &req)?;
-    let shared = |input: &str, params: &Parameters| shm.input(caller, input, params);
+    let reader = shm.reader(caller, max_bytes);
+    let shared = |input: &str, params: &Parameters| reader.input(input, params);
     let mut request = decode_request(req, &shared)?;
     on_behalf_of(caller, &mut request);
     request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
@@ -407,6 +420,7 @@ async fn infer_one(
         )));
     }
     let requested = request.outputs.clone();
+    shm.check_outputs(caller, &requested)?;
     let response = server.infer(request).await?;
     shm.write_outputs(caller, &requested, &response)?;
     Ok(encode_response(response, &requested))
@@ -431,14 +445,18 @@ fn stream_error(id: String, err: Error) -> ModelStreamInferResponse {
 fn stream_one(
     server: Arc<Server>,
     shm: Arc<SystemSharedMemory>,
+    max_bytes: usize,
     tracing: &Tracing,
     context: &TraceContext,
     caller: &Caller,
     req: ModelInferRequest,
 ) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
     let id = req.id.clone();
-    let shared = |input: &str, params: &Parameters| shm.input(caller, input, params);
-    let decoded = known_model(&server, &req).and_then(|()| decode_request(req, &shared));
+    let reader = shm.reader(caller, max_bytes);
+    let shared = |input: &str, params: &Parameters| reader.input(input, params);
+    let decoded = known_model(&server, &req)
+        .and_then(|()| decode_request(req, &shared))
+        .and_then(|r| shm.check_outputs(caller, &r.outputs).map(|()| r));
     let mut request = match decoded {
         Ok(r) => r,
         Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
@@ -577,6 +595,7 @@ impl GrpcInferenceService for GrpcService {
             infer_one(
                 &self.server,
                 &self.shared_memory,
+                self.max_message_size,
                 &self.tracing,
                 &context,
                 &caller,
@@ -598,6 +617,7 @@ impl GrpcInferenceService for GrpcService {
         let caller = self.caller(&r, ApiGroup::Inference)?;
         let server = self.server.clone();
         let shm = self.shared_memory.clone();
+        let max_bytes = self.max_message_size;
         let tracing = self.tracing.clone();
         let context = TraceContext::of(r.metadata());
         let incoming = r.into_inner();
@@ -616,6 +636,7 @@ impl GrpcInferenceService for GrpcService {
                     Ok(admission) => stream_one(
                         server.clone(),
                         shm.clone(),
+                        max_bytes,
                         &tracing,
                         &context,
                         &caller,
@@ -696,13 +717,16 @@ impl GrpcInferenceService for GrpcService {
         let caller = self.caller(&r, ApiGroup::ModelRepository)?;
         self.server.check_model_control().map_err(to_status)?;
         let r = r.into_inner();
+        ModelName::parse(&r.model_name).map_err(to_status)?;
         require(&caller, ModelAction::Load, &r.model_name)?;
         let mut overrides = LoadOverride::default();
         for (key, value) in r.parameters {
             match (key.as_str(), value.parameter_choice) {
                 ("config", Some(RepoParam::StringParam(s))) => overrides.config_json = Some(s),
                 (k, Some(RepoParam::BytesParam(b))) if k.starts_with("file:") => {
-                    overrides.files.push((k["file:".len()..].to_owned(), b));
+                    overrides
+                        .add_file(&k["file:".len()..], b)
+                        .map_err(to_status)?;
                 }
                 ("config", _) => {
                     return Err(Status::invalid_argument(
@@ -718,7 +742,7 @@ impl GrpcInferenceService for GrpcService {
                 r.model_name
             )));
         }
-        check_load(&caller, &r.model_name, &overrides).map_err(to_status)?;
+        check_load(&self.server, &caller, &r.model_name, &overrides).map_err(to_status)?;
         self.server
             .models()
             .load(&r.model_name, overrides)

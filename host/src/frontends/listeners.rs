@@ -5,11 +5,11 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use axum::serve::ListenerExt;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    connections::{self, ConnectionLimits, ConnectionTable, Protocol},
     grpc::{GrpcInferenceServiceServer, GrpcService},
     http::{self, HttpState},
     metrics,
@@ -65,6 +65,8 @@ pub struct ListenerOptions {
     pub grpc_restrictions: Restrictions,
     /// Request tracing settings, changed at run time through the trace API.
     pub tracing: Arc<Tracing>,
+    /// Timeouts and the cap on open connections, over all listeners.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for ListenerOptions {
@@ -81,6 +83,7 @@ impl Default for ListenerOptions {
             http_restrictions: Restrictions::default(),
             grpc_restrictions: Restrictions::default(),
             tracing: Arc::new(Tracing::default()),
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -116,12 +119,6 @@ async fn bind(endpoint: &Endpoint, what: &str) -> Result<TcpListener> {
         .map_err(|e| Error::unavailable(format!("cannot listen on {addr} for {what}: {e}")))
 }
 
-fn set_nodelay(stream: &mut tokio::net::TcpStream) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!("cannot set TCP_NODELAY: {e}");
-    }
-}
-
 fn local_addr(listener: &TcpListener, what: &str) -> Result<SocketAddr> {
     listener
         .local_addr()
@@ -145,6 +142,13 @@ impl Listeners {
             None => None,
         };
         let stop = CancellationToken::new();
+        let table = Arc::new(ConnectionTable::new(options.connections));
+        tracing::info!(
+            max_connections = table.max_connections(),
+            header_timeout = ?options.connections.header_timeout,
+            idle_timeout = ?options.connections.idle_timeout,
+            "connection limits"
+        );
         let shared_memory = Arc::new(SystemSharedMemory::new());
         let (health, health_service) = tonic_health::server::health_reporter();
         health
@@ -160,7 +164,8 @@ impl Listeners {
                 .with_tenancy(options.tenancy.clone())
                 .with_restrictions(options.grpc_restrictions.clone())
                 .with_shared_memory(shared_memory.clone())
-                .with_tracing(options.tracing.clone());
+                .with_tracing(options.tracing.clone())
+                .with_max_message_size(options.grpc_max_message_size);
             let service = GrpcInferenceServiceServer::new(service)
                 .max_decoding_message_size(options.grpc_max_message_size)
                 .max_encoding_message_size(usize::MAX)
@@ -170,18 +175,17 @@ impl Listeners {
             } else {
                 service
             };
-            // Small request/response messages stall on Nagle + delayed ACK without TCP_NODELAY.
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let token = stop.clone();
-            tasks.push(tokio::spawn(async move {
-                tonic::transport::Server::builder()
-                    .add_service(service)
-                    .add_service(health_service)
-                    .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
-                    .await
-                    .map_err(std::io::Error::other)
-            }));
+            let app = tonic::service::Routes::new(service)
+                .add_service(health_service)
+                .prepare()
+                .into_axum_router();
+            tasks.push(tokio::spawn(connections::serve(
+                listener,
+                app,
+                Protocol::Grpc,
+                table.clone(),
+                stop.clone(),
+            )));
         }
         if let Some(listener) = http {
             let addr = local_addr(&listener, "http")?;
@@ -195,24 +199,26 @@ impl Listeners {
                 shared_memory: shared_memory.clone(),
                 tracing: options.tracing.clone(),
             });
-            let token = stop.clone();
-            tasks.push(tokio::spawn(async move {
-                axum::serve(listener.tap_io(set_nodelay), app)
-                    .with_graceful_shutdown(token.cancelled_owned())
-                    .await
-            }));
+            tasks.push(tokio::spawn(connections::serve(
+                listener,
+                app,
+                Protocol::Http,
+                table.clone(),
+                stop.clone(),
+            )));
         }
         if let Some(listener) = metrics {
             let addr = local_addr(&listener, "metrics")?;
             addresses.metrics = Some(addr);
             eprintln!("Started Metrics Service at {addr}");
             let app = metrics::router(server.clone(), options.tenancy.clone());
-            let token = stop.clone();
-            tasks.push(tokio::spawn(async move {
-                axum::serve(listener.tap_io(set_nodelay), app)
-                    .with_graceful_shutdown(token.cancelled_owned())
-                    .await
-            }));
+            tasks.push(tokio::spawn(connections::serve(
+                listener,
+                app,
+                Protocol::Http,
+                table.clone(),
+                stop.clone(),
+            )));
         }
         Ok(Self {
             addresses,

@@ -2,6 +2,7 @@
 //! They translate the wire into [`crate::inference`] types and back; the views they share
 //! (metadata, statistics) are built once here in protocol types.
 
+pub mod connections;
 pub mod generation_metrics;
 pub mod grpc;
 pub mod http;
@@ -14,6 +15,7 @@ pub mod trace;
 
 use crate::{
     error::{Error, Result},
+    names::ModelName,
     proto::inference::{
         model_metadata_response::TensorMetadata, InferBatchStatistics, InferStatistics,
         ModelConfig, ModelMetadataResponse, ModelStatistics, StatisticDuration,
@@ -43,16 +45,28 @@ pub const EXTENSIONS: &[&str] = &[
     "system_shared_memory",
 ];
 
-/// Parses a version from a URL or message; empty means "let the policy choose".
+/// Parses a version from a URL or message; empty means "let the policy choose". A version is
+/// written in decimal digits with no sign and no leading zero (`+1` and `01` are refused, as
+/// in Triton), so that one version has one spelling.
 pub fn parse_version(model: &str, version: &str) -> Result<Option<i64>> {
     if version.is_empty() {
         return Ok(None);
     }
-    version.parse::<i64>().map(Some).map_err(|_| {
-        Error::invalid(format!(
-            "invalid version '{version}' for model '{model}': a version is a non-negative integer"
-        ))
-    })
+    let canonical = version.bytes().all(|b| b.is_ascii_digit())
+        && (version == "0" || !version.starts_with('0'));
+    version
+        .parse::<i64>()
+        .ok()
+        .filter(|_| canonical)
+        .map(Some)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "invalid version '{}' for model '{}': a version is a non-negative integer \
+                 written in decimal digits (such as 1)",
+                version.escape_debug(),
+                model.escape_debug()
+            ))
+        })
 }
 
 /// The platform string Triton reports for a configuration.
@@ -216,11 +230,33 @@ pub fn on_behalf_of(caller: &Caller, request: &mut crate::inference::InferReques
 }
 
 /// Whether `caller` may load `model` as asked. A configuration or files in the request are for
-/// administrators: they could make an ensemble of other tenants' models or run any stage.
-pub fn check_load(caller: &Caller, model: &str, overrides: &LoadOverride) -> Result<()> {
+/// administrators: they could make an ensemble of other tenants' models or run any stage. An
+/// ensemble's load also loads the composing models that are not loaded yet: the caller must be
+/// allowed to load each of them too.
+pub fn check_load(
+    server: &Server,
+    caller: &Caller,
+    model: &str,
+    overrides: &LoadOverride,
+) -> Result<()> {
+    ModelName::parse(model)?;
     caller.require(ModelAction::Load, model)?;
     if overrides.config_json.is_some() || !overrides.files.is_empty() {
         caller.require_admin("load with a configuration or files")?;
+    }
+    if !matches!(caller, Caller::Tenant(_)) {
+        return Ok(());
+    }
+    for composing in server.models().would_also_load(model, overrides) {
+        caller.require(ModelAction::Load, &composing).map_err(|e| {
+            Error::new(
+                e.code,
+                format!(
+                    "loading ensemble '{model}' would load '{composing}', which this key may not                      load: {}",
+                    e.message
+                ),
+            )
+        })?;
     }
     Ok(())
 }
@@ -228,6 +264,7 @@ pub fn check_load(caller: &Caller, model: &str, overrides: &LoadOverride) -> Res
 /// Whether `caller` may unload `model` as asked; `unload_dependents` (which unloads the models
 /// an ensemble calls, whoever's they are) is for administrators.
 pub fn check_unload(caller: &Caller, model: &str, unload_dependents: bool) -> Result<()> {
+    ModelName::parse(model)?;
     caller.require(ModelAction::Load, model)?;
     if unload_dependents {
         caller.require_admin("unload_dependents")?;

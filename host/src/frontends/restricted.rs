@@ -42,8 +42,16 @@ const GROUPS: [(&str, ApiGroup); 9] = [
 ];
 
 impl ApiGroup {
-    /// The group an HTTP path belongs to; `None` for paths that are no API.
+    /// The group an HTTP path belongs to; `None` for paths that are no API. The OpenAI routes
+    /// (`/v1/...`) belong to groups too: `/v1/models` is metadata, the rest is inference.
     pub fn of_http_path(path: &str) -> Option<Self> {
+        if let Some(v1) = path.strip_prefix("/v1/") {
+            return Some(if v1 == "models" || v1.starts_with("models/") {
+                ApiGroup::Metadata
+            } else {
+                ApiGroup::Inference
+            });
+        }
         let rest = path.strip_prefix("/v2")?;
         if rest.is_empty() || rest == "/" {
             return Some(ApiGroup::Metadata);
@@ -225,5 +233,9 @@ mod tests {
         assert_eq!(g("/v2/models/m/trace/setting"), Some(ApiGroup::Trace));
         assert_eq!(g("/v2/logging"), Some(ApiGroup::Logging));
         assert_eq!(g("/metrics"), None);
+        assert_eq!(g("/v1/chat/completions"), Some(ApiGroup::Inference));
+        assert_eq!(g("/v1/completions"), Some(ApiGroup::Inference));
+        assert_eq!(g("/v1/models"), Some(ApiGroup::Metadata));
+        assert_eq!(g("/v1/models/smollm2"), Some(ApiGroup::Metadata));
     }
 }

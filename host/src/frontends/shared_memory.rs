@@ -7,22 +7,36 @@
 //! Regions belong to the tenant that registered them (every caller's own namespace), and
 //! registering one is for administrators when the server has tenants: the server would
 //! otherwise open, for any tenant, shared memory that another tenant's client created.
+//!
+//! Another local user can plant what a key names, so a key is opened without following links
+//! and must be a regular file; the data is copied with `pread`/`pwrite` on the descriptor after
+//! checking the object's size at that moment (an object truncated after registration gives an
+//! error, not the SIGBUS a mapping would raise). What one request reads from shared memory is
+//! bounded by the frontend's request size limit, and a caller holds at most
+//! [`MAX_REGIONS`] regions.
 
 use std::{
     collections::BTreeMap,
-    fs::OpenOptions,
+    fs::{File, OpenOptions},
+    os::unix::fs::{FileExt, OpenOptionsExt},
     path::PathBuf,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
 };
 
 use bytes::Bytes;
-use memmap2::{MmapOptions, MmapRaw};
 
 use crate::{
     error::{Code, Error, Result},
     inference::{InferResponse, ParamValue, Parameters, RequestedOutput},
+    names::ShmKey,
     tenancy::Caller,
 };
+
+/// Most regions one caller (a tenant, or everyone without tenants) may hold at once.
+pub const MAX_REGIONS: usize = 1024;
 
 /// Where POSIX shared-memory objects live on Linux (`shm_open(key)` opens `/dev/shm/key`).
 const SHM_DIR: &str = "/dev/shm";
@@ -70,7 +84,8 @@ pub enum Kind {
 }
 
 enum Backing {
-    System(MmapRaw),
+    /// The shared-memory object and where the region starts in it.
+    System { file: File, start: u64 },
     #[cfg(feature = "cuda")]
     Cuda(crate::runtime::gpu::IpcBuffer),
 }
@@ -88,16 +103,34 @@ impl Region {
         }
     }
 
+    /// Where `len` bytes at `offset` of a system region are in its object, after checking that
+    /// the object still holds them (it may have been truncated since registration).
+    fn position(&self, file: &File, start: u64, offset: usize, len: usize) -> Result<u64> {
+        let at = start + offset as u64;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if at + len as u64 > size {
+            return Err(Error::invalid(format!(
+                "shared memory region '{}': its object now holds {size} bytes, too few for \
+                 {len} bytes at offset {offset} (was it truncated after registration?)",
+                self.status.name
+            )));
+        }
+        Ok(at)
+    }
+
+    fn io_error(&self, e: std::io::Error) -> Error {
+        Error::invalid(format!("shared memory region '{}': {e}", self.status.name))
+    }
+
     /// Copies `len` bytes at `offset` out of the region (checked by the caller).
     fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         let mut data = vec![0u8; len];
         match &self.backing {
-            // SAFETY: `range` keeps offset..offset+len inside the mapping, which lives as long
-            // as `self`. The client may write the memory concurrently (a race it owns, as in
-            // Triton); copying raw bytes with no references into the mapping keeps that sound.
-            Backing::System(map) => unsafe {
-                std::ptr::copy_nonoverlapping(map.as_ptr().add(offset), data.as_mut_ptr(), len);
-            },
+            Backing::System { file, start } => {
+                let at = self.position(file, *start, offset, len)?;
+                file.read_exact_at(&mut data, at)
+                    .map_err(|e| self.io_error(e))?;
+            }
             #[cfg(feature = "cuda")]
             Backing::Cuda(buffer) => buffer
                 .read(offset, &mut data)
@@ -109,14 +142,10 @@ impl Region {
     /// Copies `data` into the region at `offset` (checked by the caller).
     fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         match &self.backing {
-            // SAFETY: as in `read`.
-            Backing::System(map) => unsafe {
-                std::ptr::copy_nonoverlapping(
-                    data.as_ptr(),
-                    map.as_mut_ptr().add(offset),
-                    data.len(),
-                );
-            },
+            Backing::System { file, start } => {
+                let at = self.position(file, *start, offset, data.len())?;
+                file.write_all_at(data, at).map_err(|e| self.io_error(e))?;
+            }
             #[cfg(feature = "cuda")]
             Backing::Cuda(buffer) => buffer
                 .write(offset, data)
@@ -156,14 +185,34 @@ fn owner(caller: &Caller) -> Option<String> {
 /// The file behind a key: one name directly in `/dev/shm` (`/name` or `name`), as `shm_open`
 /// accepts it; anything that could name another file is refused.
 fn shm_path(key: &str) -> Result<PathBuf> {
-    let name = key.strip_prefix('/').unwrap_or(key);
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.contains('\0') {
-        return Err(Error::invalid(format!(
-            "shared memory key '{key}' is not a POSIX shared memory name (one '/name', as \
-             given to shm_open)"
-        )));
+    Ok(PathBuf::from(SHM_DIR).join(ShmKey::parse(key)?.file_name()))
+}
+
+/// Opens the object behind `key` for reading and writing: never through a link (another user
+/// may have planted one in the shared `/dev/shm`), never blocking (a FIFO), and only a regular
+/// file. Returns it with its size.
+fn open_object(key: &str, name: &str) -> Result<(File, u64)> {
+    let path = shm_path(key)?;
+    let refuse = |why: String| {
+        Error::invalid(format!(
+            "cannot open shared memory key '{}' for region '{name}': {why}",
+            key.escape_debug()
+        ))
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refuse("it is a symbolic link".into()),
+            _ => refuse(e.to_string()),
+        })?;
+    let meta = file.metadata().map_err(|e| refuse(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(refuse("it is not a regular shared memory object".into()));
     }
-    Ok(PathBuf::from(SHM_DIR).join(name))
+    Ok((file, meta.len()))
 }
 
 impl SystemSharedMemory {
@@ -186,21 +235,7 @@ impl SystemSharedMemory {
         byte_size: u64,
     ) -> Result<()> {
         let id = self.new_region(caller, Kind::System, name)?;
-        let path = shm_path(key)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| {
-                Error::invalid(format!(
-                    "cannot open shared memory key '{key}' for region '{name}': {e}"
-                ))
-            })?;
-        let size = file.metadata().map(|m| m.len()).map_err(|e| {
-            Error::invalid(format!(
-                "cannot read the size of shared memory key '{key}': {e}"
-            ))
-        })?;
+        let (file, size) = open_object(key, name)?;
         let end = offset.checked_add(byte_size);
         if byte_size == 0 || end.is_none_or(|e| e > size) {
             return Err(Error::invalid(format!(
@@ -208,17 +243,8 @@ impl SystemSharedMemory {
                  key '{key}', which holds {size} bytes"
             )));
         }
-        let len = usize::try_from(byte_size)
-            .map_err(|_| Error::invalid(format!("region '{name}' is too large to map")))?;
-        let map = MmapOptions::new()
-            .offset(offset)
-            .len(len)
-            .map_raw(&file)
-            .map_err(|e| {
-                Error::invalid(format!(
-                    "cannot map shared memory key '{key}' for '{name}': {e}"
-                ))
-            })?;
+        usize::try_from(byte_size)
+            .map_err(|_| Error::invalid(format!("region '{name}' is too large")))?;
         let region = Region {
             status: RegionStatus {
                 name: name.to_owned(),
@@ -228,7 +254,10 @@ impl SystemSharedMemory {
                     offset,
                 },
             },
-            backing: Backing::System(map),
+            backing: Backing::System {
+                file,
+                start: offset,
+            },
         };
         tracing::info!(
             region = name,
@@ -257,6 +286,16 @@ impl SystemSharedMemory {
         let mut regions = self.lock();
         if regions.contains_key(&id) {
             return Err(already_registered(&id.1));
+        }
+        if regions.keys().filter(|(o, _)| *o == id.0).count() >= MAX_REGIONS {
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "cannot register shared memory region '{}': this caller holds {MAX_REGIONS} \
+                     regions already; unregister some first",
+                    id.1
+                ),
+            ));
         }
         regions.insert(id, Arc::new(region));
         Ok(())
@@ -364,21 +403,29 @@ impl SystemSharedMemory {
             .ok_or_else(|| not_registered(name))
     }
 
-    /// The data of an input that names a region in its parameters (a copy, so that the client
-    /// may reuse the region once the request is sent), or `None` when it does not.
-    pub fn input(
-        &self,
-        caller: &Caller,
-        input: &str,
-        params: &Parameters,
-    ) -> Result<Option<Bytes>> {
-        let Some(target) = Target::of(&format!("input '{input}'"), params)? else {
-            return Ok(None);
-        };
-        let region = self.region(caller, &target.region)?;
-        let (offset, len) =
-            region.range(&format!("input '{input}'"), target.offset, target.size)?;
-        Ok(Some(region.read(offset, len)?.into()))
+    /// A reader of one request's inputs from `caller`'s regions, which copies at most
+    /// `max_bytes` in all (the frontend's request size limit: data in shared memory counts as
+    /// if it were in the body).
+    pub fn reader<'a>(&'a self, caller: &'a Caller, max_bytes: usize) -> SharedReader<'a> {
+        SharedReader {
+            memory: self,
+            caller,
+            left: AtomicU64::new(max_bytes as u64),
+            max_bytes,
+        }
+    }
+
+    /// Checks, before the model runs, that every output the client wants in shared memory
+    /// names a registered region of the caller and fits in it.
+    pub fn check_outputs(&self, caller: &Caller, requested: &[RequestedOutput]) -> Result<()> {
+        for output in requested {
+            let what = format!("output '{}'", output.name);
+            if let Some(target) = Target::of(&what, &output.parameters)? {
+                let region = self.region(caller, &target.region)?;
+                region.range(&what, target.offset, target.size)?;
+            }
+        }
+        Ok(())
     }
 
     /// Writes every output the client asked to receive in shared memory into its region (the
@@ -408,10 +455,41 @@ impl SystemSharedMemory {
                 )));
             }
             let region = self.region(caller, &target.region)?;
+            region.range(&what, target.offset, target.size)?;
             let (offset, _) = region.range(&what, target.offset, len)?;
             region.write(offset, &tensor.data)?;
         }
         Ok(())
+    }
+}
+
+/// Reads one request's inputs from shared memory; see [`SystemSharedMemory::reader`].
+pub struct SharedReader<'a> {
+    memory: &'a SystemSharedMemory,
+    caller: &'a Caller,
+    left: AtomicU64,
+    max_bytes: usize,
+}
+
+impl SharedReader<'_> {
+    /// The data of an input that names a region in its parameters (a copy, so that the client
+    /// may reuse the region once the request is sent), or `None` when it does not.
+    pub fn input(&self, input: &str, params: &Parameters) -> Result<Option<Bytes>> {
+        let what = format!("input '{input}'");
+        let Some(target) = Target::of(&what, params)? else {
+            return Ok(None);
+        };
+        let region = self.memory.region(self.caller, &target.region)?;
+        let (offset, len) = region.range(&what, target.offset, target.size)?;
+        let Some(left) = self.left.load(Ordering::Relaxed).checked_sub(len as u64) else {
+            return Err(Error::invalid(format!(
+                "{what}: the request's inputs in shared memory come to more than {} bytes, the \
+                 largest request this server accepts",
+                self.max_bytes
+            )));
+        };
+        self.left.store(left, Ordering::Relaxed);
+        Ok(Some(region.read(offset, len)?.into()))
     }
 }
 
@@ -517,6 +595,55 @@ mod tests {
     use super::*;
 
     #[test]
+    fn links_fifos_and_truncated_objects_are_refused() {
+        let key = format!("wasmtron-unit-link-{}", std::process::id());
+        let link = PathBuf::from(SHM_DIR).join(&key);
+        let victim = std::env::temp_dir().join(format!("{key}-victim"));
+        std::fs::write(&victim, b"secret").unwrap();
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let shm = SystemSharedMemory::new();
+        let err = shm.register(&Caller::Anyone, "r", &key, 0, 6).unwrap_err();
+        assert!(err.message.contains("symbolic link"), "{err:?}");
+        std::fs::remove_file(&link).unwrap();
+        std::fs::remove_file(&victim).unwrap();
+
+        std::fs::write(&link, vec![7u8; 64]).unwrap();
+        shm.register(&Caller::Anyone, "r", &key, 0, 64).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&link)
+            .unwrap()
+            .set_len(8)
+            .unwrap();
+        let params = Parameters::from([
+            (REGION.into(), ParamValue::String("r".into())),
+            (BYTE_SIZE.into(), ParamValue::Int(32)),
+        ]);
+        let reader = shm.reader(&Caller::Anyone, 1 << 20);
+        let err = reader.input("x", &params).unwrap_err();
+        assert!(err.message.contains("truncated"), "{err:?}");
+        std::fs::remove_file(&link).unwrap();
+    }
+
+    #[test]
+    fn one_request_reads_at_most_its_size_limit() {
+        let key = format!("wasmtron-unit-budget-{}", std::process::id());
+        let path = PathBuf::from(SHM_DIR).join(&key);
+        std::fs::write(&path, vec![1u8; 64]).unwrap();
+        let shm = SystemSharedMemory::new();
+        shm.register(&Caller::Anyone, "r", &key, 0, 64).unwrap();
+        let params = Parameters::from([
+            (REGION.into(), ParamValue::String("r".into())),
+            (BYTE_SIZE.into(), ParamValue::Int(64)),
+        ]);
+        let reader = shm.reader(&Caller::Anyone, 100);
+        assert!(reader.input("a", &params).unwrap().is_some());
+        let err = reader.input("b", &params).unwrap_err();
+        assert!(err.message.contains("more than 100 bytes"), "{err:?}");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn keys_are_single_names_in_dev_shm() {
         assert_eq!(
             shm_path("/input0").unwrap(),
@@ -572,18 +699,16 @@ mod tests {
         assert_eq!(reported[BYTE_SIZE], ParamValue::Int(4));
         // Region offset 8 + tensor offset 4: byte 12 of the object.
         assert_eq!(&std::fs::read(&path).unwrap()[12..16], &[1, 2, 3, 4]);
-        let back = shm
-            .input(&anyone, "x", &params("r", 4, 4))
-            .unwrap()
-            .unwrap();
+        let reader = shm.reader(&anyone, 1 << 20);
+        let back = reader.input("x", &params("r", 4, 4)).unwrap().unwrap();
         assert_eq!(&back[..], &[1, 2, 3, 4]);
 
-        let past = shm.input(&anyone, "x", &params("r", 8, 30)).unwrap_err();
+        let past = reader.input("x", &params("r", 8, 30)).unwrap_err();
         assert!(
             past.message.contains("do not fit shared memory region 'r'"),
             "{past:?}"
         );
-        let missing = shm.input(&anyone, "x", &params("nope", 4, 0)).unwrap_err();
+        let missing = reader.input("x", &params("nope", 4, 0)).unwrap_err();
         assert!(missing.message.contains("'nope'"), "{missing:?}");
         let status = shm.status(&anyone, Kind::System, None).unwrap();
         assert_eq!(status[0].byte_size, 32);

@@ -94,7 +94,14 @@ pub fn check_request(config: &ModelConfig, request: &InferRequest) -> Result<usi
             )));
         }
     }
+    let mut asked = HashSet::new();
     for output in &request.outputs {
+        if !asked.insert(output.name.as_str()) {
+            return Err(Error::invalid(format!(
+                "requested output '{}' appears more than once in the request for model '{model}'",
+                output.name
+            )));
+        }
         if !config.output.iter().any(|o| o.name == output.name) {
             let expected: Vec<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
             return Err(Error::invalid(format!(

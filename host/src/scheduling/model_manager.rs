@@ -5,7 +5,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    path::{Path, PathBuf},
     sync::{Arc, RwLock},
     time::{Duration, Instant},
 };
@@ -20,6 +19,8 @@ use super::{
 };
 use crate::{
     error::{Code, Error, Result},
+    names::{ModelFilePath, ModelName},
+    private_dir::ScratchDir,
     proto::inference::ModelConfig,
     repository::{
         config, select_versions, sequence::sequence_spec, validate::validate, ModelRepository,
@@ -50,6 +51,10 @@ pub struct ModelVersion {
     pub health: Arc<crate::runtime::InstanceHealth>,
     /// A generation model's counters (tokens, batch, cache).
     pub generation: Option<Arc<crate::runtime::generation::stats::GenerationStats>>,
+    /// The files given to the load API, kept while the version lives: its backends may open
+    /// them again later (a new stage instance), and nobody else can swap them in between.
+    /// Held only to keep the folder; removed with the last version that uses it.
+    _staged: Option<Arc<ScratchDir>>,
 }
 
 /// What executes a model version's requests.
@@ -130,7 +135,22 @@ pub struct LoadOverride {
     pub config_json: Option<String>,
     /// Files by path relative to the model directory (`1/model.onnx`), used instead of the
     /// repository's directory.
-    pub files: Vec<(String, Vec<u8>)>,
+    pub files: Vec<(ModelFilePath, Vec<u8>)>,
+}
+
+impl LoadOverride {
+    /// Adds the file of a `file:<path>` load parameter (`key` is what follows `file:`),
+    /// refusing a path that is not a plain relative one or that was given twice.
+    pub fn add_file(&mut self, key: &str, content: Vec<u8>) -> Result<()> {
+        let path = ModelFilePath::parse(key)?;
+        if self.files.iter().any(|(p, _)| *p == path) {
+            return Err(Error::invalid(format!(
+                "load parameter 'file:{path}' is given twice"
+            )));
+        }
+        self.files.push((path, content));
+        Ok(())
+    }
 }
 
 /// Settings of the model manager.
@@ -293,9 +313,25 @@ impl ModelManager {
     /// Loads (or reloads) a model from the repository, or from the override content.
     /// An ensemble's composing models that are not loaded yet are loaded first, as in Triton.
     pub async fn load(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
+        let name = ModelName::parse(name)?;
         // A load request reads the repository as it is now (remote copies brought up to date).
         self.repository.refresh().await;
-        self.load_as_is(name, overrides).await
+        self.load_as_is(name.as_str(), overrides).await
+    }
+
+    /// The models a load of `name` would load besides it: the composing models of an
+    /// ensemble (and theirs) that are not loaded now. A tenant's load must be allowed for each.
+    pub fn would_also_load(&self, name: &str, overrides: &LoadOverride) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut todo = self.composing_of(name, overrides);
+        while let Some(model) = todo.pop() {
+            if model == name || found.contains(&model) || self.get(&model, None).is_ok() {
+                continue;
+            }
+            todo.extend(self.composing_of(&model, &LoadOverride::default()));
+            found.push(model);
+        }
+        found
     }
 
     /// [`ModelManager::load`] from the repository as last refreshed.
@@ -404,6 +440,13 @@ impl ModelManager {
             }
             Err(err) => {
                 tracing::error!(model = name, error = %err, "model load failed");
+                if entry.versions.is_empty() && !entry.added && self.repository.find(name).is_err()
+                {
+                    // Not in the repository and nothing loaded: the index keeps no trace of
+                    // it (else every load of a made-up name would grow it for good).
+                    models.remove(name);
+                    return Err(err);
+                }
                 if entry.versions.is_empty() {
                     entry.state = ModelState::Unavailable;
                     entry.reason = err.message.clone();
@@ -428,22 +471,22 @@ impl ModelManager {
                 .map_err(repo_error)
                 .map(|s| (s, None))
         } else {
-            StagingDir::write(name, &overrides.files).map(|staging| {
+            stage_files(name, &overrides.files).map(|staging| {
                 let source = ModelSource {
                     name: name.to_owned(),
-                    dir: staging.path.clone(),
-                    repository: staging.path.clone(),
+                    dir: staging.path().to_path_buf(),
+                    repository: staging.path().to_path_buf(),
                 };
-                (source, Some(staging))
+                (source, Some(Arc::new(staging)))
             })
         };
-        let (source, _staging) = match source {
+        let (source, staged) = match source {
             Ok(s) => s,
             Err(e) => return (0, Err(e)),
         };
         (
             source.fingerprint(),
-            self.load_source(name, &source, overrides),
+            self.load_source(name, &source, overrides, staged),
         )
     }
 
@@ -452,6 +495,7 @@ impl ModelManager {
         name: &str,
         source: &ModelSource,
         overrides: &LoadOverride,
+        staged: Option<Arc<ScratchDir>>,
     ) -> Result<BTreeMap<i64, Arc<ModelVersion>>> {
         let config_file = source.config_path();
         let config_file = config_file.display().to_string();
@@ -496,6 +540,7 @@ impl ModelManager {
                         runner: Runner::Ensemble(plan.clone()),
                         health: Default::default(),
                         generation: None,
+                        _staged: None,
                     }),
                 );
             }
@@ -553,6 +598,7 @@ impl ModelManager {
                     runner,
                     health,
                     generation,
+                    _staged: staged.clone(),
                 }),
             );
         }
@@ -563,6 +609,7 @@ impl ModelManager {
     /// a loaded ensemble calls is refused; with `unload_dependents`, unloading an ensemble
     /// also unloads the models it calls (those no other loaded ensemble needs), as in Triton.
     pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<()> {
+        ModelName::parse(name)?;
         let _guard = self.lifecycle.lock().await;
         let mut models = self.models.write().map_err(|_| poisoned())?;
         let users = |models: &HashMap<String, ModelEntry>, model: &str, except: &str| {
@@ -701,44 +748,28 @@ fn poisoned() -> Error {
     Error::internal("model table lock poisoned")
 }
 
-/// A temporary model directory holding the files given to the load API; removed on drop
-/// (the backends have read the files by then).
-struct StagingDir {
-    path: PathBuf,
-}
-
-impl StagingDir {
-    fn write(name: &str, files: &[(String, Vec<u8>)]) -> Result<Self> {
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("wasmtron-load-{}-{n}-{name}", std::process::id()));
-        let staging = StagingDir { path };
-        for (relative, content) in files {
-            let rel = Path::new(relative);
-            if rel.is_absolute()
-                || rel
-                    .components()
-                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
-            {
-                return Err(Error::invalid(format!(
-                    "load parameter 'file:{relative}': the path must be relative to the model directory and stay inside it"
-                )));
-            }
-            let target = staging.path.join(rel);
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent)
-                    .map_err(|e| Error::internal(format!("cannot stage '{relative}': {e}")))?;
-            }
-            std::fs::write(&target, content)
-                .map_err(|e| Error::internal(format!("cannot stage '{relative}': {e}")))?;
-        }
-        Ok(staging)
+/// Writes the files given to the load API into a new private scratch directory, which lives
+/// as long as the versions loaded from it.
+fn stage_files(name: &str, files: &[(ModelFilePath, Vec<u8>)]) -> Result<ScratchDir> {
+    let staging = ScratchDir::new("wasmtron-load-").map_err(|e| {
+        Error::internal(format!("model '{name}': cannot make a staging folder: {e}"))
+    })?;
+    for (path, content) in files {
+        staging.write_new(path.parts(), content).map_err(|e| {
+            use std::io::ErrorKind as Kind;
+            // Two keys that collide (`file:1` and `file:1/model.onnx`) are the request's fault.
+            let code = match e.kind() {
+                Kind::AlreadyExists
+                | Kind::PermissionDenied
+                | Kind::NotADirectory
+                | Kind::IsADirectory => Code::InvalidArg,
+                _ => Code::Internal,
+            };
+            Error::new(
+                code,
+                format!("load parameter 'file:{path}': cannot stage it: {e}"),
+            )
+        })?;
     }
-}
-
-impl Drop for StagingDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
+    Ok(staging)
 }

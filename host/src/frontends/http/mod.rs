@@ -32,6 +32,7 @@ use super::{
 use crate::{
     error::{Code, Error},
     inference::{InferRequest, InferResponse, Parameters, RequestedOutput},
+    names::ModelName,
     proto::inference::{ModelStatistics, StatisticDuration},
     repository::config::to_json,
     scheduling::{model_manager::LoadOverride, server::Server},
@@ -108,6 +109,9 @@ async fn authenticate(
         if let Err(e) = st.restrictions.check(group, |name| {
             headers.get(name).and_then(|v| v.to_str().ok())
         }) {
+            if request.uri().path().starts_with("/v1/") {
+                return super::openai::error_response(&e, None);
+            }
             return ApiError(e).into_response();
         }
     }
@@ -826,7 +830,8 @@ async fn run_infer(
     // An unknown model is named before anything in the body is (Triton's order).
     let target = st.server.models().get(&model, version)?;
     let config = (json_length == Some(0)).then_some(&target.config);
-    let shared = |input: &str, params: &Parameters| st.shared_memory.input(caller, input, params);
+    let reader = st.shared_memory.reader(caller, st.max_input_size);
+    let shared = |input: &str, params: &Parameters| reader.input(input, params);
     let mut request = codec::decode_request(
         &model,
         version,
@@ -845,6 +850,7 @@ async fn run_infer(
     let _trace = request.trace.clone();
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
+    st.shared_memory.check_outputs(caller, &requested)?;
     let response = st.server.infer(request).await?;
     st.shared_memory
         .write_outputs(caller, &requested, &response)?;
@@ -1013,6 +1019,7 @@ async fn load(
 ) -> ApiResult<Json<Value>> {
     st.server.check_model_control()?;
     let (model, _) = path_parts(&p);
+    ModelName::parse(&model)?;
     caller.require(ModelAction::Load, &model)?;
     let body = read_body(&st, &headers, body).await?;
     let request = optional_json(&body)?;
@@ -1034,7 +1041,7 @@ async fn load(
                     .map_err(|e| {
                         Error::invalid(format!("load parameter '{key}' is not valid base64: {e}"))
                     })?;
-                overrides.files.push((path.to_owned(), content));
+                overrides.add_file(path, content)?;
             }
         }
     }
@@ -1044,7 +1051,7 @@ async fn load(
         ))
         .into());
     }
-    check_load(&caller, &model, &overrides)?;
+    check_load(&st.server, &caller, &model, &overrides)?;
     st.server.models().load(&model, overrides).await?;
     Ok(Json(json!({})))
 }

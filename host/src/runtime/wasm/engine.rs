@@ -14,7 +14,10 @@ use wasmtime::{
     component::Component, Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig,
 };
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    private_dir,
+};
 
 /// How often the epoch advances; deadlines are whole numbers of ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -149,15 +152,18 @@ pub fn load_component(
 ) -> Result<(Component, CompileSource)> {
     let wasm = std::fs::read(wasm_path)
         .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", wasm_path.display())))?;
+    let cache_dir = cache_dir.filter(|dir| match private_dir::ensure_private(dir) {
+        Ok(()) => true,
+        Err(e) => {
+            // Someone else could have written native code there: compile instead.
+            tracing::warn!(error = %e, "not using the compiled-stage cache");
+            false
+        }
+    });
     let cached = cache_dir.map(|dir| dir.join(format!("{}.cwasm", cache_key(engine, &wasm))));
-    if let Some(path) = cached.as_ref().filter(|p| p.is_file()) {
-        // SAFETY: the file was written by `Component::serialize` of an engine with the same
-        // compatibility hash (it is in the file name), in a directory only this user writes.
-        match unsafe { Component::deserialize_file(engine, path) } {
-            Ok(component) => return Ok((component, CompileSource::Cache)),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "ignoring unusable compiled component")
-            }
+    if let Some(path) = &cached {
+        if let Some(component) = load_cached(engine, path) {
+            return Ok((component, CompileSource::Cache));
         }
     }
     let component = Component::new(engine, &wasm).map_err(|e| {
@@ -174,13 +180,41 @@ pub fn load_component(
     Ok((component, CompileSource::Compiled))
 }
 
+/// A compiled component from the (checked, private) cache: a regular file of this user, not a
+/// link; `None` when there is none or it is unusable.
+fn load_cached(engine: &Engine, path: &Path) -> Option<Component> {
+    let bytes = match private_dir::open_owned_file(path) {
+        Ok(mut file) => {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes).ok()?;
+            bytes
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring a compiled component");
+            return None;
+        }
+    };
+    // SAFETY: the file was written by `Component::serialize` of an engine with the same
+    // compatibility hash (it is in the file name), in a directory checked to be this user's
+    // alone, and opened without following links.
+    match unsafe { Component::deserialize(engine, &bytes) } {
+        Ok(component) => Some(component),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring unusable compiled component");
+            None
+        }
+    }
+}
+
 fn store(component: &Component, path: &Path) -> std::io::Result<()> {
     let bytes = component.serialize().map_err(std::io::Error::other)?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    // Write-then-rename so that a concurrent reader never sees half a file.
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(tmp, path)
+    let dir = path.parent().unwrap_or(Path::new("."));
+    // A new file with a random name (never a link someone planted), then renamed into place so
+    // that a concurrent reader never sees half a file.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".cwasm-")
+        .tempfile_in(dir)?;
+    std::io::Write::write_all(&mut tmp, &bytes)?;
+    tmp.persist(path).map(drop).map_err(|e| e.error)
 }

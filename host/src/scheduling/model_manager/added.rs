@@ -26,7 +26,7 @@ impl ModelManager {
         mut config: ModelConfig,
         instances: Vec<Box<dyn ModelInstance>>,
     ) -> Result<()> {
-        let name = config.name.clone();
+        let name = crate::names::ModelName::parse(&config.name)?.to_string();
         validate(
             &mut config,
             &name,
@@ -84,6 +84,7 @@ impl ModelManager {
             runner: Runner::Scheduler(scheduler),
             health: Default::default(),
             generation: None,
+            _staged: None,
         });
         let mut models = self.models.write().map_err(|_| super::poisoned())?;
         models.insert(

@@ -1,0 +1,454 @@
+//! The connections of the listeners, and how the server keeps idle ones from starving it.
+//! Every listener (HTTP, gRPC, metrics) accepts through [`serve`], which holds its connections
+//! to three rules:
+//!
+//! - a connection must start its first request within the header timeout (a client that
+//!   connects and sends nothing, or only part of a header, or only the HTTP/2 preface, is
+//!   closed), and one with no request in flight is closed after the idle timeout;
+//! - all listeners together hold at most [`ConnectionLimits::max_connections`]; at the cap a
+//!   new connection takes the place of the idle one that has waited longest (never-used
+//!   first), or is closed at once when every connection is busy, so that real requests keep
+//!   being served while idle connections are shed;
+//! - the soft limit on open files is raised to the hard limit once ([`raise_open_files_limit`]),
+//!   and the default cap stays below it, leaving descriptors for models and logs.
+//!
+//! A request counts as in flight from its headers until its response body ends (a stream
+//! included), so a long inference or a token stream is never mistaken for idleness.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex, OnceLock, PoisonError,
+    },
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use axum::{body::Body, Router};
+use bytes::Bytes;
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// How the listeners treat connections (`--http-header-timeout`, `--http-idle-timeout`,
+/// `--max-connections`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Time a new connection has to send its first request's headers.
+    pub header_timeout: Duration,
+    /// Time a connection with no request in flight stays open.
+    pub idle_timeout: Duration,
+    /// Most connections open at once over all listeners; 0 derives it from the open-files
+    /// limit (three quarters of it).
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            max_connections: 0,
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit (once per process) and returns the
+/// soft limit in force.
+pub fn raise_open_files_limit() -> u64 {
+    static LIMIT: OnceLock<u64> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit read and write the struct we own.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return 1024;
+        }
+        let before = limit.rlim_cur;
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            // SAFETY: as above.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                limit.rlim_cur = limit.rlim_max;
+            }
+        }
+        tracing::info!(
+            before,
+            now = limit.rlim_cur,
+            "open files limit (RLIMIT_NOFILE)"
+        );
+        limit.rlim_cur
+    })
+}
+
+/// One open connection, as the table sees it.
+struct Connection {
+    id: u64,
+    opened: Instant,
+    /// Requests whose response has not ended.
+    in_flight: AtomicUsize,
+    /// Requests started so far.
+    started: AtomicU64,
+    /// When the last request ended, in milliseconds since `opened`.
+    last_done_ms: AtomicU64,
+    /// Cancelled to close the connection at once.
+    close: CancellationToken,
+}
+
+impl Connection {
+    /// Since when it has had no request in flight, or `None` while one is.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        Some(self.opened + Duration::from_millis(self.last_done_ms.load(Ordering::Acquire)))
+    }
+
+    fn never_used(&self) -> bool {
+        self.started.load(Ordering::Acquire) == 0
+    }
+
+    /// When the rules close it if nothing happens before.
+    fn deadline(&self, limits: &ConnectionLimits) -> Option<Instant> {
+        let since = self.idle_since()?;
+        Some(if self.never_used() {
+            since + limits.header_timeout
+        } else {
+            since + limits.idle_timeout
+        })
+    }
+}
+
+/// A request in flight on a connection; ends when dropped (with the response body).
+struct InFlight(Arc<Connection>);
+
+impl InFlight {
+    fn start(conn: &Arc<Connection>) -> Self {
+        conn.started.fetch_add(1, Ordering::AcqRel);
+        conn.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(conn.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let elapsed = self.0.opened.elapsed().as_millis() as u64;
+        self.0.last_done_ms.store(elapsed, Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request in flight until it ends or is dropped.
+struct TrackedBody {
+    inner: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The open connections of every listener of one server.
+pub struct ConnectionTable {
+    limits: ConnectionLimits,
+    max: usize,
+    next_id: AtomicU64,
+    open: Mutex<HashMap<u64, Arc<Connection>>>,
+}
+
+impl ConnectionTable {
+    /// A table under `limits`; the cap is derived from the open-files limit when not set.
+    pub fn new(limits: ConnectionLimits) -> Self {
+        let max = match limits.max_connections {
+            0 => (raise_open_files_limit().saturating_mul(3) / 4).clamp(64, 1 << 20) as usize,
+            n => n,
+        };
+        Self {
+            limits,
+            max,
+            next_id: AtomicU64::new(0),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The most connections held at once.
+    pub fn max_connections(&self) -> usize {
+        self.max
+    }
+
+    /// Connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Connection>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes room for a new connection: `None` when at the cap with every connection busy.
+    fn admit(&self) -> Option<Arc<Connection>> {
+        let mut open = self.lock();
+        if open.len() >= self.max {
+            let victim = open
+                .values()
+                .filter_map(|c| c.idle_since().map(|since| (!c.never_used(), since, c)))
+                .min_by_key(|(used, since, _)| (*used, *since))
+                .map(|(_, _, c)| c.clone())?;
+            open.remove(&victim.id);
+            victim.close.cancel();
+            tracing::debug!(
+                connection = victim.id,
+                "closed an idle connection to admit a new one"
+            );
+        }
+        let conn = Arc::new(Connection {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            last_done_ms: AtomicU64::new(0),
+            close: CancellationToken::new(),
+        });
+        open.insert(conn.id, conn.clone());
+        Some(conn)
+    }
+
+    fn remove(&self, conn: &Connection) {
+        self.lock().remove(&conn.id);
+    }
+}
+
+/// Which protocols a listener speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 and HTTP/2 (prior knowledge).
+    Http,
+    /// HTTP/2 only (gRPC).
+    Grpc,
+}
+
+/// Serves `app` on `listener` under the table's rules until `stop` is cancelled, then lets
+/// open connections finish their requests.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    protocol: Protocol,
+    table: Arc<ConnectionTable>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let tasks = tokio_util::task::TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors or a connection reset before accept: wait a little
+                // rather than spin, and keep listening.
+                tracing::warn!("accepting a connection failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(conn) = table.admit() else {
+            tracing::debug!("refused a connection: every connection is busy");
+            continue;
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            // Small messages stall on Nagle + delayed ACK without TCP_NODELAY.
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+        let (app, table, stop) = (app.clone(), table.clone(), stop.clone());
+        tasks.spawn(async move {
+            serve_connection(stream, app, protocol, &table, &conn, stop).await;
+            table.remove(&conn);
+        });
+    }
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    app: Router,
+    protocol: Protocol,
+    table: &ConnectionTable,
+    conn: &Arc<Connection>,
+    stop: CancellationToken,
+) {
+    let limits = table.limits;
+    let tracked = conn.clone();
+    let service = tower::service_fn(move |request: Request<Incoming>| {
+        let in_flight = InFlight::start(&tracked);
+        let deadline = match protocol {
+            Protocol::Grpc => request
+                .headers()
+                .get("grpc-timeout")
+                .and_then(|v| v.to_str().ok())
+                .and_then(grpc_timeout),
+            Protocol::Http => None,
+        };
+        let call = app.clone().oneshot(request);
+        async move {
+            let response = match deadline {
+                // What tonic's own server does with the header: the call is dropped (its work
+                // cancelled) and the client hears DEADLINE_EXCEEDED.
+                Some(d) => match tokio::time::timeout(d, call).await {
+                    Ok(response) => response?,
+                    Err(_) => tonic::Status::deadline_exceeded(format!(
+                        "the request's deadline ({d:?}, grpc-timeout) passed"
+                    ))
+                    .into_http(),
+                },
+                None => call.await?,
+            };
+            Ok::<_, Infallible>(response.map(|inner| {
+                Body::new(TrackedBody {
+                    inner,
+                    _in_flight: in_flight,
+                })
+            }))
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    builder.http2().timer(TokioTimer::new());
+    if protocol == Protocol::Grpc {
+        builder = builder.http2_only();
+    }
+    let connection =
+        builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+    tokio::pin!(connection);
+    let mut draining = false;
+    loop {
+        let deadline = conn
+            .deadline(&limits)
+            .unwrap_or_else(|| Instant::now() + limits.idle_timeout);
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!("connection ended: {e}");
+                }
+                return;
+            }
+            () = conn.close.cancelled() => return,
+            () = stop.cancelled(), if !draining => {
+                draining = true;
+                connection.as_mut().graceful_shutdown();
+            }
+            () = tokio::time::sleep_until(deadline.into()), if !draining => {
+                if conn.deadline(&limits).is_some_and(|d| d <= Instant::now()) {
+                    if conn.never_used() {
+                        // Sent no complete request in time: nothing to finish.
+                        return;
+                    }
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// The deadline of a gRPC request's `grpc-timeout` header (`<digits><H|M|S|m|u|n>`).
+fn grpc_timeout(value: &str) -> Option<Duration> {
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_writes_them() {
+        assert_eq!(grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        for bad in ["", "m", "10x", "-1S", "1234567890S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn at_the_cap_the_longest_idle_never_used_connection_makes_room() {
+        let table = ConnectionTable::new(ConnectionLimits {
+            max_connections: 3,
+            ..Default::default()
+        });
+        let used = table.admit().unwrap();
+        drop(InFlight::start(&used));
+        let idle = table.admit().unwrap();
+        let busy = table.admit().unwrap();
+        let _request = InFlight::start(&busy);
+        // Full: the never-used one goes first, then the one that served a request.
+        let fourth = table.admit().unwrap();
+        assert!(idle.close.is_cancelled() && !used.close.is_cancelled());
+        let _request = InFlight::start(&fourth);
+        table.admit().unwrap();
+        assert!(used.close.is_cancelled());
+        assert!(!busy.close.is_cancelled());
+        assert_eq!(table.open_connections(), 3);
+    }
+
+    #[test]
+    fn at_the_cap_with_every_connection_busy_a_new_one_is_refused() {
+        let table = ConnectionTable::new(ConnectionLimits {
+            max_connections: 1,
+            ..Default::default()
+        });
+        let busy = table.admit().unwrap();
+        let _request = InFlight::start(&busy);
+        assert!(table.admit().is_none());
+        assert!(!busy.close.is_cancelled());
+    }
+}
