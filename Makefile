@@ -169,7 +169,7 @@ $(BENTO_VENV)/.installed: deploy/bentoml/requirements.txt
 
 test-python: build python-package ray-deps bentoml-deps $(AZURITE)
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
-	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python $(VPY) -m pytest -q -p no:cacheprovider tests/python
+	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python $(VPY) -m pytest -q -p no:cacheprovider tests/python tests/security
 
 lint: venv
 	$(CARGO) fmt --all -- --check

@@ -1,0 +1,189 @@
+"""Names from requests never walk the filesystem: model names and `file:` keys of the load API
+(HTTP and gRPC), versions and requested outputs are parsed strictly, and a failed load leaves
+nothing behind. Each attack gets a 4xx naming the field, the planted victims stay as they were,
+and the server still answers real requests."""
+import base64
+import json
+import os
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from attack import (ROOT, RANGE, Server, copy_models, error_text, index_names, plant_victim, raw,
+                    simple_inputs, still_serves)
+
+CONFIG = json.dumps({"backend": "onnxruntime"})
+MODEL = open(os.path.join(ROOT, "model_repository", "simple", "1", "model.onnx"), "rb").read()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("names")
+    copy_models(str(repo), ["simple", "identity_fp32"])
+    s = Server(str(repo), "--model-control-mode", "explicit", "--load-model", "simple")
+    s.repo = repo
+    yield s
+    s.stop()
+
+
+def quoted(name):
+    """A model name as a path segment: '/' and everything unusual percent-encoded."""
+    return "".join(c if c.isalnum() or c in "-_." else "".join(f"%{b:02X}" for b in c.encode())
+                   for c in name)
+
+
+def load_body(files):
+    params = {"config": CONFIG}
+    params.update({f"file:{k}": base64.b64encode(v).decode() for k, v in files.items()})
+    return {"parameters": params}
+
+
+def hostile_names(server, victim):
+    return [
+        # Climbs from the staging folder to the victim; loading used to delete it.
+        "x/../../../../../../.." + str(victim),
+        "x/../" + str(victim),
+        "/etc",
+        f"../{os.path.basename(server.repo)}/simple",
+        "simple/../simple",
+        "..",
+        ".",
+        "a\\..\\b",
+        "a\x00b",
+        "a\nb",
+        "",
+        "m" * 300,
+    ]
+
+
+def test_model_names_that_climb_out_are_refused_over_http(server, tmp_path):
+    victim, untouched = plant_victim(tmp_path)
+    before = index_names(server)
+    for name in hostile_names(server, victim):
+        path = f"/v2/repository/models/{quoted(name)}/load"
+        status, body = raw(server.http, "POST", path, load_body({"1/model.onnx": MODEL}))
+        if name == "":
+            assert status in (400, 404, 405), (name, status, body)  # no such route
+            continue
+        assert status == 400, (name, status, body)
+        assert "invalid model name" in error_text(body), (name, body)
+        status, body = raw(server.http, "POST", f"/v2/repository/models/{quoted(name)}/unload", {})
+        assert status == 400, (name, status, body)
+    untouched()
+    assert index_names(server) == before
+    still_serves(server)
+
+
+def test_model_names_that_climb_out_are_refused_over_grpc(server, tmp_path):
+    victim, untouched = plant_victim(tmp_path)
+    client = grpcclient.InferenceServerClient(server.grpc)
+    before = index_names(server)
+    for name in hostile_names(server, victim):
+        if "\x00" in name:
+            continue  # gRPC metadata-free string field: tested over HTTP
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model(name, config=CONFIG, files={"file:1/model.onnx": MODEL})
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT", (name, e.value)
+        assert "invalid model name" in e.value.message(), (name, e.value)
+    client.close()
+    untouched()
+    assert index_names(server) == before
+    still_serves(server)
+
+
+@pytest.mark.parametrize("key", [
+    "1/./model.onnx", "1//model.onnx", "", "/model.onnx", "1/", "../escape/model.onnx",
+    "1/../../escape", "1/model\x00.onnx", "1\\..\\..\\escape", "a/b/c/d/e/f/g/h/i/model.onnx",
+])
+def test_file_keys_that_are_not_plain_relative_paths_are_refused(server, key):
+    status, body = raw(server.http, "POST", "/v2/repository/models/uploaded/load",
+                       load_body({key: MODEL}))
+    assert status == 400, (key, status, body)
+    assert "load parameter 'file:" in error_text(body), (key, body)
+    client = grpcclient.InferenceServerClient(server.grpc)
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("uploaded", config=CONFIG, files={f"file:{key}": MODEL})
+    assert "load parameter 'file:" in e.value.message(), (key, e.value)
+    client.close()
+    assert "uploaded" not in index_names(server)
+
+
+def test_colliding_file_keys_are_the_requests_fault(server):
+    status, body = raw(server.http, "POST", "/v2/repository/models/uploaded/load",
+                       load_body({"1": b"x", "1/model.onnx": MODEL}))
+    assert status == 400, (status, body)
+    assert "file:1/model.onnx" in error_text(body), body
+
+
+def test_a_loaded_upload_serves_from_a_private_folder_it_keeps(server):
+    status, body = raw(server.http, "POST", "/v2/repository/models/uploaded/load",
+                       load_body({"1/model.onnx": MODEL}))
+    assert status == 200, body
+    # The staging folder is not at a name another user could predict and plant.
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    assert not [n for n in os.listdir(tmp) if n.startswith("wasmtron-load-") and "uploaded" in n]
+    still_serves(server, "uploaded")
+    assert raw(server.http, "POST", "/v2/repository/models/uploaded/unload", {})[0] == 200
+
+
+def test_failed_loads_of_unknown_names_leave_no_trace_in_the_index(server):
+    before = index_names(server)
+    for i in range(300):
+        status, body = raw(server.http, "POST", f"/v2/repository/models/ghost{i}/load", {})
+        assert status in (400, 404), (status, body)
+        assert f"ghost{i}" in error_text(body), body
+    client = grpcclient.InferenceServerClient(server.grpc)
+    for i in range(20):
+        with pytest.raises(InferenceServerException):
+            client.load_model(f"grpc_ghost{i}")
+    client.close()
+    assert index_names(server) == before
+    # A model of the repository that fails keeps its entry with the reason.
+    still_serves(server)
+
+
+@pytest.mark.parametrize("version", ["+1", "01", "-1", "1.0", "%201", "1%20", "0x1", "1e0",
+                                     "99999999999999999999"])
+def test_versions_are_decimal_digits_only(server, version):
+    for suffix, method in (("infer", "POST"), ("ready", "GET"), ("config", "GET"), ("stats", "GET"),
+                           ("", "GET")):
+        path = f"/v2/models/simple/versions/{version}" + (f"/{suffix}" if suffix else "")
+        body = {"inputs": []} if method == "POST" else None
+        status, answer = raw(server.http, method, path, body)
+        assert status == 400, (path, status, answer)
+        assert "invalid version" in error_text(answer), (path, answer)
+    client = grpcclient.InferenceServerClient(server.grpc)
+    plain = version.replace("%20", " ")
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", simple_inputs(grpcclient, RANGE, RANGE), model_version=plain)
+    assert "invalid version" in e.value.message(), e.value
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("simple", model_version=plain)
+    assert "invalid version" in e.value.message(), e.value
+    client.close()
+
+
+def test_version_one_still_works(server):
+    client = httpclient.InferenceServerClient(server.http)
+    r = client.infer("simple", simple_inputs(httpclient, RANGE, RANGE), model_version="1")
+    assert (r.as_numpy("OUTPUT0") == RANGE + RANGE).all()
+
+
+def test_an_output_requested_twice_is_named(server):
+    body = {
+        "inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+                   for n in ("INPUT0", "INPUT1")],
+        "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}],
+    }
+    status, answer = raw(server.http, "POST", "/v2/models/simple/infer", body)
+    assert status == 400, (status, answer)
+    assert "requested output 'OUTPUT0' appears more than once" in error_text(answer), answer
+    client = grpcclient.InferenceServerClient(server.grpc)
+    outputs = [grpcclient.InferRequestedOutput("OUTPUT1"), grpcclient.InferRequestedOutput("OUTPUT1")]
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", simple_inputs(grpcclient, RANGE, RANGE), outputs=outputs)
+    assert "requested output 'OUTPUT1' appears more than once" in e.value.message(), e.value
+    client.close()
+    still_serves(server)
