@@ -97,10 +97,15 @@ pub struct ScratchDir {
 impl ScratchDir {
     /// A new, empty scratch directory whose name starts with `prefix`.
     pub fn new(prefix: &str) -> io::Result<Self> {
+        Self::new_in(&std::env::temp_dir(), prefix)
+    }
+
+    /// A new, empty scratch directory in `parent` whose name starts with `prefix`.
+    pub fn new_in(parent: &Path, prefix: &str) -> io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix(prefix)
             .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .tempdir()?;
+            .tempdir_in(parent)?;
         check_private(dir.path())?;
         Ok(Self { dir })
     }

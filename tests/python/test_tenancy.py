@@ -181,8 +181,9 @@ def test_a_stage_calls_other_models_only_within_its_callers_permissions(server):
 
     # alpha may infer with probe_bls and with the model it calls (simple).
     assert probe("alpha").as_numpy("OUTPUT0").tolist() == [list(map(float, range(0, 32, 2)))]
-    # gamma may run the stage, but not reach simple through it.
-    text = refused(lambda: probe("gamma"), "400")
+    # gamma may run the stage, but not reach simple through it: the refusal is the answer
+    # (403), whatever the stage makes of the failed call.
+    text = refused(lambda: probe("gamma"), "403")
     assert "tenant 'gamma' may not infer with model 'simple'" in text
 
 

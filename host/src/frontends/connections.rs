@@ -312,8 +312,15 @@ async fn serve_connection(
 ) {
     let limits = table.limits;
     let tracked = conn.clone();
-    let service = tower::service_fn(move |request: Request<Incoming>| {
+    let peer = stream.peer_addr().ok();
+    let service = tower::service_fn(move |mut request: Request<Incoming>| {
         let in_flight = InFlight::start(&tracked);
+        // Who is on the other end, for handlers that care (axum's `ConnectInfo`).
+        if let Some(peer) = peer {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+        }
         let deadline = match protocol {
             Protocol::Grpc => request
                 .headers()

@@ -588,7 +588,7 @@ impl GrpcInferenceService for GrpcService {
         let caller = self.caller(&r, ApiGroup::Inference)?;
         let context = TraceContext::of(r.metadata());
         let r = r.into_inner();
-        let track = caller.track(&r.model_name);
+        let track = super::track(&self.server, &caller, &r.model_name);
         let result = async {
             caller.require(ModelAction::Infer, &r.model_name)?;
             let _admission = caller.admit(prost::Message::encoded_len(&r))?;
@@ -614,7 +614,15 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        let caller = self.caller(&r, ApiGroup::Inference)?;
+        let first = self.caller(&r, ApiGroup::Inference)?;
+        // The key is checked again for every request on the stream: one revoked (or whose
+        // permissions changed) by a reload stops working on streams already open.
+        let key: Option<String> = r
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let tenancy = self.tenancy.clone();
         let server = self.server.clone();
         let shm = self.shared_memory.clone();
         let max_bytes = self.max_message_size;
@@ -625,8 +633,19 @@ impl GrpcInferenceService for GrpcService {
         // for a decoupled model); errors travel in-band as Triton does.
         let responses = incoming.flat_map(move |item| match item {
             Ok(req) => {
+                let caller = match &tenancy {
+                    Some(tenancy) => match tenancy.authenticate(key.as_deref()) {
+                        Ok(caller) => caller,
+                        Err(e) => {
+                            let id = req.id;
+                            return futures::stream::once(async move { Ok(stream_error(id, e)) })
+                                .boxed();
+                        }
+                    },
+                    None => first.clone(),
+                };
                 // Accounted once admitted (or refused); its errors travel in-band.
-                let track = caller.track(&req.model_name);
+                let track = super::track(&server, &caller, &req.model_name);
                 let admitted = caller
                     .require(ModelAction::Infer, &req.model_name)
                     .and_then(|()| caller.admit(prost::Message::encoded_len(&req)));

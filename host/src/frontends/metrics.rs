@@ -1,9 +1,22 @@
 //! Prometheus metrics with Triton's names and labels, rendered at scrape time from the same
 //! counters that feed the statistics extension.
+//!
+//! With tenants, the metrics name every tenant and its models, which a tenant must not learn
+//! of another: a scrape needs an administrator's key or must come from the loopback interface
+//! (where the operator's Prometheus agent runs).
 
-use std::sync::{atomic::Ordering::Relaxed, Arc};
+use std::{
+    net::SocketAddr,
+    sync::{atomic::Ordering::Relaxed, Arc},
+};
 
-use axum::{extract::State, http::header, response::IntoResponse, routing::get, Router};
+use axum::{
+    extract::{ConnectInfo, State},
+    http::{header, HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::get,
+    Extension, Router,
+};
 use prometheus::{
     core::Collector, proto::MetricFamily, Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts,
     TextEncoder,
@@ -27,12 +40,38 @@ pub fn router(server: Arc<Server>, tenancy: Option<Arc<Tenancy>>) -> Router {
         .with_state(MetricsState { server, tenancy })
 }
 
-async fn metrics(State(st): State<MetricsState>) -> impl IntoResponse {
+async fn metrics(
+    State(st): State<MetricsState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(tenancy) = &st.tenancy {
+        let loopback = peer.is_some_and(|Extension(ConnectInfo(a))| a.ip().is_loopback());
+        if !loopback {
+            let key = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            let allowed = tenancy
+                .authenticate(key)
+                .and_then(|caller| caller.require_admin("the metrics of a server with tenants"));
+            if let Err(e) = allowed {
+                let status = super::http::status_for(e.code);
+                let body = serde_json::json!({ "error": e.message }).to_string();
+                return (status, [(header::CONTENT_TYPE, "application/json")], body)
+                    .into_response();
+            }
+        }
+    }
     let mut text = render(&st.server);
     if let Some(tenancy) = &st.tenancy {
         text.push_str(&render_tenants(tenancy));
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        text,
+    )
+        .into_response()
 }
 
 /// Each tenant's inference requests by model and outcome, and what it has in flight.

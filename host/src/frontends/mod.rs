@@ -21,7 +21,7 @@ use crate::{
         ModelConfig, ModelMetadataResponse, ModelStatistics, StatisticDuration,
     },
     scheduling::{model_manager::LoadOverride, server::Server, stats::DurationStat},
-    tenancy::{Caller, ModelAction},
+    tenancy::{Caller, ModelAction, Tracked},
     tensor::DataType,
 };
 
@@ -219,6 +219,14 @@ pub fn model_statistics(
             }
         })
         .collect())
+}
+
+/// Starts accounting a request to `model` for the caller's tenant. A name that is not loaded
+/// is accounted under the empty model label: clients choose names, and every label value would
+/// be kept for good (a bad version or an open stream would otherwise record any name).
+pub fn track(server: &Server, caller: &Caller, model: &str) -> Tracked {
+    let known = matches!(caller, Caller::Anyone) || server.models().get(model, None).is_ok();
+    caller.track(if known { model } else { "" })
 }
 
 /// Records on the request whom it runs for, so that the stages it reaches call other models

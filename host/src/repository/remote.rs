@@ -7,15 +7,26 @@
 //! from the standard environment variables of each cloud (`AWS_ACCESS_KEY_ID`,
 //! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL`;
 //! `GOOGLE_APPLICATION_CREDENTIALS`; `AZURE_STORAGE_ACCOUNT`, `AZURE_STORAGE_KEY`).
+//!
+//! The copy lives in a private directory with a random name (mode 0700, made atomically, so no
+//! other local user can prepare or swap it); objects stream to disk, each under a size cap
+//! ([`MAX_OBJECT_BYTES`]); an object the store lists but cannot name, or one that is too large
+//! or would leave the copy, is skipped with a warning instead of stopping the sync.
 
 use std::{
     collections::HashMap,
+    os::unix::fs::DirBuilderExt,
     path::{Component, Path as FsPath, PathBuf},
     sync::Arc,
 };
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::{path::Path as ObjectPath, ObjectStore, ObjectStoreExt};
+
+use crate::private_dir::ScratchDir;
+
+/// Largest object copied from a remote repository (32 GiB: above any model file).
+pub const MAX_OBJECT_BYTES: u64 = 32 << 30;
 
 /// Why a remote repository cannot be opened or read.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +171,8 @@ pub struct Mirror {
     url: String,
     store: Arc<dyn ObjectStore>,
     prefix: Option<ObjectPath>,
-    local: PathBuf,
+    local: ScratchDir,
+    max_object_bytes: u64,
     /// Version (ETag, else size and time) of each object copied, by relative path.
     copied: tokio::sync::Mutex<HashMap<String, String>>,
 }
@@ -169,7 +181,7 @@ impl std::fmt::Debug for Mirror {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mirror")
             .field("url", &self.url)
-            .field("local", &self.local)
+            .field("local", &self.local.path())
             .finish()
     }
 }
@@ -188,19 +200,19 @@ impl Mirror {
     /// Nothing is downloaded until [`Mirror::sync`].
     pub fn open(url: &str, parent: &FsPath) -> Result<Self, RemoteError> {
         let target = parse(url)?;
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let local = parent.join(format!("wasmtron-repository-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&local).map_err(|error| RemoteError::Io {
-            url: url.to_owned(),
-            path: local.clone(),
-            error,
+        let local = ScratchDir::new_in(parent, "wasmtron-repository-").map_err(|error| {
+            RemoteError::Io {
+                url: url.to_owned(),
+                path: parent.to_owned(),
+                error,
+            }
         })?;
         Ok(Self {
             url: url.to_owned(),
             store: target.store,
             prefix: (!target.prefix.is_empty()).then(|| ObjectPath::from(target.prefix.as_str())),
             local,
+            max_object_bytes: MAX_OBJECT_BYTES,
             copied: Default::default(),
         })
     }
@@ -212,7 +224,7 @@ impl Mirror {
 
     /// The directory the server reads the repository from.
     pub fn local_dir(&self) -> &FsPath {
-        &self.local
+        self.local.path()
     }
 
     /// Brings the local copy up to date: downloads new and changed objects (each written to a
@@ -224,44 +236,50 @@ impl Mirror {
             url: self.url.clone(),
             error,
         };
-        let listing: Vec<object_store::ObjectMeta> = self
-            .store
-            .list(self.prefix.as_ref())
-            .try_collect()
-            .await
-            .map_err(store_error)?;
+        let mut listed = self.store.list(self.prefix.as_ref());
+        let (mut listing, mut first_error) = (Vec::new(), None);
+        while let Some(item) = listed.next().await {
+            match item {
+                Ok(meta) => listing.push(meta),
+                Err(error) => {
+                    // One key the store cannot name must not stop every later sync.
+                    tracing::warn!(repository = %self.url, %error, "skipping an object the store lists but cannot read");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        if let (true, Some(error)) = (listing.is_empty(), first_error) {
+            return Err(store_error(error));
+        }
         let mut present = HashMap::new();
         let mut report = SyncReport::default();
         for meta in listing {
             let Some(relative) = self.relative(&meta.location) else {
+                tracing::warn!(repository = %self.url, object = %meta.location, "skipping an object whose path would leave the local copy");
                 continue;
             };
+            if meta.size > self.max_object_bytes {
+                tracing::warn!(repository = %self.url, object = %meta.location, bytes = meta.size, "skipping an object larger than the cap of {} bytes", self.max_object_bytes);
+                continue;
+            }
             let version = meta
                 .e_tag
                 .clone()
                 .unwrap_or_else(|| format!("{}@{}", meta.size, meta.last_modified));
             if copied.get(&relative) != Some(&version) {
-                let bytes = self
-                    .store
-                    .get(&meta.location)
-                    .await
-                    .map_err(store_error)?
-                    .bytes()
-                    .await
-                    .map_err(store_error)?;
-                self.write(&relative, &bytes)?;
+                self.fetch(&meta.location, &relative).await?;
                 report.fetched += 1;
             }
             present.insert(relative, version);
         }
         for gone in copied.keys().filter(|k| !present.contains_key(*k)) {
-            let path = self.local.join(gone);
+            let path = self.local.path().join(gone);
             if std::fs::remove_file(&path).is_ok() {
                 report.removed += 1;
             }
             // Empty model and version directories go too, so the model disappears.
             let mut dir = path.parent();
-            while let Some(d) = dir.filter(|d| *d != self.local) {
+            while let Some(d) = dir.filter(|d| *d != self.local.path()) {
                 if std::fs::remove_dir(d).is_err() {
                     break;
                 }
@@ -289,25 +307,54 @@ impl Mirror {
         safe.then_some(relative)
     }
 
-    fn write(&self, relative: &str, bytes: &[u8]) -> Result<(), RemoteError> {
-        let path = self.local.join(relative);
+    /// Streams one object to its place in the copy: into a new file with a random name (never
+    /// a link), renamed into place once whole, refused past the size cap.
+    async fn fetch(&self, location: &ObjectPath, relative: &str) -> Result<(), RemoteError> {
+        let path = self.local.path().join(relative);
         let io = |path: &FsPath, error| RemoteError::Io {
             url: self.url.clone(),
             path: path.to_owned(),
             error,
         };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+        let store_error = |error| RemoteError::Store {
+            url: self.url.clone(),
+            error,
+        };
+        let mut stream = self
+            .store
+            .get(location)
+            .await
+            .map_err(store_error)?
+            .into_stream();
+        let mut partial = tempfile::Builder::new()
+            .prefix(".partial-")
+            .tempfile_in(self.local.path())
+            .map_err(|e| io(self.local.path(), e))?;
+        let mut written = 0u64;
+        while let Some(chunk) = stream.try_next().await.map_err(store_error)? {
+            written += chunk.len() as u64;
+            if written > self.max_object_bytes {
+                return Err(io(
+                    &path,
+                    std::io::Error::other(format!(
+                        "the object is larger than the cap of {} bytes",
+                        self.max_object_bytes
+                    )),
+                ));
+            }
+            std::io::Write::write_all(&mut partial, &chunk).map_err(|e| io(&path, e))?;
         }
-        let partial = path.with_extension("wasmtron-partial");
-        std::fs::write(&partial, bytes).map_err(|e| io(&partial, e))?;
-        std::fs::rename(&partial, &path).map_err(|e| io(&path, e))
-    }
-}
-
-impl Drop for Mirror {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.local);
+        if let Some(parent) = path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|e| io(parent, e))?;
+        }
+        partial
+            .persist(&path)
+            .map(drop)
+            .map_err(|e| io(&path, e.error))
     }
 }
 
@@ -316,13 +363,13 @@ mod tests {
     use super::*;
     use object_store::{memory::InMemory, PutPayload};
 
-    fn mirror(store: Arc<dyn ObjectStore>, prefix: &str, dir: &FsPath) -> Mirror {
-        std::fs::create_dir_all(dir).unwrap();
+    fn mirror(store: Arc<dyn ObjectStore>, prefix: &str) -> Mirror {
         Mirror {
             url: "mem://test".into(),
             store,
             prefix: Some(ObjectPath::from(prefix)),
-            local: dir.to_owned(),
+            local: ScratchDir::new("wasmtron-mirror-test-").unwrap(),
+            max_object_bytes: MAX_OBJECT_BYTES,
             copied: Default::default(),
         }
     }
@@ -338,8 +385,8 @@ mod tests {
         put("repo/a/config.pbtxt", "name: \"a\"").await;
         put("repo/a/1/model.onnx", "onnx").await;
         put("other/b/config.pbtxt", "not ours").await;
-        let dir = std::env::temp_dir().join(format!("wasmtron-mirror-test-{}", std::process::id()));
-        let m = mirror(store.clone(), "repo", &dir);
+        let m = mirror(store.clone(), "repo");
+        let dir = m.local_dir().to_path_buf();
         assert_eq!(
             m.sync().await.unwrap(),
             SyncReport {
@@ -380,6 +427,29 @@ mod tests {
         assert!(!dir.join("c").exists(), "an emptied model directory goes");
         drop(m);
         assert!(!dir.exists(), "the local copy is removed with the mirror");
+    }
+
+    #[tokio::test]
+    async fn objects_past_the_cap_are_skipped_and_the_rest_copied() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        for (path, text) in [
+            ("repo/a/config.pbtxt", "small"),
+            ("repo/a/1/model.onnx", "x".repeat(100).as_str()),
+        ] {
+            store
+                .put(&ObjectPath::from(path), PutPayload::from(text.to_owned()))
+                .await
+                .unwrap();
+        }
+        let mut m = mirror(store, "repo");
+        m.max_object_bytes = 10;
+        assert_eq!(m.sync().await.unwrap().fetched, 1);
+        assert!(m.local_dir().join("a/config.pbtxt").is_file());
+        assert!(!m.local_dir().join("a/1/model.onnx").exists());
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(m.local_dir()).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[test]

@@ -59,6 +59,18 @@ pub struct SequenceFlags {
     pub start: bool,
     /// Last request of the sequence.
     pub end: bool,
+    /// The tenant whose sequence it is (`None` without tenants): two tenants' sequences never
+    /// meet, even under the same ID, so no tenant can continue, reset or end another's.
+    pub owner: Option<String>,
+}
+
+/// What the sequence table is keyed by: the owner and the correlation ID.
+type SequenceKey = (Option<String>, SequenceId);
+
+impl SequenceFlags {
+    fn key(&self) -> SequenceKey {
+        (self.owner.clone(), self.id.clone())
+    }
 }
 
 /// Reads `sequence_id`, `sequence_start` and `sequence_end`; an error names the model and the
@@ -97,6 +109,11 @@ pub fn sequence_flags(model: &str, request: &InferRequest) -> Result<SequenceFla
         ))),
     };
     Ok(SequenceFlags {
+        owner: request
+            .callers
+            .first()
+            .and_then(crate::tenancy::Caller::tenant)
+            .map(str::to_owned),
         id,
         start: flag("sequence_start")?,
         end: flag("sequence_end")?,
@@ -147,9 +164,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 const REMEMBERED_RELEASES: usize = 10_000;
 
 struct Table {
-    sequences: HashMap<SequenceId, Arc<Sequence>>,
+    sequences: HashMap<SequenceKey, Arc<Sequence>>,
     /// Sequences released for being idle (their state dropped), until the next sweep after.
-    released: HashMap<SequenceId, Instant>,
+    released: HashMap<SequenceKey, Instant>,
     last_sweep: Instant,
 }
 
@@ -160,7 +177,7 @@ impl Table {
             s.idle_since()
                 .is_some_and(|t| now.saturating_duration_since(t) > max_idle)
         };
-        let expired: Vec<SequenceId> = self
+        let expired: Vec<SequenceKey> = self
             .sequences
             .iter()
             .filter(|(_, s)| idle(s))
@@ -316,10 +333,10 @@ impl SequenceBatcher {
             let mut table = lock(&self.table);
             if table
                 .sequences
-                .get(&flags.id)
+                .get(&flags.key())
                 .is_some_and(|s| Arc::ptr_eq(s, &busy.0))
             {
-                table.sequences.remove(&flags.id);
+                table.sequences.remove(&flags.key());
             }
         }
         result.map_err(|e| (e, false))
@@ -332,18 +349,18 @@ impl SequenceBatcher {
         let max_idle = self.spec.max_idle;
         let mut table = lock(&self.table);
         let due = now.saturating_duration_since(table.last_sweep) > max_idle;
-        let this_one_idle = table.sequences.get(&flags.id).is_some_and(|s| {
+        let this_one_idle = table.sequences.get(&flags.key()).is_some_and(|s| {
             s.idle_since()
                 .is_some_and(|t| now.saturating_duration_since(t) > max_idle)
         });
         if due || this_one_idle {
             table.sweep(now, max_idle);
         }
-        let existing = table.sequences.get(&flags.id).cloned();
+        let existing = table.sequences.get(&flags.key()).cloned();
         let sequence = match existing {
             Some(s) => s,
             None if !flags.start => {
-                let hint = if table.released.contains_key(&flags.id) {
+                let hint = if table.released.contains_key(&flags.key()) {
                     format!(
                         " (it was released after {} ms without a request: \
                          max_sequence_idle_microseconds)",
@@ -355,7 +372,7 @@ impl SequenceBatcher {
                 return Err(self.not_started(&flags.id, &hint));
             }
             None => {
-                table.released.remove(&flags.id);
+                table.released.remove(&flags.key());
                 let s = Arc::new(Sequence {
                     busy: AtomicUsize::new(0),
                     last_used: Mutex::new(now),
@@ -364,7 +381,7 @@ impl SequenceBatcher {
                         ended: false,
                     }),
                 });
-                table.sequences.insert(flags.id.clone(), s.clone());
+                table.sequences.insert(flags.key(), s.clone());
                 s
             }
         };
@@ -536,7 +553,8 @@ mod tests {
             SequenceFlags {
                 id: SequenceId::Number(7),
                 start: true,
-                end: false
+                end: false,
+                owner: None,
             }
         );
         let f = sequence_flags(

@@ -798,7 +798,7 @@ async fn infer(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let track = caller.track(&path_parts(&p).0);
+    let track = super::track(&st.server, &caller, &path_parts(&p).0);
     let result = run_infer(&st, &caller, &p, &headers, body).await;
     track.finish(outcome(&result));
     result
@@ -911,7 +911,7 @@ async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let track = caller.track(&path_parts(&p).0);
+    let track = super::track(&st.server, &caller, &path_parts(&p).0);
     let result = run_generate(&st, &caller, &p, &headers, body).await;
     track.finish(outcome(&result));
     result
@@ -951,7 +951,7 @@ async fn generate_stream(
 ) -> ApiResult<Response> {
     use axum::response::sse::{Event, Sse};
     // Accounted as a success once the stream starts; its errors travel in-band.
-    let track = caller.track(&path_parts(&p).0);
+    let track = super::track(&st.server, &caller, &path_parts(&p).0);
     let started = generate_request(&st, &caller, &p, &headers, body).await;
     track.finish(started.as_ref().map(|_| ()).map_err(|e| e.code));
     let (request, admission) = started?;

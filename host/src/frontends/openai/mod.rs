@@ -210,7 +210,7 @@ async fn complete(
         Ok(a) => a,
         Err(e) => return error_response(&e, None),
     };
-    let track = caller.track(&parsed.model);
+    let track = super::track(&st.server, &caller, &parsed.model);
     super::on_behalf_of(&caller, &mut parsed.request);
     let mut items = st.server.infer_stream(parsed.request);
     let id = completion_id(kind);

@@ -206,7 +206,12 @@ impl wit_host::Host for StageState {
         caller
             .infer(request)
             .map(|resp| resp.outputs.iter().map(to_wit_tensor).collect())
-            .map_err(to_wit_error)
+            .map_err(|e| {
+                if e.code == Code::PermissionDenied && self.refused_call.is_none() {
+                    self.refused_call = Some(e.clone());
+                }
+                to_wit_error(e)
+            })
     }
 }
 
@@ -468,6 +473,7 @@ impl ModelInstance for StageInstance {
         store.data_mut().respond = None;
         store.data_mut().callers.clear();
         store.data_mut().batch_inputs = None;
+        let refused_call = store.data_mut().refused_call.take();
         let set_outputs = std::mem::take(&mut store.data_mut().set_outputs);
         let set_bytes: usize = set_outputs.iter().map(|(_, t)| t.data.len()).sum();
         let held = &mut store.data_mut().limits.held_bytes;
@@ -495,6 +501,9 @@ impl ModelInstance for StageInstance {
             self.live = Some((store, stage));
         }
         self.model.health.record_success();
+        if let Some(err) = refused_call {
+            return (all(err), ExecTimings::default());
+        }
         if results.len() != requests.len() {
             let err = Error::internal(format!(
                 "stage '{}' returned {} results for {} requests",

@@ -226,6 +226,10 @@ pub struct StageState {
     pub batch_inputs: Option<Vec<Vec<crate::tensor::Tensor>>>,
     /// Outputs set with `ops.set-output` during `execute`: (request index, tensor).
     pub set_outputs: Vec<(u32, crate::tensor::Tensor)>,
+    /// During `execute`: the first call into another model that the callers may not make.
+    /// The batch then fails with it whatever the stage answers, so that a stage cannot turn
+    /// a refusal into a success (or tell a tenant what another tenant's model would say).
+    pub refused_call: Option<crate::error::Error>,
 }
 
 /// Sends a response (checked outputs) to the request at an index of the current batch.
@@ -272,6 +276,7 @@ impl StageState {
             single_instance: false,
             respond: None,
             callers: Vec::new(),
+            refused_call: None,
             batch_inputs: None,
             set_outputs: Vec::new(),
         })
