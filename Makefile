@@ -100,7 +100,7 @@ model_repository/softmax/1/model.wasm: examples/c/softmax/softmax.c wit/stage.wi
 # is written to fuzz/regressions/<target>/, which tests/fuzz_regressions.rs replays on stable.
 # Needs the nightly toolchain and cargo-fuzz, installed here when missing.
 FUZZ_SECONDS ?= 120
-FUZZ_TARGETS := config_pbtxt http_infer_body grpc_infer_request bytes_codec tenancy_toml generate_request
+FUZZ_TARGETS := config_pbtxt http_infer_body grpc_infer_request bytes_codec tenancy_toml generate_request request_names
 FUZZ_FLAGS := --sanitizer none --debug-assertions --target-dir $(CURDIR)/target/fuzz
 fuzz: toolchain
 	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal

@@ -87,6 +87,11 @@ fn tenancy_toml_inputs() {
 }
 
 #[test]
+fn request_names_inputs() {
+    assert!(replay("request_names", fuzz_checks::request_names) > 0);
+}
+
+#[test]
 fn generate_request_inputs() {
     assert!(replay("generate_request", fuzz_checks::generate_request) > 0);
 }

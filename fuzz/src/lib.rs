@@ -252,3 +252,37 @@ pub fn generate_request(data: &[u8]) {
     let _ = check_request(model, &request);
     let _ = RequestLimits::default().check_request(&request);
 }
+
+/// A name, `file:` key or shared-memory key from a request (the input as text): whatever
+/// the one validator accepts stays inside the folder it is joined to. A model name and a
+/// shared-memory name are one normal path component; a `file:` key is only normal components,
+/// and joining it below a folder never climbs out of it.
+pub fn request_names(data: &[u8]) {
+    use std::path::Component;
+    use wasmtron::names::{ModelFilePath, ModelName, ShmKey};
+
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let one_component = |name: &str| {
+        let mut parts = Path::new(name).components();
+        matches!(parts.next(), Some(Component::Normal(c)) if c == name) && parts.next().is_none()
+    };
+    if let Ok(name) = ModelName::parse(text) {
+        assert!(one_component(name.as_str()), "model name {text:?} accepted");
+        assert!(!name.as_str().contains('\0'));
+    }
+    if let Ok(key) = ShmKey::parse(text) {
+        assert!(one_component(key.file_name()), "shm key {text:?} accepted");
+    }
+    if let Ok(path) = ModelFilePath::parse(text) {
+        let relative = path.to_path();
+        assert!(
+            relative.components().all(|c| matches!(c, Component::Normal(_))),
+            "file key {text:?} accepted as {relative:?}"
+        );
+        assert_eq!(relative.components().count(), path.parts().len());
+        let base = Path::new("/staging");
+        assert!(base.join(&relative).starts_with(base));
+    }
+}

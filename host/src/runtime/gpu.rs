@@ -414,12 +414,28 @@ mod cuda {
                 let _ = unsafe { result::primary_ctx::release(device) };
                 return Err(format!("cannot open the CUDA IPC handle: {e}"));
             }
-            Ok(Self {
+            let buffer = Self {
                 ptr,
                 context,
                 device,
                 len,
-            })
+            };
+            // The client's byte_size is a claim: the driver says how large the allocation
+            // behind the handle really is, and a region may not reach past it (else offsets
+            // would read or corrupt other GPU memory).
+            let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+            // SAFETY: the context is current (set above); `ptr` was just opened in it.
+            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr).result() }
+                .map_err(|e| format!("cannot read the size of the CUDA allocation: {e}"))?;
+            let available = (base as usize + size).saturating_sub(ptr as usize);
+            if len > available {
+                // Dropping `buffer` closes the handle and releases the context.
+                return Err(format!(
+                    "byte_size {len} is larger than the CUDA allocation behind the handle \
+                     ({available} bytes)"
+                ));
+            }
+            Ok(buffer)
         }
 
         /// Copies `dst.len()` bytes at `offset` to the host.
