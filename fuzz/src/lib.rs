@@ -278,7 +278,9 @@ pub fn request_names(data: &[u8]) {
     if let Ok(path) = ModelFilePath::parse(text) {
         let relative = path.to_path();
         assert!(
-            relative.components().all(|c| matches!(c, Component::Normal(_))),
+            relative
+                .components()
+                .all(|c| matches!(c, Component::Normal(_))),
             "file key {text:?} accepted as {relative:?}"
         );
         assert_eq!(relative.components().count(), path.parts().len());

@@ -46,20 +46,14 @@ async fn metrics(
     headers: HeaderMap,
 ) -> Response {
     if let Some(tenancy) = &st.tenancy {
-        let loopback = peer.is_some_and(|Extension(ConnectInfo(a))| a.ip().is_loopback());
-        if !loopback {
-            let key = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            let allowed = tenancy
-                .authenticate(key)
-                .and_then(|caller| caller.require_admin("the metrics of a server with tenants"));
-            if let Err(e) = allowed {
-                let status = super::http::status_for(e.code);
-                let body = serde_json::json!({ "error": e.message }).to_string();
-                return (status, [(header::CONTENT_TYPE, "application/json")], body)
-                    .into_response();
-            }
+        let peer = peer.map(|Extension(ConnectInfo(a))| a);
+        let key = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if let Err(e) = may_scrape(tenancy, peer, key) {
+            let status = super::http::status_for(e.code);
+            let body = serde_json::json!({ "error": e.message }).to_string();
+            return (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         }
     }
     let mut text = render(&st.server);
@@ -72,6 +66,21 @@ async fn metrics(
         text,
     )
         .into_response()
+}
+
+/// Whether a scrape from `peer` with `authorization` may read a server with tenants: from the
+/// loopback interface, or with an administrator's key.
+fn may_scrape(
+    tenancy: &Tenancy,
+    peer: Option<SocketAddr>,
+    authorization: Option<&str>,
+) -> crate::error::Result<()> {
+    if peer.is_some_and(|a| a.ip().is_loopback()) {
+        return Ok(());
+    }
+    tenancy
+        .authenticate(authorization)?
+        .require_admin("the metrics of a server with tenants (from another host)")
 }
 
 /// Each tenant's inference requests by model and outcome, and what it has in flight.
@@ -251,4 +260,32 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
     families.extend(padded.collect());
     families.extend(warmup.collect());
     families
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{error::Code, tenancy::hash_key};
+
+    #[test]
+    fn with_tenants_only_loopback_or_an_administrator_may_scrape() {
+        let config = format!(
+            "[[tenant]]\nname = \"alpha\"\napi_keys = [\"{}\"]\ninfer = [\"m\"]\n\n\
+             [[tenant]]\nname = \"ops\"\napi_keys = [\"{}\"]\nadmin = true\n",
+            hash_key("alpha-key"),
+            hash_key("ops-key")
+        );
+        let tenancy = Tenancy::parse(&config, "w.toml").unwrap();
+        let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let remote: SocketAddr = "192.0.2.7:5000".parse().unwrap();
+        assert!(may_scrape(&tenancy, Some(local), None).is_ok());
+        assert!(may_scrape(&tenancy, Some("[::1]:1".parse().unwrap()), None).is_ok());
+        let e = may_scrape(&tenancy, Some(remote), None).unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated);
+        let e = may_scrape(&tenancy, Some(remote), Some("Bearer alpha-key")).unwrap_err();
+        assert_eq!(e.code, Code::PermissionDenied);
+        assert!(e.message.contains("metrics"), "{e:?}");
+        assert!(may_scrape(&tenancy, Some(remote), Some("Bearer ops-key")).is_ok());
+        assert!(may_scrape(&tenancy, None, None).is_err());
+    }
 }
