@@ -155,3 +155,23 @@ def test_a_long_request_is_not_mistaken_for_an_idle_connection(tmp_path):
         assert len(answers) == 3 and all(err is None for _, err in answers), answers
     finally:
         server.stop()
+
+
+def test_requests_whose_body_never_comes_do_not_hold_the_server(tmp_path):
+    """Every connection at the cap has sent complete headers and then nothing (a slow-body
+    attack): a new connection takes the place of the one silent longest."""
+    server = start(tmp_path, "--max-connections", "20", "--http-header-timeout-secs", "1")
+    stalled = []
+    try:
+        for _ in range(20):
+            s = open_idle(server.http, 1)[0]
+            s.sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+            stalled.append(s)
+        time.sleep(2)  # silent for longer than the header timeout
+        for _ in range(3):
+            still_serves(server)
+    finally:
+        for s in stalled:
+            s.close()
+        server.stop()

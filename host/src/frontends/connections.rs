@@ -7,8 +7,10 @@
 //!   closed), and one with no request in flight is closed after the idle timeout;
 //! - all listeners together hold at most [`ConnectionLimits::max_connections`]; at the cap a
 //!   new connection takes the place of the idle one that has waited longest (never-used
-//!   first), or is closed at once when every connection is busy, so that real requests keep
-//!   being served while idle connections are shed;
+//!   first); when every connection has a request in flight, of the one whose socket has been
+//!   silent longest, if silent for more than the header timeout (a request whose body never
+//!   comes); else the new one is closed at once. Real requests keep being served while idle
+//!   and stalled connections are shed;
 //! - the soft limit on open files is raised to the hard limit once ([`raise_open_files_limit`]),
 //!   and the default cap stays below it, leaving descriptors for models and logs.
 //!
@@ -106,6 +108,8 @@ struct Connection {
     started: AtomicU64,
     /// When the last request ended, in milliseconds since `opened`.
     last_done_ms: AtomicU64,
+    /// When the socket last carried a byte either way, in milliseconds since `opened`.
+    last_io_ms: AtomicU64,
     /// Cancelled to close the connection at once.
     close: CancellationToken,
 }
@@ -117,6 +121,16 @@ impl Connection {
             return None;
         }
         Some(self.opened + Duration::from_millis(self.last_done_ms.load(Ordering::Acquire)))
+    }
+
+    /// When the socket last carried a byte either way.
+    fn last_io(&self) -> Instant {
+        self.opened + Duration::from_millis(self.last_io_ms.load(Ordering::Acquire))
+    }
+
+    fn touch(&self) {
+        let now = self.opened.elapsed().as_millis() as u64;
+        self.last_io_ms.store(now, Ordering::Release);
     }
 
     fn never_used(&self) -> bool {
@@ -220,16 +234,24 @@ impl ConnectionTable {
     fn admit(&self) -> Option<Arc<Connection>> {
         let mut open = self.lock();
         if open.len() >= self.max {
-            let victim = open
+            let idle = open
                 .values()
                 .filter_map(|c| c.idle_since().map(|since| (!c.never_used(), since, c)))
                 .min_by_key(|(used, since, _)| (*used, *since))
-                .map(|(_, _, c)| c.clone())?;
+                .map(|(_, _, c)| c.clone());
+            let stalled = || {
+                let silent_since = Instant::now().checked_sub(self.limits.header_timeout)?;
+                open.values()
+                    .filter(|c| c.last_io() < silent_since)
+                    .min_by_key(|c| c.last_io())
+                    .cloned()
+            };
+            let victim = idle.or_else(stalled)?;
             open.remove(&victim.id);
             victim.close.cancel();
             tracing::debug!(
                 connection = victim.id,
-                "closed an idle connection to admit a new one"
+                "closed an idle or stalled connection to admit a new one"
             );
         }
         let conn = Arc::new(Connection {
@@ -238,6 +260,7 @@ impl ConnectionTable {
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             last_done_ms: AtomicU64::new(0),
+            last_io_ms: AtomicU64::new(0),
             close: CancellationToken::new(),
         });
         open.insert(conn.id, conn.clone());
@@ -246,6 +269,65 @@ impl ConnectionTable {
 
     fn remove(&self, conn: &Connection) {
         self.lock().remove(&conn.id);
+    }
+}
+
+/// A socket that notes on its connection when it last carried bytes.
+struct ActivityIo {
+    inner: tokio::net::TcpStream,
+    conn: Arc<Connection>,
+}
+
+impl tokio::io::AsyncRead for ActivityIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.conn.touch();
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for ActivityIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.conn.touch();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.conn.touch();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -360,8 +442,11 @@ async fn serve_connection(
     if protocol == Protocol::Grpc {
         builder = builder.http2_only();
     }
-    let connection =
-        builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+    let io = TokioIo::new(ActivityIo {
+        inner: stream,
+        conn: conn.clone(),
+    });
+    let connection = builder.serve_connection(io, TowerToHyperService::new(service));
     tokio::pin!(connection);
     let mut draining = false;
     loop {
@@ -445,6 +530,23 @@ mod tests {
         assert!(used.close.is_cancelled());
         assert!(!busy.close.is_cancelled());
         assert_eq!(table.open_connections(), 3);
+    }
+
+    #[test]
+    fn at_the_cap_a_request_whose_socket_went_silent_makes_room() {
+        let table = ConnectionTable::new(ConnectionLimits {
+            max_connections: 2,
+            header_timeout: Duration::from_millis(1),
+            ..Default::default()
+        });
+        let stalled = table.admit().unwrap();
+        let _request = InFlight::start(&stalled);
+        std::thread::sleep(Duration::from_millis(20));
+        let talking = table.admit().unwrap();
+        let _request = InFlight::start(&talking);
+        talking.touch();
+        table.admit().unwrap();
+        assert!(stalled.close.is_cancelled() && !talking.close.is_cancelled());
     }
 
     #[test]

@@ -37,6 +37,8 @@ use crate::{
 
 /// Most regions one caller (a tenant, or everyone without tenants) may hold at once.
 pub const MAX_REGIONS: usize = 1024;
+/// Longest region name, in bytes (names are kept while the region lives).
+const MAX_REGION_NAME: usize = 1024;
 
 /// Where POSIX shared-memory objects live on Linux (`shm_open(key)` opens `/dev/shm/key`).
 const SHM_DIR: &str = "/dev/shm";
@@ -274,6 +276,12 @@ impl SystemSharedMemory {
         caller.require_admin(kind.api())?;
         if name.is_empty() {
             return Err(Error::invalid("a shared memory region needs a name"));
+        }
+        if name.len() > MAX_REGION_NAME {
+            return Err(Error::invalid(format!(
+                "a shared memory region name is at most {MAX_REGION_NAME} bytes; this one has {}",
+                name.len()
+            )));
         }
         let id = (owner(caller), name.to_owned());
         if self.lock().contains_key(&id) {

@@ -187,6 +187,10 @@ impl ModelRepository {
                 if !path.is_dir() || name.starts_with('.') {
                     continue;
                 }
+                if let Err(e) = crate::names::ModelName::parse(&name) {
+                    tracing::warn!(folder = %path.display(), "skipping a folder that is no model name: {}", e.message);
+                    continue;
+                }
                 if let Some(existing) = models.get(&name) {
                     return Err(RepositoryError::Duplicate {
                         name,
@@ -210,9 +214,13 @@ impl ModelRepository {
     /// Finds one model by name.
     pub fn find(&self, name: &str) -> Result<ModelSource, RepositoryError> {
         let mut found: Option<ModelSource> = None;
+        // Only a plain folder name is joined to a root (`/etc` or `../x` would leave it).
+        if crate::names::ModelName::parse(name).is_err() || name.starts_with('.') {
+            return Err(RepositoryError::NotFound(name.to_owned()));
+        }
         for root in &self.roots {
             let dir = root.join(name);
-            if dir.is_dir() && !name.contains('/') && !name.starts_with('.') {
+            if dir.is_dir() {
                 if let Some(first) = &found {
                     return Err(RepositoryError::Duplicate {
                         name: name.to_owned(),

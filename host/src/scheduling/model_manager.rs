@@ -394,12 +394,19 @@ impl ModelManager {
             .filter(|r| !r.is_empty());
         match (reason, version) {
             (Some(r), _) => Error::invalid(format!("model '{name}' is not available: {r}")),
+            // A failed load of a name the repository does not hold leaves no entry behind.
+            (None, _) if self.repository.find(name).is_err() => Error::invalid(format!(
+                "model '{name}' is not available: the model repository has no model of that name"
+            )),
             (None, Some(v)) => Error::invalid(format!("model '{name}' version {v} is not loaded")),
             (None, None) => Error::invalid(format!("model '{name}' is not loaded")),
         }
     }
 
     async fn load_locked(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
+        // Every load passes here, an ensemble's composing models (named by a configuration)
+        // included.
+        ModelName::parse(name)?;
         {
             let mut models = self.models.write().map_err(|_| poisoned())?;
             let entry = models.entry(name.to_owned()).or_insert_with(|| ModelEntry {
