@@ -8,7 +8,6 @@ pub mod grpc;
 pub mod http;
 pub mod listeners;
 pub mod metrics;
-pub mod openai;
 pub mod restricted;
 pub mod shared_memory;
 pub mod trace;

@@ -27,13 +27,27 @@ use axum::{
 use serde_json::{json, Value};
 
 use self::request::{Invalid, Kind};
-use super::http::{read_body, status_for, HttpState};
+use super::{body::read_body, error::status_for, state::HttpState};
 use crate::{
     error::{Code, Error},
     inference::InferResponse,
     tenancy::{Caller, ModelAction},
     tensor::{bytes_elements, DataType, Tensor},
 };
+
+/// The OpenAI routes.
+pub(crate) fn routes() -> axum::Router<HttpState> {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+}
+
+/// An error in OpenAI's shape, with no field named (the authentication layer's refusals).
+pub fn render_error(error: &Error) -> Response {
+    error_response(error, None)
+}
 
 /// An error as OpenAI's API answers it.
 pub fn error_response(error: &Error, param: Option<&str>) -> Response {
@@ -210,8 +224,8 @@ async fn complete(
         Ok(a) => a,
         Err(e) => return error_response(&e, None),
     };
-    let track = super::track(&st.server, &caller, &parsed.model);
-    super::on_behalf_of(&caller, &mut parsed.request);
+    let track = crate::frontends::track(&st.server, &caller, &parsed.model);
+    crate::frontends::on_behalf_of(&caller, &mut parsed.request);
     let mut items = st.server.infer_stream(parsed.request);
     let id = completion_id(kind);
     let created = now();

@@ -1,0 +1,266 @@
+//! Inference (`/infer`, JSON and binary tensors, shared memory) and generate
+//! (`/generate`, `/generate_stream`).
+
+use std::collections::HashMap;
+
+use axum::{
+    body::Body,
+    extract::{Path, State},
+    http::{header, HeaderMap, HeaderValue},
+    response::{IntoResponse, Response},
+    Extension, Json,
+};
+use serde_json::{json, Value};
+
+use super::{codec, generate, path_parts};
+use crate::{
+    error::{Code, Error},
+    frontends::{
+        http::{
+            body::{header_text, read_body},
+            compression::{accepted_encoding, compress, encoders, PartsBody, LARGE_RESPONSE_BYTES},
+            error::ApiResult,
+            state::HttpState,
+        },
+        on_behalf_of, parse_version,
+        shared_memory::output_parameters,
+        track,
+    },
+    inference::{InferRequest, InferResponse, Parameters, RequestedOutput},
+    tenancy::{Admission, Caller, ModelAction},
+};
+
+/// An encoded response and the content encoding it was compressed with.
+type Encoded = (codec::EncodedResponse, Option<&'static str>);
+
+/// Encodes a response, compressed as the client accepts.
+fn encode_and_compress(
+    accept: Option<&'static str>,
+    parameters: &Parameters,
+    requested: &[RequestedOutput],
+    response: &InferResponse,
+) -> Result<Encoded, Error> {
+    let mut encoded = codec::encode_response(parameters, requested, response)?;
+    if let Some(encoding) = accept {
+        if let Some(body) = compress(encoding, &encoded.parts) {
+            encoded.parts = vec![body];
+            return Ok((encoded, Some(encoding)));
+        }
+    }
+    Ok((encoded, None))
+}
+
+/// [`encode_and_compress`], on a blocking thread when the response is large.
+async fn encode_for(
+    tenant: Option<&str>,
+    headers: &HeaderMap,
+    parameters: Parameters,
+    requested: Vec<RequestedOutput>,
+    response: InferResponse,
+) -> Result<Encoded, Error> {
+    let accept = accepted_encoding(headers);
+    // Outputs written to shared memory are not encoded: they do not count.
+    let size: usize = response
+        .outputs
+        .iter()
+        .filter(|t| output_parameters(&requested, &t.name, 0).is_none())
+        .map(|t| t.data.len())
+        .sum();
+    if size < LARGE_RESPONSE_BYTES {
+        return encode_and_compress(accept, &parameters, &requested, &response);
+    }
+    let _permit = encoders(tenant)
+        .acquire_owned()
+        .await
+        .map_err(|e| Error::internal(format!("cannot encode the response: {e}")))?;
+    tokio::task::spawn_blocking(move || {
+        encode_and_compress(accept, &parameters, &requested, &response)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("encoding the response failed: {e}")))?
+}
+
+/// How a request ended, for the per-tenant accounting.
+fn outcome<T>(result: &ApiResult<T>) -> Result<(), Code> {
+    result.as_ref().map(|_| ()).map_err(|e| e.0.code)
+}
+
+pub(crate) async fn infer(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let track = track(&st.server, &caller, &path_parts(&p).0);
+    let result = run_infer(&st, &caller, &p, &headers, body).await;
+    track.finish(outcome(&result));
+    result
+}
+
+async fn run_infer(
+    st: &HttpState,
+    caller: &Caller,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let (model, version) = path_parts(p);
+    caller.require(ModelAction::Infer, &model)?;
+    let version = parse_version(&model, &version)?;
+    let body = read_body(st, headers, body).await?;
+    let _admission = caller.admit(body.len())?;
+    let json_length = match headers.get(codec::HEADER_LENGTH) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    Error::invalid("Inference-Header-Content-Length must be a non-negative integer")
+                })?,
+        ),
+    };
+    // An unknown model is named before anything in the body is (Triton's order).
+    let target = st.server.models().get(&model, version)?;
+    let config = (json_length == Some(0)).then_some(&target.config);
+    let reader = st.shared_memory.reader(caller, st.max_input_size);
+    let shared = |input: &str, params: &Parameters| reader.input(input, params);
+    let mut request = codec::decode_request(
+        &model,
+        version,
+        body,
+        json_length,
+        config,
+        st.server.limits(),
+        &shared,
+    )?;
+    drop(target);
+    on_behalf_of(caller, &mut request);
+    request.trace = st
+        .tracing
+        .request_span(&model, "http", &|name| header_text(headers, name));
+    // The request's span lasts until its answer is encoded.
+    let _trace = request.trace.clone();
+    let parameters = request.parameters.clone();
+    let requested = request.outputs.clone();
+    st.shared_memory.check_outputs(caller, &requested)?;
+    let response = st.server.infer(request).await?;
+    st.shared_memory
+        .write_outputs(caller, &requested, &response)?;
+    let (encoded, encoding) =
+        encode_for(caller.tenant(), headers, parameters, requested, response).await?;
+    let mut resp = Response::new(Body::new(PartsBody::new(encoded.parts)));
+    let h = resp.headers_mut();
+    match encoded.json_length {
+        Some(len) => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            h.insert(codec::HEADER_LENGTH, HeaderValue::from(len));
+        }
+        None => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+    }
+    if let Some(enc) = encoding {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static(enc));
+    }
+    Ok(resp)
+}
+
+/// Decodes a generate request for the model named in the path.
+async fn generate_request(
+    st: &HttpState,
+    caller: &Caller,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(InferRequest, Admission), Error> {
+    let (model, version) = path_parts(p);
+    caller.require(ModelAction::Infer, &model)?;
+    let version = parse_version(&model, &version)?;
+    let body = read_body(st, headers, body).await?;
+    let admission = caller.admit(body.len())?;
+    let config = st.server.models().get(&model, version)?.config.clone();
+    let json: Value = serde_json::from_slice(&body)
+        .map_err(|e| Error::invalid(format!("generate: the body is not valid JSON: {e}")))?;
+    let mut request = generate::to_request(&config, &model, version, json)?;
+    on_behalf_of(caller, &mut request);
+    request.trace = st
+        .tracing
+        .request_span(&model, "http", &|name| header_text(headers, name));
+    Ok((request, admission))
+}
+
+/// `…/generate`: exactly one response, as JSON.
+pub(crate) async fn generate(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    let track = track(&st.server, &caller, &path_parts(&p).0);
+    let result = run_generate(&st, &caller, &p, &headers, body).await;
+    track.finish(outcome(&result));
+    result
+}
+
+async fn run_generate(
+    st: &HttpState,
+    caller: &Caller,
+    p: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    let (request, _admission) = generate_request(st, caller, p, headers, body).await?;
+    let model = request.model_name.clone();
+    let mut items = st.server.infer_stream(request);
+    let mut responses = Vec::new();
+    while let Some(item) = items.recv().await {
+        responses.push(item?);
+    }
+    match responses.as_slice() {
+        [one] => Ok(Json(generate::to_json(one))),
+        other => Err(Error::invalid(format!(
+            "generate: model '{model}' sent {} responses; use generate_stream to receive them all",
+            other.len()
+        ))
+        .into()),
+    }
+}
+
+/// `…/generate_stream`: every response as a server-sent event, errors in-band.
+pub(crate) async fn generate_stream(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    use axum::response::sse::{Event, Sse};
+    // Accounted as a success once the stream starts; its errors travel in-band.
+    let track = track(&st.server, &caller, &path_parts(&p).0);
+    let started = generate_request(&st, &caller, &p, &headers, body).await;
+    track.finish(started.as_ref().map(|_| ()).map_err(|e| e.code));
+    let (request, admission) = started?;
+    let items = st.server.infer_stream(request);
+    // The admission rides along until the last event is sent.
+    let events = futures::stream::unfold((items, admission), |(mut items, admission)| async move {
+        let item = items.recv().await?;
+        let data = match item {
+            Ok(resp) => generate::to_json(&resp),
+            Err(err) => json!({"error": err.message}),
+        };
+        Some((
+            Ok::<_, std::convert::Infallible>(Event::default().data(data.to_string())),
+            (items, admission),
+        ))
+    });
+    Ok(Sse::new(events).into_response())
+}
