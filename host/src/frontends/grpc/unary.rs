@@ -1,0 +1,49 @@
+//! `ModelInfer`: one request, one response.
+
+use crate::frontends::{
+    on_behalf_of, parse_version, shared_memory::SystemSharedMemory, trace::Tracing,
+};
+use crate::{error::Error, inference::Parameters, scheduling::server::Server, tenancy::Caller};
+
+use super::codec::{decode_request, encode_response};
+use super::*;
+
+/// Fails with NOT_FOUND when the request names no loaded model (version), before anything
+/// else in it is looked at, as Triton answers.
+pub(super) fn known_model(server: &Server, req: &ModelInferRequest) -> Result<(), Error> {
+    let version = parse_version(&req.model_name, &req.model_version)?;
+    server.models().get(&req.model_name, version).map(drop)
+}
+
+pub(super) async fn infer_one(
+    server: &Server,
+    shm: &SystemSharedMemory,
+    max_bytes: usize,
+    tracing: &Tracing,
+    context: &TraceContext,
+    caller: &Caller,
+    req: ModelInferRequest,
+) -> Result<ModelInferResponse, Error> {
+    known_model(server, &req)?;
+    let reader = shm.reader(caller, max_bytes);
+    let shared = |input: &str, params: &Parameters| reader.input(input, params);
+    let mut request = decode_request(req, &shared)?;
+    on_behalf_of(caller, &mut request);
+    request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
+    let _trace = request.trace.clone();
+    if let Some(o) = request
+        .outputs
+        .iter()
+        .find(|o| o.parameters.contains_key("classification"))
+    {
+        return Err(Error::unsupported(format!(
+            "output '{}': the classification extension is not supported",
+            o.name
+        )));
+    }
+    let requested = request.outputs.clone();
+    shm.check_outputs(caller, &requested)?;
+    let response = server.infer(request).await?;
+    shm.write_outputs(caller, &requested, &response)?;
+    Ok(encode_response(response, &requested))
+}
