@@ -1,0 +1,214 @@
+//! The configuration against the model file: inputs, outputs and `max_batch_size` filled in
+//! from the model's signature (auto-complete), and cross-checked with messages that say which
+//! side to change.
+
+use crate::runtime::RuntimeOptions;
+use crate::{
+    error::{Error, Result},
+    proto::inference::{ModelConfig, ModelInput, ModelOutput},
+    repository::sequence::sequence_spec,
+    tensor::{shape_string, DataType},
+};
+
+use super::*;
+
+/// Auto-completes `config` from the model signature and checks that the two agree.
+pub(super) fn reconcile(
+    config: &mut ModelConfig,
+    inputs: &[Signature],
+    outputs: &[Signature],
+    options: &RuntimeOptions,
+) -> Result<()> {
+    let name = config.name.clone();
+    let invalid = |msg: String| Error::invalid(format!("model '{name}': {msg}"));
+    let all_inputs = inputs;
+    for sig in inputs.iter().chain(outputs) {
+        if sig.datatype.is_none() {
+            return Err(invalid(format!(
+                "tensor '{}' of the ONNX model is not a tensor of a supported type",
+                sig.name
+            )));
+        }
+    }
+    // Control and state tensors of a sequence model are the server's, not the client's.
+    let sequence = sequence_spec(config).map_err(&invalid)?;
+    let injected: Vec<String> = sequence
+        .iter()
+        .flat_map(|s| s.injected_inputs().map(str::to_owned))
+        .collect();
+    let state_outputs: Vec<String> = sequence
+        .iter()
+        .flat_map(|s| s.states.iter().map(|st| st.output.clone()))
+        .collect();
+    let inputs: Vec<&Signature> = inputs
+        .iter()
+        .filter(|s| !injected.contains(&s.name))
+        .collect();
+    let model_outputs = outputs;
+    let outputs: Vec<&Signature> = outputs
+        .iter()
+        .filter(|s| !state_outputs.contains(&s.name))
+        .collect();
+    if !options.disable_auto_complete && config.input.is_empty() && config.output.is_empty() {
+        let batchable = config.max_batch_size == 0
+            && options.default_max_batch_size > 0
+            && inputs
+                .iter()
+                .chain(&outputs)
+                .all(|s| s.shape.first() == Some(&-1));
+        if batchable {
+            config.max_batch_size = options.default_max_batch_size;
+        }
+        let skip = usize::from(config.max_batch_size > 0);
+        config.input = inputs
+            .iter()
+            .map(|s| ModelInput {
+                name: s.name.clone(),
+                data_type: s.datatype.map_or(0, DataType::config_value),
+                dims: s.shape.get(skip..).unwrap_or_default().to_vec(),
+                ..Default::default()
+            })
+            .collect();
+        config.output = outputs
+            .iter()
+            .map(|s| ModelOutput {
+                name: s.name.clone(),
+                data_type: s.datatype.map_or(0, DataType::config_value),
+                dims: s.shape.get(skip..).unwrap_or_default().to_vec(),
+                ..Default::default()
+            })
+            .collect();
+    }
+    if config.input.is_empty() || config.output.is_empty() {
+        return Err(invalid(
+            "config.pbtxt declares no inputs or no outputs and auto-complete is disabled"
+                .to_owned(),
+        ));
+    }
+    let batch = config.max_batch_size;
+    for input in &config.input {
+        // With `reshape`, the model sees the reshaped form.
+        let shape = input.reshape.as_ref().map_or(&input.dims, |r| &r.shape);
+        check_against_model(
+            "input",
+            &input.name,
+            input.data_type,
+            shape,
+            batch,
+            all_inputs,
+        )
+        .map_err(&invalid)?;
+    }
+    for sig in &inputs {
+        if !config.input.iter().any(|i| i.name == sig.name) {
+            return Err(invalid(format!(
+                "the ONNX model has input '{}' {} {} that config.pbtxt does not declare",
+                sig.name,
+                sig.datatype.map_or("?", |d| d.config_name()),
+                shape_string(&sig.shape)
+            )));
+        }
+    }
+    for output in &config.output {
+        let shape = output.reshape.as_ref().map_or(&output.dims, |r| &r.shape);
+        check_against_model(
+            "output",
+            &output.name,
+            output.data_type,
+            shape,
+            batch,
+            model_outputs,
+        )
+        .map_err(&invalid)?;
+    }
+    for control in sequence.iter().flat_map(|s| &s.controls) {
+        let data_type = control.datatype.config_value();
+        check_against_model("input", &control.name, data_type, &[1], batch, all_inputs)
+            .map_err(|e| invalid(format!("control {e}")))?;
+    }
+    for state in sequence.iter().flat_map(|s| &s.states) {
+        let data_type = state.datatype.config_value();
+        check_against_model(
+            "input",
+            &state.input,
+            data_type,
+            &state.dims,
+            batch,
+            all_inputs,
+        )
+        .map_err(|e| invalid(format!("state {e}")))?;
+        check_against_model(
+            "output",
+            &state.output,
+            data_type,
+            &state.dims,
+            batch,
+            model_outputs,
+        )
+        .map_err(|e| invalid(format!("state {e}")))?;
+    }
+    Ok(())
+}
+
+pub(super) fn check_against_model(
+    kind: &str,
+    name: &str,
+    data_type: i32,
+    dims: &[i64],
+    max_batch_size: i32,
+    model: &[Signature],
+) -> std::result::Result<(), String> {
+    let Some(sig) = model.iter().find(|s| s.name == name) else {
+        let names: Vec<&str> = model.iter().map(|s| s.name.as_str()).collect();
+        return Err(format!(
+            "{kind} '{name}' in config.pbtxt is not an {kind} of the ONNX model (its {kind}s are: {})",
+            names.join(", ")
+        ));
+    };
+    let declared = DataType::from_config_value(data_type);
+    if declared != sig.datatype {
+        return Err(format!(
+            "{kind} '{name}': config.pbtxt says data_type {} but the ONNX model has {}",
+            declared.map_or("TYPE_INVALID", |d| d.config_name()),
+            sig.datatype
+                .map_or("an unsupported type", |d| d.config_name())
+        ));
+    }
+    let batch = usize::from(max_batch_size > 0);
+    if sig.shape.is_empty() && dims.is_empty() && batch == 0 {
+        return Ok(());
+    }
+    if dims.len() + batch != sig.shape.len() {
+        let extra = if batch == 1 {
+            format!(
+                " (max_batch_size {max_batch_size} adds a leading batch dimension to dims, making {} dimensions)",
+                dims.len() + 1
+            )
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "{kind} '{name}': the ONNX model's shape {} has {} dimensions, but config.pbtxt gives dims {}{extra}",
+            shape_string(&sig.shape),
+            sig.shape.len(),
+            shape_string(dims)
+        ));
+    }
+    if batch == 1 && sig.shape[0] != -1 {
+        return Err(format!(
+            "{kind} '{name}': max_batch_size is {max_batch_size}, but the ONNX model fixes the first dimension to {}; \
+             set max_batch_size: 0 and give the full shape in dims",
+            sig.shape[0]
+        ));
+    }
+    for (i, (&want, &have)) in dims.iter().zip(&sig.shape[batch..]).enumerate() {
+        if want != -1 && have != -1 && want != have {
+            return Err(format!(
+                "{kind} '{name}': dims {} differ from the ONNX model's shape {} at dimension {i}",
+                shape_string(dims),
+                shape_string(&sig.shape)
+            ));
+        }
+    }
+    Ok(())
+}

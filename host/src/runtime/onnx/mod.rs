@@ -1,0 +1,155 @@
+//! The ONNX Runtime backend: one `ort` session per instance, auto-completion of the
+//! configuration from the model's signature, and load-time cross-checks with messages that say
+//! which side (config.pbtxt or the model) to change. `load` is here; the library, type mapping,
+//! session building, auto-complete, instances and value conversion each have their file.
+
+use std::{path::Path, sync::Arc};
+
+use super::{
+    buckets::ShapeBuckets,
+    gpu::{self, Placement},
+    model_file,
+    staging::Staging,
+    LoadedBackend, ModelInstance, RuntimeOptions,
+};
+use crate::{
+    error::{Error, Result},
+    proto::inference::ModelConfig,
+};
+
+mod autocomplete;
+mod instance;
+mod library;
+mod session;
+mod types;
+mod values;
+
+use autocomplete::*;
+use instance::*;
+pub(crate) use library::environment;
+use session::*;
+use types::*;
+use values::*;
+
+/// Default model file name inside a version directory.
+pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
+
+/// Loads every instance of one model version.
+pub fn load(
+    mut config: ModelConfig,
+    version_dir: &Path,
+    options: &RuntimeOptions,
+) -> Result<LoadedBackend> {
+    let model_path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
+    let env = environment(options)?;
+    let placements = gpu::placements(&config)?;
+    let accelerators = gpu::accelerators(&config)?;
+    let engine_cache = accelerators
+        .tensorrt
+        .as_ref()
+        .and_then(|t| t.engine_cache_dir(version_dir));
+    let count = placements.len();
+    let (intra, inter) = thread_counts(&config, count)?;
+    let (&first_place, _) = placements
+        .split_first()
+        .ok_or_else(|| Error::internal(format!("model '{}': no instances", config.name)))?;
+    let providers = Providers {
+        accelerators: &accelerators,
+        engine_cache: engine_cache.as_deref(),
+    };
+    let build = |placement, profile: Option<&str>| {
+        build_session(
+            &env,
+            &model_path,
+            intra,
+            inter,
+            placement,
+            &providers,
+            profile,
+        )
+    };
+    let probe = build(first_place, None).map_err(|e| {
+        Error::invalid(format!(
+            "model '{}': ONNX Runtime cannot load '{}'{}: {e}",
+            config.name,
+            model_path.display(),
+            match first_place {
+                Placement::Cpu => String::new(),
+                Placement::Gpu(d) => format!(" on GPU {d}"),
+            }
+        ))
+    })?;
+    reconcile(
+        &mut config,
+        &signatures(probe.inputs()),
+        &signatures(probe.outputs()),
+        options,
+    )?;
+    // Buckets are read once the configuration is complete (auto-completion may set
+    // max_batch_size and dims).
+    let on_gpu = placements.iter().any(|p| matches!(p, Placement::Gpu(_)));
+    let buckets = ShapeBuckets::from_config(&config, on_gpu)?.map(Arc::new);
+    // One session per instance, or one per batch bucket; TensorRT builds each bucket's
+    // session for exactly its shape.
+    let profiles: Vec<Option<String>> = match &buckets {
+        Some(b) if b.session_per_bucket => b
+            .batch
+            .iter()
+            .map(|&n| {
+                accelerators
+                    .tensorrt
+                    .as_ref()
+                    .and_then(|_| tensorrt_profile(&config, n))
+            })
+            .collect(),
+        _ => vec![None],
+    };
+    let output_types = output_types(&config);
+    let shapes = Reshapes::of(&config);
+    let mut probe = Some(probe);
+    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
+    for (index, &placement) in placements.iter().enumerate() {
+        let mut sessions = Vec::with_capacity(profiles.len());
+        for profile in &profiles {
+            // The session built to read the signature serves when it fits.
+            let reuse = index == 0 && profile.is_none();
+            let session = match probe.take().filter(|_| reuse) {
+                Some(session) => session,
+                None => build(placement, profile.as_deref())
+                    .map_err(|e| Error::internal(format!("model '{}': {e}", config.name)))?,
+            };
+            sessions.push(session);
+        }
+        let staging = match sessions.first() {
+            Some(session) => Staging::for_session(session, placement, &config.name)?,
+            None => Staging::host()?,
+        };
+        if staging.pinned() {
+            tracing::debug!(model = %config.name, instance = index, "inputs and outputs staged in CUDA pinned memory");
+        }
+        instances.push(Box::new(OnnxInstance {
+            name: config.name.clone(),
+            sessions,
+            staging,
+            output_types: output_types.clone(),
+            shapes: shapes.clone(),
+            buckets: buckets.clone(),
+        }));
+    }
+    Ok(LoadedBackend {
+        config,
+        instances,
+        health: Default::default(),
+        buckets,
+        warmup: None,
+        generation: None,
+    })
+}
+
+impl AsRef<[u8]> for OutputMemory {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: a host tensor (`Staging` binds outputs to host memory, plain or pinned) that this owns, `len`
+        // bytes as ONNX Runtime reports, never written after the run.
+        unsafe { std::slice::from_raw_parts(self.tensor.data_ptr().cast::<u8>(), self.len) }
+    }
+}
