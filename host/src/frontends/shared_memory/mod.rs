@@ -35,6 +35,9 @@ use crate::{
     tenancy::Caller,
 };
 
+#[cfg(feature = "cuda")]
+mod cuda;
+
 /// Most regions one caller (a tenant, or everyone without tenants) may hold at once.
 pub const MAX_REGIONS: usize = 1024;
 /// Longest region name, in bytes (names are kept while the region lives).
@@ -89,7 +92,7 @@ enum Backing {
     /// The shared-memory object and where the region starts in it.
     System { file: File, start: u64 },
     #[cfg(feature = "cuda")]
-    Cuda(crate::runtime::gpu::IpcBuffer),
+    Cuda(cuda::IpcBuffer),
 }
 
 struct Region {
@@ -330,10 +333,9 @@ impl SystemSharedMemory {
         {
             let len = usize::try_from(byte_size)
                 .map_err(|_| Error::invalid(format!("region '{name}' is too large")))?;
-            let buffer =
-                crate::runtime::gpu::IpcBuffer::open(raw_handle, device_id, len).map_err(|e| {
-                    Error::invalid(format!("cannot register CUDA shared memory '{name}': {e}"))
-                })?;
+            let buffer = cuda::IpcBuffer::open(raw_handle, device_id, len).map_err(|e| {
+                Error::invalid(format!("cannot register CUDA shared memory '{name}': {e}"))
+            })?;
             tracing::info!(
                 region = name,
                 device_id,
