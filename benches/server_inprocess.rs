@@ -11,7 +11,6 @@ use std::{path::Path, time::Duration};
 use criterion::{criterion_group, criterion_main, Criterion};
 use wasmtron::{
     inference::InferRequest,
-    runtime::RuntimeOptions,
     scheduling::server::{ControlMode, Server, ServerOptions},
     tensor::{push_bytes_element, DataType, Tensor},
 };
@@ -52,19 +51,10 @@ fn server_inprocess(c: &mut Criterion) {
     let server = runtime
         .block_on(Server::start(ServerOptions {
             model_repositories: vec![repository],
-            remote_repositories: Vec::new(),
             control_mode: ControlMode::Explicit,
             load_models: vec!["simple".into(), "embed_text".into()],
-            strict_readiness: true,
-            runtime: RuntimeOptions {
-                default_max_batch_size: 4,
-                wasm_cache_dir: wasmtron::runtime::wasm::engine::default_cache_dir(),
-                ..Default::default()
-            },
-            queue_capacity: 1024,
             poll_interval: Duration::from_secs(5),
-            limits: Default::default(),
-            execution_slots: 0,
+            ..ServerOptions::default()
         }))
         .expect("run `make models` first");
     let simple = InferRequest {

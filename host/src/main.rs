@@ -322,6 +322,7 @@ fn main() -> anyhow::Result<()> {
         .block_on(serve())
 }
 
+/// The binary: a subcommand, or the named steps of serving.
 async fn serve() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -362,19 +363,55 @@ async fn serve() -> anyhow::Result<()> {
         }
         None => {}
     }
-    let tenancy = match &cli.config {
+    let tenancy = load_tenants(&cli)?;
+    let (tracing_settings, trace_exporter) = start_tracing(&cli)?;
+    let listening = listener_options(&cli, tenancy.clone(), tracing_settings)?;
+    wasmtron::runtime::wasm::engine::configure(wasmtron::runtime::wasm::engine::EngineOptions {
+        pooling_instances: cli.wasm_pooling_instances,
+    })
+    .map_err(|e| anyhow::anyhow!(e.message))?;
+    let options = server_options(&cli, tenancy.clone()).await?;
+    #[cfg(unix)]
+    if let (Some(tenancy), Some(path)) = (&tenancy, &cli.config) {
+        reload_tenants_on_sighup(tenancy.clone(), path.clone())?;
+    }
+    let server = Server::start(options)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+    for entry in server.models().index(false) {
+        let version = entry.version.map(|v| v.to_string()).unwrap_or_default();
+        tracing::info!(model = %entry.name, version = %version, state = entry.state.as_str(), reason = %entry.reason, "model status");
+    }
+    // Before the first listener: from the moment a client can see the server, a signal drains.
+    let shutdown = shutdown_signal()?;
+    let listeners = Listeners::open(server.clone(), listening)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+    shutdown.await;
+    drain(&cli, &server, listeners).await;
+    drop(server);
+    if let Some(exporter) = trace_exporter {
+        exporter.shutdown();
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The tenants of `--config`, if given.
+fn load_tenants(cli: &Cli) -> anyhow::Result<Option<Arc<Tenancy>>> {
+    Ok(match &cli.config {
         Some(path) => Some(Arc::new(Tenancy::load(path).map_err(anyhow::Error::from)?)),
         None => None,
-    };
-    let http_restrictions =
-        Restrictions::parse(&cli.http_restricted_api, "--http-restricted-api", "")
-            .map_err(anyhow::Error::msg)?;
-    let grpc_restrictions = Restrictions::parse(
-        &cli.grpc_restricted_protocol,
-        "--grpc-restricted-protocol",
-        "triton-grpc-protocol-",
-    )
-    .map_err(anyhow::Error::msg)?;
+    })
+}
+
+/// Logging and request tracing (`--log-verbose`, `--trace-config`).
+fn start_tracing(
+    cli: &Cli,
+) -> anyhow::Result<(
+    Arc<wasmtron::frontends::trace::Tracing>,
+    Option<trace_export::Exporter>,
+)> {
     let level = if cli.log_verbose > 0 { "debug" } else { "info" };
     let trace_options = trace_export::parse(&cli.trace_config)?;
     let (tracing_settings, trace_exporter) = trace_export::init(level, &trace_options)?;
@@ -383,15 +420,15 @@ async fn serve() -> anyhow::Result<()> {
             .configure(key, value)
             .map_err(|e| anyhow::anyhow!("--trace-config {key}={value}: {}", e.message))?;
     }
-    let tracing_settings = Arc::new(tracing_settings);
+    Ok((Arc::new(tracing_settings), trace_exporter))
+}
 
-    wasmtron::runtime::wasm::engine::configure(wasmtron::runtime::wasm::engine::EngineOptions {
-        pooling_instances: cli.wasm_pooling_instances,
-    })
-    .map_err(|e| anyhow::anyhow!(e.message))?;
+/// The server core's options from the command line, on top of [`ServerOptions::default`].
+async fn server_options(cli: &Cli, tenancy: Option<Arc<Tenancy>>) -> anyhow::Result<ServerOptions> {
+    let defaults = ServerOptions::default();
     let (remote_repositories, model_repositories) =
         open_repositories(&cli.model_repository).await?;
-    let options = ServerOptions {
+    Ok(ServerOptions {
         model_repositories,
         remote_repositories,
         control_mode: cli.model_control_mode,
@@ -404,17 +441,10 @@ async fn serve() -> anyhow::Result<()> {
             wasm_cache_dir: cli
                 .wasm_cache_dir
                 .clone()
-                .or_else(wasmtron::runtime::wasm::engine::default_cache_dir),
-            model_caller: None,
-            tenancy: tenancy.clone(),
+                .or(defaults.runtime.wasm_cache_dir),
+            ..defaults.runtime
         },
         queue_capacity: cli.model_queue_capacity,
-        // Without tenants there is nothing to share: the schedulers skip the share entirely.
-        execution_slots: match (&tenancy, cli.execution_slots) {
-            (None, _) => 0,
-            (Some(_), Some(slots)) => slots,
-            (Some(_), None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        },
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),
         limits: RequestLimits {
             max_rank: cli.max_tensor_rank,
@@ -422,48 +452,51 @@ async fn serve() -> anyhow::Result<()> {
             max_string_bytes: cli.max_string_bytes,
             max_json_depth: cli.max_json_depth,
         },
-    };
-    #[cfg(unix)]
-    if let (Some(tenancy), Some(path)) = (&tenancy, &cli.config) {
-        reload_tenants_on_sighup(tenancy.clone(), path.clone())?;
+        ..ServerOptions::default()
     }
-    let server = Server::start(options)
-        .await
-        .map_err(|e| anyhow::anyhow!(e.message))?;
-    for entry in server.models().index(false) {
-        let version = entry.version.map(|v| v.to_string()).unwrap_or_default();
-        tracing::info!(model = %entry.name, version = %version, state = entry.state.as_str(), reason = %entry.reason, "model status");
-    }
+    .with_tenancy(tenancy, cli.execution_slots))
+}
 
-    // Before the first listener: from the moment a client can see the server, a signal drains.
-    let shutdown = shutdown_signal()?;
+/// The listeners from the command line: addresses, size limits, restrictions, connections.
+fn listener_options(
+    cli: &Cli,
+    tenancy: Option<Arc<Tenancy>>,
+    tracing: Arc<wasmtron::frontends::trace::Tracing>,
+) -> anyhow::Result<ListenerOptions> {
+    let http_restrictions =
+        Restrictions::parse(&cli.http_restricted_api, "--http-restricted-api", "")
+            .map_err(anyhow::Error::msg)?;
+    let grpc_restrictions = Restrictions::parse(
+        &cli.grpc_restricted_protocol,
+        "--grpc-restricted-protocol",
+        "triton-grpc-protocol-",
+    )
+    .map_err(anyhow::Error::msg)?;
     let endpoint =
         |allowed: bool, address: &str, port: u16| allowed.then(|| Endpoint::new(address, port));
-    let listeners = Listeners::open(
-        server.clone(),
-        ListenerOptions {
-            http: endpoint(cli.allow_http, &cli.http_address, cli.http_port),
-            grpc: endpoint(cli.allow_grpc, &cli.grpc_address, cli.grpc_port),
-            metrics: endpoint(cli.allow_metrics, &cli.metrics_address, cli.metrics_port),
-            http_max_input_size: cli.http_max_input_size,
-            grpc_max_message_size: cli.grpc_max_message_size,
-            grpc_compress_responses: cli.grpc_infer_response_compression_level
-                != CompressionLevel::None,
-            tenancy: tenancy.clone(),
-            http_restrictions,
-            grpc_restrictions,
-            tracing: tracing_settings.clone(),
-            connections: ConnectionLimits {
-                header_timeout: Duration::from_secs(cli.http_header_timeout_secs.max(1)),
-                idle_timeout: Duration::from_secs(cli.http_idle_timeout_secs.max(1)),
-                max_connections: cli.max_connections,
-            },
+    Ok(ListenerOptions {
+        http: endpoint(cli.allow_http, &cli.http_address, cli.http_port),
+        grpc: endpoint(cli.allow_grpc, &cli.grpc_address, cli.grpc_port),
+        metrics: endpoint(cli.allow_metrics, &cli.metrics_address, cli.metrics_port),
+        http_max_input_size: cli.http_max_input_size,
+        grpc_max_message_size: cli.grpc_max_message_size,
+        grpc_compress_responses: cli.grpc_infer_response_compression_level
+            != CompressionLevel::None,
+        tenancy,
+        http_restrictions,
+        grpc_restrictions,
+        tracing,
+        connections: ConnectionLimits {
+            header_timeout: Duration::from_secs(cli.http_header_timeout_secs.max(1)),
+            idle_timeout: Duration::from_secs(cli.http_idle_timeout_secs.max(1)),
+            max_connections: cli.max_connections,
         },
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!(e.message))?;
+    })
+}
 
-    shutdown.await;
+/// After a signal: readiness off, the drain delay, in-flight requests finished within
+/// `--exit-timeout-secs`, the listeners closed.
+async fn drain(cli: &Cli, server: &Arc<Server>, listeners: Listeners) {
     let timeout = Duration::from_secs(cli.exit_timeout_secs);
     server.mark_unready();
     listeners.set_not_serving().await;
@@ -485,10 +518,4 @@ async fn serve() -> anyhow::Result<()> {
     if !listeners.close(Duration::from_secs(5)).await {
         tracing::warn!("frontends did not close in time");
     }
-    drop(server);
-    if let Some(exporter) = trace_exporter {
-        exporter.shutdown();
-    }
-    tracing::info!("stopped");
-    Ok(())
 }

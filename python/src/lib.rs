@@ -166,25 +166,22 @@ impl CoreServer {
             .enable_all()
             .build()
             .map_err(|e| InternalError::new_err(format!("cannot start the runtime: {e}")))?;
+        let defaults = ServerOptions::default();
         let options = ServerOptions {
             model_repositories: model_repository.into_iter().map(Into::into).collect(),
-            remote_repositories: Vec::new(),
             control_mode,
             load_models,
             strict_readiness,
             runtime: RuntimeOptions {
                 onnxruntime_library: onnxruntime_library.map(Into::into),
-                default_max_batch_size: 4,
-                wasm_cache_dir: wasmtron::runtime::wasm::engine::default_cache_dir(),
-                tenancy: tenancy.clone(),
-                ..Default::default()
+                ..defaults.runtime
             },
-            queue_capacity: 1024,
+            // In-process callers have no flag for it; a shorter poll than the binary's.
             poll_interval: Duration::from_secs(5),
-            limits: Default::default(),
-            // With tenants, executions are shared among them by weight, as in the binary.
-            execution_slots: if tenancy.is_some() { threads } else { 0 },
-        };
+            ..ServerOptions::default()
+        }
+        // With tenants, executions are shared among them by weight, as in the binary.
+        .with_tenancy(tenancy.clone(), Some(threads));
         Ok(Self {
             runtime,
             options,

@@ -65,6 +65,49 @@ pub struct ServerOptions {
     pub execution_slots: usize,
 }
 
+impl Default for ServerOptions {
+    /// The defaults of every entry point (the binary's flags, the Python package): no
+    /// repository yet, everything loaded at start, strict readiness, batch size 4 for
+    /// auto-completed models, compiled stages cached in the user's cache, 1,024 queued
+    /// requests per model, a poll every 15 s, the default request limits, no tenants.
+    fn default() -> Self {
+        Self {
+            model_repositories: Vec::new(),
+            remote_repositories: Vec::new(),
+            control_mode: ControlMode::None,
+            load_models: Vec::new(),
+            strict_readiness: true,
+            runtime: RuntimeOptions {
+                default_max_batch_size: 4,
+                wasm_cache_dir: crate::runtime::wasm::engine::default_cache_dir(),
+                ..Default::default()
+            },
+            queue_capacity: 1024,
+            poll_interval: Duration::from_secs(15),
+            limits: RequestLimits::default(),
+            execution_slots: 0,
+        }
+    }
+}
+
+impl ServerOptions {
+    /// Serves the tenants of `tenancy` (or everyone, `None`). With tenants, executions are
+    /// shared among them: `slots` at once (default: one per core); without, nothing is shared.
+    pub fn with_tenancy(
+        mut self,
+        tenancy: Option<Arc<crate::tenancy::Tenancy>>,
+        slots: Option<usize>,
+    ) -> Self {
+        self.execution_slots = match (&tenancy, slots) {
+            (None, _) => 0,
+            (Some(_), Some(slots)) => slots,
+            (Some(_), None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        self.runtime.tenancy = tenancy;
+        self
+    }
+}
+
 /// Lets stages call models through the server's normal path (BLS). Holds the server weakly so
 /// that the server can be dropped.
 #[derive(Debug)]
