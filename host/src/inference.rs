@@ -94,6 +94,44 @@ pub struct InferRequest {
     pub trace: Trace,
 }
 
+impl InferRequest {
+    /// What a frontend decoded for `model` (version `None`: the policy chooses): the wire's
+    /// part of a request, the one way every frontend (HTTP, gRPC, OpenAI, Python) builds one.
+    /// The frontend then adds whom it runs for (`frontends::on_behalf_of`) and its trace span;
+    /// the server fills the rest (deadline, response sink, step durations) as it runs it.
+    pub fn new(model: impl Into<String>, version: Option<i64>) -> Self {
+        Self {
+            model_name: model.into(),
+            model_version: version,
+            ..Default::default()
+        }
+    }
+
+    /// The client's request id, echoed in the response.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self
+    }
+
+    /// Request-level parameters.
+    pub fn with_parameters(mut self, parameters: Parameters) -> Self {
+        self.parameters = parameters;
+        self
+    }
+
+    /// Input tensors.
+    pub fn with_inputs(mut self, inputs: Vec<Tensor>) -> Self {
+        self.inputs = inputs;
+        self
+    }
+
+    /// Requested outputs (empty: all of them).
+    pub fn with_outputs(mut self, outputs: Vec<RequestedOutput>) -> Self {
+        self.outputs = outputs;
+        self
+    }
+}
+
 /// Target of the spans that make up request traces (exported with `--trace-config`, kept out
 /// of the log).
 pub const TRACE_TARGET: &str = "wasmtron::trace";

@@ -513,23 +513,21 @@ fn request(
             data: data.into(),
         });
     }
-    Ok(InferRequest {
-        model_name: model.to_owned(),
-        model_version: (version >= 0).then_some(version),
-        parameters: parameters
-            .map(|p| to_parameters(&p))
-            .transpose()?
-            .unwrap_or_default(),
-        inputs: tensors,
-        outputs: outputs
-            .into_iter()
-            .map(|name| RequestedOutput {
-                name,
-                parameters: Default::default(),
-            })
-            .collect(),
-        ..Default::default()
-    })
+    let parameters = parameters
+        .map(|p| to_parameters(&p))
+        .transpose()?
+        .unwrap_or_default();
+    let outputs = outputs
+        .into_iter()
+        .map(|name| RequestedOutput {
+            name,
+            parameters: Default::default(),
+        })
+        .collect();
+    Ok(InferRequest::new(model, (version >= 0).then_some(version))
+        .with_parameters(parameters)
+        .with_inputs(tensors)
+        .with_outputs(outputs))
 }
 
 /// Outputs as Python sees them: numeric tensors lend their memory (no copy); BYTES tensors

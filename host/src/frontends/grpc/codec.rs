@@ -161,27 +161,19 @@ pub fn decode_request(
             data,
         });
     }
-    Ok(InferRequest {
-        model_name: req.model_name,
-        model_version: version,
-        id: req.id,
-        parameters: params_from_proto(req.parameters),
-        inputs,
-        outputs: req
-            .outputs
-            .into_iter()
-            .map(|o| RequestedOutput {
-                name: o.name,
-                parameters: params_from_proto(o.parameters),
-            })
-            .collect(),
-        deadline: None,
-        responses: None,
-        step_durations: None,
-        callers: Vec::new(),
-        from_stage: false,
-        trace: Default::default(),
-    })
+    let outputs = req
+        .outputs
+        .into_iter()
+        .map(|o| RequestedOutput {
+            name: o.name,
+            parameters: params_from_proto(o.parameters),
+        })
+        .collect();
+    Ok(InferRequest::new(req.model_name, version)
+        .with_id(req.id)
+        .with_parameters(params_from_proto(req.parameters))
+        .with_inputs(inputs)
+        .with_outputs(outputs))
 }
 
 /// Encodes a response with every output in `raw_output_contents`, except those written to

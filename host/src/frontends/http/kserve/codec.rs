@@ -205,20 +205,11 @@ pub fn decode_request(
             parameters,
         });
     }
-    Ok(InferRequest {
-        model_name: model_name.to_owned(),
-        model_version,
-        id: parsed.id.unwrap_or_default(),
-        parameters: parameters_from_json(parsed.parameters, "the request")?,
-        inputs,
-        outputs,
-        deadline: None,
-        responses: None,
-        step_durations: None,
-        callers: Vec::new(),
-        from_stage: false,
-        trace: Default::default(),
-    })
+    Ok(InferRequest::new(model_name, model_version)
+        .with_id(parsed.id.unwrap_or_default())
+        .with_parameters(parameters_from_json(parsed.parameters, "the request")?)
+        .with_inputs(inputs)
+        .with_outputs(outputs))
 }
 
 /// `Inference-Header-Content-Length: 0`: the whole body is the data of the model's single
@@ -303,25 +294,14 @@ fn raw_request(
     }
     let mut parameters = Parameters::new();
     parameters.insert("binary_data_output".into(), ParamValue::Bool(true));
-    InferRequest {
-        model_name: model_name.to_owned(),
-        model_version,
-        id: String::new(),
-        parameters,
-        inputs: vec![Tensor {
+    InferRequest::new(model_name, model_version)
+        .with_parameters(parameters)
+        .with_inputs(vec![Tensor {
             name: input.to_owned(),
             datatype,
             shape,
             data,
-        }],
-        outputs: vec![],
-        deadline: None,
-        responses: None,
-        step_durations: None,
-        callers: Vec::new(),
-        from_stage: false,
-        trace: Default::default(),
-    }
+        }])
 }
 
 /// A tensor from JSON data (nested or flat) of the given datatype and shape.

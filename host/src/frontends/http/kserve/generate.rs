@@ -83,13 +83,12 @@ pub fn to_request(
         let tensor = codec::json_tensor(&key, datatype, shape, &value)?;
         inputs.push(tensor);
     }
-    Ok(InferRequest {
-        model_name: model.to_owned(),
-        model_version: version,
-        parameters: codec::parameters_from_json(Some(parameters), "the generate request")?,
-        inputs,
-        ..Default::default()
-    })
+    Ok(InferRequest::new(model, version)
+        .with_parameters(codec::parameters_from_json(
+            Some(parameters),
+            "the generate request",
+        )?)
+        .with_inputs(inputs))
 }
 
 /// The flat JSON object of one response.

@@ -424,11 +424,7 @@ pub fn parse(
         ));
     }
     Ok(Parsed {
-        request: InferRequest {
-            model_name: model.clone(),
-            inputs,
-            ..Default::default()
-        },
+        request: InferRequest::new(model.clone(), None).with_inputs(inputs),
         model,
         stream,
         include_usage,
