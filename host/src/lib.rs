@@ -3,12 +3,17 @@
 //! The crate is layered, and each layer only calls the ones below it:
 //!
 //! 1. foundation: [`error`], [`tensor`], [`inference`], [`limits`], [`proto`] — shared vocabulary;
-//!    [`names`] (the one check of names from requests) and [`private_dir`] (directories the
-//!    server owns);
-//! 2. [`repository`] — model repositories on disk and `config.pbtxt`;
-//! 3. [`runtime`] — backends that execute a model (ONNX Runtime today);
-//! 4. [`scheduling`] — instance pools, queues, statistics and the model lifecycle;
-//! 5. [`frontends`] — KServe v2 over HTTP and gRPC, and Prometheus metrics.
+//!    [`names`] (the one check of names from requests), [`private_dir`] (directories the
+//!    server owns) and [`tenancy`] (tenants, keys, permissions, quotas);
+//! 2. [`repository`] — model repositories on disk and in object storage, `config.pbtxt`;
+//! 3. [`runtime`] — backends that execute a model: ONNX Runtime, WebAssembly stages, text
+//!    generation;
+//! 4. [`scheduling`] — queues, instance workers, ensembles, sequences, statistics and the
+//!    model lifecycle, behind the `Server` facade;
+//! 5. [`frontends`] — KServe v2 over HTTP and gRPC, OpenAI's API, Prometheus metrics, shared
+//!    memory and the listeners.
+//!
+//! `host/README.md` says where each concept lives and how a request walks through the layers.
 #![deny(missing_docs)]
 
 pub mod error;

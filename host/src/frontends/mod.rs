@@ -1,4 +1,5 @@
-//! Frontends: KServe v2 over HTTP ([`http`]) and gRPC ([`grpc`]), and Prometheus [`metrics`].
+//! Frontends: KServe v2 and OpenAI's API over HTTP ([`http`]), KServe v2 over gRPC ([`grpc`]),
+//! Prometheus [`metrics`], shared memory, and the [`listeners`] that serve them.
 //! They translate the wire into [`crate::inference`] types and back; the views they share
 //! (metadata, statistics) are built once here in protocol types.
 

@@ -1,4 +1,5 @@
-//! Backends that execute models. A backend turns a validated configuration and a version
+//! Backends that execute models: ONNX Runtime ([`onnx`]), WebAssembly stages ([`wasm`]) and
+//! text generation ([`generation`]). A backend turns a validated configuration and a version
 //! directory into execution instances; each instance runs whole requests (later, batches) on a
 //! thread the scheduler owns, never on the async runtime.
 

@@ -1,5 +1,6 @@
-//! Scheduling: queues and instance workers per model version, the model lifecycle, statistics,
-//! and the [`server::Server`] facade that the frontends call.
+//! Scheduling: queues and instance workers per model version (dynamic batching, fairness
+//! between tenants), ensembles, sequences, the model lifecycle, statistics, and the
+//! [`server::Server`] facade that the frontends call.
 
 pub mod ensemble;
 pub mod execution_share;

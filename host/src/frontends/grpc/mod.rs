@@ -1,6 +1,6 @@
 //! `inference.GRPCInferenceService` over tonic, wire-compatible with Triton's clients, plus the
 //! standard `grpc.health.v1` service. RPCs for features this server does not offer answer
-//! UNIMPLEMENTED. The service's methods are in [`service`]; the wire conversion in [`codec`];
+//! UNIMPLEMENTED. The service's methods are in `service`; the wire conversion in `codec`;
 //! `ModelInfer` in `unary` and `ModelStreamInfer` in `streaming`.
 
 use std::sync::Arc;
