@@ -154,6 +154,16 @@ impl Listeners {
         health
             .set_service_status("", tonic_health::ServingStatus::Serving)
             .await;
+        // Every listener accepts under the same connection table and stops together.
+        let spawn = |listener, app, protocol| {
+            tokio::spawn(connections::serve(
+                listener,
+                app,
+                protocol,
+                table.clone(),
+                stop.clone(),
+            ))
+        };
         let mut addresses = BoundAddresses::default();
         let mut tasks = Vec::new();
         if let Some(listener) = grpc {
@@ -179,13 +189,7 @@ impl Listeners {
                 .add_service(health_service)
                 .prepare()
                 .into_axum_router();
-            tasks.push(tokio::spawn(connections::serve(
-                listener,
-                app,
-                Protocol::Grpc,
-                table.clone(),
-                stop.clone(),
-            )));
+            tasks.push(spawn(listener, app, Protocol::Grpc));
         }
         if let Some(listener) = http {
             let addr = local_addr(&listener, "http")?;
@@ -199,26 +203,14 @@ impl Listeners {
                 shared_memory: shared_memory.clone(),
                 tracing: options.tracing.clone(),
             });
-            tasks.push(tokio::spawn(connections::serve(
-                listener,
-                app,
-                Protocol::Http,
-                table.clone(),
-                stop.clone(),
-            )));
+            tasks.push(spawn(listener, app, Protocol::Http));
         }
         if let Some(listener) = metrics {
             let addr = local_addr(&listener, "metrics")?;
             addresses.metrics = Some(addr);
             eprintln!("Started Metrics Service at {addr}");
             let app = metrics::router(server.clone(), options.tenancy.clone());
-            tasks.push(tokio::spawn(connections::serve(
-                listener,
-                app,
-                Protocol::Http,
-                table.clone(),
-                stop.clone(),
-            )));
+            tasks.push(spawn(listener, app, Protocol::Http));
         }
         Ok(Self {
             addresses,
