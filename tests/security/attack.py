@@ -18,6 +18,15 @@ import tritonclient.http as httpclient  # noqa: E402
 RANGE = np.arange(16, dtype=np.int32).reshape(1, 16)
 
 
+def ulimit_binary(tmp_path, nofile):
+    """The binary started under `ulimit -n nofile` (soft and hard), as a script to pass as
+    Server's `binary`."""
+    script = tmp_path / "wasmtron-ulimit"
+    script.write_text(f'#!/bin/sh\nulimit -n {nofile} || exit 1\nexec "{BINARY}" "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 def raw(address, method, path, body=None, headers=None, timeout=60):
     """(status, parsed JSON or text) of one request, the path sent byte for byte."""
     host, port = address.rsplit(":", 1)

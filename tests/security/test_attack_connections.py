@@ -12,26 +12,18 @@ import time
 import pytest
 import tritonclient.grpc as grpcclient
 
-from attack import BINARY, RANGE, Server, copy_models, simple_inputs, still_serves
+from attack import RANGE, Server, copy_models, simple_inputs, still_serves, ulimit_binary
 
 IDLE_CONNECTIONS = 1100
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 WAIT = 60  # generous: a loaded 2-core machine
 
 
-def wrapper(tmp_path, nofile):
-    """The binary started under `ulimit -n nofile` (soft and hard)."""
-    script = tmp_path / "wasmtron-ulimit"
-    script.write_text(f'#!/bin/sh\nulimit -n {nofile} || exit 1\nexec "{BINARY}" "$@"\n')
-    script.chmod(0o755)
-    return str(script)
-
-
 def start(tmp_path, *extra, nofile=None):
     repo = tmp_path / "repo"
     repo.mkdir()
     copy_models(str(repo), ["simple"])
-    binary = wrapper(tmp_path, nofile) if nofile else None
+    binary = ulimit_binary(tmp_path, nofile) if nofile else None
     return Server(str(repo), *extra, binary=binary)
 
 

@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from attack import Server, copy_models, error_text, raw, still_serves
+from attack import Server, copy_models, error_text, raw, still_serves, ulimit_binary
 
 LIMIT = 1 << 20
 
@@ -168,3 +168,23 @@ def test_keys_naming_other_files_are_refused(server):
         assert "POSIX shared memory name" in error_text(body), (bad, body)
     client = httpclient.InferenceServerClient(server.http)
     assert client.get_system_shared_memory_status() == []
+
+
+def test_many_regions_do_not_use_up_the_servers_descriptors(tmp_path, key):
+    """Regions hold no open file: 300 of them on a server limited to 256 open files, and real
+    requests (new connections) are still answered."""
+    name, _ = key
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_models(str(repo), ["simple"])
+    server = Server(str(repo), binary=ulimit_binary(tmp_path, 256))
+    handle = shm.create_shared_memory_region("many", f"/{name}", 64)
+    try:
+        for i in range(300):
+            status, body = register_http(server, f"r{i}", f"/{name}", 64)
+            assert status == 200, (i, status, body)
+        still_serves(server)
+    finally:
+        raw(server.http, "POST", "/v2/systemsharedmemory/unregister", {})
+        shm.destroy_shared_memory_region(handle)
+        server.stop()

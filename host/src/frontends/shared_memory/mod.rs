@@ -9,7 +9,8 @@
 //! otherwise open, for any tenant, shared memory that another tenant's client created.
 //!
 //! Another local user can plant what a key names, so a key is opened without following links
-//! and must be a regular file; the data is copied with `pread`/`pwrite` on the descriptor after
+//! and must be a regular file with one name; each use opens it again (a region holds no
+//! descriptor), checks it is still the file registered, and copies with `pread`/`pwrite` after
 //! checking the object's size at that moment (an object truncated after registration gives an
 //! error, not the SIGBUS a mapping would raise). What one request reads from shared memory is
 //! bounded by the frontend's request size limit, and a caller holds at most
@@ -18,7 +19,7 @@
 use std::{
     collections::BTreeMap,
     fs::{File, OpenOptions},
-    os::unix::fs::{FileExt, OpenOptionsExt},
+    os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt},
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -89,8 +90,15 @@ pub enum Kind {
 }
 
 enum Backing {
-    /// The shared-memory object and where the region starts in it.
-    System { file: File, start: u64 },
+    /// The shared-memory object (its key, and which file it was when registered) and where
+    /// the region starts in it. Opened again for each use rather than held: a caller's
+    /// regions would otherwise hold as many descriptors, and the process's limit is shared
+    /// with every connection.
+    System {
+        key: String,
+        object: ObjectId,
+        start: u64,
+    },
     #[cfg(feature = "cuda")]
     Cuda(cuda::IpcBuffer),
 }
@@ -108,11 +116,27 @@ impl Region {
         }
     }
 
-    /// Where `len` bytes at `offset` of a system region are in its object, after checking that
-    /// the object still holds them (it may have been truncated since registration).
-    fn position(&self, file: &File, start: u64, offset: usize, len: usize) -> Result<u64> {
+    /// The object of a system region, opened again, and where `len` bytes at `offset` are in
+    /// it: after checking that it is still the file registered (not replaced since) and still
+    /// holds them (it may have been truncated since registration).
+    fn position(
+        &self,
+        key: &str,
+        object: ObjectId,
+        start: u64,
+        offset: usize,
+        len: usize,
+    ) -> Result<(File, u64)> {
+        let (file, now, size) = open_object(key, &self.status.name)?;
+        if now != object {
+            return Err(Error::invalid(format!(
+                "shared memory region '{}': the object behind key '{}' was replaced after \
+                 registration; register it again",
+                self.status.name,
+                key.escape_debug()
+            )));
+        }
         let at = start + offset as u64;
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
         if at + len as u64 > size {
             return Err(Error::invalid(format!(
                 "shared memory region '{}': its object now holds {size} bytes, too few for \
@@ -120,7 +144,7 @@ impl Region {
                 self.status.name
             )));
         }
-        Ok(at)
+        Ok((file, at))
     }
 
     fn io_error(&self, e: std::io::Error) -> Error {
@@ -131,8 +155,8 @@ impl Region {
     fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         let mut data = vec![0u8; len];
         match &self.backing {
-            Backing::System { file, start } => {
-                let at = self.position(file, *start, offset, len)?;
+            Backing::System { key, object, start } => {
+                let (file, at) = self.position(key, *object, *start, offset, len)?;
                 file.read_exact_at(&mut data, at)
                     .map_err(|e| self.io_error(e))?;
             }
@@ -147,8 +171,8 @@ impl Region {
     /// Copies `data` into the region at `offset` (checked by the caller).
     fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         match &self.backing {
-            Backing::System { file, start } => {
-                let at = self.position(file, *start, offset, data.len())?;
+            Backing::System { key, object, start } => {
+                let (file, at) = self.position(key, *object, *start, offset, data.len())?;
                 file.write_all_at(data, at).map_err(|e| self.io_error(e))?;
             }
             #[cfg(feature = "cuda")]
@@ -193,10 +217,18 @@ fn shm_path(key: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(SHM_DIR).join(ShmKey::parse(key)?.file_name()))
 }
 
+/// Which file an object is (device and inode), to notice one replaced under the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ObjectId {
+    dev: u64,
+    ino: u64,
+}
+
 /// Opens the object behind `key` for reading and writing: never through a link (another user
-/// may have planted one in the shared `/dev/shm`), never blocking (a FIFO), and only a regular
-/// file. Returns it with its size.
-fn open_object(key: &str, name: &str) -> Result<(File, u64)> {
+/// may have planted one in the shared `/dev/shm`), never blocking (a FIFO), only a regular file
+/// with one name (a hard link to another file is refused too). Returns it with which file it
+/// is and its size.
+fn open_object(key: &str, name: &str) -> Result<(File, ObjectId, u64)> {
     let path = shm_path(key)?;
     let refuse = |why: String| {
         Error::invalid(format!(
@@ -217,7 +249,17 @@ fn open_object(key: &str, name: &str) -> Result<(File, u64)> {
     if !meta.is_file() {
         return Err(refuse("it is not a regular shared memory object".into()));
     }
-    Ok((file, meta.len()))
+    if meta.nlink() != 1 {
+        return Err(refuse(format!(
+            "it has {} names (a hard link to another file?)",
+            meta.nlink()
+        )));
+    }
+    let id = ObjectId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    Ok((file, id, meta.len()))
 }
 
 impl SystemSharedMemory {
@@ -240,7 +282,7 @@ impl SystemSharedMemory {
         byte_size: u64,
     ) -> Result<()> {
         let id = self.new_region(caller, Kind::System, name)?;
-        let (file, size) = open_object(key, name)?;
+        let (_, object, size) = open_object(key, name)?;
         let end = offset.checked_add(byte_size);
         if byte_size == 0 || end.is_none_or(|e| e > size) {
             return Err(Error::invalid(format!(
@@ -260,7 +302,8 @@ impl SystemSharedMemory {
                 },
             },
             backing: Backing::System {
-                file,
+                key: key.to_owned(),
+                object,
                 start: offset,
             },
         };
@@ -633,6 +676,32 @@ mod tests {
         let err = reader.input("x", &params).unwrap_err();
         assert!(err.message.contains("truncated"), "{err:?}");
         std::fs::remove_file(&link).unwrap();
+    }
+
+    #[test]
+    fn an_object_replaced_or_hard_linked_is_refused() {
+        let key = format!("wasmtron-unit-swap-{}", std::process::id());
+        let path = PathBuf::from(SHM_DIR).join(&key);
+        std::fs::write(&path, vec![1u8; 64]).unwrap();
+        let shm = SystemSharedMemory::new();
+        shm.register(&Caller::Anyone, "r", &key, 0, 64).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, vec![2u8; 64]).unwrap();
+        let params = Parameters::from([
+            (REGION.into(), ParamValue::String("r".into())),
+            (BYTE_SIZE.into(), ParamValue::Int(64)),
+        ]);
+        let err = shm
+            .reader(&Caller::Anyone, 1 << 20)
+            .input("x", &params)
+            .unwrap_err();
+        assert!(err.message.contains("was replaced"), "{err:?}");
+        let twin = PathBuf::from(SHM_DIR).join(format!("{key}-twin"));
+        std::fs::hard_link(&path, &twin).unwrap();
+        let err = shm.register(&Caller::Anyone, "t", &key, 0, 8).unwrap_err();
+        assert!(err.message.contains("2 names"), "{err:?}");
+        std::fs::remove_file(&twin).unwrap();
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
