@@ -65,12 +65,6 @@ impl fmt::Display for ModelName {
     }
 }
 
-impl AsRef<str> for ModelName {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
 /// A file of a model given to the load API (`file:1/model.onnx`): a relative path of plain
 /// components (each as for [`ModelName`]), no empty part (`1//m`), no `.`/`..`, at most 8 deep.
 #[derive(Debug, Clone, PartialEq, Eq)]
