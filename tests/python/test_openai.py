@@ -106,6 +106,10 @@ def test_a_stop_string_ends_the_answer_before_it(server):
     (dict(messages=[{"role": "system", "content": "Be brief."}]), 400, "messages", "no message with role 'user'"),
     (dict(messages=[]), 400, "messages", "'messages' is empty"),
     (dict(max_tokens=5000), 400, "max_tokens", "'max_tokens' is 5000"),
+    (dict(temperature="hot"), 400, "temperature", "'temperature': invalid type: string"),
+    (dict(messages=[{"role": "robot", "content": "hi"}]), 400, "messages", "'messages[0].role': unknown variant"),
+    (dict(stop=["a", "b", "c", "d", "e"]), 400, "stop", "up to 4 strings"),
+    (dict(logprobs=True), 400, "logprobs", "'logprobs' is not supported"),
     (dict(model="smollm2-large"), 404, None, "'smollm2-large'"),
 ])
 def test_bad_chat_requests_get_openai_errors_naming_the_field(server, params, status, param, message):

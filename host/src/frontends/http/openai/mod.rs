@@ -8,6 +8,7 @@
 //! "param", "code"}}`); tenants' API keys are the OpenAI client's `api_key`.
 
 pub mod request;
+pub mod types;
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
@@ -24,9 +25,16 @@ use axum::{
     },
     Extension, Json,
 };
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
-use self::request::{Invalid, Kind};
+use self::{
+    request::{Invalid, Kind},
+    types::{
+        AssistantMessage, ChatChoice, ChunkChoice, Completion, Delta, ErrorBody, ErrorDetail,
+        ModelCard, ModelList, Role, TextChoice, Usage,
+    },
+};
 use super::{body::read_body, error::status_for, state::HttpState};
 use crate::{
     error::{Code, Error},
@@ -59,13 +67,27 @@ pub fn error_response(error: &Error, param: Option<&str>) -> Response {
         Code::Internal | Code::Unavailable => ("server_error", None),
         _ => ("invalid_request_error", None),
     };
-    let body = json!({"error": {
-        "message": error.message,
-        "type": kind,
-        "param": param,
-        "code": code,
-    }});
-    (status_for(error.code), Json(body)).into_response()
+    (
+        status_for(error.code),
+        Json(error_body(error, kind, param, code)),
+    )
+        .into_response()
+}
+
+fn error_body<'a>(
+    error: &'a Error,
+    kind: &'static str,
+    param: Option<&'a str>,
+    code: Option<&'static str>,
+) -> ErrorBody<'a> {
+    ErrorBody {
+        error: ErrorDetail {
+            message: &error.message,
+            kind,
+            param,
+            code,
+        },
+    }
 }
 
 /// The request field a generation model's message is about, when it names one.
@@ -105,15 +127,24 @@ fn completion_id(kind: Kind) -> String {
 /// `GET /v1/models`: the models that generate text, as the caller may see them.
 pub async fn models(State(st): State<HttpState>, Extension(caller): Extension<Caller>) -> Response {
     let created = now();
-    let data: Vec<Value> = st
+    let data = st
         .server
         .models()
         .loaded()
         .into_iter()
         .filter(|m| request::generates_text(&m.config) && caller.may(ModelAction::See, &m.name))
-        .map(|m| json!({"id": m.name, "object": "model", "created": created, "owned_by": "wasmtron"}))
+        .map(|m| ModelCard {
+            id: m.name.clone(),
+            object: "model",
+            created,
+            owned_by: "wasmtron",
+        })
         .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    Json(ModelList {
+        object: "list",
+        data,
+    })
+    .into_response()
 }
 
 /// `POST /v1/completions`.
@@ -181,10 +212,6 @@ fn piece(response: &InferResponse) -> Piece {
     p
 }
 
-fn usage(prompt: i64, completion: i64) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
-}
-
 async fn complete(
     kind: Kind,
     st: HttpState,
@@ -249,51 +276,140 @@ async fn complete(
         }
         track.finish(Ok(()));
         drop(admission);
-        let finish = finish.unwrap_or_else(|| "stop".into());
-        let choice = match kind {
-            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
-                                 "logprobs": null, "finish_reason": finish}),
-            Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
-            }
+        let finish = Some(finish.unwrap_or_else(|| "stop".into()));
+        let usage = Some(Some(Usage::new(prompt, generated)));
+        let answer = Answer { id, created, model };
+        return match kind {
+            Kind::Chat => Json(answer.whole(
+                "chat.completion",
+                ChatChoice {
+                    index: 0,
+                    message: AssistantMessage {
+                        role: Role::Assistant,
+                        content: text,
+                    },
+                    logprobs: None,
+                    finish_reason: finish,
+                },
+                usage,
+            ))
+            .into_response(),
+            Kind::Completion => Json(answer.whole(
+                "text_completion",
+                TextChoice {
+                    index: 0,
+                    text,
+                    logprobs: None,
+                    finish_reason: finish,
+                },
+                usage,
+            ))
+            .into_response(),
         };
-        let object = match kind {
-            Kind::Chat => "chat.completion",
-            Kind::Completion => "text_completion",
-        };
-        return Json(
-            json!({"id": id, "object": object, "created": created, "model": model,
-                           "choices": [choice], "usage": usage(prompt, generated)}),
-        )
-        .into_response();
     }
     track.finish(Ok(()));
-    let object = match kind {
-        Kind::Chat => "chat.completion.chunk",
-        Kind::Completion => "text_completion",
-    };
-    let include_usage = parsed.include_usage;
-    let chunk = move |choices: Value, usage_value: Option<Value>| {
-        let mut c = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
-        if include_usage {
-            c["usage"] = usage_value.unwrap_or(Value::Null);
-        }
-        Event::default().data(c.to_string())
-    };
-    let choice = move |text: Option<String>, finish: Option<String>| match kind {
-        Kind::Chat => {
-            let delta = match text {
-                Some(t) => json!({"content": t}),
-                None => json!({}),
-            };
-            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}])
-        }
-        Kind::Completion => {
-            json!([{"index": 0, "text": text.unwrap_or_default(), "logprobs": null, "finish_reason": finish}])
-        }
-    };
-    let events = stream_events(items, admission, kind, include_usage, chunk, choice);
+    let answer = Answer { id, created, model };
+    let events = stream_events(items, admission, kind, parsed.include_usage, answer);
     Sse::new(events).into_response()
+}
+
+/// What every chunk of one answer repeats.
+struct Answer {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Answer {
+    fn whole<C>(
+        &self,
+        object: &'static str,
+        choice: C,
+        usage: Option<Option<Usage>>,
+    ) -> Completion<C> {
+        Completion {
+            id: self.id.clone(),
+            object,
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![choice],
+            usage,
+        }
+    }
+
+    /// A streamed chunk: text and/or a finish reason, or (with neither) chat's opening role
+    /// chunk; `usage` is null in every chunk when the client asked for it, absent otherwise.
+    fn chunk(
+        &self,
+        kind: Kind,
+        text: Option<String>,
+        finish: Option<String>,
+        include_usage: bool,
+    ) -> Event {
+        let usage = include_usage.then_some(None);
+        match kind {
+            Kind::Chat => {
+                let delta = match (&text, &finish) {
+                    (None, None) => Delta {
+                        role: Some(Role::Assistant),
+                        content: Some(String::new()),
+                    },
+                    _ => Delta {
+                        role: None,
+                        content: text,
+                    },
+                };
+                let choice = ChunkChoice {
+                    index: 0,
+                    delta,
+                    logprobs: None,
+                    finish_reason: finish,
+                };
+                event(&self.whole("chat.completion.chunk", choice, usage))
+            }
+            Kind::Completion => {
+                let choice = TextChoice {
+                    index: 0,
+                    text: text.unwrap_or_default(),
+                    logprobs: None,
+                    finish_reason: finish,
+                };
+                event(&self.whole("text_completion", choice, usage))
+            }
+        }
+    }
+
+    /// The last chunk of a stream that asked for usage: no choices, the counts.
+    fn usage_chunk(&self, kind: Kind, usage: Usage) -> Event {
+        let object = match kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        event(&Completion::<TextChoice> {
+            id: self.id.clone(),
+            object,
+            created: self.created,
+            model: self.model.clone(),
+            choices: Vec::new(),
+            usage: Some(Some(usage)),
+        })
+    }
+}
+
+/// A server-sent event carrying `value` as JSON.
+fn event(value: &impl Serialize) -> Event {
+    Event::default().json_data(value).unwrap_or_else(|e| {
+        let message = format!("cannot write a chunk: {e}");
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message: &message,
+                kind: "server_error",
+                param: None,
+                code: None,
+            },
+        };
+        Event::default().data(serde_json::to_string(&body).unwrap_or_default())
+    })
 }
 
 /// The server-sent events of a streamed completion: a role chunk first (chat), a chunk per
@@ -304,10 +420,9 @@ fn stream_events(
     admission: crate::tenancy::Admission,
     kind: Kind,
     include_usage: bool,
-    chunk: impl Fn(Value, Option<Value>) -> Event + Send + 'static,
-    choice: impl Fn(Option<String>, Option<String>) -> Value + Send + 'static,
+    answer: Answer,
 ) -> impl futures::Stream<Item = Result<Event, std::convert::Infallible>> {
-    struct State<C, H> {
+    struct State {
         items: tokio::sync::mpsc::Receiver<crate::error::Result<InferResponse>>,
         _admission: crate::tenancy::Admission,
         pending: std::collections::VecDeque<Event>,
@@ -315,8 +430,7 @@ fn stream_events(
         done: bool,
         prompt: i64,
         generated: i64,
-        chunk: C,
-        choice: H,
+        answer: Answer,
     }
     let state = State {
         items,
@@ -326,8 +440,7 @@ fn stream_events(
         done: false,
         prompt: 0,
         generated: 0,
-        chunk,
-        choice,
+        answer,
     };
     futures::stream::unfold(state, move |mut s| async move {
         loop {
@@ -340,9 +453,8 @@ fn stream_events(
             if !s.started {
                 s.started = true;
                 if kind == Kind::Chat {
-                    let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": null, "finish_reason": null}]);
-                    s.pending.push_back((s.chunk)(role, None));
+                    let role = s.answer.chunk(kind, None, None, include_usage);
+                    s.pending.push_back(role);
                     continue;
                 }
             }
@@ -352,27 +464,25 @@ fn stream_events(
                     s.prompt = p.prompt_tokens.unwrap_or(s.prompt);
                     s.generated = p.generated_tokens.unwrap_or(s.generated);
                     if !p.text.is_empty() {
-                        let c = (s.choice)(Some(p.text), None);
-                        s.pending.push_back((s.chunk)(c, None));
+                        let c = s.answer.chunk(kind, Some(p.text), None, include_usage);
+                        s.pending.push_back(c);
                     }
                     if let Some(finish) = p.finish {
-                        let c = (s.choice)(None, Some(finish));
-                        s.pending.push_back((s.chunk)(c, None));
+                        let c = s.answer.chunk(kind, None, Some(finish), include_usage);
+                        s.pending.push_back(c);
                     }
                 }
                 Some(Err(e)) => {
-                    let param = param_of(&e.message);
-                    let status = status_for(e.code);
-                    let body = json!({"error": {"message": e.message, "type": error_type(status),
-                                                "param": param, "code": null}});
-                    s.pending.push_back(Event::default().data(body.to_string()));
+                    let kind = error_type(status_for(e.code));
+                    let body = error_body(&e, kind, param_of(&e.message), None);
+                    s.pending.push_back(event(&body));
                     s.pending.push_back(Event::default().data("[DONE]"));
                     s.done = true;
                 }
                 None => {
                     if include_usage {
-                        let usage = usage(s.prompt, s.generated);
-                        s.pending.push_back((s.chunk)(json!([]), Some(usage)));
+                        let usage = Usage::new(s.prompt, s.generated);
+                        s.pending.push_back(s.answer.usage_chunk(kind, usage));
                     }
                     s.pending.push_back(Event::default().data("[DONE]"));
                     s.done = true;

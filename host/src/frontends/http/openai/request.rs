@@ -1,9 +1,13 @@
-//! OpenAI completion and chat requests, checked field by field and turned into a request for
-//! a text-generation model (inputs named as Triton's TensorRT-LLM ensemble names them).
+//! OpenAI completion and chat requests ([`CompletionRequest`], read by serde), checked and
+//! turned into a request for a text-generation model (inputs named as Triton's TensorRT-LLM
+//! ensemble names them).
 
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use super::types::{
+    CompletionRequest, Content, Logprobs, Message, Prompt, Role, Stop, TemplateMessage,
+};
 use crate::{
     error::Error,
     inference::InferRequest,
@@ -80,46 +84,28 @@ const COMMON: &[&str] = &[
 const COMPLETION: &[&str] = &["prompt", "echo", "best_of", "suffix"];
 const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 
-fn number(body: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, Invalid> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            let v = n.as_f64().unwrap_or(f64::NAN);
-            if v.is_finite() && v >= lo && v <= hi {
-                Ok(Some(v))
-            } else {
-                Err(Invalid::field(
-                    key,
-                    format!("'{key}' is {n}; it must be between {lo} and {hi}"),
-                ))
-            }
+/// Whether an endpoint takes a field; any other is refused by name, as vLLM does.
+pub fn allowed(kind: Kind, key: &str) -> bool {
+    COMMON.contains(&key)
+        || match kind {
+            Kind::Completion => COMPLETION.contains(&key),
+            Kind::Chat => CHAT.contains(&key),
         }
-        Some(other) => Err(Invalid::field(
-            key,
-            format!("'{key}' must be a number, got {other}"),
-        )),
-    }
 }
 
-fn integer(body: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, Invalid> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) if n.as_i64().is_some_and(|v| v >= lo && v <= hi) => Ok(n.as_i64()),
-        Some(other) => Err(Invalid::field(
+/// `value` when it lies in `lo..=hi`, else an error naming the field.
+fn within<T: PartialOrd + std::fmt::Display + Copy>(
+    key: &str,
+    value: Option<T>,
+    lo: T,
+    hi: T,
+) -> Result<Option<T>, Invalid> {
+    match value {
+        Some(v) if !(v >= lo && v <= hi) => Err(Invalid::field(
             key,
-            format!("'{key}' must be a whole number between {lo} and {hi}, got {other}"),
+            format!("'{key}' is {v}; it must be between {lo} and {hi}"),
         )),
-    }
-}
-
-fn flag(body: &Map<String, Value>, key: &str) -> Result<bool, Invalid> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(Invalid::field(
-            key,
-            format!("'{key}' must be true or false, got {other}"),
-        )),
+        other => Ok(other),
     }
 }
 
@@ -146,14 +132,15 @@ fn strings(name: &str, items: &[&str]) -> Tensor {
 }
 
 /// The text of a message's `content`: a string, or a list of parts of which the text ones count.
-fn content_text(i: usize, content: &Value) -> Result<String, Invalid> {
+fn content_text(i: usize, content: Option<Content>) -> Result<String, Invalid> {
     match content {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
+        None => Ok(String::new()),
+        Some(Content::Text(s)) => Ok(s),
+        Some(Content::Parts(parts)) => {
             let mut text = String::new();
             for part in parts {
-                match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                match (part.kind.as_str(), part.text) {
+                    ("text", Some(t)) => text.push_str(&t),
                     _ => {
                         return Err(Invalid::field(
                             "messages",
@@ -164,8 +151,7 @@ fn content_text(i: usize, content: &Value) -> Result<String, Invalid> {
             }
             Ok(text)
         }
-        Value::Null => Ok(String::new()),
-        other => Err(Invalid::field(
+        Some(Content::Other(other)) => Err(Invalid::field(
             "messages",
             format!("messages[{i}].content must be a string, got {other}"),
         )),
@@ -173,8 +159,8 @@ fn content_text(i: usize, content: &Value) -> Result<String, Invalid> {
 }
 
 /// The chat's messages as the JSON list the chat-template stage reads.
-fn messages(body: &Map<String, Value>) -> Result<String, Invalid> {
-    let Some(Value::Array(list)) = body.get("messages") else {
+fn messages(list: Option<Vec<Message>>) -> Result<String, Invalid> {
+    let Some(list) = list else {
         return Err(Invalid::field(
             "messages",
             "'messages' is required: a list of {\"role\", \"content\"} objects".into(),
@@ -184,130 +170,139 @@ fn messages(body: &Map<String, Value>) -> Result<String, Invalid> {
         return Err(Invalid::field("messages", "'messages' is empty".into()));
     }
     let mut out = Vec::with_capacity(list.len());
-    for (i, m) in list.iter().enumerate() {
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| Invalid::field("messages", format!("messages[{i}] has no 'role'")))?;
-        if !matches!(role, "system" | "developer" | "user" | "assistant") {
-            return Err(Invalid::field(
-                "messages",
-                format!("messages[{i}].role is '{role}'; expected system, user or assistant"),
-            ));
-        }
-        let content = content_text(i, m.get("content").unwrap_or(&Value::Null))?;
-        let role = if role == "developer" { "system" } else { role };
-        out.push(serde_json::json!({"role": role, "content": content}));
+    for (i, m) in list.into_iter().enumerate() {
+        let role = match m.role {
+            Role::Developer => Role::System,
+            role => role,
+        };
+        out.push(TemplateMessage {
+            role,
+            content: content_text(i, m.content)?,
+        });
     }
-    if !out.iter().any(|m| m["role"] == "user") {
+    if !out.iter().any(|m| m.role == Role::User) {
         return Err(Invalid::field(
             "messages",
             "'messages' holds no message with role 'user': a chat needs at least one user turn"
                 .into(),
         ));
     }
-    Ok(Value::Array(out).to_string())
+    serde_json::to_string(&out)
+        .map_err(|e| Error::internal(format!("cannot write the chat for the template: {e}")).into())
 }
 
-fn prompt(body: &Map<String, Value>) -> Result<String, Invalid> {
-    match body.get("prompt") {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(Value::String(_)) => Err(Invalid::field("prompt", "'prompt' is empty".into())),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [Value::String(s)] if !s.is_empty() => Ok(s.clone()),
-            _ => Err(Invalid::field(
-                "prompt",
-                "'prompt' must be one non-empty string (one prompt per request; token lists are \
-                 not supported)"
-                    .into(),
-            )),
-        },
-        None | Some(Value::Null) => Err(Invalid::field("prompt", "'prompt' is required".into())),
-        Some(other) => Err(Invalid::field(
+fn prompt(prompt: Option<Prompt>) -> Result<String, Invalid> {
+    match prompt {
+        Some(Prompt::Text(s)) if !s.is_empty() => Ok(s),
+        Some(Prompt::Text(_)) => Err(Invalid::field("prompt", "'prompt' is empty".into())),
+        Some(Prompt::Texts(mut items)) if items.len() == 1 && !items[0].is_empty() => {
+            Ok(items.swap_remove(0))
+        }
+        Some(Prompt::Texts(_) | Prompt::Other(Value::Array(_))) => Err(Invalid::field(
+            "prompt",
+            "'prompt' must be one non-empty string (one prompt per request; token lists are not \
+             supported)"
+                .into(),
+        )),
+        None => Err(Invalid::field("prompt", "'prompt' is required".into())),
+        Some(Prompt::Other(other)) => Err(Invalid::field(
             "prompt",
             format!("'prompt' must be a string, got {other}"),
         )),
     }
 }
 
-/// Checks an OpenAI request body and builds the model's request; `config` is the model's.
+fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, Invalid> {
+    match stop {
+        None => Ok(Vec::new()),
+        Some(Stop::One(s)) => Ok(vec![s]),
+        Some(Stop::Many(items)) if items.len() <= 4 => Ok(items),
+        Some(Stop::Many(_) | Stop::Other(Value::Array(_))) => Err(Invalid::field(
+            "stop",
+            "'stop' must be a string or a list of up to 4 strings".into(),
+        )),
+        Some(Stop::Other(other)) => Err(Invalid::field(
+            "stop",
+            format!("'stop' must be a string or a list of strings, got {other}"),
+        )),
+    }
+}
+
+/// Reads the body into the wire type; a value of the wrong type is refused naming its field.
+fn read(body: &Value) -> Result<CompletionRequest, Invalid> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        let param = match e.path().iter().next() {
+            Some(serde_path_to_error::Segment::Map { key }) => Some(key.clone()),
+            _ => None,
+        };
+        Invalid {
+            error: Error::invalid(format!("'{path}': {}", e.inner())),
+            param,
+        }
+    })
+}
+
+/// Checks an OpenAI request body and builds the model's request; `lookup` gives the named
+/// model's config (or the reason the caller cannot use it).
 pub fn parse(
     kind: Kind,
     body: &Value,
     lookup: impl Fn(&str) -> Result<ModelConfig, Error>,
 ) -> Result<Parsed, Invalid> {
-    let Value::Object(body) = body else {
+    let Value::Object(fields) = body else {
         return Err(Error::invalid("the request body must be a JSON object").into());
     };
-    let allowed = |key: &str| {
-        COMMON.contains(&key)
-            || match kind {
-                Kind::Completion => COMPLETION.contains(&key),
-                Kind::Chat => CHAT.contains(&key),
-            }
-    };
-    if let Some(key) = body.keys().find(|k| !allowed(k)) {
+    if let Some(key) = fields.keys().find(|k| !allowed(kind, k)) {
         return Err(Invalid::field(
             key,
             format!("Unrecognized request argument supplied: {key}"),
         ));
     }
-    let model = match body.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+    let req = read(body)?;
+    let model = match req.model {
+        Some(m) if !m.is_empty() => m,
         _ => return Err(Invalid::field("model", "'model' is required".into())),
     };
     let config = lookup(&model)?;
-    if let Some(n) = integer(body, "n", 1, i64::MAX)? {
-        if n != 1 {
-            return Err(Invalid::field(
-                "n",
-                format!("'n' is {n}; only 1 is supported"),
-            ));
-        }
-    }
-    if let Some(best_of) = integer(body, "best_of", 1, i64::MAX)? {
-        if best_of != 1 {
-            return Err(Invalid::field(
-                "best_of",
-                format!("'best_of' is {best_of}; only 1 is supported"),
-            ));
-        }
-    }
-    // Accepted only when they ask for nothing.
-    for unsupported in ["echo", "logprobs", "top_logprobs", "suffix"] {
-        match body.get(unsupported) {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-            Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
-            Some(_) => {
+    for (key, value) in [("n", req.n), ("best_of", req.best_of)] {
+        match value {
+            None | Some(1) => {}
+            Some(v) => {
                 return Err(Invalid::field(
-                    unsupported,
-                    format!("'{unsupported}' is not supported"),
+                    key,
+                    format!("'{key}' is {v}; only 1 is supported"),
                 ))
             }
         }
     }
-    let stream = flag(body, "stream")?;
-    let include_usage = match body.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => o
-            .get("include_usage")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-        Some(other) => {
-            return Err(Invalid::field(
-                "stream_options",
-                format!("'stream_options' must be an object, got {other}"),
-            ))
-        }
-    };
+    // Accepted only when they ask for nothing.
+    let unsupported = [
+        ("logprobs", req.logprobs.is_some_and(Logprobs::wanted)),
+        ("top_logprobs", req.top_logprobs.is_some_and(|n| n != 0)),
+        ("echo", req.echo == Some(true)),
+        (
+            "suffix",
+            req.suffix.as_deref().is_some_and(|s| !s.is_empty()),
+        ),
+    ];
+    if let Some((key, _)) = unsupported.iter().find(|(_, asked)| *asked) {
+        return Err(Invalid::field(key, format!("'{key}' is not supported")));
+    }
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
     let mut inputs = Vec::new();
     match kind {
-        Kind::Chat => inputs.push(strings("messages", &[messages(body)?.as_str()])),
-        Kind::Completion => inputs.push(strings("text_input", &[prompt(body)?.as_str()])),
+        Kind::Chat => inputs.push(strings("messages", &[messages(req.messages)?.as_str()])),
+        Kind::Completion => inputs.push(strings("text_input", &[prompt(req.prompt)?.as_str()])),
     }
-    let max_tokens = match integer(body, "max_completion_tokens", 1, i64::from(i32::MAX))? {
+    let most = i64::from(i32::MAX);
+    let max_tokens = match within("max_completion_tokens", req.max_completion_tokens, 1, most)? {
         Some(v) => Some(v),
-        None => integer(body, "max_tokens", 1, i64::from(i32::MAX))?,
+        None => within("max_tokens", req.max_tokens, 1, most)?,
     };
     if let Some(v) = max_tokens {
         inputs.push(scalar(
@@ -317,13 +312,13 @@ pub fn parse(
         ));
     }
     // OpenAI samples at temperature 1 unless told otherwise.
-    let temperature = number(body, "temperature", 0.0, 2.0)?.unwrap_or(1.0);
+    let temperature = within("temperature", req.temperature, 0.0, 2.0)?.unwrap_or(1.0);
     inputs.push(scalar(
         "temperature",
         DataType::Fp32,
         (temperature as f32).to_le_bytes().to_vec(),
     ));
-    if let Some(v) = number(body, "top_p", 0.0, 1.0)? {
+    if let Some(v) = within("top_p", req.top_p, 0.0, 1.0)? {
         if v == 0.0 {
             return Err(Invalid::field(
                 "top_p",
@@ -336,7 +331,7 @@ pub fn parse(
             (v as f32).to_le_bytes().to_vec(),
         ));
     }
-    if let Some(v) = integer(body, "top_k", -1, i64::from(i32::MAX))? {
+    if let Some(v) = within("top_k", req.top_k, -1, most)? {
         // vLLM's -1 means every token, as 0 does here.
         inputs.push(scalar(
             "top_k",
@@ -344,15 +339,18 @@ pub fn parse(
             (v.max(0) as i32).to_le_bytes().to_vec(),
         ));
     }
-    if let Some(v) = integer(body, "seed", i64::MIN, i64::MAX)? {
+    if let Some(v) = req.seed {
         inputs.push(scalar(
             "seed",
             DataType::Uint64,
             (v as u64).to_le_bytes().to_vec(),
         ));
     }
-    for key in ["frequency_penalty", "presence_penalty"] {
-        if let Some(v) = number(body, key, -2.0, 2.0)? {
+    for (key, value) in [
+        ("frequency_penalty", req.frequency_penalty),
+        ("presence_penalty", req.presence_penalty),
+    ] {
+        if let Some(v) = within(key, value, -2.0, 2.0)? {
             inputs.push(scalar(
                 key,
                 DataType::Fp32,
@@ -360,39 +358,25 @@ pub fn parse(
             ));
         }
     }
-    if let Some(v) = number(body, "repetition_penalty", f64::MIN_POSITIVE, 100.0)? {
+    let repetition = within(
+        "repetition_penalty",
+        req.repetition_penalty,
+        f64::MIN_POSITIVE,
+        100.0,
+    )?;
+    if let Some(v) = repetition {
         inputs.push(scalar(
             "repetition_penalty",
             DataType::Fp32,
             (v as f32).to_le_bytes().to_vec(),
         ));
     }
-    let stop: Vec<&str> = match body.get("stop") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.as_str()],
-        Some(Value::Array(items)) => {
-            let texts: Option<Vec<&str>> = items.iter().map(Value::as_str).collect();
-            match texts {
-                Some(t) if t.len() <= 4 => t,
-                _ => {
-                    return Err(Invalid::field(
-                        "stop",
-                        "'stop' must be a string or a list of up to 4 strings".into(),
-                    ))
-                }
-            }
-        }
-        Some(other) => {
-            return Err(Invalid::field(
-                "stop",
-                format!("'stop' must be a string or a list of strings, got {other}"),
-            ))
-        }
-    };
+    let stop = stop_strings(req.stop)?;
     if !stop.is_empty() {
+        let stop: Vec<&str> = stop.iter().map(String::as_str).collect();
         inputs.push(strings("stop", &stop));
     }
-    if flag(body, "ignore_eos")? {
+    if req.ignore_eos == Some(true) {
         // TensorRT-LLM's end_id -1: no end token, exactly max_tokens.
         inputs.push(scalar(
             "end_id",
@@ -439,4 +423,125 @@ pub fn generates_text(config: &ModelConfig) -> bool {
         .iter()
         .any(|i| i.name == "text_input" || i.name == "messages")
         && config.output.iter().any(|o| o.name == "text_output")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::{proto::inference::ModelInput, tensor::bytes_elements};
+
+    fn config() -> ModelConfig {
+        let input = |name: &str| ModelInput {
+            name: name.into(),
+            ..Default::default()
+        };
+        ModelConfig {
+            input: [
+                "messages",
+                "text_input",
+                "max_tokens",
+                "temperature",
+                "stop",
+                "stream",
+            ]
+            .into_iter()
+            .map(input)
+            .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn refusal(kind: Kind, body: Value) -> (Option<String>, String) {
+        match parse(kind, &body, |_| Ok(config())) {
+            Ok(_) => panic!("accepted {body}"),
+            Err(e) => (e.param, e.error.message),
+        }
+    }
+
+    #[test]
+    fn a_chat_becomes_the_models_inputs() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}], "name": "ann"}],
+            "max_tokens": 3, "stop": "x", "top_p": 0.5});
+        let parsed = parse(Kind::Chat, &body, |_| Ok(config())).unwrap();
+        let names: Vec<_> = parsed
+            .request
+            .inputs
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        // top_p is not an input of this model, so it is left out.
+        assert_eq!(
+            names,
+            ["messages", "max_tokens", "temperature", "stop", "stream"]
+        );
+        let chat = bytes_elements(&parsed.request.inputs[0].data)
+            .next()
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(chat).unwrap(),
+            json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+        );
+        assert!(!parsed.stream);
+    }
+
+    #[test]
+    fn a_wrong_type_is_refused_naming_its_field() {
+        let (param, message) = refusal(
+            Kind::Chat,
+            json!({"model": "m", "messages": [
+            {"role": "user", "content": "hi"}], "temperature": "hot"}),
+        );
+        assert_eq!(param.as_deref(), Some("temperature"));
+        assert!(
+            message.starts_with("'temperature': invalid type"),
+            "{message}"
+        );
+        let (param, message) = refusal(
+            Kind::Chat,
+            json!({"model": "m", "messages": [
+            {"role": "robot", "content": "hi"}]}),
+        );
+        assert_eq!(param.as_deref(), Some("messages"));
+        assert!(message.contains("messages[0].role"), "{message}");
+    }
+
+    #[test]
+    fn fields_of_the_other_endpoint_are_unrecognized() {
+        let (param, message) = refusal(Kind::Chat, json!({"model": "m", "prompt": "hi"}));
+        assert_eq!(param.as_deref(), Some("prompt"));
+        assert_eq!(message, "Unrecognized request argument supplied: prompt");
+        let (param, _) = refusal(Kind::Completion, json!({"model": "m", "messages": []}));
+        assert_eq!(param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn prompts_and_stops_of_unserved_shapes_are_refused() {
+        for prompt in [json!(["a", "b"]), json!([1, 2]), json!([""])] {
+            let (param, message) =
+                refusal(Kind::Completion, json!({"model": "m", "prompt": prompt}));
+            assert_eq!(param.as_deref(), Some("prompt"));
+            assert!(message.contains("one non-empty string"), "{message}");
+        }
+        let (param, _) = refusal(
+            Kind::Completion,
+            json!({"model": "m", "prompt": "p", "stop": [1]}),
+        );
+        assert_eq!(param.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn options_that_ask_for_nothing_are_accepted() {
+        let body = json!({"model": "m", "prompt": "p", "logprobs": 0, "echo": false,
+                          "suffix": "", "n": 1, "best_of": null});
+        assert!(parse(Kind::Completion, &body, |_| Ok(config())).is_ok());
+        let (param, _) = refusal(
+            Kind::Completion,
+            json!({"model": "m", "prompt": "p", "logprobs": 2}),
+        );
+        assert_eq!(param.as_deref(), Some("logprobs"));
+    }
 }

@@ -1,0 +1,311 @@
+//! OpenAI's wire types for `/v1/models`, `/v1/completions` and `/v1/chat/completions`: what a
+//! client sends and what we answer, apart from the handlers. serde reads and writes them;
+//! `request.rs` checks the values and turns them into a model's request.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A `/v1/completions` or `/v1/chat/completions` body. One type serves both endpoints: which
+/// fields an endpoint takes is checked by name before the body is read into this
+/// ([`super::request::allowed`]), so a field of the other endpoint never gets here.
+#[derive(Debug, Default, Deserialize)]
+pub struct CompletionRequest {
+    /// The model to run.
+    pub model: Option<String>,
+    /// Completions: the prompt.
+    pub prompt: Option<Prompt>,
+    /// Chat: the conversation so far.
+    pub messages: Option<Vec<Message>>,
+    /// The most tokens to generate.
+    pub max_tokens: Option<i64>,
+    /// Chat: the newer name of `max_tokens` (wins when both are given).
+    pub max_completion_tokens: Option<i64>,
+    /// Sampling temperature, 0 to 2 (OpenAI's default 1).
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass, above 0 up to 1.
+    pub top_p: Option<f64>,
+    /// Choices to generate.
+    pub n: Option<i64>,
+    /// Completions: candidates to pick the best of.
+    pub best_of: Option<i64>,
+    /// Answer as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Text that ends the completion.
+    pub stop: Option<Stop>,
+    /// Seed for sampling.
+    pub seed: Option<i64>,
+    /// Penalty on tokens by how often they appeared, -2 to 2.
+    pub frequency_penalty: Option<f64>,
+    /// Penalty on tokens that appeared at all, -2 to 2.
+    pub presence_penalty: Option<f64>,
+    /// The end user, for the caller's own records.
+    pub user: Option<String>,
+    /// Log-probabilities: a flag in chat, a count in completions.
+    pub logprobs: Option<Logprobs>,
+    /// Chat: how many alternatives per token to report.
+    pub top_logprobs: Option<i64>,
+    /// Completions: answer the prompt too.
+    pub echo: Option<bool>,
+    /// Completions: text after the completion.
+    pub suffix: Option<String>,
+    /// vLLM's extension: sample among the k likeliest tokens (-1 or 0: all).
+    pub top_k: Option<i64>,
+    /// vLLM's extension: multiplicative repetition penalty, above 0.
+    pub repetition_penalty: Option<f64>,
+    /// vLLM's extension: generate exactly `max_tokens`, ignoring the end token.
+    pub ignore_eos: Option<bool>,
+}
+
+/// A completion's `prompt`. Only one text is served; the other shapes OpenAI allows are read
+/// so that they can be refused by name.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One text.
+    Text(String),
+    /// A list of texts.
+    Texts(Vec<String>),
+    /// Token ids, or anything else.
+    Other(Value),
+}
+
+/// `logprobs`: chat's flag or completions' count of alternatives.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum Logprobs {
+    /// Chat: report them or not.
+    Flag(bool),
+    /// Completions: how many alternatives per token.
+    Count(i64),
+}
+
+impl Logprobs {
+    /// Whether any are asked for.
+    pub fn wanted(self) -> bool {
+        match self {
+            Self::Flag(b) => b,
+            Self::Count(n) => n > 0,
+        }
+    }
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+    /// Anything else, refused by name.
+    Other(Value),
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// End the stream with a chunk holding `usage`.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// Who wrote a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// OpenAI's newer name for system instructions.
+    Developer,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+}
+
+/// One chat message (fields beyond these, such as `name`, are accepted and ignored).
+#[derive(Debug, Deserialize)]
+pub struct Message {
+    /// Who wrote it.
+    pub role: Role,
+    /// What it says.
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// A message's `content`: a string or a list of parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Typed parts, of which only text ones are served.
+    Parts(Vec<ContentPart>),
+    /// Anything else, refused by name.
+    Other(Value),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    /// `text`, `image_url`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// A chat message as the chat-template stage reads it.
+#[derive(Debug, Serialize)]
+pub struct TemplateMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: Role,
+    /// The text.
+    pub content: String,
+}
+
+/// A completion answer, whole or as one streamed chunk; `C` is the kind of choice.
+#[derive(Debug, Serialize)]
+pub struct Completion<C> {
+    /// `cmpl-…` or `chatcmpl-…`, the same in every chunk of a stream.
+    pub id: String,
+    /// `text_completion`, `chat.completion` or `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model named by the request.
+    pub model: String,
+    /// The choices (empty in a stream's usage chunk).
+    pub choices: Vec<C>,
+    /// Token counts: always in a whole answer; in a stream only when asked, null until the
+    /// last chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+/// A completions choice (whole or streamed).
+#[derive(Debug, Serialize)]
+pub struct TextChoice {
+    /// Which choice.
+    pub index: u32,
+    /// The text.
+    pub text: String,
+    /// Not reported.
+    pub logprobs: Option<Value>,
+    /// `stop` or `length` on the last piece.
+    pub finish_reason: Option<String>,
+}
+
+/// A chat choice of a whole answer.
+#[derive(Debug, Serialize)]
+pub struct ChatChoice {
+    /// Which choice.
+    pub index: u32,
+    /// The assistant's message.
+    pub message: AssistantMessage,
+    /// Not reported.
+    pub logprobs: Option<Value>,
+    /// `stop` or `length`.
+    pub finish_reason: Option<String>,
+}
+
+/// The assistant's answer in a whole chat completion.
+#[derive(Debug, Serialize)]
+pub struct AssistantMessage {
+    /// Always `assistant`.
+    pub role: Role,
+    /// The text.
+    pub content: String,
+}
+
+/// A chat choice of a streamed chunk.
+#[derive(Debug, Serialize)]
+pub struct ChunkChoice {
+    /// Which choice.
+    pub index: u32,
+    /// What this chunk adds.
+    pub delta: Delta,
+    /// Not reported.
+    pub logprobs: Option<Value>,
+    /// Set on the last chunk of the choice.
+    pub finish_reason: Option<String>,
+}
+
+/// What a streamed chat chunk adds: the role first, then text.
+#[derive(Debug, Default, Serialize)]
+pub struct Delta {
+    /// `assistant`, in the first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: i64,
+    /// Tokens generated.
+    pub completion_tokens: i64,
+    /// Both.
+    pub total_tokens: i64,
+}
+
+impl Usage {
+    /// Counts from the prompt's and the completion's tokens.
+    pub fn new(prompt_tokens: i64, completion_tokens: i64) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Serialize)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The models.
+    pub data: Vec<ModelCard>,
+}
+
+/// One model in `/v1/models`.
+#[derive(Debug, Serialize)]
+pub struct ModelCard {
+    /// Its name.
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Always `wasmtron`.
+    pub owned_by: &'static str,
+}
+
+/// An error as OpenAI answers it.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    /// The error.
+    pub error: ErrorDetail<'a>,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize)]
+pub struct ErrorDetail<'a> {
+    /// For a person.
+    pub message: &'a str,
+    /// `invalid_request_error`, `permission_error`, `rate_limit_error`, `server_error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request field at fault.
+    pub param: Option<&'a str>,
+    /// A code a program can branch on (`model_not_found`, `invalid_api_key`, …).
+    pub code: Option<&'static str>,
+}
