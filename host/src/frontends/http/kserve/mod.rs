@@ -4,6 +4,7 @@
 
 pub mod codec;
 pub mod generate;
+mod json_data;
 
 mod admin;
 mod infer;
