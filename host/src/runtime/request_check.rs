@@ -11,6 +11,85 @@ use crate::{
     tensor::{shape_string, DataType, Tensor},
 };
 
+/// An integer type's range, as i128.
+fn integer_range(datatype: DataType) -> Option<(i128, i128)> {
+    Some(match datatype {
+        DataType::Int8 => (i8::MIN.into(), i8::MAX.into()),
+        DataType::Int16 => (i16::MIN.into(), i16::MAX.into()),
+        DataType::Int32 => (i32::MIN.into(), i32::MAX.into()),
+        DataType::Int64 => (i64::MIN.into(), i64::MAX.into()),
+        DataType::Uint8 => (0, u8::MAX.into()),
+        DataType::Uint16 => (0, u16::MAX.into()),
+        DataType::Uint32 => (0, u32::MAX.into()),
+        DataType::Uint64 => (0, u64::MAX.into()),
+        _ => return None,
+    })
+}
+
+fn read_integer(datatype: DataType, b: &[u8]) -> i128 {
+    let mut a = [0u8; 8];
+    a[..b.len()].copy_from_slice(b);
+    let signed = matches!(
+        datatype,
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
+    );
+    if signed && b.last().is_some_and(|&hi| hi & 0x80 != 0) {
+        a[b.len()..].fill(0xff);
+        i128::from(i64::from_le_bytes(a))
+    } else if signed {
+        i128::from(i64::from_le_bytes(a))
+    } else {
+        i128::from(u64::from_le_bytes(a))
+    }
+}
+
+/// Converts integer inputs sent as another integer type than the model declares (a
+/// TensorRT-LLM client's UINT32 `max_tokens` for an INT32 input), when every value fits; a
+/// value that does not is refused naming the input. Other types are left for
+/// [`check_request`] to judge.
+pub fn convert_integer_inputs(config: &ModelConfig, request: &mut InferRequest) -> Result<()> {
+    let model = &config.name;
+    for tensor in &mut request.inputs {
+        let Some(declared) = config.input.iter().find(|i| i.name == tensor.name) else {
+            continue;
+        };
+        let Some(want) = DataType::from_config_value(declared.data_type) else {
+            continue;
+        };
+        if want == tensor.datatype {
+            continue;
+        }
+        let (Some((lo, hi)), Some(_)) = (integer_range(want), integer_range(tensor.datatype))
+        else {
+            continue;
+        };
+        let (from, to) = (
+            tensor.datatype.element_size().unwrap_or(1),
+            want.element_size().unwrap_or(1),
+        );
+        if tensor.data.len() % from != 0 {
+            // The size check names this.
+            continue;
+        }
+        let mut out = Vec::with_capacity(tensor.data.len() / from * to);
+        for b in tensor.data.chunks_exact(from) {
+            let v = read_integer(tensor.datatype, b);
+            if v < lo || v > hi {
+                return Err(Error::invalid(format!(
+                    "inference input '{}' of model '{model}' is {} and holds {v}, which does                      not fit the model's type {}",
+                    tensor.name,
+                    tensor.datatype.wire_name(),
+                    want.wire_name()
+                )));
+            }
+            out.extend_from_slice(&(v as i64).to_le_bytes()[..to]);
+        }
+        tensor.datatype = want;
+        tensor.data = out.into();
+    }
+    Ok(())
+}
+
 /// Validates inputs and requested outputs; returns the request's batch size (1 for models
 /// without batching).
 pub fn check_request(config: &ModelConfig, request: &InferRequest) -> Result<usize> {
@@ -267,6 +346,35 @@ mod tests {
             check_request(&config(), &request(vec![3, 5, 2], DataType::Fp32, 120)).unwrap(),
             3
         );
+    }
+
+    #[test]
+    fn integers_of_another_type_are_converted_when_they_fit() {
+        let mut c = config();
+        c.input[0].data_type = DataType::Int32.config_value();
+        let mut r = request(vec![1, 5, 2], DataType::Uint32, 40);
+        r.inputs[0].data = (0..10u32)
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into();
+        convert_integer_inputs(&c, &mut r).unwrap();
+        assert_eq!(r.inputs[0].datatype, DataType::Int32);
+        check_request(&c, &r).unwrap();
+        let mut r = request(vec![1, 5, 2], DataType::Int64, 80);
+        r.inputs[0].data = (-5..5i64)
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into();
+        convert_integer_inputs(&c, &mut r).unwrap();
+        assert_eq!(&r.inputs[0].data[..4], &(-5i32).to_le_bytes());
+        // A value out of range, and a float, are refused.
+        let mut r = request(vec![1, 1, 1], DataType::Uint32, 4);
+        r.inputs[0].data = u32::MAX.to_le_bytes().to_vec().into();
+        let e = convert_integer_inputs(&c, &mut r).unwrap_err();
+        assert!(e.message.contains("holds 4294967295"), "{}", e.message);
+        let mut r = request(vec![1, 5, 2], DataType::Fp32, 40);
+        convert_integer_inputs(&c, &mut r).unwrap();
+        assert!(check_request(&c, &r).is_err());
     }
 
     #[test]

@@ -23,7 +23,10 @@ use crate::{
     inference::{InferRequest, InferResponse, StepDurations},
     limits::RequestLimits,
     repository::ModelRepository,
-    runtime::{request_check::check_request, ModelCaller, RuntimeOptions},
+    runtime::{
+        request_check::{check_request, convert_integer_inputs},
+        ModelCaller, RuntimeOptions,
+    },
     tenancy::ModelAction,
 };
 
@@ -327,7 +330,9 @@ impl Server {
                 model.name, model.name
             )));
         }
-        let batch_size = match check_request(&model.config, &request) {
+        let checked = convert_integer_inputs(&model.config, &mut request)
+            .and_then(|()| check_request(&model.config, &request));
+        let batch_size = match checked {
             Ok(b) => b,
             Err(err) => {
                 model

@@ -15,6 +15,9 @@ use wasmtron_guest::{
 
 struct Postprocessing {
     tokenizer: Tokenizer,
+    /// The shape of `text_output`: `[1, 1]` (a row of one string), or `[1]` when the
+    /// `text_output_shape` parameter is `flat`, as TensorRT-LLM's postprocessing answers it.
+    shape: &'static [i64],
 }
 
 const INCOMPLETE: char = '\u{FFFD}';
@@ -49,7 +52,16 @@ impl Stage for Postprocessing {
             .unwrap_or("tokenizer.json");
         let tokenizer = Tokenizer::from_bytes(read_model_file(file)?)
             .map_err(|e| Error::invalid(format!("'{file}' is not a tokenizer.json: {e}")))?;
-        Ok(Self { tokenizer })
+        let shape: &'static [i64] = match config.parameter("text_output_shape") {
+            None | Some("row") => &[1, 1],
+            Some("flat") => &[1],
+            Some(other) => {
+                return Err(Error::invalid(format!(
+                    "parameter 'text_output_shape' is '{other}'; expected 'row' or 'flat'"
+                )))
+            }
+        };
+        Ok(Self { tokenizer, shape })
     }
 
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
@@ -73,7 +85,7 @@ impl Stage for Postprocessing {
         };
         request.select(vec![Tensor::from_bytes_elements(
             "text_output",
-            &[1, 1],
+            self.shape,
             [text.as_bytes()],
         )])
     }

@@ -26,6 +26,7 @@ use super::{
     sampling::{Sampler, SamplingParams},
     stats::GenerationStats,
     stop::StopStrings,
+    token_rules::TokenRules,
 };
 use crate::error::{Error, Result};
 
@@ -84,6 +85,8 @@ pub struct Step {
     pub tokens: Vec<u32>,
     /// Set on the last step.
     pub finish: Option<Finish>,
+    /// The natural-log probability of each of `tokens`, when the request asked for them.
+    pub log_probs: Vec<f32>,
 }
 
 /// A request handed to the engine.
@@ -98,6 +101,10 @@ pub struct Submission {
     pub end_ids: Vec<i64>,
     /// Text that ends the sequence, if asked for.
     pub stop: Option<StopStrings>,
+    /// Which tokens may come (banned words, a least length).
+    pub rules: TokenRules,
+    /// Whether each step carries its tokens' log-probabilities.
+    pub log_probs: bool,
     /// Where the steps go; a closed receiver cancels the sequence.
     pub steps: mpsc::Sender<Result<Step>>,
     /// Set by the caller when its client went away.
@@ -125,6 +132,8 @@ struct Row {
     /// The last sampled token, not yet in the cache.
     next: i64,
     last_token_at: Instant,
+    /// Log-probabilities of the tokens sampled and not yet answered (held for a stop string).
+    pending_log_probs: VecDeque<f32>,
 }
 
 /// The sending side of the engine, shared by the model's instances.
@@ -360,11 +369,15 @@ impl Worker {
         let (_, values) = logits.try_extract_tensor::<f32>().map_err(run_error)?;
         let vocab = values.len() / (n * width).max(1);
         let mut joining = Vec::new();
-        for (r, sub) in new.into_iter().enumerate() {
+        for (r, mut sub) in new.into_iter().enumerate() {
             let at = (r * width + width - 1) * vocab;
             let mut row_logits = values[at..at + vocab].to_vec();
+            let rules = std::mem::take(&mut sub.rules);
             let mut row = Row {
-                sampler: Sampler::new(sub.sampling.clone()),
+                sampler: Sampler::new(sub.sampling.clone())
+                    .with_rules(rules)
+                    .with_log_probs(sub.log_probs),
+                pending_log_probs: VecDeque::new(),
                 len: sub.prompt.len(),
                 next: 0,
                 generated: Vec::new(),
@@ -523,6 +536,9 @@ impl Worker {
             (held, Some(Finish::Stop))
         } else {
             self.stats.generation_tokens.fetch_add(1, Relaxed);
+            if row.sub.log_probs {
+                row.pending_log_probs.push_back(row.sampler.last_log_prob());
+            }
             let mut finish = (generated >= row.sub.max_tokens).then_some(Finish::Length);
             let mut tokens = vec![token];
             if let Some(stop) = &mut row.sub.stop {
@@ -548,7 +564,18 @@ impl Worker {
         let delivered = if tokens.is_empty() && finish.is_none() {
             true
         } else {
-            row.sub.steps.send(Ok(Step { tokens, finish })).is_ok()
+            let log_probs = if row.sub.log_probs {
+                let n = tokens.len().min(row.pending_log_probs.len());
+                row.pending_log_probs.drain(..n).collect()
+            } else {
+                Vec::new()
+            };
+            let step = Step {
+                tokens,
+                finish,
+                log_probs,
+            };
+            row.sub.steps.send(Ok(step)).is_ok()
         };
         if !delivered {
             row.sub.cancelled.store(true, Relaxed);

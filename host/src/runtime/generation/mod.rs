@@ -16,6 +16,7 @@ mod request;
 pub mod sampling;
 pub mod stats;
 pub mod stop;
+pub mod token_rules;
 
 use std::{
     path::Path,
@@ -34,6 +35,7 @@ use self::{
     request::{parse, timeout_of},
     stats::GenerationStats,
     stop::{StopStrings, TokenBytes},
+    token_rules::{BannedWords, TokenRules},
 };
 use super::{ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions};
 use crate::{
@@ -94,6 +96,24 @@ const INPUTS: &[(&str, DataType, i64, bool)] = &[
     ("end_id", DataType::Int32, 1, true),
     ("stop", DataType::Bytes, -1, true),
     ("stream", DataType::Bool, 1, true),
+    // TensorRT-LLM's names, so that its ensembles map onto this model unchanged.
+    ("stop_words", DataType::Bytes, -1, true),
+    ("bad_words", DataType::Bytes, -1, true),
+    ("pad_id", DataType::Int32, 1, true),
+    ("min_length", DataType::Int32, 1, true),
+    ("random_seed", DataType::Uint64, 1, true),
+    ("runtime_top_k", DataType::Int32, 1, true),
+    ("runtime_top_p", DataType::Fp32, 1, true),
+    ("length_penalty", DataType::Fp32, 1, true),
+    ("beam_width", DataType::Int32, 1, true),
+    ("num_return_sequences", DataType::Int32, 1, true),
+    ("return_log_probs", DataType::Bool, 1, true),
+    ("exclude_input_in_output", DataType::Bool, 1, true),
+    ("return_context_logits", DataType::Bool, 1, true),
+    ("return_generation_logits", DataType::Bool, 1, true),
+    ("return_perf_metrics", DataType::Bool, 1, true),
+    ("embedding_bias_words", DataType::Bytes, -1, true),
+    ("embedding_bias_weights", DataType::Fp32, -1, true),
 ];
 
 /// The tensors it answers: (name, type, dims).
@@ -103,6 +123,10 @@ const OUTPUTS: &[(&str, DataType, i64)] = &[
     ("finish_reason", DataType::Bytes, 1),
     ("prompt_tokens", DataType::Int32, 1),
     ("generated_tokens", DataType::Int32, 1),
+    // With `return_log_probs`: the sum of the answered tokens' log-probabilities so far, and
+    // each token's.
+    ("cum_log_probs", DataType::Fp32, 1),
+    ("output_log_probs", DataType::Fp32, -1),
 ];
 
 /// Fills in the inputs and outputs when config.pbtxt leaves them out, and checks the ones it
@@ -389,6 +413,32 @@ struct GenerationInstance {
     decoupled: bool,
 }
 
+fn fp32_tensor(name: &str, values: &[f32]) -> Tensor {
+    Tensor {
+        name: name.to_owned(),
+        datatype: DataType::Fp32,
+        shape: vec![1, values.len() as i64],
+        data: Bytes::from(
+            values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
+    }
+}
+
+/// What one response says besides its tokens.
+struct Answer<'a> {
+    /// Recent tokens before these, for the detokenizer.
+    context: &'a [u32],
+    finish: Option<Finish>,
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    /// These tokens' log-probabilities, and the sum over every token answered so far.
+    log_probs: &'a [f32],
+    cum_log_prob: f32,
+}
+
 fn int32_tensor(name: &str, values: &[i32]) -> Tensor {
     Tensor {
         name: name.to_owned(),
@@ -404,26 +454,24 @@ fn int32_tensor(name: &str, values: &[i32]) -> Tensor {
 }
 
 /// One response's tensors, in the order asked for.
-fn response(
-    outputs: &[String],
-    tokens: &[u32],
-    context: &[u32],
-    finish: Option<Finish>,
-    prompt_tokens: usize,
-    generated_tokens: usize,
-) -> Vec<Tensor> {
+fn response(outputs: &[String], tokens: &[u32], answer: &Answer) -> Vec<Tensor> {
     let ids = |t: &[u32]| t.iter().map(|&v| v as i32).collect::<Vec<i32>>();
     outputs
         .iter()
         .filter_map(|name| {
             Some(match name.as_str() {
                 "output_ids" => int32_tensor(name, &ids(tokens)),
-                "context_ids" => int32_tensor(name, &ids(context)),
-                "prompt_tokens" => int32_tensor(name, &[prompt_tokens as i32]),
-                "generated_tokens" => int32_tensor(name, &[generated_tokens as i32]),
+                "context_ids" => int32_tensor(name, &ids(answer.context)),
+                "prompt_tokens" => int32_tensor(name, &[answer.prompt_tokens as i32]),
+                "generated_tokens" => int32_tensor(name, &[answer.generated_tokens as i32]),
+                "cum_log_probs" => fp32_tensor(name, &[answer.cum_log_prob]),
+                "output_log_probs" => fp32_tensor(name, answer.log_probs),
                 "finish_reason" => {
                     let mut data = Vec::new();
-                    push_bytes_element(&mut data, finish.map_or("", Finish::as_str).as_bytes());
+                    push_bytes_element(
+                        &mut data,
+                        answer.finish.map_or("", Finish::as_str).as_bytes(),
+                    );
                     Tensor {
                         name: name.clone(),
                         datatype: DataType::Bytes,
@@ -452,7 +500,22 @@ impl ModelInstance for GenerationInstance {
             _ => None,
         };
         let prompt_tokens = parsed.prompt.len();
+        let prompt: Vec<u32> = if parsed.include_prompt && !parsed.stream {
+            parsed.prompt.iter().map(|&t| t as u32).collect()
+        } else {
+            Vec::new()
+        };
+        let rules = TokenRules {
+            end_ids: parsed.end_ids.clone(),
+            min_tokens: parsed.min_tokens,
+            banned: match &self.settings.text {
+                Some(text) => BannedWords::new(parsed.bad_words, text.clone()),
+                None => None,
+            },
+        };
         self.engine.submit(Submission {
+            rules,
+            log_probs: parsed.log_probs,
             prompt: parsed.prompt,
             max_tokens: parsed.max_tokens,
             sampling: parsed.sampling,
@@ -480,6 +543,7 @@ impl ModelInstance for GenerationInstance {
             .as_ref()
             .filter(|_| self.decoupled && parsed.stream);
         let mut generated: Vec<u32> = Vec::new();
+        let mut log_probs: Vec<f32> = Vec::new();
         loop {
             let step = match steps.recv_timeout(Duration::from_millis(50)) {
                 Ok(step) => step?,
@@ -499,13 +563,18 @@ impl ModelInstance for GenerationInstance {
             match sink {
                 Some(sink) => {
                     let context_from = generated.len().saturating_sub(CONTEXT_TOKENS);
+                    log_probs.extend_from_slice(&step.log_probs);
                     let tensors = response(
                         outputs,
                         &step.tokens,
-                        &generated[context_from..],
-                        step.finish,
-                        prompt_tokens,
-                        generated.len() + step.tokens.len(),
+                        &Answer {
+                            context: &generated[context_from..],
+                            finish: step.finish,
+                            prompt_tokens,
+                            generated_tokens: generated.len() + step.tokens.len(),
+                            log_probs: &step.log_probs,
+                            cum_log_prob: log_probs.iter().fold(0.0, |a, b| a + b),
+                        },
                     );
                     generated.extend_from_slice(&step.tokens);
                     if step.finish.is_some() {
@@ -515,14 +584,20 @@ impl ModelInstance for GenerationInstance {
                 }
                 None => {
                     generated.extend_from_slice(&step.tokens);
+                    log_probs.extend_from_slice(&step.log_probs);
                     if step.finish.is_some() {
+                        let tokens: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
                         let tensors = response(
                             outputs,
-                            &generated,
-                            &[],
-                            step.finish,
-                            prompt_tokens,
-                            generated.len(),
+                            &tokens,
+                            &Answer {
+                                context: &[],
+                                finish: step.finish,
+                                prompt_tokens,
+                                generated_tokens: generated.len(),
+                                log_probs: &log_probs,
+                                cum_log_prob: log_probs.iter().fold(0.0, |a, b| a + b),
+                            },
                         );
                         return Ok((tensors, timings(started)));
                     }

@@ -24,6 +24,15 @@ pub struct Parsed {
     pub stop: Vec<String>,
     /// Whether to answer per step (decoupled models) rather than once.
     pub stream: bool,
+    /// Words not to generate (TensorRT-LLM's `bad_words`).
+    pub bad_words: Vec<String>,
+    /// Tokens to generate before an end token may come (`min_length`).
+    pub min_tokens: usize,
+    /// Whether to answer each token's log-probability (`return_log_probs`).
+    pub log_probs: bool,
+    /// Whether a whole (not streamed) answer starts with the prompt's tokens
+    /// (`exclude_input_in_output` false).
+    pub include_prompt: bool,
 }
 
 fn invalid(model: &str, message: String) -> Error {
@@ -74,6 +83,79 @@ fn scalar(request: &InferRequest, name: &str) -> Result<Option<f64>> {
             )
         })?),
     })
+}
+
+/// The first of `names` the request sets (TensorRT-LLM has several names for some fields).
+fn scalar_of(request: &InferRequest, names: &[&str]) -> Result<Option<f64>> {
+    for name in names {
+        if let Some(v) = scalar(request, name)? {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+/// The strings of a BYTES input, or of the request parameter of the same name; empty strings
+/// are left out (TensorRT-LLM's clients send `[[""]]` for none).
+fn strings(request: &InferRequest, name: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    if let Some(t) = request.inputs.iter().find(|t| t.name == name) {
+        if t.datatype != DataType::Bytes {
+            return Err(invalid(
+                &request.model_name,
+                format!(
+                    "input '{name}' must be BYTES (strings), is {}",
+                    t.datatype.wire_name()
+                ),
+            ));
+        }
+        for s in bytes_elements(&t.data) {
+            out.push(String::from_utf8(s.to_vec()).map_err(|_| {
+                invalid(
+                    &request.model_name,
+                    format!("input '{name}' holds a string that is not UTF-8"),
+                )
+            })?);
+        }
+    } else if let Some(ParamValue::String(s)) = request.parameters.get(name) {
+        out.push(s.clone());
+    }
+    out.retain(|s| !s.is_empty());
+    Ok(out)
+}
+
+/// TensorRT-LLM's fields that ask for more than one sequence or for something not computed
+/// here: their neutral values are accepted, anything else is refused by name.
+fn refuse_unserved(request: &InferRequest) -> Result<()> {
+    let model = request.model_name.as_str();
+    for name in ["beam_width", "num_return_sequences"] {
+        if let Some(v) = scalar(request, name)? {
+            if v != 1.0 {
+                return Err(invalid(
+                    model,
+                    format!(
+                        "'{name}' is {v}; only 1 is supported (one sequence per request:                          greedy or sampled decoding, no beam search)"
+                    ),
+                ));
+            }
+        }
+    }
+    for name in [
+        "return_context_logits",
+        "return_generation_logits",
+        "return_perf_metrics",
+    ] {
+        if scalar(request, name)?.is_some_and(|v| v != 0.0) {
+            return Err(invalid(model, format!("'{name}' is not supported")));
+        }
+    }
+    if !strings(request, "embedding_bias_words")?.is_empty() {
+        return Err(invalid(
+            model,
+            "'embedding_bias_words' is not supported".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks `value` of `name` against [lo, hi].
@@ -153,8 +235,9 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
             ),
         ));
     }
+    refuse_unserved(request)?;
     let room = limit - prompt.len();
-    let max_tokens = match scalar(request, "max_tokens")? {
+    let max_tokens = match scalar_of(request, &["max_tokens", "request_output_len"])? {
         None => settings.default_max_tokens.min(room),
         Some(v) => {
             let v = within(model, "max_tokens", v, 1.0, f64::from(u32::MAX))? as usize;
@@ -171,16 +254,29 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
             v
         }
     };
-    let get = |name: &str, lo: f64, hi: f64| -> Result<Option<f64>> {
-        scalar(request, name)?
-            .map(|v| within(model, name, v, lo, hi))
-            .transpose()
+    // TensorRT-LLM's other names for a field come after ours.
+    let names = |name: &'static str| -> &'static [&'static str] {
+        match name {
+            "top_k" => &["top_k", "runtime_top_k"],
+            "top_p" => &["top_p", "runtime_top_p"],
+            "seed" => &["seed", "random_seed"],
+            "temperature" => &["temperature", "runtime_temperature"],
+            "min_length" => &["min_length", "min_tokens"],
+            _ => &[],
+        }
+    };
+    let get = |name: &'static str, lo: f64, hi: f64| -> Result<Option<f64>> {
+        let value = match names(name) {
+            [] => scalar(request, name)?,
+            several => scalar_of(request, several)?,
+        };
+        value.map(|v| within(model, name, v, lo, hi)).transpose()
     };
     let sampling = SamplingParams {
         temperature: get("temperature", 0.0, 100.0)?.unwrap_or(0.0) as f32,
         top_k: get("top_k", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize,
         top_p: get("top_p", f64::MIN_POSITIVE, 1.0)?.unwrap_or(1.0) as f32,
-        seed: scalar(request, "seed")?
+        seed: scalar_of(request, names("seed"))?
             .map(|v| within(model, "seed", v, 0.0, u64::MAX as f64).map(|v| v as u64))
             .transpose()?,
         repetition_penalty: get("repetition_penalty", f64::MIN_POSITIVE, 100.0)?.unwrap_or(1.0)
@@ -194,19 +290,10 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
         Some(_) => Vec::new(),
         None => settings.end_ids.clone(),
     };
-    let mut stop = Vec::new();
-    if let Some(t) = request.inputs.iter().find(|t| t.name == "stop") {
-        for s in bytes_elements(&t.data) {
-            stop.push(String::from_utf8(s.to_vec()).map_err(|_| {
-                invalid(
-                    model,
-                    "input 'stop' holds a string that is not UTF-8".into(),
-                )
-            })?);
-        }
-    } else if let Some(ParamValue::String(s)) = request.parameters.get("stop") {
-        stop.push(s.clone());
-    }
+    // OpenAI's `stop` and TensorRT-LLM's `stop_words` both end the text (without the stop
+    // string itself).
+    let mut stop = strings(request, "stop")?;
+    stop.extend(strings(request, "stop_words")?);
     stop.retain(|s| !s.is_empty());
     if !stop.is_empty() && settings.text.is_none() {
         return Err(invalid(
@@ -214,7 +301,21 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
             "'stop' needs the model's tokenizer.json beside model.onnx to read the text".into(),
         ));
     }
+    let bad_words = strings(request, "bad_words")?;
+    if !bad_words.is_empty() && settings.text.is_none() {
+        return Err(invalid(
+            model,
+            "'bad_words' needs the model's tokenizer.json beside model.onnx to read the text"
+                .into(),
+        ));
+    }
+    // Answers are never padded (one sequence per request): the id is only checked.
+    get("pad_id", 0.0, f64::from(i32::MAX))?;
+    let min_tokens = get("min_length", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize;
+    let log_probs = scalar(request, "return_log_probs")?.is_some_and(|v| v != 0.0);
     let stream = scalar(request, "stream")?.is_none_or(|v| v != 0.0);
+    // TensorRT-LLM answers the prompt too unless told to exclude it; a stream never has it.
+    let include_prompt = scalar(request, "exclude_input_in_output")?.is_some_and(|v| v == 0.0);
     Ok(Parsed {
         prompt,
         max_tokens,
@@ -222,6 +323,10 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
         end_ids,
         stop,
         stream,
+        bad_words,
+        min_tokens,
+        log_probs,
+        include_prompt,
     })
 }
 

@@ -6,6 +6,8 @@ use rand_chacha::{
     ChaCha8Rng,
 };
 
+use super::token_rules::TokenRules;
+
 /// How one request samples. `temperature == 0` (the default) is greedy decoding, as
 /// TensorRT-LLM does when no sampling parameter is given.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,9 +46,13 @@ impl Default for SamplingParams {
 /// One request's sampler.
 pub struct Sampler {
     params: SamplingParams,
+    rules: TokenRules,
     rng: ChaCha8Rng,
     /// Scratch: (token, logit) candidates.
     candidates: Vec<(u32, f32)>,
+    /// Whether to work out each chosen token's log-probability.
+    log_probs: bool,
+    last_log_prob: f32,
 }
 
 impl Sampler {
@@ -55,15 +61,47 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(fresh_seed);
         Self {
             params,
+            rules: TokenRules::default(),
             rng: ChaCha8Rng::seed_from_u64(seed),
             candidates: Vec::new(),
+            log_probs: false,
+            last_log_prob: 0.0,
         }
     }
 
-    /// Picks the next token from `logits` (modified in place by the penalties), given the
-    /// prompt and the tokens generated so far.
+    /// The sampler with rules on which tokens may come.
+    pub fn with_rules(mut self, rules: TokenRules) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// The sampler working out the log-probability of each token it picks
+    /// ([`Sampler::last_log_prob`]).
+    pub fn with_log_probs(mut self, on: bool) -> Self {
+        self.log_probs = on;
+        self
+    }
+
+    /// The natural-log probability of the last token picked, under the distribution it was
+    /// drawn from before temperature, top-k and top-p (the logits after penalties and rules);
+    /// 0 unless asked for.
+    pub fn last_log_prob(&self) -> f32 {
+        self.last_log_prob
+    }
+
+    /// Picks the next token from `logits` (modified in place by the penalties and rules), given
+    /// the prompt and the tokens generated so far.
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[i64], generated: &[i64]) -> u32 {
         self.penalise(logits, prompt, generated);
+        self.rules.apply(logits, generated);
+        let token = self.pick(logits);
+        if self.log_probs {
+            self.last_log_prob = log_prob(logits, token);
+        }
+        token
+    }
+
+    fn pick(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
@@ -142,6 +180,20 @@ impl Sampler {
             }
         }
     }
+}
+
+/// `log softmax(logits)[token]`.
+fn log_prob(logits: &[f32], token: u32) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let total: f64 = logits
+        .iter()
+        .map(|&l| f64::from(l - max).exp())
+        .sum::<f64>();
+    let chosen = logits
+        .get(token as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    (f64::from(chosen - max) - total.ln()) as f32
 }
 
 /// The index of the largest value (the first of equals).
@@ -223,6 +275,16 @@ mod tests {
         for _ in 0..200 {
             assert_eq!(s.sample(&mut logits(), &[], &[]), 1);
         }
+    }
+
+    #[test]
+    fn log_probs_are_those_of_the_softmax() {
+        let mut s = Sampler::new(SamplingParams::default()).with_log_probs(true);
+        let token = s.sample(&mut logits(), &[], &[]);
+        let l = logits();
+        let total: f32 = l.iter().map(|v| v.exp()).sum();
+        let expected = (l[token as usize].exp() / total).ln();
+        assert!((s.last_log_prob() - expected).abs() < 1e-5);
     }
 
     #[test]

@@ -101,6 +101,20 @@ impl TokenBytes {
     pub fn of(&self, token: u32) -> &[u8] {
         self.0.get(token as usize).map_or(&[], Vec::as_slice)
     }
+
+    /// Every token with what it spells, by id.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &[u8])> {
+        self.0
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i as u32, b.as_slice()))
+    }
+
+    /// A vocabulary of the given spellings, by id (for tests).
+    #[cfg(test)]
+    pub fn from_spellings(spellings: &[&str]) -> Self {
+        Self(spellings.iter().map(|s| s.as_bytes().to_vec()).collect())
+    }
 }
 
 /// What to do after a token.

@@ -91,6 +91,33 @@ pub fn to_request(
         .with_inputs(inputs))
 }
 
+/// For `…/generate`, which answers once: a model that takes a BOOL `stream` input (a
+/// generation model or ensemble) and was not told is told `false`, so that it answers with one
+/// response as TensorRT-LLM does when `stream` is not sent.
+pub fn ask_for_one_response(config: &ModelConfig, request: &mut InferRequest) {
+    let takes_stream = config.input.iter().any(|i| {
+        i.name == "stream" && DataType::from_config_value(i.data_type) == Some(DataType::Bool)
+    });
+    if !takes_stream || request.inputs.iter().any(|t| t.name == "stream") {
+        return;
+    }
+    let dims = config
+        .input
+        .iter()
+        .find(|i| i.name == "stream")
+        .map_or(&[1][..], |i| i.dims.as_slice());
+    let mut shape: Vec<i64> = dims.iter().map(|&d| d.max(1)).collect();
+    if config.max_batch_size > 0 {
+        shape.insert(0, 1);
+    }
+    request.inputs.push(Tensor {
+        name: "stream".into(),
+        datatype: DataType::Bool,
+        shape,
+        data: vec![0u8].into(),
+    });
+}
+
 /// The flat JSON object of one response.
 pub fn to_json(response: &InferResponse) -> Value {
     let mut out = Map::new();

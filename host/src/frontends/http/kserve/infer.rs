@@ -180,6 +180,7 @@ async fn generate_request(
     p: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Body,
+    one_response: bool,
 ) -> Result<(InferRequest, Admission), Error> {
     let (model, version) = path_parts(p);
     caller.require(ModelAction::Infer, &model)?;
@@ -190,6 +191,9 @@ async fn generate_request(
     let json: Value = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid(format!("generate: the body is not valid JSON: {e}")))?;
     let mut request = generate::to_request(&config, &model, version, json)?;
+    if one_response {
+        generate::ask_for_one_response(&config, &mut request);
+    }
     on_behalf_of(caller, &mut request);
     request.trace = st
         .tracing
@@ -218,7 +222,7 @@ async fn run_generate(
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let (request, _admission) = generate_request(st, caller, p, headers, body).await?;
+    let (request, _admission) = generate_request(st, caller, p, headers, body, true).await?;
     let model = request.model_name.clone();
     let mut items = st.server.infer_stream(request);
     let mut responses = Vec::new();
@@ -246,7 +250,7 @@ pub(crate) async fn generate_stream(
     use axum::response::sse::{Event, Sse};
     // Accounted as a success once the stream starts; its errors travel in-band.
     let track = track(&st.server, &caller, &path_parts(&p).0);
-    let started = generate_request(&st, &caller, &p, &headers, body).await;
+    let started = generate_request(&st, &caller, &p, &headers, body, false).await;
     track.finish(started.as_ref().map(|_| ()).map_err(|e| e.code));
     let (request, admission) = started?;
     let items = st.server.infer_stream(request);
