@@ -168,9 +168,20 @@ $(BENTO_VENV)/.installed: deploy/bentoml/requirements.txt
 	$(BENTO_VENV)/bin/python -m pip install -q -r deploy/bentoml/requirements.txt
 	touch $@
 
-test-python: build python-package ray-deps bentoml-deps $(AZURITE)
+# The real PyTriton, for the reference test of wasmtron.pytriton (tests/python/test_pytriton.py
+# runs the same scripts against both). Its tritonserver's Python stub links the system's
+# libpython3.11, so the venv is made from the system's python3.11 where there is one.
+PYTRITON_VENV := .venv-pytriton
+PYTRITON_BASE := $(shell test -x /usr/bin/python3.11 && echo /usr/bin/python3.11 || echo $(PYTHON))
+$(PYTRITON_VENV)/.installed: tests/pytriton/requirements.txt
+	test -x $(PYTRITON_VENV)/bin/python || $(PYTRITON_BASE) -m venv $(PYTRITON_VENV)
+	$(PYTRITON_VENV)/bin/python -m pip install -q -r tests/pytriton/requirements.txt
+	touch $@
+
+test-python: build python-package ray-deps bentoml-deps $(AZURITE) $(PYTRITON_VENV)/.installed
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
-	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python $(VPY) -m pytest -q -p no:cacheprovider tests/python tests/security
+	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python PYTRITON_PYTHON=$(CURDIR)/$(PYTRITON_VENV)/bin/python \
+	  $(VPY) -m pytest -q -p no:cacheprovider tests/python tests/security
 
 lint: venv
 	$(CARGO) fmt --all -- --check

@@ -1,0 +1,304 @@
+"""PyTriton's ``Triton`` and ``TritonConfig``, served by the wasmtron server in this process.
+
+``with Triton() as triton: triton.bind(...); triton.serve()`` listens where PyTriton's
+``tritonserver`` would (HTTP 8000, gRPC 8001, metrics 8002 on 0.0.0.0 unless the config or the
+``PYTRITON_TRITON_CONFIG_<FIELD>`` environment variables say otherwise) and serves the bound
+callables through wasmtron's scheduler: the dynamic batcher joins requests, each callable of
+``infer_func=[f, g]`` is one execution instance.
+"""
+import dataclasses
+import inspect
+import json
+import os
+import signal
+import threading
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from .. import Server, _bound_caller, _config_type
+from .decorators import Request, _MODEL, _ModelSpec, convert_output
+from .exceptions import (PyTritonBadParameterError, PyTritonInvalidOperationError,
+                         PyTritonValidationError)
+from .model_config import ModelConfig, Tensor, dynamic_batching
+
+__all__ = ["Triton", "TritonConfig"]
+
+
+@dataclasses.dataclass
+class TritonConfig:
+    """Server settings, as PyTriton's. The listeners' fields (``allow_*``, ``*_address``,
+    ``*_port``), ``strict_readiness`` and ``exit_timeout_secs`` are honoured; the other fields
+    are accepted for compatibility and have no effect here."""
+    id: Optional[str] = None
+    model_repository: Optional[str] = None
+    log_verbose: Optional[int] = None
+    log_file: Optional[str] = None
+    exit_timeout_secs: Optional[int] = None
+    exit_on_error: Optional[bool] = None
+    strict_readiness: Optional[bool] = None
+    allow_http: Optional[bool] = None
+    http_address: Optional[str] = None
+    http_port: Optional[int] = None
+    http_header_forward_pattern: Optional[str] = None
+    http_thread_count: Optional[int] = None
+    http_restricted_api: Optional[str] = None
+    allow_grpc: Optional[bool] = None
+    grpc_address: Optional[str] = None
+    grpc_port: Optional[int] = None
+    grpc_header_forward_pattern: Optional[str] = None
+    grpc_infer_allocation_pool_size: Optional[int] = None
+    grpc_use_ssl: Optional[bool] = None
+    grpc_use_ssl_mutual: Optional[bool] = None
+    grpc_server_cert: Optional[str] = None
+    grpc_server_key: Optional[str] = None
+    grpc_root_cert: Optional[str] = None
+    grpc_infer_response_compression_level: Optional[str] = None
+    grpc_keepalive_time: Optional[int] = None
+    grpc_keepalive_timeout: Optional[int] = None
+    grpc_keepalive_permit_without_calls: Optional[bool] = None
+    grpc_http2_max_pings_without_data: Optional[int] = None
+    grpc_http2_min_recv_ping_interval_without_data: Optional[int] = None
+    grpc_http2_max_ping_strikes: Optional[int] = None
+    grpc_restricted_protocol: Optional[str] = None
+    allow_metrics: Optional[bool] = None
+    allow_gpu_metrics: Optional[bool] = None
+    allow_cpu_metrics: Optional[bool] = None
+    metrics_interval_ms: Optional[int] = None
+    metrics_port: Optional[int] = None
+    metrics_address: Optional[str] = None
+    allow_sagemaker: Optional[bool] = None
+    sagemaker_port: Optional[int] = None
+    allow_vertex_ai: Optional[bool] = None
+    vertex_ai_port: Optional[int] = None
+    cache_config: Optional[List[str]] = None
+    cache_directory: Optional[str] = None
+    buffer_manager_thread_count: Optional[int] = None
+    trace_config: Optional[List[str]] = None
+
+    def to_dict(self) -> Dict[str, object]:
+        """The fields as a dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, config: Dict[str, object]) -> "TritonConfig":
+        """A config from a dict of fields (unknown keys are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in config.items() if k in names})
+
+    @classmethod
+    def from_env(cls) -> "TritonConfig":
+        """A config from ``PYTRITON_TRITON_CONFIG_<FIELD>`` environment variables."""
+        values: Dict[str, object] = {}
+        for field in dataclasses.fields(cls):
+            raw = os.environ.get(f"PYTRITON_TRITON_CONFIG_{field.name.upper()}")
+            if raw is None:
+                continue
+            kind = str(field.type)
+            if "bool" in kind:
+                values[field.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+            elif "int" in kind:
+                values[field.name] = int(raw)
+            elif "List" in kind:
+                values[field.name] = [part for part in raw.split(",") if part]
+            else:
+                values[field.name] = raw
+        return cls(**values)
+
+
+def _merged(config: Optional[TritonConfig]) -> TritonConfig:
+    merged = {k: v for k, v in TritonConfig.from_env().to_dict().items() if v is not None}
+    if config is not None:
+        merged.update({k: v for k, v in config.to_dict().items() if v is not None})
+    return TritonConfig.from_dict(merged)
+
+
+def _named(tensors: Sequence[Tensor], prefix: str) -> List[Tensor]:
+    return [t if t.name else dataclasses.replace(t, name=f"{prefix}_{i}")
+            for i, t in enumerate(tensors, start=1)]
+
+
+def _config_json(model_name: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                 config: ModelConfig, instances: int) -> Dict[str, object]:
+    def tensors(ts, with_optional):
+        out = []
+        for t in ts:
+            entry = {"name": t.name, "data_type": _config_type(t.name, t.dtype),
+                     "dims": [int(d) for d in t.shape]}
+            if with_optional and t.optional:
+                entry["optional"] = True
+            out.append(entry)
+        return out
+    out: Dict[str, object] = {
+        "name": model_name, "backend": "python",
+        "max_batch_size": int(config.max_batch_size) if config.batching else 0,
+        "input": tensors(inputs, True), "output": tensors(outputs, False),
+        "instance_group": [{"count": instances, "kind": "KIND_CPU"}]}
+    if config.batching and config.batcher is not None:
+        out["dynamic_batching"] = dynamic_batching(config.batcher)
+    return out
+
+
+def _checked(name: str, value, tensor: Tensor, strict: bool) -> np.ndarray:
+    """An output as its declared dtype: cast when it can be (PyTriton's default), refused
+    naming the output when ``strict``."""
+    array = np.asarray(value)
+    declared = np.dtype(tensor.dtype)
+    if declared == np.object_ or declared.kind in ("S", "U"):
+        return array
+    if array.dtype != declared:
+        if strict:
+            raise PyTritonValidationError(
+                f"Output '{name}' has dtype {array.dtype}, the model declares {declared}")
+        array = array.astype(declared)
+    return array
+
+
+def _served(model_name: str, infer_func: Callable, spec: _ModelSpec, strict: bool) -> Callable:
+    """The callable as wasmtron's bound functions are called: one execution's inputs as
+    keyword arguments, its outputs as a dict."""
+    outputs = {t.name: t for t in spec.outputs}
+
+    def served(**arrays):
+        token = _MODEL.set(spec)
+        try:
+            results = infer_func([Request(dict(arrays))])
+            if inspect.isgenerator(results):
+                raise PyTritonBadParameterError(
+                    f"model '{model_name}': the callable yields (decoupled); wasmtron.pytriton "
+                    "serves one answer per request")
+            if isinstance(results, dict):
+                results = [results]
+            if not isinstance(results, (list, tuple)) or len(results) != 1:
+                raise PyTritonValidationError(
+                    f"model '{model_name}': the callable must return a list with one result "
+                    f"per request (1), got {type(results).__name__}"
+                    + (f" of {len(results)}" if isinstance(results, (list, tuple)) else ""))
+            result = convert_output(results[0])
+        finally:
+            _MODEL.reset(token)
+        unknown = sorted(set(result) - set(outputs))
+        if strict and unknown:
+            raise PyTritonValidationError(
+                f"model '{model_name}': the callable returned outputs the model does not "
+                f"declare: {', '.join(unknown)}")
+        return {n: _checked(n, v, outputs[n], strict) for n, v in result.items() if n in outputs}
+    return served
+
+
+class Triton:
+    """PyTriton's server: ``bind`` callables, then ``run`` (non-blocking), ``serve``
+    (blocking until ``stop``, SIGINT or SIGTERM) or use it as a context manager."""
+
+    def __init__(self, *, config: Optional[TritonConfig] = None, workspace=None,
+                 triton_lifecycle_policy=None, security_config=None):
+        self._config = _merged(config)
+        self._server: Optional[Server] = None
+        self._pending: List[tuple] = []
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+
+    def _listeners(self) -> Dict[str, object]:
+        c = self._config
+        return {
+            "http_port": None if c.allow_http is False else (8000 if c.http_port is None else c.http_port),
+            "grpc_port": None if c.allow_grpc is False else (8001 if c.grpc_port is None else c.grpc_port),
+            "metrics_port": None if c.allow_metrics is False else (8002 if c.metrics_port is None else c.metrics_port),
+            "address": c.http_address or c.grpc_address or "0.0.0.0",
+        }
+
+    def bind(self, model_name: str, infer_func: Union[Callable, Sequence[Callable]],
+             inputs: Sequence[Tensor], outputs: Sequence[Tensor], model_version: int = 1,
+             config: Optional[ModelConfig] = None, strict: bool = False,
+             trace_config: Optional[List[str]] = None) -> None:
+        """Serves ``infer_func`` (or one instance per callable of a list) as ``model_name``.
+        Unnamed tensors are ``INPUT_1``, ``INPUT_2``, ... and ``OUTPUT_1``, ... by position."""
+        config = config or ModelConfig()
+        if config.decoupled:
+            raise PyTritonBadParameterError(
+                f"model '{model_name}': decoupled models (several responses per request) are "
+                "not served by wasmtron.pytriton; serve a generator as a Wasm stage or a "
+                "generation model instead")
+        if config.response_cache:
+            raise PyTritonBadParameterError(
+                f"model '{model_name}': the response cache is not supported")
+        functions = list(infer_func) if isinstance(infer_func, (list, tuple)) else [infer_func]
+        if not functions or not all(callable(f) for f in functions):
+            raise PyTritonBadParameterError(
+                f"model '{model_name}': infer_func must be a callable or a list of callables")
+        inputs, outputs = _named(inputs, "INPUT"), _named(outputs, "OUTPUT")
+        spec = _ModelSpec(model_name, bool(config.batching), tuple(inputs), tuple(outputs))
+        calls = [_bound_caller(_served(model_name, f, spec, strict)) for f in functions]
+        pending = (_config_json(model_name, inputs, outputs, config, len(calls)), calls)
+        with self._lock:
+            if self._stopped.is_set():
+                raise PyTritonInvalidOperationError("the server is stopped")
+            if self._server is None:
+                self._pending.append(pending)
+                return
+        self._bind_now(*pending)
+
+    def _bind_now(self, config_json: Dict[str, object], calls: List[Callable]) -> None:
+        assert self._server is not None
+        self._server._core.bind(json.dumps(config_json), calls)
+
+    def run(self) -> None:
+        """Starts serving (the listeners, then the models bound so far) and returns."""
+        with self._lock:
+            if self._server is not None:
+                return
+            strict = self._config.strict_readiness
+            self._server = Server(strict_readiness=True if strict is None else bool(strict))
+            self._server.start(**self._listeners())
+            pending, self._pending = self._pending, []
+        for item in pending:
+            self._bind_now(*item)
+
+    def serve(self, monitoring_period_s: float = 5.0) -> None:
+        """Runs and blocks until :meth:`stop`, SIGINT or SIGTERM; then stops."""
+        self.run()
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda *_: self._stopped.set())
+        try:
+            while not self._stopped.wait(monitoring_period_s):
+                pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.stop()
+
+    def stop(self) -> bool:
+        """Stops serving: requests already accepted finish first."""
+        with self._lock:
+            self._stopped.set()
+            server, self._server = self._server, None
+        if server is None:
+            return False
+        timeout = self._config.exit_timeout_secs
+        return server.stop(30.0 if timeout is None else float(timeout))
+
+    def is_alive(self) -> bool:
+        """Whether the server runs."""
+        return self._server is not None and not self._stopped.is_set()
+
+    def is_connected(self) -> bool:
+        """Whether the server runs and is ready."""
+        return self.is_alive() and self._server is not None and self._server.ready()
+
+    def connect(self) -> None:
+        """Starts serving if not yet (PyTriton connects to its child server here)."""
+        self.run()
+
+    @property
+    def addresses(self) -> Dict[str, str]:
+        """Where the listeners listen (``{"http": "host:port", ...}``)."""
+        return {} if self._server is None else self._server.addresses
+
+    def __enter__(self) -> "Triton":
+        self.run()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
