@@ -163,6 +163,8 @@ $(AZURITE): tests/tools/azurite/package.json tests/tools/azurite/package-lock.js
 BENTO_VENV := .venv-bentoml
 bentoml-deps: $(BENTO_VENV)/.installed python-package
 	$(BENTO_VENV)/bin/python -m pip install -q --force-reinstall --no-deps $(PY_WHEELS)/wasmtron-*.whl
+	# bentofile.yaml packs the wheel into the Bento from here.
+	mkdir -p deploy/bentoml/wheels && cp $(PY_WHEELS)/wasmtron-*.whl deploy/bentoml/wheels/
 $(BENTO_VENV)/.installed: deploy/bentoml/requirements.txt
 	test -x $(BENTO_VENV)/bin/python || $(PYTHON) -m venv $(BENTO_VENV)
 	$(BENTO_VENV)/bin/python -m pip install -q -r deploy/bentoml/requirements.txt

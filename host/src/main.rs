@@ -12,7 +12,7 @@ use wasmtron::{
         restricted::Restrictions,
     },
     limits::RequestLimits,
-    repository::remote::{is_remote, Mirror},
+    repository::remote::open_repositories,
     runtime::RuntimeOptions,
     scheduling::server::{ControlMode, Server, ServerOptions},
     tenancy::Tenancy,
@@ -210,31 +210,6 @@ fn default_max_batch_size(settings: &[String]) -> anyhow::Result<i32> {
     Ok(value)
 }
 
-/// Splits `--model-repository` values into remote repositories, each copied locally once
-/// before any model loads (as Triton does), and local directories.
-async fn open_repositories(
-    locations: &[String],
-) -> anyhow::Result<(Vec<Arc<Mirror>>, Vec<PathBuf>)> {
-    let mut remote = Vec::new();
-    let mut local = Vec::new();
-    for location in locations {
-        if !is_remote(location) {
-            local.push(PathBuf::from(location));
-            continue;
-        }
-        let mirror = Mirror::open(location, &std::env::temp_dir())?;
-        let report = mirror.sync().await?;
-        tracing::info!(
-            repository = %location,
-            objects = report.fetched,
-            copy = %mirror.local_dir().display(),
-            "copied the remote model repository"
-        );
-        remote.push(Arc::new(mirror));
-    }
-    Ok((remote, local))
-}
-
 /// Registers SIGTERM and SIGINT now and returns what waits for the first of them. Called
 /// before the listeners start: a signal that came after the server said it was ready, but
 /// before a handler existed, would end the process at once instead of draining it.
@@ -427,7 +402,7 @@ fn start_tracing(
 async fn server_options(cli: &Cli, tenancy: Option<Arc<Tenancy>>) -> anyhow::Result<ServerOptions> {
     let defaults = ServerOptions::default();
     let (remote_repositories, model_repositories) =
-        open_repositories(&cli.model_repository).await?;
+        open_repositories(&cli.model_repository, &std::env::temp_dir()).await?;
     Ok(ServerOptions {
         model_repositories,
         remote_repositories,

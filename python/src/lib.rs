@@ -20,6 +20,7 @@ use wasmtron::{
     error::{Code, Error},
     frontends::listeners::{Endpoint, ListenerOptions, Listeners},
     inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
+    repository::remote::open_repositories,
     runtime::RuntimeOptions,
     scheduling::{
         model_manager::LoadOverride,
@@ -108,6 +109,9 @@ type IndexRow = (String, Option<i64>, String, String);
 struct CoreServer {
     runtime: tokio::runtime::Runtime,
     options: ServerOptions,
+    /// The repositories as given: directories, or object stores (`s3://`, `gs://`, `as://`)
+    /// copied locally at start.
+    repositories: Vec<String>,
     server: Option<Arc<Server>>,
     /// HTTP/gRPC/metrics listeners, when `start` opened any.
     listeners: Option<Listeners>,
@@ -168,7 +172,6 @@ impl CoreServer {
             .map_err(|e| InternalError::new_err(format!("cannot start the runtime: {e}")))?;
         let defaults = ServerOptions::default();
         let options = ServerOptions {
-            model_repositories: model_repository.into_iter().map(Into::into).collect(),
             control_mode,
             load_models,
             strict_readiness,
@@ -185,6 +188,7 @@ impl CoreServer {
         Ok(Self {
             runtime,
             options,
+            repositories: model_repository,
             server: None,
             listeners: None,
             tenancy,
@@ -211,7 +215,8 @@ impl CoreServer {
             }
             return Ok(());
         }
-        let options = self.options.clone();
+        let mut options = self.options.clone();
+        let repositories = self.repositories.clone();
         let endpoint = |port: Option<u16>| port.map(|p| Endpoint::new(address, p));
         let listening = ListenerOptions {
             http: endpoint(http_port),
@@ -226,6 +231,11 @@ impl CoreServer {
         let (server, listeners) = py
             .detach(|| {
                 runtime.block_on(async {
+                    let (remote, local) = open_repositories(&repositories, &std::env::temp_dir())
+                        .await
+                        .map_err(|e| Error::unavailable(e.to_string()))?;
+                    options.model_repositories = local;
+                    options.remote_repositories = remote;
                     let server = Server::start(options).await?;
                     if !any {
                         return Ok((server, None));

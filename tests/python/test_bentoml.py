@@ -1,8 +1,10 @@
 """deploy/bentoml: `bentoml serve` of the service that runs wasmtron in-process (the replacement
-for `bentoml.triton.Runner`), on loopback, called with BentoML's own client: embeddings equal
-the `embed_text` ensemble run in-process here, /infer reaches any loaded model, bad requests get
-wasmtron's message with BentoML's 400/404, and SIGTERM stops the service cleanly. BentoML lives
-in its own venv (`make bentoml-deps`; BENTO_PYTHON names its interpreter)."""
+for `bentoml.triton.Runner`), on loopback, called with BentoML's own client, with its
+repository in a folder and in S3 (moto's server): embeddings equal the `embed_text` ensemble
+run in-process here, /infer reaches any loaded model, bad requests get wasmtron's message with
+BentoML's 400/404, and SIGTERM stops the service cleanly. `bentoml build` packs the service
+from bentofile.yaml with no package index. BentoML lives in its own venv (`make bentoml-deps`;
+BENTO_PYTHON names its interpreter)."""
 import json
 import os
 import signal
@@ -16,6 +18,7 @@ import pytest
 
 import wasmtron
 from conftest import ROOT, copy_models
+from test_remote_repository import CREDENTIALS, s3, upload  # noqa: F401  (s3 is a fixture)
 
 BENTO_PYTHON = os.environ.get("BENTO_PYTHON", os.path.join(ROOT, ".venv-bentoml", "bin", "python"))
 SERVICE_DIR = os.path.join(ROOT, "deploy", "bentoml")
@@ -36,19 +39,48 @@ def ready(url):
         return False
 
 
-def test_bentoml_serves_a_pipeline_in_process(tmp_path):
+def bentoml_cli():
     if not os.path.exists(BENTO_PYTHON):
         pytest.skip("BentoML's venv is missing (make bentoml-deps)")
+    return os.path.join(os.path.dirname(BENTO_PYTHON), "bentoml")
+
+
+def test_bentoml_build_packs_the_service_offline(tmp_path):
+    bentoml = bentoml_cli()
+    env = dict(os.environ, BENTOML_HOME=str(tmp_path / "home"), BENTOML_DO_NOT_TRACK="true",
+               PIP_NO_INDEX="1", PIP_INDEX_URL="http://127.0.0.1:9/none")
+    out = subprocess.run([bentoml, "build", "--output", "tag"], cwd=SERVICE_DIR, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    tag = out.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
+    name, version = tag.split(":")
+    assert name == "wasmtron-embeddings"
+    bento = tmp_path / "home" / "bentos" / name / version
+    manifest = (bento / "bento.yaml").read_text()
+    assert "service: service:Embeddings" in manifest and "/embed" in manifest
+    assert (bento / "src" / "service.py").exists()
+    wheels = os.listdir(bento / "env" / "python" / "wheels")
+    assert [w for w in wheels if w.startswith("wasmtron-")], wheels
+
+
+@pytest.mark.parametrize("store", ["folder", "s3"])
+def test_bentoml_serves_a_pipeline_in_process(tmp_path, store, request):
+    bentoml = bentoml_cli()
     repo = tmp_path / "repo"
     repo.mkdir()
     copy_models(str(repo), MODELS)
+    location = str(repo)
+    if store == "s3":
+        port, client = request.getfixturevalue("s3")
+        for model in MODELS:
+            upload(client, model, prefix="bento")
+        location = f"s3://127.0.0.1:{port}/models/bento"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "bentoml.log", "w+")
-    env = dict(os.environ, WASMTRON_MODEL_REPOSITORY=str(repo),
+    env = dict(os.environ, **CREDENTIALS, WASMTRON_MODEL_REPOSITORY=location,
                WASMTRON_LOAD_MODELS="embed_text,simple", BENTOML_HOME=str(tmp_path / "home"),
                BENTOML_DO_NOT_TRACK="true")
-    bentoml = os.path.join(os.path.dirname(BENTO_PYTHON), "bentoml")
     proc = subprocess.Popen([bentoml, "serve", "service:Embeddings", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=SERVICE_DIR, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -166,6 +166,33 @@ fn parse(url: &str) -> Result<Target, RemoteError> {
     Ok(target)
 }
 
+/// Splits repository locations into remote repositories, each copied under `parent` once
+/// before any model loads (as Triton does), and local directories. The binary's
+/// `--model-repository` values and the Python package's `model_repository` both come here.
+pub async fn open_repositories(
+    locations: &[String],
+    parent: &FsPath,
+) -> Result<(Vec<Arc<Mirror>>, Vec<std::path::PathBuf>), RemoteError> {
+    let mut remote = Vec::new();
+    let mut local = Vec::new();
+    for location in locations {
+        if !is_remote(location) {
+            local.push(std::path::PathBuf::from(location));
+            continue;
+        }
+        let mirror = Mirror::open(location, parent)?;
+        let report = mirror.sync().await?;
+        tracing::info!(
+            repository = %location,
+            objects = report.fetched,
+            copy = %mirror.local_dir().display(),
+            "copied the remote model repository"
+        );
+        remote.push(Arc::new(mirror));
+    }
+    Ok((remote, local))
+}
+
 /// A remote repository and its local copy (removed when the mirror is dropped).
 pub struct Mirror {
     url: String,

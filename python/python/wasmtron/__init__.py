@@ -255,7 +255,9 @@ class Model:
 class Server:
     """A wasmtron server inside this process.
 
-    ``model_repository``: a directory (or several) laid out as Triton's model repository.
+    ``model_repository``: a directory (or several) laid out as Triton's model repository, or an
+    object store as the binary's ``--model-repository`` takes it (``s3://[host:port/]bucket/
+    path`` with the ``AWS_*`` variables, ``gs://``, ``as://``), copied locally at start.
     ``model_control_mode``: ``"none"`` (load everything at start), ``"poll"`` (follow changes
     to the repository) or ``"explicit"`` (load and unload on request; ``load_models`` names
     what to load at start, ``"*"`` for all). ``strict_readiness``: ready only when every model

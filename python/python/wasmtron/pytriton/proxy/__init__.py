@@ -1,0 +1,1 @@
+"""PyTriton's ``pytriton.proxy`` names that user code imports."""
