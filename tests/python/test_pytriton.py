@@ -199,6 +199,32 @@ def test_in_process_bind_checks_and_decorators(tmp_path):
                 client.infer_sample(x=np.ones(2, dtype=np.float32))
 
 
+def run_script(python, script):
+    """A script that serves and calls itself; its ports from the environment."""
+    http, grpc, metrics = free_ports(3)
+    env = dict(os.environ, PYTRITON_TRITON_CONFIG_HTTP_PORT=str(http),
+               PYTRITON_TRITON_CONFIG_GRPC_PORT=str(grpc),
+               PYTRITON_TRITON_CONFIG_METRICS_PORT=str(metrics),
+               PYTRITON_TRITON_CONFIG_HTTP_ADDRESS="127.0.0.1",
+               PYTRITON_TRITON_CONFIG_GRPC_ADDRESS="127.0.0.1")
+    out = subprocess.run([python, script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+RUN_AND_CALL = {"greeting": ["Hello, Ada", "Hello, Grace"], "length": [3, 5],
+                "sample": "Hello, Linus"}
+
+
+def test_a_script_that_runs_and_calls_itself(tmp_path):
+    assert run_script(sys.executable, ported("run_and_call.py", tmp_path, "run.py")) == RUN_AND_CALL
+
+
+@pytest.mark.skipif(not PYTRITON_PYTHON, reason="the real PyTriton is not installed (PYTRITON_PYTHON)")
+def test_the_real_pytriton_runs_and_calls_the_same():
+    assert run_script(PYTRITON_PYTHON, os.path.join(EXAMPLES, "run_and_call.py")) == RUN_AND_CALL
+
+
 @pytest.mark.skipif(not PYTRITON_PYTHON, reason="the real PyTriton is not installed (PYTRITON_PYTHON)")
 def test_pytritons_own_client_against_our_server(ours, tmp_path):
     script = os.path.join(EXAMPLES, "linear_client.py")

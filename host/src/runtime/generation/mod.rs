@@ -413,18 +413,23 @@ struct GenerationInstance {
     decoupled: bool,
 }
 
-fn fp32_tensor(name: &str, values: &[f32]) -> Tensor {
+/// A `[1, n]` tensor of 4-byte values.
+fn row_tensor<T: Copy>(
+    name: &str,
+    datatype: DataType,
+    values: &[T],
+    le: fn(T) -> [u8; 4],
+) -> Tensor {
     Tensor {
         name: name.to_owned(),
-        datatype: DataType::Fp32,
+        datatype,
         shape: vec![1, values.len() as i64],
-        data: Bytes::from(
-            values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        ),
+        data: Bytes::from(values.iter().flat_map(|&v| le(v)).collect::<Vec<u8>>()),
     }
+}
+
+fn fp32_tensor(name: &str, values: &[f32]) -> Tensor {
+    row_tensor(name, DataType::Fp32, values, f32::to_le_bytes)
 }
 
 /// What one response says besides its tokens.
@@ -440,17 +445,7 @@ struct Answer<'a> {
 }
 
 fn int32_tensor(name: &str, values: &[i32]) -> Tensor {
-    Tensor {
-        name: name.to_owned(),
-        datatype: DataType::Int32,
-        shape: vec![1, values.len() as i64],
-        data: Bytes::from(
-            values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        ),
-    }
+    row_tensor(name, DataType::Int32, values, i32::to_le_bytes)
 }
 
 /// One response's tensors, in the order asked for.

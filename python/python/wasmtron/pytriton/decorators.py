@@ -22,7 +22,7 @@ import numpy as np
 from .exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 
 __all__ = ["batch", "sample", "group_by_values", "group_by_keys", "first_value", "fill_optionals",
-           "triton_context", "ConstantPadder"]
+           "pad_batch", "triton_context", "ConstantPadder"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +32,8 @@ class _ModelSpec:
     batching: bool
     inputs: Sequence[object]   # model_config.Tensor with names filled in
     outputs: Sequence[object]
+    max_batch_size: int = 0
+    preferred_batch_sizes: Sequence[int] = ()
 
 
 _MODEL: contextvars.ContextVar = contextvars.ContextVar("wasmtron_pytriton_model")
@@ -271,6 +273,25 @@ def fill_optionals(**defaults: np.ndarray) -> Callable:
             return wrapped(requests, *args, **kwargs)
         return wrapper
     return decorator
+
+
+def pad_batch(wrapped: Callable) -> Callable:
+    """Inside ``@batch``: repeats the last row of every input up to the nearest preferred batch
+    size (or ``max_batch_size``) at or above the batch's."""
+    @functools.wraps(wrapped)
+    def wrapper(*args, **inputs):
+        spec = _spec()
+        size = _batch_size(inputs)
+        sizes = sorted(spec.preferred_batch_sizes) + [spec.max_batch_size]
+        target = next((n for n in sizes if n >= size), size)
+        padded = {}
+        for name, value in inputs.items():
+            value = np.asarray(value)
+            repeats = np.ones(value.shape[0], dtype=np.int64)
+            repeats[-1] += target - size
+            padded[name] = np.repeat(value, repeats, axis=0)
+        return wrapped(*args, **padded)
+    return wrapper
 
 
 def triton_context(wrapped: Callable) -> Callable:

@@ -227,7 +227,10 @@ class Triton:
             raise PyTritonBadParameterError(
                 f"model '{model_name}': infer_func must be a callable or a list of callables")
         inputs, outputs = _named(inputs, "INPUT"), _named(outputs, "OUTPUT")
-        spec = _ModelSpec(model_name, bool(config.batching), tuple(inputs), tuple(outputs))
+        batcher = config.batcher if config.batching else None
+        spec = _ModelSpec(model_name, bool(config.batching), tuple(inputs), tuple(outputs),
+                          int(config.max_batch_size) if config.batching else 0,
+                          tuple(int(n) for n in ((batcher.preferred_batch_size or ()) if batcher else ())))
         calls = [_bound_caller(_served(model_name, f, spec, strict)) for f in functions]
         pending = (_config_json(model_name, inputs, outputs, config, len(calls)), calls)
         with self._lock:
