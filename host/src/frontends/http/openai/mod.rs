@@ -7,6 +7,7 @@
 //! TensorRT-LLM's names. Errors come in OpenAI's shape (`{"error": {"message", "type",
 //! "param", "code"}}`); tenants' API keys are the OpenAI client's `api_key`.
 
+pub mod embeddings;
 pub mod request;
 pub mod types;
 
@@ -50,6 +51,7 @@ pub(crate) fn routes() -> axum::Router<HttpState> {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(embeddings))
 }
 
 /// An error in OpenAI's shape, with no field named (the authentication layer's refusals).
@@ -132,7 +134,10 @@ pub async fn models(State(st): State<HttpState>, Extension(caller): Extension<Ca
         .models()
         .loaded()
         .into_iter()
-        .filter(|m| request::generates_text(&m.config) && caller.may(ModelAction::See, &m.name))
+        .filter(|m| {
+            (request::generates_text(&m.config) || embeddings::embedding_model(&m.config).is_some())
+                && caller.may(ModelAction::See, &m.name)
+        })
         .map(|m| ModelCard {
             id: m.name.clone(),
             object: "model",
@@ -165,6 +170,54 @@ pub async fn chat_completions(
     body: Body,
 ) -> Response {
     complete(Kind::Chat, st, caller, headers, body).await
+}
+
+/// `POST /v1/embeddings`: the texts' vectors from an embedding model, in batches of its
+/// `max_batch_size` run side by side.
+pub async fn embeddings(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match read_body(&st, &headers, body).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e, None),
+    };
+    let json: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error_response(
+                &Error::invalid(format!("the request body is not valid JSON: {e}")),
+                None,
+            )
+        }
+    };
+    let lookup = |model: &str| {
+        caller.require(ModelAction::Infer, model)?;
+        Ok(st.server.models().get(model, None)?.config.clone())
+    };
+    let parsed = match embeddings::parse(&json, lookup) {
+        Ok(p) => p,
+        Err(e) => return invalid_response(e),
+    };
+    let _admission = match caller.admit(body.len()) {
+        Ok(a) => a,
+        Err(e) => return error_response(&e, None),
+    };
+    let track = crate::frontends::track(&st.server, &caller, &parsed.model);
+    let runs = parsed.requests.iter().cloned().map(|mut request| {
+        crate::frontends::on_behalf_of(&caller, &mut request);
+        st.server.infer(request)
+    });
+    let responses: Result<Vec<_>, Error> =
+        futures::future::join_all(runs).await.into_iter().collect();
+    let answer = responses.and_then(|r| embeddings::answer(&parsed, r));
+    track.finish(answer.as_ref().map(|_| ()).map_err(|e| e.code));
+    match answer {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => error_response(&e, None),
+    }
 }
 
 /// What one response of the model says.

@@ -228,8 +228,8 @@ fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, Invalid> {
     }
 }
 
-/// Reads the body into the wire type; a value of the wrong type is refused naming its field.
-fn read(body: &Value) -> Result<CompletionRequest, Invalid> {
+/// Reads the body into a wire type; a value of the wrong type is refused naming its field.
+pub(super) fn read<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, Invalid> {
     serde_path_to_error::deserialize(body).map_err(|e| {
         let path = e.path().to_string();
         let param = match e.path().iter().next() {
@@ -259,7 +259,7 @@ pub fn parse(
             format!("Unrecognized request argument supplied: {key}"),
         ));
     }
-    let req = read(body)?;
+    let req: CompletionRequest = read(body)?;
     let model = match req.model {
         Some(m) if !m.is_empty() => m,
         _ => return Err(Invalid::field("model", "'model' is required".into())),

@@ -267,6 +267,76 @@ impl Usage {
     }
 }
 
+/// A `/v1/embeddings` body.
+#[derive(Debug, Default, Deserialize)]
+pub struct EmbeddingRequest {
+    /// The embedding model.
+    pub model: Option<String>,
+    /// The text, or texts, to embed.
+    pub input: Option<EmbeddingInput>,
+    /// `float` (default) or `base64`.
+    pub encoding_format: Option<String>,
+    /// The vectors' length, where the model allows it.
+    pub dimensions: Option<i64>,
+    /// The end user, for the caller's own records.
+    pub user: Option<String>,
+}
+
+/// `/v1/embeddings`' `input`: one text or a list; token ids are read to be refused by name.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    /// One text.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+    /// Token ids, or anything else.
+    Other(Value),
+}
+
+/// The `/v1/embeddings` answer.
+#[derive(Debug, Serialize)]
+pub struct EmbeddingList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// One vector per input, in order.
+    pub data: Vec<Embedding>,
+    /// The model named.
+    pub model: String,
+    /// Tokens read.
+    pub usage: EmbeddingUsage,
+}
+
+/// One input's vector.
+#[derive(Debug, Serialize)]
+pub struct Embedding {
+    /// Always `embedding`.
+    pub object: &'static str,
+    /// Which input.
+    pub index: usize,
+    /// The vector.
+    pub embedding: EmbeddingVector,
+}
+
+/// A vector as floats or as base64 of little-endian float32.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum EmbeddingVector {
+    /// `encoding_format: float`.
+    Float(Vec<f32>),
+    /// `encoding_format: base64`.
+    Base64(String),
+}
+
+/// Tokens an embeddings request read (0 when the model does not count them).
+#[derive(Debug, Serialize)]
+pub struct EmbeddingUsage {
+    /// Tokens in the inputs.
+    pub prompt_tokens: i64,
+    /// The same.
+    pub total_tokens: i64,
+}
+
 /// `GET /v1/models`.
 #[derive(Debug, Serialize)]
 pub struct ModelList {

@@ -1,0 +1,293 @@
+//! `POST /v1/embeddings` over an embedding pipeline of the repository: a batching model with
+//! one text input (BYTES, dims `[1]`) and a float vector output (FP32, dims `[n]`), like the
+//! `embed_text` ensemble. Texts are sent in batches of the model's `max_batch_size`, side by
+//! side; vectors come back as floats or as base64 of little-endian float32 (OpenAI's
+//! `encoding_format`). `dimensions` is the model's own size, or a shorter one the model lists
+//! in its `matryoshka_dimensions` parameter (the vector is cut and normalised again).
+
+use base64::Engine as _;
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::{
+    request::Invalid,
+    types::{
+        Embedding, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector,
+    },
+};
+use crate::{
+    error::Error,
+    inference::{InferRequest, RequestedOutput},
+    proto::inference::ModelConfig,
+    tensor::{push_bytes_element, DataType, Tensor},
+};
+
+/// Fields `/v1/embeddings` takes; any other is refused by name.
+const FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
+
+/// What an embedding model looks like to this endpoint: its text input, its vector output
+/// and the vector's length.
+#[derive(Debug, Clone)]
+pub struct EmbeddingModel {
+    input: String,
+    output: String,
+    size: usize,
+    /// Shorter sizes the model was trained to be cut to (`matryoshka_dimensions`).
+    shorter: Vec<usize>,
+    max_batch_size: usize,
+    /// An integer output counting tokens per text (`attention_mask`), if the model answers one.
+    mask: Option<String>,
+}
+
+/// The model's embedding signature, if it has one.
+pub fn embedding_model(config: &ModelConfig) -> Option<EmbeddingModel> {
+    if config.max_batch_size <= 0 || config.input.len() != 1 {
+        return None;
+    }
+    let input = &config.input[0];
+    if DataType::from_config_value(input.data_type) != Some(DataType::Bytes) || input.dims != [1] {
+        return None;
+    }
+    let output = config.output.iter().find(|o| {
+        DataType::from_config_value(o.data_type) == Some(DataType::Fp32)
+            && o.dims.len() == 1
+            && o.dims[0] > 0
+    })?;
+    let mask = config
+        .output
+        .iter()
+        .find(|o| {
+            o.name == "attention_mask"
+                && matches!(
+                    DataType::from_config_value(o.data_type),
+                    Some(DataType::Int64 | DataType::Int32)
+                )
+        })
+        .map(|o| o.name.clone());
+    let shorter = config
+        .parameters
+        .get("matryoshka_dimensions")
+        .map(|p| {
+            p.string_value
+                .split(',')
+                .filter_map(|d| d.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(EmbeddingModel {
+        input: input.name.clone(),
+        output: output.name.clone(),
+        size: output.dims[0] as usize,
+        shorter,
+        max_batch_size: config.max_batch_size as usize,
+        mask,
+    })
+}
+
+/// A checked embeddings request: the model, its texts in batches, and how to answer.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The model named.
+    pub model: String,
+    /// One request per batch of texts, in order.
+    pub requests: Vec<InferRequest>,
+    /// The length to answer (the model's, or a shorter one it allows).
+    pub dimensions: usize,
+    /// Answer base64 instead of floats.
+    pub base64: bool,
+    signature: EmbeddingModel,
+}
+
+fn field(param: &str, message: String) -> Invalid {
+    Invalid {
+        error: Error::invalid(message),
+        param: Some(param.to_owned()),
+    }
+}
+
+/// Checks the body and builds the model's requests; `lookup` gives the named model's config.
+pub fn parse(
+    body: &Value,
+    lookup: impl Fn(&str) -> Result<ModelConfig, Error>,
+) -> Result<Parsed, Invalid> {
+    let Value::Object(fields) = body else {
+        return Err(Error::invalid("the request body must be a JSON object").into());
+    };
+    if let Some(key) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(field(
+            key,
+            format!("Unrecognized request argument supplied: {key}"),
+        ));
+    }
+    let req: EmbeddingRequest = super::request::read(body)?;
+    let model = match req.model {
+        Some(m) if !m.is_empty() => m,
+        _ => return Err(field("model", "'model' is required".into())),
+    };
+    let config = lookup(&model)?;
+    let signature = embedding_model(&config).ok_or_else(|| {
+        Error::not_found(format!(
+            "model '{model}' does not embed text (it needs one BYTES input of dims [1] and an \
+             FP32 output of dims [n], with batching)"
+        ))
+    })?;
+    let texts = match req.input {
+        Some(EmbeddingInput::One(text)) => vec![text],
+        Some(EmbeddingInput::Many(texts)) => texts,
+        Some(EmbeddingInput::Other(Value::Array(_))) => {
+            return Err(field(
+                "input",
+                "'input' must be a string or a list of strings (token ids are not supported)"
+                    .into(),
+            ))
+        }
+        Some(EmbeddingInput::Other(other)) => {
+            return Err(field(
+                "input",
+                format!("'input' must be a string or a list of strings, got {other}"),
+            ))
+        }
+        None => return Err(field("input", "'input' is required".into())),
+    };
+    if texts.is_empty() {
+        return Err(field("input", "'input' is empty".into()));
+    }
+    if let Some(i) = texts.iter().position(String::is_empty) {
+        return Err(field(
+            "input",
+            format!("'input'[{i}] is an empty string; every input must hold text"),
+        ));
+    }
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(field(
+                "encoding_format",
+                format!("'encoding_format' is '{other}'; expected 'float' or 'base64'"),
+            ))
+        }
+    };
+    let dimensions = match req.dimensions {
+        None => signature.size,
+        Some(d) if d > 0 && d as usize == signature.size => signature.size,
+        Some(d) if d > 0 && signature.shorter.contains(&(d as usize)) => d as usize,
+        Some(d) => {
+            let mut allowed = signature.shorter.clone();
+            allowed.push(signature.size);
+            allowed.sort_unstable();
+            let allowed: Vec<String> = allowed.iter().map(usize::to_string).collect();
+            return Err(field(
+                "dimensions",
+                format!(
+                    "'dimensions' is {d}; model '{model}' answers {} (the sizes it allows)",
+                    allowed.join(", ")
+                ),
+            ));
+        }
+    };
+    let output = |name: &String| RequestedOutput {
+        name: name.clone(),
+        parameters: Default::default(),
+    };
+    let mut outputs = vec![output(&signature.output)];
+    if let Some(mask) = &signature.mask {
+        outputs.push(output(mask));
+    }
+    let requests = texts
+        .chunks(signature.max_batch_size.max(1))
+        .map(|chunk| {
+            let mut data = Vec::new();
+            for text in chunk {
+                push_bytes_element(&mut data, text.as_bytes());
+            }
+            let text = Tensor {
+                name: signature.input.clone(),
+                datatype: DataType::Bytes,
+                shape: vec![chunk.len() as i64, 1],
+                data: Bytes::from(data),
+            };
+            InferRequest::new(model.clone(), None)
+                .with_inputs(vec![text])
+                .with_outputs(outputs.clone())
+        })
+        .collect();
+    Ok(Parsed {
+        model,
+        requests,
+        dimensions,
+        base64,
+        signature,
+    })
+}
+
+/// The answer from the model's responses, one per request of [`Parsed::requests`].
+pub fn answer(
+    parsed: &Parsed,
+    responses: Vec<crate::inference::InferResponse>,
+) -> Result<EmbeddingList, Error> {
+    let mut data = Vec::new();
+    let mut tokens = 0i64;
+    for response in responses {
+        let vectors = response
+            .outputs
+            .iter()
+            .find(|t| t.name == parsed.signature.output)
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "model '{}' did not answer '{}'",
+                    parsed.model, parsed.signature.output
+                ))
+            })?;
+        let values: Vec<f32> = vectors
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        for row in values.chunks(parsed.signature.size.max(1)) {
+            let mut vector = row[..parsed.dimensions.min(row.len())].to_vec();
+            if parsed.dimensions < parsed.signature.size {
+                let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt();
+                if norm > 0.0 {
+                    vector.iter_mut().for_each(|v| *v /= norm);
+                }
+            }
+            let embedding = if parsed.base64 {
+                let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                EmbeddingVector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                EmbeddingVector::Float(vector)
+            };
+            data.push(Embedding {
+                object: "embedding",
+                index: data.len(),
+                embedding,
+            });
+        }
+        if let Some(mask) = response
+            .outputs
+            .iter()
+            .find(|t| Some(&t.name) == parsed.signature.mask.as_ref())
+        {
+            let width = if mask.datatype == DataType::Int64 {
+                8
+            } else {
+                4
+            };
+            tokens += mask
+                .data
+                .chunks_exact(width)
+                .filter(|b| b.iter().any(|&x| x != 0))
+                .count() as i64;
+        }
+    }
+    Ok(EmbeddingList {
+        object: "list",
+        data,
+        model: parsed.model.clone(),
+        usage: EmbeddingUsage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        },
+    })
+}
