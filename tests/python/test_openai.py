@@ -90,6 +90,43 @@ def test_completions_stream_and_not(server):
     assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
 
 
+def test_n_choices_from_one_request_stream_and_not(server):
+    c = client(server)
+    params = dict(model="smollm2", messages=[{"role": "user", "content": "Name an animal."}],
+                  temperature=1.0, seed=5, max_tokens=10, n=3)
+    whole = c.chat.completions.create(**params)
+    assert [ch.index for ch in whole.choices] == [0, 1, 2]
+    texts = [ch.message.content for ch in whole.choices]
+    # Seeded: each choice has a seed of its own (the request's plus its index), so the
+    # choices differ and the same request gives the same three again.
+    assert len(set(texts)) > 1
+    assert [ch.message.content for ch in c.chat.completions.create(**params).choices] == texts
+    assert whole.usage.completion_tokens == 30
+    chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                            **params))
+    streamed = ["", "", ""]
+    roles = set()
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.delta.role:
+                roles.add(choice.index)
+    assert streamed == texts and roles == {0, 1, 2}
+    assert chunks[-1].usage.completion_tokens == 30
+
+
+def test_echo_answers_the_prompt_first(server):
+    c = client(server)
+    prompt = "The capital of France is"
+    r = c.completions.create(model="smollm2", prompt=prompt, max_tokens=4, temperature=0, echo=True)
+    plain = c.completions.create(model="smollm2", prompt=prompt, max_tokens=4, temperature=0)
+    assert r.choices[0].text == prompt + plain.choices[0].text
+    chunks = list(c.completions.create(model="smollm2", prompt=prompt, max_tokens=4, temperature=0,
+                                       echo=True, stream=True))
+    assert chunks[0].choices[0].text == prompt
+    assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
+
+
 def test_a_stop_string_ends_the_answer_before_it(server):
     r = client(server).chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
                                                stop=["Paris", "\n\n"])
@@ -98,7 +135,7 @@ def test_a_stop_string_ends_the_answer_before_it(server):
 
 
 @pytest.mark.parametrize("params,status,param,message", [
-    (dict(n=2), 400, "n", "'n' is 2; only 1 is supported"),
+    (dict(n=20), 400, "n", "'n' is 20; it must be between 1 and 16"),
     (dict(temperature=3), 400, "temperature", "'temperature' is 3"),
     (dict(top_p=1.5), 400, "top_p", "'top_p' is 1.5"),
     (dict(frequency_penalty=-3), 400, "frequency_penalty", "'frequency_penalty' is -3"),

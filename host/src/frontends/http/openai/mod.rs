@@ -7,8 +7,10 @@
 //! TensorRT-LLM's names. Errors come in OpenAI's shape (`{"error": {"message", "type",
 //! "param", "code"}}`); tenants' API keys are the OpenAI client's `api_key`.
 
+mod choices;
 pub mod embeddings;
 pub mod request;
+mod stream;
 pub mod types;
 
 use std::{
@@ -20,28 +22,20 @@ use axum::{
     body::Body,
     extract::State,
     http::{HeaderMap, StatusCode},
-    response::{
-        sse::{Event, Sse},
-        IntoResponse, Response,
-    },
+    response::{sse::Sse, IntoResponse, Response},
     Extension, Json,
 };
-use serde::Serialize;
 use serde_json::Value;
 
 use self::{
+    choices::{piece, Answer, Gathered},
     request::{Invalid, Kind},
-    types::{
-        AssistantMessage, ChatChoice, ChunkChoice, Completion, Delta, ErrorBody, ErrorDetail,
-        ModelCard, ModelList, Role, TextChoice, Usage,
-    },
+    types::{ErrorBody, ErrorDetail, ModelCard, ModelList, Usage},
 };
 use super::{body::read_body, error::status_for, state::HttpState};
 use crate::{
     error::{Code, Error},
-    inference::InferResponse,
     tenancy::{Caller, ModelAction},
-    tensor::{bytes_elements, DataType, Tensor},
 };
 
 /// The OpenAI routes.
@@ -220,51 +214,6 @@ pub async fn embeddings(
     }
 }
 
-/// What one response of the model says.
-#[derive(Debug, Default)]
-struct Piece {
-    text: String,
-    finish: Option<String>,
-    prompt_tokens: Option<i64>,
-    generated_tokens: Option<i64>,
-}
-
-fn first_string(t: &Tensor) -> String {
-    bytes_elements(&t.data)
-        .next()
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .unwrap_or_default()
-}
-
-fn first_int(t: &Tensor) -> Option<i64> {
-    match t.datatype {
-        DataType::Int32 => t
-            .data
-            .get(..4)
-            .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
-        DataType::Int64 => t
-            .data
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .map(i64::from_le_bytes),
-        _ => None,
-    }
-}
-
-fn piece(response: &InferResponse) -> Piece {
-    let mut p = Piece::default();
-    for t in &response.outputs {
-        match t.name.as_str() {
-            "text_output" => p.text = first_string(t),
-            "finish_reason" => p.finish = Some(first_string(t)).filter(|s| !s.is_empty()),
-            "prompt_tokens" => p.prompt_tokens = first_int(t),
-            "generated_tokens" => p.generated_tokens = first_int(t),
-            _ => {}
-        }
-    }
-    p
-}
-
 async fn complete(
     kind: Kind,
     st: HttpState,
@@ -306,243 +255,57 @@ async fn complete(
     };
     let track = crate::frontends::track(&st.server, &caller, &parsed.model);
     crate::frontends::on_behalf_of(&caller, &mut parsed.request);
-    let mut items = st.server.infer_stream(parsed.request);
-    let id = completion_id(kind);
-    let created = now();
-    let model = parsed.model;
-    if !parsed.stream {
-        let (mut text, mut finish, mut prompt, mut generated) = (String::new(), None, 0, 0);
-        while let Some(item) = items.recv().await {
-            match item {
-                Ok(response) => {
-                    let p = piece(&response);
-                    text.push_str(&p.text);
-                    finish = p.finish.or(finish);
-                    prompt = p.prompt_tokens.unwrap_or(prompt);
-                    generated = p.generated_tokens.unwrap_or(generated);
-                }
-                Err(e) => {
-                    track.finish(Err(e.code));
-                    return invalid_response(e.into());
+    // One sequence per choice, side by side in the running batch.
+    let streams = (0..parsed.n)
+        .map(|i| st.server.infer_stream(parsed.request_for(i)))
+        .collect();
+    let mut items = choices::merge(streams);
+    let answer = Answer {
+        id: completion_id(kind),
+        created: now(),
+        model: parsed.model,
+        kind,
+    };
+    if parsed.stream {
+        track.finish(Ok(()));
+        let events = stream::events(
+            items,
+            admission,
+            parsed.n,
+            parsed.echo,
+            parsed.include_usage,
+            answer,
+        );
+        return Sse::new(events).into_response();
+    }
+    let mut gathered = vec![Gathered::default(); parsed.n];
+    let mut prompt = 0;
+    while let Some((index, item)) = items.recv().await {
+        match item {
+            Ok(response) => {
+                let p = piece(&response);
+                prompt = p.prompt_tokens.unwrap_or(prompt);
+                if let Some(g) = gathered.get_mut(index) {
+                    g.text.push_str(&p.text);
+                    g.finish = p.finish.or(g.finish.take());
+                    g.generated = p.generated_tokens.unwrap_or(g.generated);
                 }
             }
+            Err(e) => {
+                track.finish(Err(e.code));
+                return invalid_response(e.into());
+            }
         }
-        track.finish(Ok(()));
-        drop(admission);
-        let finish = Some(finish.unwrap_or_else(|| "stop".into()));
-        let usage = Some(Some(Usage::new(prompt, generated)));
-        let answer = Answer { id, created, model };
-        return match kind {
-            Kind::Chat => Json(answer.whole(
-                "chat.completion",
-                ChatChoice {
-                    index: 0,
-                    message: AssistantMessage {
-                        role: Role::Assistant,
-                        content: text,
-                    },
-                    logprobs: None,
-                    finish_reason: finish,
-                },
-                usage,
-            ))
-            .into_response(),
-            Kind::Completion => Json(answer.whole(
-                "text_completion",
-                TextChoice {
-                    index: 0,
-                    text,
-                    logprobs: None,
-                    finish_reason: finish,
-                },
-                usage,
-            ))
-            .into_response(),
-        };
     }
     track.finish(Ok(()));
-    let answer = Answer { id, created, model };
-    let events = stream_events(items, admission, kind, parsed.include_usage, answer);
-    Sse::new(events).into_response()
-}
-
-/// What every chunk of one answer repeats.
-struct Answer {
-    id: String,
-    created: u64,
-    model: String,
-}
-
-impl Answer {
-    fn whole<C>(
-        &self,
-        object: &'static str,
-        choice: C,
-        usage: Option<Option<Usage>>,
-    ) -> Completion<C> {
-        Completion {
-            id: self.id.clone(),
-            object,
-            created: self.created,
-            model: self.model.clone(),
-            choices: vec![choice],
-            usage,
+    drop(admission);
+    if let Some(prompt_text) = &parsed.echo {
+        for g in &mut gathered {
+            g.text.insert_str(0, prompt_text);
         }
     }
-
-    /// A streamed chunk: text and/or a finish reason, or (with neither) chat's opening role
-    /// chunk; `usage` is null in every chunk when the client asked for it, absent otherwise.
-    fn chunk(
-        &self,
-        kind: Kind,
-        text: Option<String>,
-        finish: Option<String>,
-        include_usage: bool,
-    ) -> Event {
-        let usage = include_usage.then_some(None);
-        match kind {
-            Kind::Chat => {
-                let delta = match (&text, &finish) {
-                    (None, None) => Delta {
-                        role: Some(Role::Assistant),
-                        content: Some(String::new()),
-                    },
-                    _ => Delta {
-                        role: None,
-                        content: text,
-                    },
-                };
-                let choice = ChunkChoice {
-                    index: 0,
-                    delta,
-                    logprobs: None,
-                    finish_reason: finish,
-                };
-                event(&self.whole("chat.completion.chunk", choice, usage))
-            }
-            Kind::Completion => {
-                let choice = TextChoice {
-                    index: 0,
-                    text: text.unwrap_or_default(),
-                    logprobs: None,
-                    finish_reason: finish,
-                };
-                event(&self.whole("text_completion", choice, usage))
-            }
-        }
-    }
-
-    /// The last chunk of a stream that asked for usage: no choices, the counts.
-    fn usage_chunk(&self, kind: Kind, usage: Usage) -> Event {
-        let object = match kind {
-            Kind::Chat => "chat.completion.chunk",
-            Kind::Completion => "text_completion",
-        };
-        event(&Completion::<TextChoice> {
-            id: self.id.clone(),
-            object,
-            created: self.created,
-            model: self.model.clone(),
-            choices: Vec::new(),
-            usage: Some(Some(usage)),
-        })
-    }
-}
-
-/// A server-sent event carrying `value` as JSON.
-fn event(value: &impl Serialize) -> Event {
-    Event::default().json_data(value).unwrap_or_else(|e| {
-        let message = format!("cannot write a chunk: {e}");
-        let body = ErrorBody {
-            error: ErrorDetail {
-                message: &message,
-                kind: "server_error",
-                param: None,
-                code: None,
-            },
-        };
-        Event::default().data(serde_json::to_string(&body).unwrap_or_default())
-    })
-}
-
-/// The server-sent events of a streamed completion: a role chunk first (chat), a chunk per
-/// piece of text, one with the finish reason, the usage chunk if asked, then `[DONE]`. An
-/// error ends the stream with an error event.
-fn stream_events(
-    items: tokio::sync::mpsc::Receiver<crate::error::Result<InferResponse>>,
-    admission: crate::tenancy::Admission,
-    kind: Kind,
-    include_usage: bool,
-    answer: Answer,
-) -> impl futures::Stream<Item = Result<Event, std::convert::Infallible>> {
-    struct State {
-        items: tokio::sync::mpsc::Receiver<crate::error::Result<InferResponse>>,
-        _admission: crate::tenancy::Admission,
-        pending: std::collections::VecDeque<Event>,
-        started: bool,
-        done: bool,
-        prompt: i64,
-        generated: i64,
-        answer: Answer,
-    }
-    let state = State {
-        items,
-        _admission: admission,
-        pending: Default::default(),
-        started: false,
-        done: false,
-        prompt: 0,
-        generated: 0,
-        answer,
-    };
-    futures::stream::unfold(state, move |mut s| async move {
-        loop {
-            if let Some(event) = s.pending.pop_front() {
-                return Some((Ok(event), s));
-            }
-            if s.done {
-                return None;
-            }
-            if !s.started {
-                s.started = true;
-                if kind == Kind::Chat {
-                    let role = s.answer.chunk(kind, None, None, include_usage);
-                    s.pending.push_back(role);
-                    continue;
-                }
-            }
-            match s.items.recv().await {
-                Some(Ok(response)) => {
-                    let p = piece(&response);
-                    s.prompt = p.prompt_tokens.unwrap_or(s.prompt);
-                    s.generated = p.generated_tokens.unwrap_or(s.generated);
-                    if !p.text.is_empty() {
-                        let c = s.answer.chunk(kind, Some(p.text), None, include_usage);
-                        s.pending.push_back(c);
-                    }
-                    if let Some(finish) = p.finish {
-                        let c = s.answer.chunk(kind, None, Some(finish), include_usage);
-                        s.pending.push_back(c);
-                    }
-                }
-                Some(Err(e)) => {
-                    let kind = error_type(status_for(e.code));
-                    let body = error_body(&e, kind, param_of(&e.message), None);
-                    s.pending.push_back(event(&body));
-                    s.pending.push_back(Event::default().data("[DONE]"));
-                    s.done = true;
-                }
-                None => {
-                    if include_usage {
-                        let usage = Usage::new(s.prompt, s.generated);
-                        s.pending.push_back(s.answer.usage_chunk(kind, usage));
-                    }
-                    s.pending.push_back(Event::default().data("[DONE]"));
-                    s.done = true;
-                }
-            }
-        }
-    })
+    let generated = gathered.iter().map(|g| g.generated).sum();
+    answer.whole(gathered, Usage::new(prompt, generated))
 }
 
 fn error_type(status: StatusCode) -> &'static str {

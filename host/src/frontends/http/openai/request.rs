@@ -59,6 +59,32 @@ pub struct Parsed {
     pub include_usage: bool,
     /// The inference request for the model.
     pub request: InferRequest,
+    /// Choices to generate (`n`): one sequence each, from the same request.
+    pub n: usize,
+    /// Completions' `echo`: the prompt, to answer before the completion.
+    pub echo: Option<String>,
+}
+
+/// The most choices one request may ask for (`n`): each is a sequence of the running batch.
+pub const MAX_CHOICES: i64 = 16;
+
+impl Parsed {
+    /// The model's request for choice `index`: the same, with the seed moved on by the index
+    /// when the request has one (so that seeded choices differ and repeat).
+    pub fn request_for(&self, index: usize) -> InferRequest {
+        let mut request = self.request.clone();
+        if index > 0 {
+            if let Some(seed) = request.inputs.iter_mut().find(|t| t.name == "seed") {
+                let base = seed
+                    .data
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u64::from_le_bytes);
+                seed.data = Bytes::from(base.wrapping_add(index as u64).to_le_bytes().to_vec());
+            }
+        }
+        request
+    }
 }
 
 /// Fields taken by both endpoints; any other field is refused by name.
@@ -265,22 +291,22 @@ pub fn parse(
         _ => return Err(Invalid::field("model", "'model' is required".into())),
     };
     let config = lookup(&model)?;
-    for (key, value) in [("n", req.n), ("best_of", req.best_of)] {
-        match value {
-            None | Some(1) => {}
-            Some(v) => {
-                return Err(Invalid::field(
-                    key,
-                    format!("'{key}' is {v}; only 1 is supported"),
-                ))
-            }
+    let n = within("n", req.n, 1, MAX_CHOICES)?.unwrap_or(1);
+    // best_of picks the best n of more candidates; equal to n it picks them all.
+    match req.best_of {
+        None => {}
+        Some(b) if b == n => {}
+        Some(b) => {
+            return Err(Invalid::field(
+                "best_of",
+                format!("'best_of' is {b}; only best_of equal to n ({n}) is supported"),
+            ))
         }
     }
     // Accepted only when they ask for nothing.
     let unsupported = [
         ("logprobs", req.logprobs.is_some_and(Logprobs::wanted)),
         ("top_logprobs", req.top_logprobs.is_some_and(|n| n != 0)),
-        ("echo", req.echo == Some(true)),
         (
             "suffix",
             req.suffix.as_deref().is_some_and(|s| !s.is_empty()),
@@ -295,9 +321,14 @@ pub fn parse(
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     let mut inputs = Vec::new();
+    let mut echo = None;
     match kind {
         Kind::Chat => inputs.push(strings("messages", &[messages(req.messages)?.as_str()])),
-        Kind::Completion => inputs.push(strings("text_input", &[prompt(req.prompt)?.as_str()])),
+        Kind::Completion => {
+            let prompt = prompt(req.prompt)?;
+            inputs.push(strings("text_input", &[prompt.as_str()]));
+            echo = (req.echo == Some(true)).then_some(prompt);
+        }
     }
     let most = i64::from(i32::MAX);
     let max_tokens = match within("max_completion_tokens", req.max_completion_tokens, 1, most)? {
@@ -412,6 +443,8 @@ pub fn parse(
         model,
         stream,
         include_usage,
+        n: n as usize,
+        echo,
     })
 }
 
@@ -531,6 +564,29 @@ mod tests {
             json!({"model": "m", "prompt": "p", "stop": [1]}),
         );
         assert_eq!(param.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn each_choice_gets_a_seed_of_its_own() {
+        let mut c = config();
+        c.input.push(crate::proto::inference::ModelInput {
+            name: "seed".into(),
+            ..Default::default()
+        });
+        let body = json!({"model": "m", "prompt": "p", "n": 3, "seed": 40});
+        let parsed = parse(Kind::Completion, &body, |_| Ok(c.clone())).unwrap();
+        assert_eq!(parsed.n, 3);
+        let seed = |i| {
+            let r = parsed.request_for(i);
+            let t = r.inputs.iter().find(|t| t.name == "seed").unwrap();
+            u64::from_le_bytes(t.data[..8].try_into().unwrap())
+        };
+        assert_eq!((seed(0), seed(1), seed(2)), (40, 41, 42));
+        let (param, _) = refusal(
+            Kind::Completion,
+            json!({"model": "m", "prompt": "p", "n": 2, "best_of": 3}),
+        );
+        assert_eq!(param.as_deref(), Some("best_of"));
     }
 
     #[test]

@@ -1,0 +1,237 @@
+//! The choices of one completion: the model's responses read as text pieces, the `n`
+//! sequences of a request merged into one channel tagged by choice, and the answer's chunks
+//! (whole or streamed) built from the wire types.
+
+use axum::response::sse::Event;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::{
+    request::Kind,
+    types::{
+        AssistantMessage, ChatChoice, ChunkChoice, Completion, Delta, ErrorBody, ErrorDetail, Role,
+        TextChoice, Usage,
+    },
+};
+use crate::{
+    error::Result,
+    inference::InferResponse,
+    tensor::{bytes_elements, DataType, Tensor},
+};
+
+/// What one response of the model says.
+#[derive(Debug, Default)]
+pub struct Piece {
+    /// New text.
+    pub text: String,
+    /// `stop` or `length` on the last response.
+    pub finish: Option<String>,
+    /// Tokens in the prompt.
+    pub prompt_tokens: Option<i64>,
+    /// Tokens generated so far.
+    pub generated_tokens: Option<i64>,
+}
+
+fn first_string(t: &Tensor) -> String {
+    bytes_elements(&t.data)
+        .next()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default()
+}
+
+fn first_int(t: &Tensor) -> Option<i64> {
+    match t.datatype {
+        DataType::Int32 => t
+            .data
+            .get(..4)
+            .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        DataType::Int64 => t
+            .data
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map(i64::from_le_bytes),
+        _ => None,
+    }
+}
+
+/// The text, finish reason and token counts of one response.
+pub fn piece(response: &InferResponse) -> Piece {
+    let mut p = Piece::default();
+    for t in &response.outputs {
+        match t.name.as_str() {
+            "text_output" => p.text = first_string(t),
+            "finish_reason" => p.finish = Some(first_string(t)).filter(|s| !s.is_empty()),
+            "prompt_tokens" => p.prompt_tokens = first_int(t),
+            "generated_tokens" => p.generated_tokens = first_int(t),
+            _ => {}
+        }
+    }
+    p
+}
+
+/// The responses of every choice's sequence on one channel, tagged by choice index. Dropping
+/// the receiver drops every sequence's (which cancels them).
+pub fn merge(
+    streams: Vec<mpsc::Receiver<Result<InferResponse>>>,
+) -> mpsc::Receiver<(usize, Result<InferResponse>)> {
+    let (tx, rx) = mpsc::channel(16 * streams.len().max(1));
+    for (index, mut items) in streams.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(item) = items.recv().await {
+                if tx.send((index, item)).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    rx
+}
+
+/// One choice of a whole answer, put together from its pieces.
+#[derive(Debug, Default, Clone)]
+pub struct Gathered {
+    /// All its text.
+    pub text: String,
+    /// Why it ended.
+    pub finish: Option<String>,
+    /// Tokens it generated.
+    pub generated: i64,
+}
+
+/// What every chunk of one answer repeats.
+pub struct Answer {
+    /// `cmpl-…` or `chatcmpl-…`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model named by the request.
+    pub model: String,
+    /// Which endpoint.
+    pub kind: Kind,
+}
+
+impl Answer {
+    fn completion<C>(
+        &self,
+        object: &'static str,
+        choices: Vec<C>,
+        usage: Option<Option<Usage>>,
+    ) -> Completion<C> {
+        Completion {
+            id: self.id.clone(),
+            object,
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    /// The whole answer (not streamed) as JSON.
+    pub fn whole(&self, choices: Vec<Gathered>, usage: Usage) -> axum::response::Response {
+        use axum::{response::IntoResponse, Json};
+        let finish = |g: &Gathered| Some(g.finish.clone().unwrap_or_else(|| "stop".into()));
+        let usage = Some(Some(usage));
+        match self.kind {
+            Kind::Chat => {
+                let choices = choices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, g)| ChatChoice {
+                        index: i as u32,
+                        message: AssistantMessage {
+                            role: Role::Assistant,
+                            content: g.text.clone(),
+                        },
+                        logprobs: None,
+                        finish_reason: finish(g),
+                    })
+                    .collect();
+                Json(self.completion("chat.completion", choices, usage)).into_response()
+            }
+            Kind::Completion => {
+                let choices = choices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, g)| TextChoice {
+                        index: i as u32,
+                        text: g.text.clone(),
+                        logprobs: None,
+                        finish_reason: finish(g),
+                    })
+                    .collect();
+                Json(self.completion("text_completion", choices, usage)).into_response()
+            }
+        }
+    }
+
+    /// A streamed chunk of choice `index`: text and/or a finish reason, or (with neither)
+    /// chat's opening role chunk; `usage` is null in every chunk when the client asked for
+    /// it, absent otherwise.
+    pub fn chunk(
+        &self,
+        index: usize,
+        text: Option<String>,
+        finish: Option<String>,
+        include_usage: bool,
+    ) -> Event {
+        let usage = include_usage.then_some(None);
+        let index = index as u32;
+        match self.kind {
+            Kind::Chat => {
+                let delta = match (&text, &finish) {
+                    (None, None) => Delta {
+                        role: Some(Role::Assistant),
+                        content: Some(String::new()),
+                    },
+                    _ => Delta {
+                        role: None,
+                        content: text,
+                    },
+                };
+                let choice = ChunkChoice {
+                    index,
+                    delta,
+                    logprobs: None,
+                    finish_reason: finish,
+                };
+                event(&self.completion("chat.completion.chunk", vec![choice], usage))
+            }
+            Kind::Completion => {
+                let choice = TextChoice {
+                    index,
+                    text: text.unwrap_or_default(),
+                    logprobs: None,
+                    finish_reason: finish,
+                };
+                event(&self.completion("text_completion", vec![choice], usage))
+            }
+        }
+    }
+
+    /// The last chunk of a stream that asked for usage: no choices, the counts.
+    pub fn usage_chunk(&self, usage: Usage) -> Event {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        event(&self.completion::<TextChoice>(object, Vec::new(), Some(Some(usage))))
+    }
+}
+
+/// A server-sent event carrying `value` as JSON.
+pub fn event(value: &impl Serialize) -> Event {
+    Event::default().json_data(value).unwrap_or_else(|e| {
+        let message = format!("cannot write a chunk: {e}");
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message: &message,
+                kind: "server_error",
+                param: None,
+                code: None,
+            },
+        };
+        Event::default().data(serde_json::to_string(&body).unwrap_or_default())
+    })
+}

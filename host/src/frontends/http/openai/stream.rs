@@ -1,0 +1,104 @@
+//! A streamed completion as server-sent events: per choice a role chunk first (chat) or the
+//! echoed prompt (completions), a chunk per piece of text, one with the finish reason; then
+//! the usage chunk if asked, then `[DONE]`. An error ends the stream with an error event.
+
+use std::collections::VecDeque;
+
+use axum::response::sse::Event;
+use tokio::sync::mpsc;
+
+use super::{
+    choices::{event, piece, Answer},
+    error_body, error_type, param_of,
+    request::Kind,
+    types::Usage,
+};
+use crate::{
+    error::Result, frontends::http::error::status_for, inference::InferResponse, tenancy::Admission,
+};
+
+/// What the stream has said so far.
+struct State {
+    items: mpsc::Receiver<(usize, Result<InferResponse>)>,
+    _admission: Admission,
+    pending: VecDeque<Event>,
+    done: bool,
+    prompt: i64,
+    generated: Vec<i64>,
+    answer: Answer,
+    include_usage: bool,
+}
+
+/// The events of a streamed completion of `n` choices.
+pub fn events(
+    items: mpsc::Receiver<(usize, Result<InferResponse>)>,
+    admission: Admission,
+    n: usize,
+    echo: Option<String>,
+    include_usage: bool,
+    answer: Answer,
+) -> impl futures::Stream<Item = std::result::Result<Event, std::convert::Infallible>> {
+    let mut pending = VecDeque::new();
+    for index in 0..n {
+        match (answer.kind, &echo) {
+            (Kind::Chat, _) => pending.push_back(answer.chunk(index, None, None, include_usage)),
+            (Kind::Completion, Some(prompt)) => {
+                pending.push_back(answer.chunk(index, Some(prompt.clone()), None, include_usage))
+            }
+            (Kind::Completion, None) => {}
+        }
+    }
+    let state = State {
+        items,
+        _admission: admission,
+        pending,
+        done: false,
+        prompt: 0,
+        generated: vec![0; n],
+        answer,
+        include_usage,
+    };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(event) = s.pending.pop_front() {
+                return Some((Ok(event), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.items.recv().await {
+                Some((index, Ok(response))) => {
+                    let p = piece(&response);
+                    s.prompt = p.prompt_tokens.unwrap_or(s.prompt);
+                    if let (Some(g), Some(count)) = (s.generated.get_mut(index), p.generated_tokens)
+                    {
+                        *g = count;
+                    }
+                    if !p.text.is_empty() {
+                        let c = s.answer.chunk(index, Some(p.text), None, s.include_usage);
+                        s.pending.push_back(c);
+                    }
+                    if let Some(finish) = p.finish {
+                        let c = s.answer.chunk(index, None, Some(finish), s.include_usage);
+                        s.pending.push_back(c);
+                    }
+                }
+                Some((_, Err(e))) => {
+                    let kind = error_type(status_for(e.code));
+                    let body = error_body(&e, kind, param_of(&e.message), None);
+                    s.pending.push_back(event(&body));
+                    s.pending.push_back(Event::default().data("[DONE]"));
+                    s.done = true;
+                }
+                None => {
+                    if s.include_usage {
+                        let usage = Usage::new(s.prompt, s.generated.iter().sum());
+                        s.pending.push_back(s.answer.usage_chunk(usage));
+                    }
+                    s.pending.push_back(Event::default().data("[DONE]"));
+                    s.done = true;
+                }
+            }
+        }
+    })
+}
