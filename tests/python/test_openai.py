@@ -127,6 +127,36 @@ def test_echo_answers_the_prompt_first(server):
     assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
 
 
+def test_logprobs_from_the_sampler(server):
+    c = client(server)
+    params = dict(model="smollm2", messages=QUESTION, temperature=0, max_tokens=5,
+                  logprobs=True, top_logprobs=3)
+    r = c.chat.completions.create(**params)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5 == r.usage.completion_tokens
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        # Greedy: the token taken is the likeliest, and the alternatives come in order.
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token
+        assert t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+        assert t.logprob <= 0 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+        assert bytes(t.bytes).decode() == t.token
+    streamed = [t for ch in c.chat.completions.create(stream=True, **params)
+                for choice in ch.choices if choice.logprobs for t in choice.logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == \
+        [(t.token, round(t.logprob, 4)) for t in content]
+    # Completions' legacy shape.
+    r = c.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=4,
+                             temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 4
+    assert all(len(alternatives) == 2 and lp.tokens[i] in alternatives
+               for i, alternatives in enumerate(lp.top_logprobs))
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
+    # Without logprobs, none.
+    assert c.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2).choices[0].logprobs is None
+
+
 def test_a_stop_string_ends_the_answer_before_it(server):
     r = client(server).chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
                                                stop=["Paris", "\n\n"])
@@ -136,6 +166,8 @@ def test_a_stop_string_ends_the_answer_before_it(server):
 
 @pytest.mark.parametrize("params,status,param,message", [
     (dict(n=20), 400, "n", "'n' is 20; it must be between 1 and 16"),
+    (dict(logprobs=True, top_logprobs=30), 400, "top_logprobs", "'top_logprobs' is 30"),
+    (dict(top_logprobs=2), 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true"),
     (dict(temperature=3), 400, "temperature", "'temperature' is 3"),
     (dict(top_p=1.5), 400, "top_p", "'top_p' is 1.5"),
     (dict(frequency_penalty=-3), 400, "frequency_penalty", "'frequency_penalty' is -3"),
@@ -146,7 +178,6 @@ def test_a_stop_string_ends_the_answer_before_it(server):
     (dict(temperature="hot"), 400, "temperature", "'temperature': invalid type: string"),
     (dict(messages=[{"role": "robot", "content": "hi"}]), 400, "messages", "'messages[0].role': unknown variant"),
     (dict(stop=["a", "b", "c", "d", "e"]), 400, "stop", "up to 4 strings"),
-    (dict(logprobs=True), 400, "logprobs", "'logprobs' is not supported"),
     (dict(model="smollm2-large"), 404, None, "'smollm2-large'"),
 ])
 def test_bad_chat_requests_get_openai_errors_naming_the_field(server, params, status, param, message):

@@ -87,6 +87,9 @@ pub struct Step {
     pub finish: Option<Finish>,
     /// The natural-log probability of each of `tokens`, when the request asked for them.
     pub log_probs: Vec<f32>,
+    /// For each of `tokens`, the likeliest tokens at its step with their log-probabilities,
+    /// when the request asked for them.
+    pub top: Vec<Vec<(u32, f32)>>,
 }
 
 /// A request handed to the engine.
@@ -105,6 +108,8 @@ pub struct Submission {
     pub rules: TokenRules,
     /// Whether each step carries its tokens' log-probabilities.
     pub log_probs: bool,
+    /// How many likeliest alternatives each step reports per token (0: none).
+    pub top_log_probs: usize,
     /// Where the steps go; a closed receiver cancels the sequence.
     pub steps: mpsc::Sender<Result<Step>>,
     /// Set by the caller when its client went away.
@@ -132,8 +137,9 @@ struct Row {
     /// The last sampled token, not yet in the cache.
     next: i64,
     last_token_at: Instant,
-    /// Log-probabilities of the tokens sampled and not yet answered (held for a stop string).
-    pending_log_probs: VecDeque<f32>,
+    /// Log-probabilities (and alternatives) of the tokens sampled and not yet answered (held
+    /// for a stop string).
+    pending_log_probs: VecDeque<(f32, Vec<(u32, f32)>)>,
 }
 
 /// The sending side of the engine, shared by the model's instances.
@@ -376,7 +382,8 @@ impl Worker {
             let mut row = Row {
                 sampler: Sampler::new(sub.sampling.clone())
                     .with_rules(rules)
-                    .with_log_probs(sub.log_probs),
+                    .with_log_probs(sub.log_probs)
+                    .with_top_log_probs(sub.top_log_probs),
                 pending_log_probs: VecDeque::new(),
                 len: sub.prompt.len(),
                 next: 0,
@@ -536,8 +543,10 @@ impl Worker {
             (held, Some(Finish::Stop))
         } else {
             self.stats.generation_tokens.fetch_add(1, Relaxed);
-            if row.sub.log_probs {
-                row.pending_log_probs.push_back(row.sampler.last_log_prob());
+            if row.sub.log_probs || row.sub.top_log_probs > 0 {
+                let top = row.sampler.last_top().to_vec();
+                row.pending_log_probs
+                    .push_back((row.sampler.last_log_prob(), top));
             }
             let mut finish = (generated >= row.sub.max_tokens).then_some(Finish::Length);
             let mut tokens = vec![token];
@@ -564,16 +573,13 @@ impl Worker {
         let delivered = if tokens.is_empty() && finish.is_none() {
             true
         } else {
-            let log_probs = if row.sub.log_probs {
-                let n = tokens.len().min(row.pending_log_probs.len());
-                row.pending_log_probs.drain(..n).collect()
-            } else {
-                Vec::new()
-            };
+            let n = tokens.len().min(row.pending_log_probs.len());
+            let (log_probs, top) = row.pending_log_probs.drain(..n).unzip();
             let step = Step {
                 tokens,
                 finish,
                 log_probs,
+                top,
             };
             row.sub.steps.send(Ok(step)).is_ok()
         };

@@ -114,6 +114,8 @@ const INPUTS: &[(&str, DataType, i64, bool)] = &[
     ("return_perf_metrics", DataType::Bool, 1, true),
     ("embedding_bias_words", DataType::Bytes, -1, true),
     ("embedding_bias_weights", DataType::Fp32, -1, true),
+    // OpenAI's top_logprobs: the likeliest alternatives to report per token (up to 20).
+    ("top_logprobs", DataType::Int32, 1, true),
 ];
 
 /// The tensors it answers: (name, type, dims).
@@ -127,6 +129,11 @@ const OUTPUTS: &[(&str, DataType, i64)] = &[
     // each token's.
     ("cum_log_probs", DataType::Fp32, 1),
     ("output_log_probs", DataType::Fp32, -1),
+    // What each answered token spells, and per token the `top_logprobs` likeliest tokens
+    // (spellings and log-probabilities, in rows of top_logprobs).
+    ("output_tokens", DataType::Bytes, -1),
+    ("top_tokens", DataType::Bytes, -1),
+    ("top_log_probs", DataType::Fp32, -1),
 ];
 
 /// Fills in the inputs and outputs when config.pbtxt leaves them out, and checks the ones it
@@ -442,6 +449,43 @@ struct Answer<'a> {
     /// These tokens' log-probabilities, and the sum over every token answered so far.
     log_probs: &'a [f32],
     cum_log_prob: f32,
+    /// The generated tokens this response covers, their likeliest alternatives (`top_k` each)
+    /// and what tokens spell, for `output_tokens`, `top_tokens` and `top_log_probs`.
+    new_tokens: &'a [u32],
+    top: &'a [Vec<(u32, f32)>],
+    top_k: usize,
+    text: Option<&'a TokenBytes>,
+}
+
+impl Answer<'_> {
+    fn spelling(&self, token: u32) -> &[u8] {
+        self.text.map_or(&[], |t| t.of(token))
+    }
+
+    fn strings<'b>(&self, name: &str, items: impl Iterator<Item = &'b [u8]>) -> Tensor {
+        let mut data = Vec::new();
+        let mut n = 0;
+        for item in items {
+            push_bytes_element(&mut data, item);
+            n += 1;
+        }
+        Tensor {
+            name: name.to_owned(),
+            datatype: DataType::Bytes,
+            shape: vec![1, n],
+            data: Bytes::from(data),
+        }
+    }
+
+    /// Each token's alternatives padded to `top_k` (an empty token at -inf).
+    fn padded_top(&self) -> impl Iterator<Item = (u32, f32, bool)> + '_ {
+        self.top.iter().flat_map(move |alternatives| {
+            (0..self.top_k).map(move |i| match alternatives.get(i) {
+                Some(&(t, l)) => (t, l, true),
+                None => (0, f32::NEG_INFINITY, false),
+            })
+        })
+    }
 }
 
 fn int32_tensor(name: &str, values: &[i32]) -> Tensor {
@@ -460,6 +504,25 @@ fn response(outputs: &[String], tokens: &[u32], answer: &Answer) -> Vec<Tensor> 
                 "prompt_tokens" => int32_tensor(name, &[answer.prompt_tokens as i32]),
                 "generated_tokens" => int32_tensor(name, &[answer.generated_tokens as i32]),
                 "cum_log_probs" => fp32_tensor(name, &[answer.cum_log_prob]),
+                "output_tokens" => {
+                    let spellings: Vec<&[u8]> = answer
+                        .new_tokens
+                        .iter()
+                        .map(|&t| answer.spelling(t))
+                        .collect();
+                    answer.strings(name, spellings.into_iter())
+                }
+                "top_tokens" => {
+                    let spellings: Vec<&[u8]> = answer
+                        .padded_top()
+                        .map(|(t, _, real)| if real { answer.spelling(t) } else { &[][..] })
+                        .collect();
+                    answer.strings(name, spellings.into_iter())
+                }
+                "top_log_probs" => {
+                    let values: Vec<f32> = answer.padded_top().map(|(_, l, _)| l).collect();
+                    fp32_tensor(name, &values)
+                }
                 "output_log_probs" => fp32_tensor(name, answer.log_probs),
                 "finish_reason" => {
                     let mut data = Vec::new();
@@ -511,6 +574,7 @@ impl ModelInstance for GenerationInstance {
         self.engine.submit(Submission {
             rules,
             log_probs: parsed.log_probs,
+            top_log_probs: parsed.top_log_probs,
             prompt: parsed.prompt,
             max_tokens: parsed.max_tokens,
             sampling: parsed.sampling,
@@ -539,6 +603,9 @@ impl ModelInstance for GenerationInstance {
             .filter(|_| self.decoupled && parsed.stream);
         let mut generated: Vec<u32> = Vec::new();
         let mut log_probs: Vec<f32> = Vec::new();
+        let mut top: Vec<Vec<(u32, f32)>> = Vec::new();
+        let text = self.settings.text.as_deref();
+        let top_k = parsed.top_log_probs;
         loop {
             let step = match steps.recv_timeout(Duration::from_millis(50)) {
                 Ok(step) => step?,
@@ -569,6 +636,10 @@ impl ModelInstance for GenerationInstance {
                             generated_tokens: generated.len() + step.tokens.len(),
                             log_probs: &step.log_probs,
                             cum_log_prob: log_probs.iter().fold(0.0, |a, b| a + b),
+                            new_tokens: &step.tokens,
+                            top: &step.top,
+                            top_k,
+                            text,
                         },
                     );
                     generated.extend_from_slice(&step.tokens);
@@ -580,6 +651,7 @@ impl ModelInstance for GenerationInstance {
                 None => {
                     generated.extend_from_slice(&step.tokens);
                     log_probs.extend_from_slice(&step.log_probs);
+                    top.extend(step.top);
                     if step.finish.is_some() {
                         let tokens: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
                         let tensors = response(
@@ -592,6 +664,10 @@ impl ModelInstance for GenerationInstance {
                                 generated_tokens: generated.len(),
                                 log_probs: &log_probs,
                                 cum_log_prob: log_probs.iter().fold(0.0, |a, b| a + b),
+                                new_tokens: &generated,
+                                top: &top,
+                                top_k,
+                                text,
                             },
                         );
                         return Ok((tensors, timings(started)));

@@ -30,6 +30,8 @@ pub struct Parsed {
     pub min_tokens: usize,
     /// Whether to answer each token's log-probability (`return_log_probs`).
     pub log_probs: bool,
+    /// How many likeliest alternatives to answer per token (`top_logprobs`, 0 to 20).
+    pub top_log_probs: usize,
     /// Whether a whole (not streamed) answer starts with the prompt's tokens
     /// (`exclude_input_in_output` false).
     pub include_prompt: bool,
@@ -312,7 +314,9 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
     // Answers are never padded (one sequence per request): the id is only checked.
     get("pad_id", 0.0, f64::from(i32::MAX))?;
     let min_tokens = get("min_length", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize;
-    let log_probs = scalar(request, "return_log_probs")?.is_some_and(|v| v != 0.0);
+    let top_log_probs = get("top_logprobs", 0.0, 20.0)?.unwrap_or(0.0) as usize;
+    let log_probs =
+        scalar(request, "return_log_probs")?.is_some_and(|v| v != 0.0) || top_log_probs > 0;
     let stream = scalar(request, "stream")?.is_none_or(|v| v != 0.0);
     // TensorRT-LLM answers the prompt too unless told to exclude it; a stream never has it.
     let include_prompt = scalar(request, "exclude_input_in_output")?.is_some_and(|v| v == 0.0);
@@ -326,6 +330,7 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
         bad_words,
         min_tokens,
         log_probs,
+        top_log_probs,
         include_prompt,
     })
 }

@@ -53,6 +53,9 @@ pub struct Sampler {
     /// Whether to work out each chosen token's log-probability.
     log_probs: bool,
     last_log_prob: f32,
+    /// How many likeliest alternatives to report per token, with their log-probabilities.
+    top: usize,
+    last_top: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -66,6 +69,8 @@ impl Sampler {
             candidates: Vec::new(),
             log_probs: false,
             last_log_prob: 0.0,
+            top: 0,
+            last_top: Vec::new(),
         }
     }
 
@@ -82,6 +87,20 @@ impl Sampler {
         self
     }
 
+    /// The sampler reporting, per token, the `k` likeliest tokens and their log-probabilities
+    /// ([`Sampler::last_top`]); implies [`Sampler::with_log_probs`].
+    pub fn with_top_log_probs(mut self, k: usize) -> Self {
+        self.top = k;
+        self.log_probs |= k > 0;
+        self
+    }
+
+    /// The likeliest tokens at the last pick, most likely first, with their log-probabilities
+    /// (under the same distribution as [`Sampler::last_log_prob`]); empty unless asked for.
+    pub fn last_top(&self) -> &[(u32, f32)] {
+        &self.last_top
+    }
+
     /// The natural-log probability of the last token picked, under the distribution it was
     /// drawn from before temperature, top-k and top-p (the logits after penalties and rules);
     /// 0 unless asked for.
@@ -96,7 +115,16 @@ impl Sampler {
         self.rules.apply(logits, generated);
         let token = self.pick(logits);
         if self.log_probs {
-            self.last_log_prob = log_prob(logits, token);
+            let total = log_sum_exp(logits);
+            self.last_log_prob = logits
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |&l| l - total);
+            if self.top > 0 {
+                self.last_top = likeliest(logits, self.top)
+                    .into_iter()
+                    .map(|(t, l)| (t, l - total))
+                    .collect();
+            }
         }
         token
     }
@@ -182,18 +210,28 @@ impl Sampler {
     }
 }
 
-/// `log softmax(logits)[token]`.
-fn log_prob(logits: &[f32], token: u32) -> f32 {
+/// `log(sum(exp(logits)))`, computed stably.
+fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let total: f64 = logits
-        .iter()
-        .map(|&l| f64::from(l - max).exp())
-        .sum::<f64>();
-    let chosen = logits
-        .get(token as usize)
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY);
-    (f64::from(chosen - max) - total.ln()) as f32
+    if !max.is_finite() {
+        return max;
+    }
+    let total: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    max + total.ln() as f32
+}
+
+/// The `k` largest logits with their tokens, largest first (ties: the lower id first).
+fn likeliest(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if best.len() == k && best.last().is_some_and(|&(_, worst)| l <= worst) {
+            continue;
+        }
+        let at = best.partition_point(|&(_, b)| b >= l);
+        best.insert(at, (i as u32, l));
+        best.truncate(k);
+    }
+    best
 }
 
 /// The index of the largest value (the first of equals).
@@ -275,6 +313,16 @@ mod tests {
         for _ in 0..200 {
             assert_eq!(s.sample(&mut logits(), &[], &[]), 1);
         }
+    }
+
+    #[test]
+    fn the_likeliest_alternatives_come_most_likely_first() {
+        let mut s = Sampler::new(SamplingParams::default()).with_top_log_probs(3);
+        let token = s.sample(&mut logits(), &[], &[]);
+        let top: Vec<u32> = s.last_top().iter().map(|t| t.0).collect();
+        assert_eq!(top, [1, 2, 5]);
+        assert_eq!(s.last_top()[0], (token, s.last_log_prob()));
+        assert!(s.last_top().windows(2).all(|w| w[0].1 >= w[1].1));
     }
 
     #[test]

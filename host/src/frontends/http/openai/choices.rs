@@ -9,8 +9,8 @@ use tokio::sync::mpsc;
 use super::{
     request::Kind,
     types::{
-        AssistantMessage, ChatChoice, ChunkChoice, Completion, Delta, ErrorBody, ErrorDetail, Role,
-        TextChoice, Usage,
+        AssistantMessage, ChatChoice, ChatLogprobs, ChunkChoice, Completion, Delta, ErrorBody,
+        ErrorDetail, Role, TextChoice, TextLogprobs, TokenLogprob, TopLogprob, Usage,
     },
 };
 use crate::{
@@ -30,6 +30,84 @@ pub struct Piece {
     pub prompt_tokens: Option<i64>,
     /// Tokens generated so far.
     pub generated_tokens: Option<i64>,
+    /// This response's tokens with their log-probabilities, when asked for.
+    pub tokens: Vec<TokenLogprob>,
+}
+
+fn floats(t: &Tensor) -> Vec<f32> {
+    if t.datatype != DataType::Fp32 {
+        return Vec::new();
+    }
+    t.data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// JSON has no infinity: a token that cannot come is reported at -9999, as vLLM does.
+fn finite(logprob: f32) -> f32 {
+    if logprob.is_finite() {
+        logprob
+    } else {
+        -9999.0
+    }
+}
+
+/// The tokens of a response from its `output_log_probs`, `output_tokens`, `top_tokens` and
+/// `top_log_probs` (rows of equal length per token; padding has -inf and is left out).
+fn token_logprobs(response: &InferResponse) -> Vec<TokenLogprob> {
+    let find = |name: &str| response.outputs.iter().find(|t| t.name == name);
+    let (Some(lps), Some(spellings)) = (find("output_log_probs"), find("output_tokens")) else {
+        return Vec::new();
+    };
+    let lps = floats(lps);
+    let spellings: Vec<&[u8]> = bytes_elements(&spellings.data).collect();
+    let top_lps = find("top_log_probs").map(floats).unwrap_or_default();
+    let top_spellings: Vec<&[u8]> = find("top_tokens")
+        .map(|t| bytes_elements(&t.data).collect())
+        .unwrap_or_default();
+    let k = if lps.is_empty() {
+        0
+    } else {
+        top_lps.len() / lps.len()
+    };
+    lps.iter()
+        .zip(spellings)
+        .enumerate()
+        .map(|(i, (&logprob, bytes))| TokenLogprob {
+            token: String::from_utf8_lossy(bytes).into_owned(),
+            logprob: finite(logprob),
+            bytes: bytes.to_vec(),
+            top_logprobs: (i * k..(i + 1) * k)
+                .filter_map(|j| {
+                    let (&l, b) = (top_lps.get(j)?, top_spellings.get(j)?);
+                    l.is_finite().then(|| TopLogprob {
+                        token: String::from_utf8_lossy(b).into_owned(),
+                        logprob: l,
+                        bytes: b.to_vec(),
+                    })
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Completions' legacy shape of `tokens`, with text offsets from `offset` on.
+fn text_logprobs(tokens: &[TokenLogprob], mut offset: usize) -> TextLogprobs {
+    let mut out = TextLogprobs::default();
+    for t in tokens {
+        out.tokens.push(t.token.clone());
+        out.token_logprobs.push(t.logprob);
+        out.top_logprobs.push(
+            t.top_logprobs
+                .iter()
+                .map(|a| (a.token.clone(), a.logprob))
+                .collect(),
+        );
+        out.text_offset.push(offset);
+        offset += t.token.len();
+    }
+    out
 }
 
 fn first_string(t: &Tensor) -> String {
@@ -66,6 +144,7 @@ pub fn piece(response: &InferResponse) -> Piece {
             _ => {}
         }
     }
+    p.tokens = token_logprobs(response);
     p
 }
 
@@ -97,6 +176,8 @@ pub struct Gathered {
     pub finish: Option<String>,
     /// Tokens it generated.
     pub generated: i64,
+    /// Its tokens with log-probabilities, when asked for.
+    pub tokens: Vec<TokenLogprob>,
 }
 
 /// What every chunk of one answer repeats.
@@ -109,6 +190,8 @@ pub struct Answer {
     pub model: String,
     /// Which endpoint.
     pub kind: Kind,
+    /// Whether choices carry `logprobs`.
+    pub log_probs: bool,
 }
 
 impl Answer {
@@ -144,7 +227,10 @@ impl Answer {
                             role: Role::Assistant,
                             content: g.text.clone(),
                         },
-                        logprobs: None,
+                        logprobs: self.log_probs.then(|| ChatLogprobs {
+                            content: g.tokens.clone(),
+                            refusal: None,
+                        }),
                         finish_reason: finish(g),
                     })
                     .collect();
@@ -157,7 +243,7 @@ impl Answer {
                     .map(|(i, g)| TextChoice {
                         index: i as u32,
                         text: g.text.clone(),
-                        logprobs: None,
+                        logprobs: self.log_probs.then(|| text_logprobs(&g.tokens, 0)),
                         finish_reason: finish(g),
                     })
                     .collect();
@@ -176,6 +262,20 @@ impl Answer {
         finish: Option<String>,
         include_usage: bool,
     ) -> Event {
+        self.chunk_with(index, text, finish, include_usage, &[], 0)
+    }
+
+    /// [`Answer::chunk`] with the tokens the text came from (`offset`: where the text starts
+    /// in the choice's, for completions' `text_offset`).
+    pub fn chunk_with(
+        &self,
+        index: usize,
+        text: Option<String>,
+        finish: Option<String>,
+        include_usage: bool,
+        tokens: &[TokenLogprob],
+        offset: usize,
+    ) -> Event {
         let usage = include_usage.then_some(None);
         let index = index as u32;
         match self.kind {
@@ -190,19 +290,25 @@ impl Answer {
                         content: text,
                     },
                 };
+                let logprobs = (self.log_probs && !tokens.is_empty()).then(|| ChatLogprobs {
+                    content: tokens.to_vec(),
+                    refusal: None,
+                });
                 let choice = ChunkChoice {
                     index,
                     delta,
-                    logprobs: None,
+                    logprobs,
                     finish_reason: finish,
                 };
                 event(&self.completion("chat.completion.chunk", vec![choice], usage))
             }
             Kind::Completion => {
+                let logprobs =
+                    (self.log_probs && !tokens.is_empty()).then(|| text_logprobs(tokens, offset));
                 let choice = TextChoice {
                     index,
                     text: text.unwrap_or_default(),
-                    logprobs: None,
+                    logprobs,
                     finish_reason: finish,
                 };
                 event(&self.completion("text_completion", vec![choice], usage))

@@ -265,6 +265,7 @@ async fn complete(
         created: now(),
         model: parsed.model,
         kind,
+        log_probs: parsed.log_probs.is_some(),
     };
     if parsed.stream {
         track.finish(Ok(()));
@@ -289,6 +290,7 @@ async fn complete(
                     g.text.push_str(&p.text);
                     g.finish = p.finish.or(g.finish.take());
                     g.generated = p.generated_tokens.unwrap_or(g.generated);
+                    g.tokens.extend(p.tokens);
                 }
             }
             Err(e) => {

@@ -63,6 +63,8 @@ pub struct Parsed {
     pub n: usize,
     /// Completions' `echo`: the prompt, to answer before the completion.
     pub echo: Option<String>,
+    /// Whether to answer log-probabilities (`logprobs`), and how many alternatives per token.
+    pub log_probs: Option<usize>,
 }
 
 /// The most choices one request may ask for (`n`): each is a sequence of the running batch.
@@ -303,17 +305,51 @@ pub fn parse(
             ))
         }
     }
-    // Accepted only when they ask for nothing.
-    let unsupported = [
-        ("logprobs", req.logprobs.is_some_and(Logprobs::wanted)),
-        ("top_logprobs", req.top_logprobs.is_some_and(|n| n != 0)),
-        (
-            "suffix",
-            req.suffix.as_deref().is_some_and(|s| !s.is_empty()),
-        ),
-    ];
-    if let Some((key, _)) = unsupported.iter().find(|(_, asked)| *asked) {
-        return Err(Invalid::field(key, format!("'{key}' is not supported")));
+    // Chat: `logprobs` true and `top_logprobs` 0-20; completions: `logprobs` 0-5, the
+    // alternatives per token (the chosen token's own always comes).
+    let log_probs = match (kind, req.logprobs) {
+        (_, None) | (Kind::Chat, Some(Logprobs::Flag(false))) => None,
+        (Kind::Chat, Some(Logprobs::Flag(true))) => {
+            Some(within("top_logprobs", req.top_logprobs, 0, 20)?.unwrap_or(0) as usize)
+        }
+        (Kind::Completion, Some(Logprobs::Count(k))) => {
+            Some(within("logprobs", Some(k), 0, 5)?.unwrap_or(0) as usize)
+        }
+        (Kind::Chat, Some(Logprobs::Count(_))) => {
+            return Err(Invalid::field(
+                "logprobs",
+                "'logprobs' must be true or false (top_logprobs says how many alternatives)".into(),
+            ))
+        }
+        (Kind::Completion, Some(Logprobs::Flag(_))) => {
+            return Err(Invalid::field(
+                "logprobs",
+                "'logprobs' must be a whole number between 0 and 5".into(),
+            ))
+        }
+    };
+    if kind == Kind::Chat && log_probs.is_none() && req.top_logprobs.is_some_and(|k| k != 0) {
+        return Err(Invalid::field(
+            "top_logprobs",
+            "'top_logprobs' needs 'logprobs': true".into(),
+        ));
+    }
+    if log_probs.is_some() && req.echo == Some(true) {
+        return Err(Invalid::field(
+            "echo",
+            "'echo' with 'logprobs' is not supported (the prompt's log-probabilities are not \
+             computed)"
+                .into(),
+        ));
+    }
+    if log_probs.is_some() && !config.input.iter().any(|i| i.name == "return_log_probs") {
+        return Err(Invalid::field(
+            "logprobs",
+            format!("model '{model}' does not report log-probabilities (input 'return_log_probs')"),
+        ));
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(Invalid::field("suffix", "'suffix' is not supported".into()));
     }
     let stream = req.stream.unwrap_or(false);
     let include_usage = req
@@ -416,6 +452,14 @@ pub fn parse(
         ));
     }
     inputs.push(scalar("stream", DataType::Bool, vec![u8::from(stream)]));
+    if let Some(k) = log_probs {
+        inputs.push(scalar("return_log_probs", DataType::Bool, vec![1]));
+        inputs.push(scalar(
+            "top_logprobs",
+            DataType::Int32,
+            (k as i32).to_le_bytes().to_vec(),
+        ));
+    }
     // Only the inputs the model takes (a model without penalties simply has none).
     inputs.retain(|t| config.input.iter().any(|i| i.name == t.name));
     if !inputs
@@ -445,6 +489,7 @@ pub fn parse(
         include_usage,
         n: n as usize,
         echo,
+        log_probs,
     })
 }
 
@@ -591,7 +636,7 @@ mod tests {
 
     #[test]
     fn options_that_ask_for_nothing_are_accepted() {
-        let body = json!({"model": "m", "prompt": "p", "logprobs": 0, "echo": false,
+        let body = json!({"model": "m", "prompt": "p", "echo": false,
                           "suffix": "", "n": 1, "best_of": null});
         assert!(parse(Kind::Completion, &body, |_| Ok(config())).is_ok());
         let (param, _) = refusal(

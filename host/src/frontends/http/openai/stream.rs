@@ -25,6 +25,8 @@ struct State {
     done: bool,
     prompt: i64,
     generated: Vec<i64>,
+    /// Bytes of text answered per choice (completions' `text_offset`).
+    offsets: Vec<usize>,
     answer: Answer,
     include_usage: bool,
 }
@@ -55,6 +57,7 @@ pub fn events(
         done: false,
         prompt: 0,
         generated: vec![0; n],
+        offsets: vec![0; n],
         answer,
         include_usage,
     };
@@ -74,8 +77,19 @@ pub fn events(
                     {
                         *g = count;
                     }
-                    if !p.text.is_empty() {
-                        let c = s.answer.chunk(index, Some(p.text), None, s.include_usage);
+                    if !p.text.is_empty() || !p.tokens.is_empty() {
+                        let offset = s.offsets.get(index).copied().unwrap_or(0);
+                        if let Some(o) = s.offsets.get_mut(index) {
+                            *o += p.text.len();
+                        }
+                        let c = s.answer.chunk_with(
+                            index,
+                            Some(p.text),
+                            None,
+                            s.include_usage,
+                            &p.tokens,
+                            offset,
+                        );
                         s.pending.push_back(c);
                     }
                     if let Some(finish) = p.finish {

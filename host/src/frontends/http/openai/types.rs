@@ -186,6 +186,52 @@ pub struct Completion<C> {
     pub usage: Option<Option<Usage>>,
 }
 
+/// One answered token with its log-probability and the likeliest tokens at its step (chat).
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenLogprob {
+    /// What it spells (invalid UTF-8 replaced; `bytes` has it exactly).
+    pub token: String,
+    /// Its natural-log probability.
+    pub logprob: f32,
+    /// What it spells, as bytes.
+    pub bytes: Vec<u8>,
+    /// The likeliest tokens at its step, most likely first.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One alternative at a step.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopLogprob {
+    /// What it spells.
+    pub token: String,
+    /// Its natural-log probability.
+    pub logprob: f32,
+    /// What it spells, as bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// A chat choice's `logprobs`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatLogprobs {
+    /// The answered tokens.
+    pub content: Vec<TokenLogprob>,
+    /// Always null.
+    pub refusal: Option<Value>,
+}
+
+/// A completions choice's `logprobs` (the legacy shape).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TextLogprobs {
+    /// The answered tokens.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities.
+    pub token_logprobs: Vec<f32>,
+    /// Per token, the likeliest tokens at its step.
+    pub top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
+    /// Where each token starts in the choice's text.
+    pub text_offset: Vec<usize>,
+}
+
 /// A completions choice (whole or streamed).
 #[derive(Debug, Serialize)]
 pub struct TextChoice {
@@ -193,8 +239,8 @@ pub struct TextChoice {
     pub index: u32,
     /// The text.
     pub text: String,
-    /// Not reported.
-    pub logprobs: Option<Value>,
+    /// When asked for.
+    pub logprobs: Option<TextLogprobs>,
     /// `stop` or `length` on the last piece.
     pub finish_reason: Option<String>,
 }
@@ -206,8 +252,8 @@ pub struct ChatChoice {
     pub index: u32,
     /// The assistant's message.
     pub message: AssistantMessage,
-    /// Not reported.
-    pub logprobs: Option<Value>,
+    /// When asked for.
+    pub logprobs: Option<ChatLogprobs>,
     /// `stop` or `length`.
     pub finish_reason: Option<String>,
 }
@@ -228,8 +274,8 @@ pub struct ChunkChoice {
     pub index: u32,
     /// What this chunk adds.
     pub delta: Delta,
-    /// Not reported.
-    pub logprobs: Option<Value>,
+    /// When asked for: this chunk's tokens.
+    pub logprobs: Option<ChatLogprobs>,
     /// Set on the last chunk of the choice.
     pub finish_reason: Option<String>,
 }
