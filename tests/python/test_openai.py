@@ -157,6 +157,28 @@ def test_logprobs_from_the_sampler(server):
     assert c.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2).choices[0].logprobs is None
 
 
+def test_logit_bias_bans_and_forces_tokens(server):
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(os.path.join(ROOT, "model_repository", "smollm2_decoder", "1",
+                                                 "tokenizer.json"))
+    paris = tokenizer.encode(" Paris", add_special_tokens=False).ids
+    bang = tokenizer.encode("!", add_special_tokens=False).ids
+    assert len(paris) == 1 and len(bang) == 1
+    c = client(server)
+    request = dict(model="smollm2", prompt="The capital of France is", max_tokens=3, temperature=0)
+    assert c.completions.create(**request).choices[0].text.startswith(" Paris")
+    banned = c.completions.create(logit_bias={str(paris[0]): -100}, **request).choices[0].text
+    assert not banned.startswith(" Paris")
+    forced = c.completions.create(logit_bias={str(bang[0]): 100}, **request).choices[0].text
+    assert forced == "!!!"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(logit_bias={"not-a-token": 1}, **request)
+    assert e.value.param == "logit_bias" and "'not-a-token' is not a token id" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(logit_bias={"10000000": 1}, **request)
+    assert "outside the vocabulary" in e.value.message
+
+
 def test_a_stop_string_ends_the_answer_before_it(server):
     r = client(server).chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
                                                stop=["Paris", "\n\n"])

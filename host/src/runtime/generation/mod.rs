@@ -116,6 +116,9 @@ const INPUTS: &[(&str, DataType, i64, bool)] = &[
     ("embedding_bias_weights", DataType::Fp32, -1, true),
     // OpenAI's top_logprobs: the likeliest alternatives to report per token (up to 20).
     ("top_logprobs", DataType::Int32, 1, true),
+    // OpenAI's logit_bias: token ids and the biases added to their logits.
+    ("logit_bias_ids", DataType::Int32, -1, true),
+    ("logit_bias_values", DataType::Fp32, -1, true),
 ];
 
 /// The tensors it answers: (name, type, dims).
@@ -564,6 +567,7 @@ impl ModelInstance for GenerationInstance {
             Vec::new()
         };
         let rules = TokenRules {
+            bias: parsed.bias,
             end_ids: parsed.end_ids.clone(),
             min_tokens: parsed.min_tokens,
             banned: match &self.settings.text {

@@ -32,6 +32,8 @@ pub struct Parsed {
     pub log_probs: bool,
     /// How many likeliest alternatives to answer per token (`top_logprobs`, 0 to 20).
     pub top_log_probs: usize,
+    /// Added to these tokens' logits (`logit_bias_ids` and `logit_bias_values`).
+    pub bias: Vec<(u32, f32)>,
     /// Whether a whole (not streamed) answer starts with the prompt's tokens
     /// (`exclude_input_in_output` false).
     pub include_prompt: bool,
@@ -158,6 +160,63 @@ fn refuse_unserved(request: &InferRequest) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// OpenAI's `logit_bias` as two inputs of equal length: token ids (INT32) and the biases to
+/// add to their logits (FP32, -100 to 100).
+fn logit_bias(request: &InferRequest, settings: &Settings) -> Result<Vec<(u32, f32)>> {
+    let model = request.model_name.as_str();
+    let find = |name: &str| request.inputs.iter().find(|t| t.name == name);
+    let (ids, values) = match (find("logit_bias_ids"), find("logit_bias_values")) {
+        (None, None) => return Ok(Vec::new()),
+        (Some(ids), Some(values)) => (ids, values),
+        _ => {
+            return Err(invalid(
+                model,
+                "'logit_bias_ids' and 'logit_bias_values' come together".into(),
+            ))
+        }
+    };
+    if ids.datatype != DataType::Int32 || values.datatype != DataType::Fp32 {
+        return Err(invalid(
+            model,
+            "'logit_bias_ids' must be INT32 and 'logit_bias_values' FP32".into(),
+        ));
+    }
+    let ids: Vec<i32> = ids
+        .data
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let values: Vec<f32> = values
+        .data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if ids.len() != values.len() {
+        return Err(invalid(
+            model,
+            format!(
+                "'logit_bias_ids' has {} tokens and 'logit_bias_values' {} biases",
+                ids.len(),
+                values.len()
+            ),
+        ));
+    }
+    let vocab = settings.vocab.unwrap_or(usize::MAX);
+    ids.into_iter()
+        .zip(values)
+        .map(|(id, bias)| {
+            if id < 0 || id as usize >= vocab {
+                return Err(invalid(
+                    model,
+                    format!("'logit_bias' names token {id}, outside the vocabulary [0, {vocab})"),
+                ));
+            }
+            within(model, "logit_bias", f64::from(bias), -100.0, 100.0)?;
+            Ok((id as u32, bias))
+        })
+        .collect()
 }
 
 /// Checks `value` of `name` against [lo, hi].
@@ -315,6 +374,7 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
     get("pad_id", 0.0, f64::from(i32::MAX))?;
     let min_tokens = get("min_length", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize;
     let top_log_probs = get("top_logprobs", 0.0, 20.0)?.unwrap_or(0.0) as usize;
+    let bias = logit_bias(request, settings)?;
     let log_probs =
         scalar(request, "return_log_probs")?.is_some_and(|v| v != 0.0) || top_log_probs > 0;
     let stream = scalar(request, "stream")?.is_none_or(|v| v != 0.0);
@@ -331,6 +391,7 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
         min_tokens,
         log_probs,
         top_log_probs,
+        bias,
         include_prompt,
     })
 }

@@ -1,6 +1,7 @@
-//! Rules on which token may come next, applied to the logits before sampling: words that must
-//! not be generated (TensorRT-LLM's `bad_words`) and a least number of tokens before an end
-//! token may end the sequence (`min_length`).
+//! Rules on which token may come next, applied to the logits before sampling: biases added to
+//! chosen tokens (OpenAI's `logit_bias`), words that must not be generated (TensorRT-LLM's
+//! `bad_words`) and a least number of tokens before an end token may end the sequence
+//! (`min_length`).
 
 use std::sync::Arc;
 
@@ -15,11 +16,18 @@ pub struct TokenRules {
     pub min_tokens: usize,
     /// Words not to generate.
     pub banned: Option<BannedWords>,
+    /// Added to the logits of these tokens (-100 bans a token, 100 all but forces it).
+    pub bias: Vec<(u32, f32)>,
 }
 
 impl TokenRules {
     /// Masks (sets to -inf) the logits of tokens the rules forbid after `generated`.
     pub fn apply(&self, logits: &mut [f32], generated: &[i64]) {
+        for &(token, bias) in &self.bias {
+            if let Some(l) = logits.get_mut(token as usize) {
+                *l += bias;
+            }
+        }
         if generated.len() < self.min_tokens {
             for &t in &self.end_ids {
                 mask(logits, t);
@@ -148,6 +156,17 @@ mod tests {
     }
 
     #[test]
+    fn biases_move_the_chosen_tokens() {
+        let rules = TokenRules {
+            bias: vec![(2, 5.0), (3, -100.0), (99, 1.0)],
+            ..Default::default()
+        };
+        let mut logits = vec![0.0; 7];
+        rules.apply(&mut logits, &[]);
+        assert_eq!(logits, [0.0, 0.0, 5.0, -100.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
     fn empty_words_ban_nothing() {
         assert!(BannedWords::new(vec![String::new()], vocab()).is_none());
     }
@@ -157,7 +176,7 @@ mod tests {
         let rules = TokenRules {
             end_ids: vec![6],
             min_tokens: 2,
-            banned: None,
+            ..Default::default()
         };
         assert!(!allowed(&rules, &[1]).contains(&6));
         assert!(allowed(&rules, &[1, 1]).contains(&6));

@@ -103,6 +103,7 @@ const COMMON: &[&str] = &[
     "frequency_penalty",
     "presence_penalty",
     "user",
+    "logit_bias",
     "logprobs",
     // vLLM's extensions, which OpenAI clients send through `extra_body`.
     "top_k",
@@ -437,6 +438,39 @@ pub fn parse(
             DataType::Fp32,
             (v as f32).to_le_bytes().to_vec(),
         ));
+    }
+    if let Some(bias) = req.logit_bias.filter(|b| !b.is_empty()) {
+        if !config.input.iter().any(|i| i.name == "logit_bias_ids") {
+            return Err(Invalid::field(
+                "logit_bias",
+                format!("model '{model}' does not take 'logit_bias' (input 'logit_bias_ids')"),
+            ));
+        }
+        let mut ids = Vec::new();
+        let mut values = Vec::new();
+        for (token, value) in bias {
+            let id: i32 = token.parse().map_err(|_| {
+                Invalid::field(
+                    "logit_bias",
+                    format!("'logit_bias' key '{token}' is not a token id"),
+                )
+            })?;
+            within("logit_bias", Some(value), -100.0, 100.0)?;
+            ids.extend_from_slice(&id.to_le_bytes());
+            values.extend_from_slice(&(value as f32).to_le_bytes());
+        }
+        let n = ids.len() as i64 / 4;
+        for (name, datatype, data) in [
+            ("logit_bias_ids", DataType::Int32, ids),
+            ("logit_bias_values", DataType::Fp32, values),
+        ] {
+            inputs.push(Tensor {
+                name: name.to_owned(),
+                datatype,
+                shape: vec![1, n],
+                data: Bytes::from(data),
+            });
+        }
     }
     let stop = stop_strings(req.stop)?;
     if !stop.is_empty() {

@@ -42,6 +42,8 @@ pub struct CompletionRequest {
     pub presence_penalty: Option<f64>,
     /// The end user, for the caller's own records.
     pub user: Option<String>,
+    /// Biases (-100 to 100) added to tokens' logits, by token id.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// Log-probabilities: a flag in chat, a count in completions.
     pub logprobs: Option<Logprobs>,
     /// Chat: how many alternatives per token to report.
