@@ -32,7 +32,7 @@ use ort::{session::Session, value::ValueType};
 
 use self::{
     engine::{DecoderSpec, Engine, EngineLimits, Finish, Submission},
-    request::{parse, timeout_of},
+    request::{parse, timeout_of, Settings},
     stats::GenerationStats,
     stop::{StopStrings, TokenBytes},
     token_rules::{BannedWords, TokenRules},
@@ -54,17 +54,6 @@ pub const CONTEXT_TOKENS: usize = 8;
 
 const DEFAULT_MAX_SEQUENCE_LENGTH: usize = 2048;
 const DEFAULT_MAX_TOKENS: usize = 128;
-
-/// The model's settings from config.pbtxt parameters and `generation_config.json`.
-#[derive(Debug, Clone)]
-struct Settings {
-    max_sequence_length: usize,
-    default_max_tokens: usize,
-    end_ids: Vec<i64>,
-    vocab: Option<usize>,
-    /// Token texts for stop strings, when the model has a `tokenizer.json`.
-    text: Option<Arc<TokenBytes>>,
-}
 
 /// Reads `generation_config.json` (Hugging Face's), if there is one.
 fn generation_config(dir: &Path) -> serde_json::Value {

@@ -1,14 +1,30 @@
 //! A generation request's inputs (or request parameters of the same names), checked against
 //! the model's limits: each error names the field and the limit.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use super::{sampling::SamplingParams, Settings};
+use super::{sampling::SamplingParams, stop::TokenBytes};
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, ParamValue},
     tensor::{bytes_elements, DataType},
 };
+
+/// The model's settings from config.pbtxt parameters and `generation_config.json`: what a
+/// request is checked against.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The context: prompt and generated tokens together.
+    pub max_sequence_length: usize,
+    /// `max_tokens` when a request does not say.
+    pub default_max_tokens: usize,
+    /// Tokens that end a sequence.
+    pub end_ids: Vec<i64>,
+    /// The vocabulary's size, when known.
+    pub vocab: Option<usize>,
+    /// Token texts for stop strings, when the model has a `tokenizer.json`.
+    pub text: Option<Arc<TokenBytes>>,
+}
 
 /// A request's generation parameters, checked.
 pub struct Parsed {

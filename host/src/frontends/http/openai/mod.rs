@@ -9,6 +9,7 @@
 
 mod choices;
 pub mod embeddings;
+mod errors;
 pub mod request;
 mod stream;
 pub mod types;
@@ -21,20 +22,22 @@ use std::{
 use axum::{
     body::Body,
     extract::State,
-    http::{HeaderMap, StatusCode},
+    http::HeaderMap,
     response::{sse::Sse, IntoResponse, Response},
     Extension, Json,
 };
 use serde_json::Value;
 
+pub use self::errors::{error_response, render_error};
 use self::{
     choices::{piece, Answer, Gathered},
-    request::{Invalid, Kind},
-    types::{ErrorBody, ErrorDetail, ModelCard, ModelList, Usage},
+    errors::invalid_response,
+    request::Kind,
+    types::{ModelCard, ModelList, Usage},
 };
-use super::{body::read_body, error::status_for, state::HttpState};
+use super::{body::read_body, state::HttpState};
 use crate::{
-    error::{Code, Error},
+    error::Error,
     tenancy::{Caller, ModelAction},
 };
 
@@ -46,62 +49,6 @@ pub(crate) fn routes() -> axum::Router<HttpState> {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/embeddings", post(embeddings))
-}
-
-/// An error in OpenAI's shape, with no field named (the authentication layer's refusals).
-pub fn render_error(error: &Error) -> Response {
-    error_response(error, None)
-}
-
-/// An error as OpenAI's API answers it.
-pub fn error_response(error: &Error, param: Option<&str>) -> Response {
-    let (kind, code) = match error.code {
-        Code::NotFound => ("invalid_request_error", Some("model_not_found")),
-        Code::Unauthenticated => ("invalid_request_error", Some("invalid_api_key")),
-        Code::PermissionDenied => ("permission_error", None),
-        Code::ResourceExhausted => ("rate_limit_error", Some("rate_limit_exceeded")),
-        Code::Internal | Code::Unavailable => ("server_error", None),
-        _ => ("invalid_request_error", None),
-    };
-    (
-        status_for(error.code),
-        Json(error_body(error, kind, param, code)),
-    )
-        .into_response()
-}
-
-fn error_body<'a>(
-    error: &'a Error,
-    kind: &'static str,
-    param: Option<&'a str>,
-    code: Option<&'static str>,
-) -> ErrorBody<'a> {
-    ErrorBody {
-        error: ErrorDetail {
-            message: &error.message,
-            kind,
-            param,
-            code,
-        },
-    }
-}
-
-/// The request field a generation model's message is about, when it names one.
-fn param_of(message: &str) -> Option<&'static str> {
-    if message.contains("'max_tokens'") {
-        Some("max_tokens")
-    } else if message.contains("the prompt") || message.contains("'text_input'") {
-        Some("prompt")
-    } else if message.contains("'messages'") {
-        Some("messages")
-    } else {
-        None
-    }
-}
-
-fn invalid_response(e: Invalid) -> Response {
-    let param = e.param.as_deref().or_else(|| param_of(&e.error.message));
-    error_response(&e.error, param)
 }
 
 fn now() -> u64 {
@@ -308,12 +255,4 @@ async fn complete(
     }
     let generated = gathered.iter().map(|g| g.generated).sum();
     answer.whole(gathered, Usage::new(prompt, generated))
-}
-
-fn error_type(status: StatusCode) -> &'static str {
-    if status.is_server_error() {
-        "server_error"
-    } else {
-        "invalid_request_error"
-    }
 }

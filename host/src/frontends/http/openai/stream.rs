@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::{
     choices::{event, piece, Answer},
-    error_body, error_type, param_of,
+    errors::{error_body, error_type, param_of},
     request::Kind,
     types::Usage,
 };

@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A `/v1/completions` or `/v1/chat/completions` body. One type serves both endpoints: which
-/// fields an endpoint takes is checked by name before the body is read into this
-/// ([`super::request::allowed`]), so a field of the other endpoint never gets here.
+/// fields an endpoint takes is checked by name before the body is read into this, so a field
+/// of the other endpoint never gets here.
 #[derive(Debug, Default, Deserialize)]
 pub struct CompletionRequest {
     /// The model to run.

@@ -1,0 +1,81 @@
+//! Errors as OpenAI's API answers them: `{"error": {"message", "type", "param", "code"}}` with
+//! the status of the error's code, the field at fault named when it is known.
+
+use axum::{
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    Json,
+};
+
+use super::{
+    request::Invalid,
+    types::{ErrorBody, ErrorDetail},
+};
+use crate::{
+    error::{Code, Error},
+    frontends::http::error::status_for,
+};
+
+/// An error in OpenAI's shape, with no field named (the authentication layer's refusals).
+pub fn render_error(error: &Error) -> Response {
+    error_response(error, None)
+}
+
+/// An error as OpenAI's API answers it.
+pub fn error_response(error: &Error, param: Option<&str>) -> Response {
+    let (kind, code) = match error.code {
+        Code::NotFound => ("invalid_request_error", Some("model_not_found")),
+        Code::Unauthenticated => ("invalid_request_error", Some("invalid_api_key")),
+        Code::PermissionDenied => ("permission_error", None),
+        Code::ResourceExhausted => ("rate_limit_error", Some("rate_limit_exceeded")),
+        Code::Internal | Code::Unavailable => ("server_error", None),
+        _ => ("invalid_request_error", None),
+    };
+    (
+        status_for(error.code),
+        Json(error_body(error, kind, param, code)),
+    )
+        .into_response()
+}
+
+pub(super) fn error_body<'a>(
+    error: &'a Error,
+    kind: &'static str,
+    param: Option<&'a str>,
+    code: Option<&'static str>,
+) -> ErrorBody<'a> {
+    ErrorBody {
+        error: ErrorDetail {
+            message: &error.message,
+            kind,
+            param,
+            code,
+        },
+    }
+}
+
+/// The request field a generation model's message is about, when it names one.
+pub(super) fn param_of(message: &str) -> Option<&'static str> {
+    if message.contains("'max_tokens'") {
+        Some("max_tokens")
+    } else if message.contains("the prompt") || message.contains("'text_input'") {
+        Some("prompt")
+    } else if message.contains("'messages'") {
+        Some("messages")
+    } else {
+        None
+    }
+}
+
+pub(super) fn invalid_response(e: Invalid) -> Response {
+    let param = e.param.as_deref().or_else(|| param_of(&e.error.message));
+    error_response(&e.error, param)
+}
+
+pub(super) fn error_type(status: StatusCode) -> &'static str {
+    if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    }
+}
