@@ -105,6 +105,34 @@ fn scalar(request: &InferRequest, name: &str) -> Result<Option<f64>> {
     })
 }
 
+/// The most stop or banned strings one request may give, and their longest: each is checked
+/// at every step (and banned words against the whole vocabulary once), so both are bounded.
+const MAX_WORDS: usize = 32;
+const MAX_WORD_BYTES: usize = 256;
+
+/// `words` when within [`MAX_WORDS`] and [`MAX_WORD_BYTES`], else an error naming the field.
+fn bounded(model: &str, name: &str, words: Vec<String>) -> Result<Vec<String>> {
+    if words.len() > MAX_WORDS {
+        return Err(invalid(
+            model,
+            format!(
+                "'{name}' holds {} strings; at most {MAX_WORDS}",
+                words.len()
+            ),
+        ));
+    }
+    if let Some(long) = words.iter().find(|w| w.len() > MAX_WORD_BYTES) {
+        return Err(invalid(
+            model,
+            format!(
+                "'{name}' holds a string of {} bytes; at most {MAX_WORD_BYTES}",
+                long.len()
+            ),
+        ));
+    }
+    Ok(words)
+}
+
 /// The first of `names` the request sets (TensorRT-LLM has several names for some fields).
 fn scalar_of(request: &InferRequest, names: &[&str]) -> Result<Option<f64>> {
     for name in names {
@@ -372,13 +400,14 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
     let mut stop = strings(request, "stop")?;
     stop.extend(strings(request, "stop_words")?);
     stop.retain(|s| !s.is_empty());
+    let stop = bounded(model, "stop", stop)?;
     if !stop.is_empty() && settings.text.is_none() {
         return Err(invalid(
             model,
             "'stop' needs the model's tokenizer.json beside model.onnx to read the text".into(),
         ));
     }
-    let bad_words = strings(request, "bad_words")?;
+    let bad_words = bounded(model, "bad_words", strings(request, "bad_words")?)?;
     if !bad_words.is_empty() && settings.text.is_none() {
         return Err(invalid(
             model,

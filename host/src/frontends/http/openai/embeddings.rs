@@ -1,7 +1,7 @@
 //! `POST /v1/embeddings` over an embedding pipeline of the repository: a batching model with
 //! one text input (BYTES, dims `[1]`) and a float vector output (FP32, dims `[n]`), like the
-//! `embed_text` ensemble. Texts are sent in batches of the model's `max_batch_size`, side by
-//! side; vectors come back as floats or as base64 of little-endian float32 (OpenAI's
+//! `embed_text` ensemble. Texts (up to 2,048) are sent in batches of the model's
+//! `max_batch_size`, a few at a time; vectors come back as floats or as base64 of little-endian float32 (OpenAI's
 //! `encoding_format`). `dimensions` is the model's own size, or a shorter one the model lists
 //! in its `matryoshka_dimensions` parameter (the vector is cut and normalised again).
 
@@ -21,6 +21,13 @@ use crate::{
     proto::inference::ModelConfig,
     tensor::{push_bytes_element, DataType, Tensor},
 };
+
+/// The most texts one request may embed, as OpenAI's API allows.
+pub const MAX_INPUTS: usize = 2048;
+
+/// Batches of one request run at once; the rest wait their turn, so that a long list neither
+/// fills the model's queue nor takes every instance from other callers.
+pub const BATCHES_AT_ONCE: usize = 4;
 
 /// Fields `/v1/embeddings` takes; any other is refused by name.
 const FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
@@ -151,6 +158,12 @@ pub fn parse(
     };
     if texts.is_empty() {
         return Err(field("input", "'input' is empty".into()));
+    }
+    if texts.len() > MAX_INPUTS {
+        return Err(field(
+            "input",
+            format!("'input' holds {} texts; at most {MAX_INPUTS}", texts.len()),
+        ));
     }
     if let Some(i) = texts.iter().position(String::is_empty) {
         return Err(field(

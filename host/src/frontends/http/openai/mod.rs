@@ -26,6 +26,7 @@ use axum::{
     response::{sse::Sse, IntoResponse, Response},
     Extension, Json,
 };
+use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
 pub use self::errors::{error_response, render_error};
@@ -114,7 +115,7 @@ pub async fn chat_completions(
 }
 
 /// `POST /v1/embeddings`: the texts' vectors from an embedding model, in batches of its
-/// `max_batch_size` run side by side.
+/// `max_batch_size`, a few at a time.
 pub async fn embeddings(
     State(st): State<HttpState>,
     Extension(caller): Extension<Caller>,
@@ -151,8 +152,10 @@ pub async fn embeddings(
         crate::frontends::on_behalf_of(&caller, &mut request);
         st.server.infer(request)
     });
-    let responses: Result<Vec<_>, Error> =
-        futures::future::join_all(runs).await.into_iter().collect();
+    let responses: Result<Vec<_>, Error> = futures::stream::iter(runs)
+        .buffered(embeddings::BATCHES_AT_ONCE)
+        .try_collect()
+        .await;
     let answer = responses.and_then(|r| embeddings::answer(&parsed, r));
     track.finish(answer.as_ref().map(|_| ()).map_err(|e| e.code));
     match answer {

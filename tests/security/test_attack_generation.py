@@ -1,0 +1,90 @@
+"""Abusing the generation and OpenAI surfaces: requests whose fields would make the server do
+unbounded work (thousands of banned or stop words, huge `n`, `top_logprobs` or token lists,
+out-of-vocabulary biases, tens of thousands of texts to embed) are refused with a 400 naming
+the field, and the server answers a real request right after."""
+import os
+import sys
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from attack import ROOT, Server, raw
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+from test_generation import link_model  # noqa: E402
+
+MODELS = ("smollm2", "ensemble", "smollm2_decoder", "llm_preprocessing", "llm_postprocessing",
+          "trtllm_postprocessing", "embed_text", "bert_tokenizer", "minilm", "mean_pool")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("attack-generation")
+    for name in MODELS:
+        link_model(str(repo), os.path.join(ROOT, "model_repository", name))
+    s = Server(str(repo))
+    yield s
+    s.stop()
+
+
+def still_generates(server):
+    status, answer = raw(server.http, "POST", "/v1/completions",
+                         {"model": "smollm2", "prompt": "The capital of France is",
+                          "max_tokens": 2, "temperature": 0})
+    assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
+
+
+def grpc_error(server, inputs):
+    client = grpcclient.InferenceServerClient(server.grpc)
+    tensors = []
+    for name, value in inputs.items():
+        t = grpcclient.InferInput(name, list(value.shape),
+                                  "BYTES" if value.dtype == object else "INT32")
+        t.set_data_from_numpy(value)
+        tensors.append(t)
+    stream_errors = []
+    client.start_stream(callback=lambda result, error: error and stream_errors.append(error))
+    client.async_stream_infer("ensemble", tensors)
+    client.stop_stream()
+    client.close()
+    assert len(stream_errors) == 1, stream_errors
+    return stream_errors[0].message()
+
+
+def test_word_lists_are_bounded(server):
+    prompt = np.array([["The capital of France is"]], dtype=object)
+    many = np.array([[f"w{i}".encode() for i in range(5000)]], dtype=object)
+    message = grpc_error(server, {"text_input": prompt, "bad_words": many})
+    assert "'bad_words' holds 5000 strings; at most 32" in message
+    long = np.array([[b"x" * 100_000]], dtype=object)
+    message = grpc_error(server, {"text_input": prompt, "stop_words": long})
+    assert "'stop' holds a string of 100000 bytes; at most 256" in message
+    still_generates(server)
+
+
+@pytest.mark.parametrize("body,param,message", [
+    ({"n": 100000}, "n", "'n' is 100000"),
+    ({"logprobs": True, "top_logprobs": 10**9}, "top_logprobs", "'top_logprobs' is 1000000000"),
+    ({"logit_bias": {str(10**6 + i): 1 for i in range(20000)}}, None, "outside the vocabulary"),
+    ({"stop": ["s"] * 500}, "stop", "up to 4 strings"),
+])
+def test_openai_fields_are_bounded(server, body, param, message):
+    request = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+               "max_tokens": 2} | body
+    status, answer = raw(server.http, "POST", "/v1/chat/completions", request)
+    assert status == 400, answer
+    assert message in answer["error"]["message"] and answer["error"]["param"] == param, answer
+    still_generates(server)
+
+
+def test_embedding_lists_are_bounded(server):
+    status, answer = raw(server.http, "POST", "/v1/embeddings",
+                         {"model": "embed_text", "input": ["x"] * 50_000})
+    assert status == 400 and answer["error"]["param"] == "input", answer
+    assert "'input' holds 50000 texts; at most 2048" in answer["error"]["message"]
+    # The most allowed is served, batch after batch.
+    status, answer = raw(server.http, "POST", "/v1/embeddings",
+                         {"model": "embed_text", "input": ["a short text"] * 2048}, timeout=600)
+    assert status == 200 and len(answer["data"]) == 2048, str(answer)[:500]
+    still_generates(server)
