@@ -52,6 +52,18 @@ pub(crate) fn routes() -> axum::Router<HttpState> {
         .route("/v1/embeddings", post(embeddings))
 }
 
+/// The request body (its size counts against the caller's quota) and its JSON.
+async fn read_json(
+    st: &HttpState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(bytes::Bytes, Value), Error> {
+    let body = read_body(st, headers, body).await?;
+    let json = serde_json::from_slice(&body)
+        .map_err(|e| Error::invalid(format!("the request body is not valid JSON: {e}")))?;
+    Ok((body, json))
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -122,18 +134,9 @@ pub async fn embeddings(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match read_body(&st, &headers, body).await {
-        Ok(b) => b,
+    let (body, json) = match read_json(&st, &headers, body).await {
+        Ok(read) => read,
         Err(e) => return error_response(&e, None),
-    };
-    let json: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return error_response(
-                &Error::invalid(format!("the request body is not valid JSON: {e}")),
-                None,
-            )
-        }
     };
     let lookup = |model: &str| {
         caller.require(ModelAction::Infer, model)?;
@@ -171,18 +174,9 @@ async fn complete(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match read_body(&st, &headers, body).await {
-        Ok(b) => b,
+    let (body, json) = match read_json(&st, &headers, body).await {
+        Ok(read) => read,
         Err(e) => return error_response(&e, None),
-    };
-    let json: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return error_response(
-                &Error::invalid(format!("the request body is not valid JSON: {e}")),
-                None,
-            )
-        }
     };
     let lookup = |model: &str| {
         caller.require(ModelAction::Infer, model)?;
