@@ -122,6 +122,12 @@ def test_default_names_batching_and_instances_as_pytriton_documents(ours):
     # ModelConfig(max_batch_size=8) batches by default, with a dynamic batcher.
     assert config["max_batch_size"] == 8 and "dynamic_batching" in config
     assert config["instance_group"][0]["count"] == 2
+    from wasmtron.pytriton.client import ModelClient
+    with ModelClient(f"grpc://127.0.0.1:{ours.grpc}", "Scaled") as client:
+        spec = client.model_config
+        assert [(t.name, t.shape, t.dtype) for t in spec.inputs] == \
+            [("data", (-1,), np.float32), ("scale", (1,), np.float32)]
+        assert spec.max_batch_size == 16 and not spec.decoupled
 
 
 def test_the_async_and_futures_clients(ours):

@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 import urllib.parse
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -39,15 +39,33 @@ def _parse_url(url: str) -> Tuple[str, str]:
     return parts.scheme, f"{parts.hostname or 'localhost'}:{port}"
 
 
+class TensorSpec(NamedTuple):
+    """An input or output as the model's configuration declares it (PyTriton's ``TensorSpec``)."""
+    name: str
+    shape: Tuple[int, ...]
+    dtype: object
+    optional: bool = False
+
+
+def _spec_of(entry: Dict[str, object]) -> TensorSpec:
+    from tritonclient.utils import triton_to_np_dtype
+    datatype = str(entry.get("data_type", "")).removeprefix("TYPE_")
+    datatype = "BYTES" if datatype == "STRING" else datatype
+    dtype = triton_to_np_dtype(datatype)
+    return TensorSpec(str(entry["name"]), tuple(int(d) for d in entry.get("dims", [])),
+                      np.bytes_ if dtype == np.object_ else dtype, bool(entry.get("optional", False)))
+
+
 class _Spec:
-    """What the client reads of the model's configuration."""
+    """What the client reads of the model's configuration (PyTriton's ``TritonModelConfig``:
+    ``model_name``, ``max_batch_size``, ``batching``, ``decoupled``, ``inputs``, ``outputs``)."""
 
     def __init__(self, config: Dict[str, object]):
         self.model_name = config.get("name", "")
         self.max_batch_size = int(config.get("max_batch_size", 0) or 0)
         self.batching = self.max_batch_size > 0
-        self.inputs = [i["name"] for i in config.get("input", [])]
-        self.outputs = [o["name"] for o in config.get("output", [])]
+        self.inputs = [_spec_of(i) for i in config.get("input", [])]
+        self.outputs = [_spec_of(o) for o in config.get("output", [])]
         policy = config.get("model_transaction_policy") or {}
         self.decoupled = bool(policy.get("decoupled", False))
 
@@ -154,7 +172,7 @@ class ModelClient:
         if inputs and named_inputs:
             raise PyTritonClientValueError("Use either positional or named inputs, not both")
         if inputs:
-            names = self._init().inputs
+            names = [t.name for t in self._init().inputs]
             if len(inputs) > len(names):
                 raise PyTritonClientValueError(
                     f"model '{self._model_name}' takes {len(names)} inputs, got {len(inputs)}")
@@ -173,7 +191,7 @@ class ModelClient:
             t = self._lib.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
             t.set_data_from_numpy(value)
             wrapped.append(t)
-        outputs = [self._lib.InferRequestedOutput(n) for n in self._init().outputs]
+        outputs = [self._lib.InferRequestedOutput(t.name) for t in self._init().outputs]
         return wrapped, outputs
 
     def _infer(self, arrays: Dict[str, np.ndarray], parameters, headers) -> Dict[str, np.ndarray]:
@@ -195,8 +213,8 @@ class ModelClient:
                 raise PyTritonClientTimeoutError(message) from e
             raise PyTritonClientInferenceServerError(
                 f"Error occurred during inference request. Message: {message}") from e
-        return {name: result.as_numpy(name) for name in spec.outputs
-                if result.as_numpy(name) is not None}
+        return {t.name: result.as_numpy(t.name) for t in spec.outputs
+                if result.as_numpy(t.name) is not None}
 
     def infer_sample(self, *inputs, parameters=None, headers=None, **named_inputs) -> Dict[str, np.ndarray]:
         """One sample (no batch dimension); returns its outputs by name."""
@@ -243,8 +261,8 @@ class DecoupledModelClient(ModelClient):
                 response = result.get_response()
                 final = response.parameters.get("triton_final_response")
                 if response.outputs:
-                    yield {n: result.as_numpy(n) for n in spec.outputs
-                           if result.as_numpy(n) is not None}
+                    yield {t.name: result.as_numpy(t.name) for t in spec.outputs
+                           if result.as_numpy(t.name) is not None}
                 if final is not None and final.bool_param:
                     return
         except queue.Empty:
