@@ -246,3 +246,26 @@ def test_the_real_pytriton_gives_the_same_answers():
                           f"127.0.0.1:{real.http}") == expected()
     finally:
         real.stop()
+
+
+def test_the_decoupled_client_streams_a_generation_model(tmp_path):
+    """DecoupledModelClient over the gRPC stream against a decoupled model (the smollm2
+    ensemble): one answer per generated token, in order, as PyTriton's client yields them."""
+    from conftest import ROOT, Server
+    from test_generation import link_model
+    from wasmtron.pytriton.client import DecoupledModelClient
+
+    for name in ("smollm2", "smollm2_decoder", "llm_preprocessing", "llm_postprocessing"):
+        link_model(str(tmp_path), os.path.join(ROOT, "model_repository", name))
+    server = Server(str(tmp_path))
+    try:
+        with DecoupledModelClient(f"grpc://{server.grpc}", "smollm2") as client:
+            parts = list(client.infer_sample(text_input=np.array([b"The capital of France is"]),
+                                             max_tokens=np.array([4], np.int32),
+                                             temperature=np.array([0.0], np.float32)))
+        assert len(parts) == 4
+        text = b"".join(p["text_output"][0] for p in parts).decode()
+        assert text.startswith(" Paris")
+        assert [int(p["generated_tokens"][0]) for p in parts] == [1, 2, 3, 4]
+    finally:
+        server.stop()
