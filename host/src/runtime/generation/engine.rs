@@ -22,6 +22,7 @@ use ort::{
 };
 
 use super::{
+    guided::Guide,
     kv_cache::{self, RowSource, Source},
     sampling::{Sampler, SamplingParams},
     stats::GenerationStats,
@@ -106,6 +107,8 @@ pub struct Submission {
     pub stop: Option<StopStrings>,
     /// Which tokens may come (banned words, a least length).
     pub rules: TokenRules,
+    /// The grammar the text must follow, its first mask ready.
+    pub guide: Option<Guide>,
     /// Whether each step carries its tokens' log-probabilities.
     pub log_probs: bool,
     /// How many likeliest alternatives each step reports per token (0: none).
@@ -140,6 +143,19 @@ struct Row {
     /// Log-probabilities (and alternatives) of the tokens sampled and not yet answered (held
     /// for a stop string).
     pending_log_probs: VecDeque<(f32, Vec<(u32, f32)>)>,
+}
+
+/// Samples a row's next token from its logits (masked by its guide, if it has one) and moves
+/// the guide past it.
+fn sample(row: &mut Row, logits: &mut [f32]) -> Result<u32> {
+    if let Some(guide) = &mut row.sub.guide {
+        guide.apply(logits)?;
+    }
+    let token = row.sampler.sample(logits, &row.sub.prompt, &row.generated);
+    if let Some(guide) = &mut row.sub.guide {
+        guide.advance(token)?;
+    }
+    Ok(token)
 }
 
 /// The sending side of the engine, shared by the model's instances.
@@ -391,9 +407,13 @@ impl Worker {
                 last_token_at: Instant::now(),
                 sub,
             };
-            let token = row
-                .sampler
-                .sample(&mut row_logits, &row.sub.prompt, &row.generated);
+            let token = match sample(&mut row, &mut row_logits) {
+                Ok(token) => token,
+                Err(e) => {
+                    let _ = row.sub.steps.send(Err(e));
+                    continue;
+                }
+            };
             self.stats
                 .time_to_first_token
                 .observe(row.sub.arrived.elapsed());
@@ -501,7 +521,28 @@ impl Worker {
         let lens: Vec<usize> = self.rows.iter().map(|r| r.len + 1).collect();
         let mask = kv_cache::mask(&lens, self.columns + 1);
         let cache = std::mem::take(&mut self.cache);
-        let (logits, presents) = self.run_decoder([b, 1], ids, positions, mask, &cache)?;
+        let mut rows = std::mem::take(&mut self.rows);
+        let mut guides: Vec<&mut Guide> = rows
+            .iter_mut()
+            .filter_map(|r| r.sub.guide.as_mut())
+            .collect();
+        let result = if guides.is_empty() {
+            self.run_decoder([b, 1], ids, positions, mask, &cache)
+        } else {
+            // The guides' next masks are computed while the decoder runs the step.
+            std::thread::scope(|scope| {
+                let helper = std::thread::Builder::new()
+                    .name("guided-masks".into())
+                    .spawn_scoped(scope, || guides.iter_mut().for_each(|g| g.prepare()));
+                let result = self.run_decoder([b, 1], ids, positions, mask, &cache);
+                if let Ok(helper) = helper {
+                    let _ = helper.join();
+                }
+                result
+            })
+        };
+        self.rows = rows;
+        let (logits, presents) = result?;
         drop(cache);
         self.cache = presents;
         self.columns += 1;
@@ -513,9 +554,14 @@ impl Worker {
             row.len += 1;
             row.generated.push(row.next);
             let mut row_logits = values[r * vocab..(r + 1) * vocab].to_vec();
-            let token = row
-                .sampler
-                .sample(&mut row_logits, &row.sub.prompt, &row.generated);
+            let token = match sample(row, &mut row_logits) {
+                Ok(token) => token,
+                Err(e) => {
+                    let _ = row.sub.steps.send(Err(e));
+                    keep[r] = false;
+                    continue;
+                }
+            };
             self.stats
                 .inter_token_latency
                 .observe(row.last_token_at.elapsed());
@@ -533,7 +579,8 @@ impl Worker {
     fn emit(&self, row: &mut Row, token: u32) -> bool {
         let generated = row.generated.len() + 1;
         let token_id = i64::from(token);
-        let (tokens, finish) = if row.sub.end_ids.contains(&token_id) {
+        let guide_ends = row.sub.guide.as_ref().is_some_and(|g| g.ends_on(token));
+        let (tokens, finish) = if row.sub.end_ids.contains(&token_id) || guide_ends {
             // Tokens held back for a stop string that never came are answered.
             let held = row
                 .sub

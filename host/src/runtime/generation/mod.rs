@@ -11,6 +11,7 @@
 //! is `kv_cache_max_tokens` (default `max_batch_size x max_sequence_length`).
 
 pub mod engine;
+pub mod guided;
 pub mod kv_cache;
 mod request;
 pub mod sampling;
@@ -32,6 +33,7 @@ use ort::{session::Session, value::ValueType};
 
 use self::{
     engine::{DecoderSpec, Engine, EngineLimits, Finish, Submission},
+    guided::Guides,
     request::{parse, timeout_of, Settings},
     stats::GenerationStats,
     stop::{StopStrings, TokenBytes},
@@ -108,6 +110,9 @@ const INPUTS: &[(&str, DataType, i64, bool)] = &[
     // OpenAI's logit_bias: token ids and the biases added to their logits.
     ("logit_bias_ids", DataType::Int32, -1, true),
     ("logit_bias_values", DataType::Fp32, -1, true),
+    // TensorRT-LLM's guided decoding: json, json_schema, regex or lark, and the guide.
+    ("guided_decoding_guide_type", DataType::Bytes, 1, true),
+    ("guided_decoding_guide", DataType::Bytes, 1, true),
 ];
 
 /// The tensors it answers: (name, type, dims).
@@ -378,12 +383,20 @@ pub fn load(
         },
         stats.clone(),
     )?);
+    let guides = text.as_ref().map(|text| {
+        Arc::new(Guides::new(
+            text.clone(),
+            vocab.unwrap_or(text.iter().count()),
+            &end_ids,
+        ))
+    });
     let settings = Arc::new(Settings {
         max_sequence_length,
         default_max_tokens,
         end_ids,
         vocab,
         text,
+        guides,
     });
     let decoupled = super::is_decoupled(&config);
     let instances = (0..rows)
@@ -564,8 +577,21 @@ impl ModelInstance for GenerationInstance {
                 None => None,
             },
         };
+        // Compiled here, on the request's thread, with its first mask: the engine only steps it.
+        let guide = match (&parsed.guide, &self.settings.guides) {
+            (Some((kind, text)), Some(guides)) => {
+                Some(guides.compile(kind, text).map_err(|e| {
+                    Error::new(
+                        e.code,
+                        format!("model '{}': {}", request.model_name, e.message),
+                    )
+                })?)
+            }
+            _ => None,
+        };
         self.engine.submit(Submission {
             rules,
+            guide,
             log_probs: parsed.log_probs,
             top_log_probs: parsed.top_log_probs,
             prompt: parsed.prompt,

@@ -3,7 +3,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{sampling::SamplingParams, stop::TokenBytes};
+use super::{
+    guided::{Guides, GUIDE_TYPES},
+    sampling::SamplingParams,
+    stop::TokenBytes,
+};
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, ParamValue},
@@ -24,6 +28,8 @@ pub struct Settings {
     pub vocab: Option<usize>,
     /// Token texts for stop strings, when the model has a `tokenizer.json`.
     pub text: Option<Arc<TokenBytes>>,
+    /// Grammars over the vocabulary (guided decoding), when the model has a `tokenizer.json`.
+    pub guides: Option<Arc<Guides>>,
 }
 
 /// A request's generation parameters, checked.
@@ -53,6 +59,9 @@ pub struct Parsed {
     /// Whether a whole (not streamed) answer starts with the prompt's tokens
     /// (`exclude_input_in_output` false).
     pub include_prompt: bool,
+    /// The guide the text must follow: its type and text (`guided_decoding_guide_type`,
+    /// `guided_decoding_guide`).
+    pub guide: Option<(String, String)>,
 }
 
 fn invalid(model: &str, message: String) -> Error {
@@ -415,6 +424,7 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
                 .into(),
         ));
     }
+    let guide = guide(request, settings)?;
     // Answers are never padded (one sequence per request): the id is only checked.
     get("pad_id", 0.0, f64::from(i32::MAX))?;
     let min_tokens = get("min_length", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize;
@@ -438,7 +448,48 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
         top_log_probs,
         bias,
         include_prompt,
+        guide,
     })
+}
+
+/// TensorRT-LLM's guided-decoding inputs: a type and, except for `json` (any JSON), a guide.
+fn guide(request: &InferRequest, settings: &Settings) -> Result<Option<(String, String)>> {
+    let model = request.model_name.as_str();
+    let first =
+        |name: &str| -> Result<Option<String>> { Ok(strings(request, name)?.into_iter().next()) };
+    let kind = first("guided_decoding_guide_type")?.filter(|k| !k.is_empty());
+    let text = first("guided_decoding_guide")?.unwrap_or_default();
+    let Some(kind) = kind else {
+        if !text.is_empty() {
+            return Err(invalid(
+                model,
+                "input 'guided_decoding_guide' needs 'guided_decoding_guide_type'".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    if !GUIDE_TYPES.contains(&kind.as_str()) {
+        return Err(invalid(
+            model,
+            format!(
+                "input 'guided_decoding_guide_type' is '{kind}'; supported: {}",
+                GUIDE_TYPES.join(", ")
+            ),
+        ));
+    }
+    if kind != "json" && text.is_empty() {
+        return Err(invalid(
+            model,
+            format!("guide type '{kind}' needs input 'guided_decoding_guide'"),
+        ));
+    }
+    if settings.guides.is_none() {
+        return Err(invalid(
+            model,
+            "guided decoding needs the model's tokenizer.json beside model.onnx".into(),
+        ));
+    }
+    Ok(Some((kind, text)))
 }
 
 /// The request's `timeout` parameter (microseconds), as queue policies read it.

@@ -115,6 +115,14 @@ impl TokenBytes {
     pub fn from_spellings(spellings: &[&str]) -> Self {
         Self(spellings.iter().map(|s| s.as_bytes().to_vec()).collect())
     }
+
+    /// Spells `token` as nothing, as special tokens are (for tests).
+    #[cfg(test)]
+    pub fn clear(&mut self, token: u32) {
+        if let Some(b) = self.0.get_mut(token as usize) {
+            b.clear();
+        }
+    }
 }
 
 /// What to do after a token.

@@ -8,9 +8,11 @@ use tokio::sync::mpsc;
 
 use super::{
     request::Kind,
+    structured::{self, Shape},
     types::{
         AssistantMessage, ChatChoice, ChatLogprobs, ChunkChoice, Completion, Delta, ErrorBody,
-        ErrorDetail, Role, TextChoice, TextLogprobs, TokenLogprob, TopLogprob, Usage,
+        ErrorDetail, Role, TextChoice, TextLogprobs, TokenLogprob, ToolCallDelta, TopLogprob,
+        Usage,
     },
 };
 use crate::{
@@ -192,6 +194,8 @@ pub struct Answer {
     pub kind: Kind,
     /// Whether choices carry `logprobs`.
     pub log_probs: bool,
+    /// How the text is read: content, or function calls.
+    pub shape: Shape,
 }
 
 impl Answer {
@@ -221,17 +225,24 @@ impl Answer {
                 let choices = choices
                     .iter()
                     .enumerate()
-                    .map(|(i, g)| ChatChoice {
-                        index: i as u32,
-                        message: AssistantMessage {
-                            role: Role::Assistant,
-                            content: g.text.clone(),
-                        },
-                        logprobs: self.log_probs.then(|| ChatLogprobs {
-                            content: g.tokens.clone(),
-                            refusal: None,
-                        }),
-                        finish_reason: finish(g),
+                    .map(|(i, g)| {
+                        let (content, tool_calls) = structured::read_answer(&self.shape, &g.text);
+                        let finish_reason = finish(g).map(|f| {
+                            structured::finish_reason(&self.shape, !tool_calls.is_empty(), f)
+                        });
+                        ChatChoice {
+                            index: i as u32,
+                            message: AssistantMessage {
+                                role: Role::Assistant,
+                                content,
+                                tool_calls,
+                            },
+                            logprobs: self.log_probs.then(|| ChatLogprobs {
+                                content: g.tokens.clone(),
+                                refusal: None,
+                            }),
+                            finish_reason,
+                        }
                     })
                     .collect();
                 Json(self.completion("chat.completion", choices, usage)).into_response()
@@ -284,10 +295,12 @@ impl Answer {
                     (None, None) => Delta {
                         role: Some(Role::Assistant),
                         content: Some(String::new()),
+                        tool_calls: None,
                     },
                     _ => Delta {
                         role: None,
                         content: text,
+                        tool_calls: None,
                     },
                 };
                 let logprobs = (self.log_probs && !tokens.is_empty()).then(|| ChatLogprobs {
@@ -314,6 +327,27 @@ impl Answer {
                 event(&self.completion("text_completion", vec![choice], usage))
             }
         }
+    }
+
+    /// A chat chunk of choice `index` with new calls or more of their arguments.
+    pub fn calls_chunk(
+        &self,
+        index: usize,
+        calls: Vec<ToolCallDelta>,
+        include_usage: bool,
+    ) -> Event {
+        let choice = ChunkChoice {
+            index: index as u32,
+            delta: Delta {
+                role: None,
+                content: None,
+                tool_calls: Some(calls),
+            },
+            logprobs: None,
+            finish_reason: None,
+        };
+        let usage = include_usage.then_some(None);
+        event(&self.completion("chat.completion.chunk", vec![choice], usage))
     }
 
     /// The last chunk of a stream that asked for usage: no choices, the counts.

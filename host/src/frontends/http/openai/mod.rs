@@ -12,6 +12,7 @@ pub mod embeddings;
 mod errors;
 pub mod request;
 mod stream;
+mod structured;
 pub mod types;
 
 use std::{
@@ -210,6 +211,7 @@ async fn complete(
         model: parsed.model,
         kind,
         log_probs: parsed.log_probs.is_some(),
+        shape: parsed.shape.clone(),
     };
     if parsed.stream {
         track.finish(Ok(()));

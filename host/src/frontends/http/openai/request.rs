@@ -5,8 +5,12 @@
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::types::{
-    CompletionRequest, Content, Logprobs, Message, Prompt, Role, Stop, TemplateMessage,
+use super::{
+    structured::{self, Shape, CALL_CLOSE, CALL_OPEN},
+    types::{
+        CompletionRequest, Content, Logprobs, Message, Prompt, Role, Stop, TemplateMessage,
+        ToolCall,
+    },
 };
 use crate::{
     error::Error,
@@ -25,7 +29,8 @@ pub struct Invalid {
 }
 
 impl Invalid {
-    fn field(param: &str, message: String) -> Self {
+    /// An invalid value of request field `param`.
+    pub(super) fn field(param: &str, message: String) -> Self {
         Self {
             error: Error::invalid(message),
             param: Some(param.to_owned()),
@@ -65,6 +70,8 @@ pub struct Parsed {
     pub echo: Option<String>,
     /// Whether to answer log-probabilities (`logprobs`), and how many alternatives per token.
     pub log_probs: Option<usize>,
+    /// How to read the answer: text, or function calls.
+    pub shape: Shape,
 }
 
 /// The most choices one request may ask for (`n`): each is a sequence of the running batch.
@@ -109,9 +116,20 @@ const COMMON: &[&str] = &[
     "top_k",
     "repetition_penalty",
     "ignore_eos",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
 ];
 const COMPLETION: &[&str] = &["prompt", "echo", "best_of", "suffix"];
-const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
+const CHAT: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
 
 /// Whether an endpoint takes a field; any other is refused by name, as vLLM does.
 pub fn allowed(kind: Kind, key: &str) -> bool {
@@ -187,8 +205,23 @@ fn content_text(i: usize, content: Option<Content>) -> Result<String, Invalid> {
     }
 }
 
-/// The chat's messages as the JSON list the chat-template stage reads.
-fn messages(list: Option<Vec<Message>>) -> Result<String, Invalid> {
+/// An assistant message's calls as the model writes them (see [`structured`]).
+fn calls_text(calls: &[ToolCall]) -> String {
+    calls
+        .iter()
+        .map(|c| {
+            let arguments: Value = serde_json::from_str(&c.function.arguments)
+                .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
+            let call = serde_json::json!({"name": c.function.name, "arguments": arguments});
+            format!("{CALL_OPEN}{call}{CALL_CLOSE}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The chat's messages as the JSON list the chat-template stage reads; `system` (the tools'
+/// description) ends the system message, or becomes one.
+fn messages(list: Option<Vec<Message>>, system: Option<String>) -> Result<String, Invalid> {
     let Some(list) = list else {
         return Err(Invalid::field(
             "messages",
@@ -204,10 +237,28 @@ fn messages(list: Option<Vec<Message>>) -> Result<String, Invalid> {
             Role::Developer => Role::System,
             role => role,
         };
-        out.push(TemplateMessage {
-            role,
-            content: content_text(i, m.content)?,
-        });
+        let mut content = content_text(i, m.content)?;
+        if let Some(calls) = m.tool_calls.filter(|c| !c.is_empty()) {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(&calls_text(&calls));
+        }
+        out.push(TemplateMessage { role, content });
+    }
+    if let Some(system) = system {
+        match out.first_mut() {
+            Some(first) if first.role == Role::System => {
+                first.content = format!("{}\n\n{system}", first.content);
+            }
+            _ => out.insert(
+                0,
+                TemplateMessage {
+                    role: Role::System,
+                    content: system,
+                },
+            ),
+        }
     }
     if !out.iter().any(|m| m.role == Role::User) {
         return Err(Invalid::field(
@@ -288,7 +339,8 @@ pub fn parse(
             format!("Unrecognized request argument supplied: {key}"),
         ));
     }
-    let req: CompletionRequest = read(body)?;
+    let mut req: CompletionRequest = read(body)?;
+    let structure = structured::structure(&mut req)?;
     let model = match req.model {
         Some(m) if !m.is_empty() => m,
         _ => return Err(Invalid::field("model", "'model' is required".into())),
@@ -360,7 +412,10 @@ pub fn parse(
     let mut inputs = Vec::new();
     let mut echo = None;
     match kind {
-        Kind::Chat => inputs.push(strings("messages", &[messages(req.messages)?.as_str()])),
+        Kind::Chat => {
+            let chat = messages(req.messages, structure.system)?;
+            inputs.push(strings("messages", &[chat.as_str()]));
+        }
         Kind::Completion => {
             let prompt = prompt(req.prompt)?;
             inputs.push(strings("text_input", &[prompt.as_str()]));
@@ -485,6 +540,27 @@ pub fn parse(
             (-1i32).to_le_bytes().to_vec(),
         ));
     }
+    if let Some((guide_type, guide)) = &structure.guide {
+        if !config
+            .input
+            .iter()
+            .any(|i| i.name == "guided_decoding_guide_type")
+        {
+            let param = match (&structure.shape, kind) {
+                (Shape::Text, _) => "response_format",
+                _ => "tools",
+            };
+            return Err(Invalid::field(
+                param,
+                format!(
+                    "model '{model}' does not take constrained decoding (input \
+                     'guided_decoding_guide_type')"
+                ),
+            ));
+        }
+        inputs.push(strings("guided_decoding_guide_type", &[guide_type]));
+        inputs.push(strings("guided_decoding_guide", &[guide.as_str()]));
+    }
     inputs.push(scalar("stream", DataType::Bool, vec![u8::from(stream)]));
     if let Some(k) = log_probs {
         inputs.push(scalar("return_log_probs", DataType::Bool, vec![1]));
@@ -524,6 +600,7 @@ pub fn parse(
         n: n as usize,
         echo,
         log_probs,
+        shape: structure.shape,
     })
 }
 

@@ -11,7 +11,8 @@ use super::{
     choices::{event, piece, Answer},
     errors::{error_body, error_type, param_of},
     request::Kind,
-    types::Usage,
+    structured::{Reader, Said},
+    types::{TokenLogprob, Usage},
 };
 use crate::{
     error::Result, frontends::http::error::status_for, inference::InferResponse, tenancy::Admission,
@@ -29,6 +30,36 @@ struct State {
     offsets: Vec<usize>,
     answer: Answer,
     include_usage: bool,
+    /// Per choice: its text read as content or calls.
+    readers: Vec<Reader>,
+}
+
+impl State {
+    /// Queues what choice `index` said: content (with its tokens' log-probabilities) or calls.
+    fn say(&mut self, index: usize, said: Option<Said>, tokens: &[TokenLogprob]) {
+        match said {
+            Some(Said::Text(text)) => {
+                let offset = self.offsets.get(index).copied().unwrap_or(0);
+                if let Some(o) = self.offsets.get_mut(index) {
+                    *o += text.len();
+                }
+                let c = self.answer.chunk_with(
+                    index,
+                    Some(text),
+                    None,
+                    self.include_usage,
+                    tokens,
+                    offset,
+                );
+                self.pending.push_back(c);
+            }
+            Some(Said::Calls(calls)) => {
+                let c = self.answer.calls_chunk(index, calls, self.include_usage);
+                self.pending.push_back(c);
+            }
+            None => {}
+        }
+    }
 }
 
 /// The events of a streamed completion of `n` choices.
@@ -58,6 +89,7 @@ pub fn events(
         prompt: 0,
         generated: vec![0; n],
         offsets: vec![0; n],
+        readers: (0..n).map(|_| Reader::new(answer.shape.clone())).collect(),
         answer,
         include_usage,
     };
@@ -78,21 +110,18 @@ pub fn events(
                         *g = count;
                     }
                     if !p.text.is_empty() || !p.tokens.is_empty() {
-                        let offset = s.offsets.get(index).copied().unwrap_or(0);
-                        if let Some(o) = s.offsets.get_mut(index) {
-                            *o += p.text.len();
-                        }
-                        let c = s.answer.chunk_with(
-                            index,
-                            Some(p.text),
-                            None,
-                            s.include_usage,
-                            &p.tokens,
-                            offset,
-                        );
-                        s.pending.push_back(c);
+                        let said = match s.readers.get_mut(index) {
+                            Some(reader) if !p.text.is_empty() => reader.push(p.text),
+                            _ => Some(Said::Text(p.text)),
+                        };
+                        s.say(index, said, &p.tokens);
                     }
                     if let Some(finish) = p.finish {
+                        let (said, finish) = match s.readers.get_mut(index) {
+                            Some(reader) => (reader.finish(), reader.finish_reason(finish)),
+                            None => (None, finish),
+                        };
+                        s.say(index, said, &[]);
                         let c = s.answer.chunk(index, None, Some(finish), s.include_usage);
                         s.pending.push_back(c);
                     }

@@ -58,6 +58,146 @@ pub struct CompletionRequest {
     pub repetition_penalty: Option<f64>,
     /// vLLM's extension: generate exactly `max_tokens`, ignoring the end token.
     pub ignore_eos: Option<bool>,
+    /// The answer's format: text, any JSON object, or JSON valid under a schema.
+    pub response_format: Option<ResponseFormat>,
+    /// Chat: functions the model may call.
+    pub tools: Option<Vec<Tool>>,
+    /// Chat: whether and which function to call (`none`, `auto`, `required`, or one by name).
+    pub tool_choice: Option<ToolChoice>,
+    /// Chat: several calls in one answer (always allowed here).
+    pub parallel_tool_calls: Option<bool>,
+    /// vLLM's extension: JSON valid under this schema (an object, or the schema as a string).
+    pub guided_json: Option<Value>,
+    /// vLLM's extension: text matching this regular expression.
+    pub guided_regex: Option<String>,
+    /// vLLM's extension: exactly one of these strings.
+    pub guided_choice: Option<Vec<String>>,
+}
+
+/// `response_format`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid under `json_schema.schema`.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The format's name.
+    pub name: String,
+    /// What it is for.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The JSON schema (any JSON when absent).
+    #[serde(default)]
+    pub schema: Option<Value>,
+    /// Follow the schema exactly (constrained decoding always does).
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// One entry of `tools`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Tool {
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function.
+    pub function: FunctionDef,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct FunctionDef {
+    /// Its name.
+    pub name: String,
+    /// What it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON schema of its arguments (an object of anything when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    /// Follow the schema exactly (constrained decoding always does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    /// `none`, `auto` or `required`.
+    Mode(String),
+    /// `{"type": "function", "function": {"name": …}}`.
+    Named {
+        /// Always `function`.
+        #[serde(rename = "type")]
+        kind: String,
+        /// Which function.
+        function: NamedFunction,
+    },
+}
+
+/// The function a named `tool_choice` names.
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    /// Its name.
+    pub name: String,
+}
+
+/// A call the model made, in an answer or in a message sent back.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ToolCall {
+    /// `call_…`, which the tool's answer refers to.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// A function call: its name and its arguments as JSON text.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct FunctionCall {
+    /// The function.
+    pub name: String,
+    /// Its arguments, a JSON object written as text.
+    pub arguments: String,
+}
+
+/// A piece of a call in a streamed chunk.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    /// Which call of the answer.
+    pub index: u32,
+    /// Set in the call's first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, in the call's first piece.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first piece) and more of the arguments.
+    pub function: FunctionCallDelta,
+}
+
+/// A piece of a function call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCallDelta {
+    /// The function, in the call's first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More of the arguments' text.
+    pub arguments: String,
 }
 
 /// A completion's `prompt`. Only one text is served; the other shapes OpenAI allows are read
@@ -125,6 +265,8 @@ pub enum Role {
     User,
     /// The model.
     Assistant,
+    /// A function's answer to a call.
+    Tool,
 }
 
 /// One chat message (fields beyond these, such as `name`, are accepted and ignored).
@@ -135,6 +277,9 @@ pub struct Message {
     /// What it says.
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant message's calls, sent back with the tools' answers.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// A message's `content`: a string or a list of parts.
@@ -265,8 +410,11 @@ pub struct ChatChoice {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: Role,
-    /// The text.
-    pub content: String,
+    /// The text (null when the answer is calls).
+    pub content: Option<String>,
+    /// The functions it calls.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// A chat choice of a streamed chunk.
@@ -291,6 +439,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New calls, or more of their arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// Token counts.

@@ -1,0 +1,254 @@
+"""Structured output and function calling on the OpenAI endpoints, with the official `openai`
+client against the `smollm2` ensemble: `response_format` (json_object, json_schema), vLLM's
+`guided_json` / `guided_regex` / `guided_choice`, and `tools` with every `tool_choice`, whole
+and streamed. The answers are parsed and validated, not only their status codes: constrained
+decoding must make even a 135M-parameter model answer valid JSON."""
+import json
+import os
+import re
+
+import jsonschema
+import openai
+import pytest
+import requests
+
+from conftest import ROOT, Server
+from test_generation import link_model
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "languages": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
+    },
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}
+WEATHER = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}, {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The current time in a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 40}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("structured")
+    for name in ("smollm2", "smollm2_decoder", "llm_preprocessing", "llm_postprocessing"):
+        link_model(str(repo), os.path.join(ROOT, "model_repository", name))
+    s = Server(str(repo))
+    yield s
+    s.stop()
+
+
+def client(server):
+    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="none", max_retries=0,
+                         timeout=300)
+
+
+def chat(server, **kwargs):
+    params = dict(model="smollm2", messages=[{"role": "user", "content": "Describe a person."}],
+                  temperature=0, max_tokens=80)
+    params.update(kwargs)
+    return client(server).chat.completions.create(**params)
+
+
+def streamed(server, **kwargs):
+    """The streamed answer's content, calls (merged by index as clients merge them) and finish."""
+    text, calls, finish = "", {}, None
+    for chunk in chat(server, stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for call in delta.tool_calls or []:
+            c = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
+            c["id"] = c["id"] or call.id
+            c["name"] += (call.function.name or "") if call.function else ""
+            c["arguments"] += (call.function.arguments or "") if call.function else ""
+        finish = chunk.choices[0].finish_reason or finish
+    return text, [calls[i] for i in sorted(calls)], finish
+
+
+def schema_format(schema, name="person"):
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+def test_a_json_schema_answer_parses_and_validates(server):
+    for seed, temperature in [(0, 0), (1, 1.0), (2, 1.0)]:
+        r = chat(server, response_format=schema_format(PERSON), temperature=temperature, seed=seed,
+                 max_tokens=120)
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+
+
+def test_without_a_format_the_same_request_answers_free_text(server):
+    r = chat(server)
+    with pytest.raises(ValueError):
+        json.loads(r.choices[0].message.content)
+
+
+def test_a_json_object_answer_is_an_object(server):
+    r = chat(server, messages=[{"role": "user", "content": "List three colors."}],
+             response_format={"type": "json_object"}, temperature=0.7, seed=5, max_tokens=120)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_a_streamed_json_answer_is_the_whole_answer(server):
+    whole = chat(server, response_format=schema_format(PERSON))
+    text, calls, finish = streamed(server, response_format=schema_format(PERSON))
+    assert text == whole.choices[0].message.content and calls == [] and finish == "stop"
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_every_choice_follows_the_schema(server):
+    r = chat(server, response_format=schema_format(PERSON), n=3, temperature=1.0, seed=9,
+             max_tokens=120)
+    assert len(r.choices) == 3
+    for choice in r.choices:
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+
+
+def test_completions_take_a_response_format_too(server):
+    r = client(server).completions.create(
+        model="smollm2", prompt="A person, as JSON:", max_tokens=120, temperature=0,
+        extra_body={"response_format": schema_format(PERSON)})
+    jsonschema.validate(json.loads(r.choices[0].text), PERSON)
+
+
+def test_vllm_guided_fields_constrain_the_answer(server):
+    r = chat(server, messages=[{"role": "user", "content": "Is the sky green?"}],
+             extra_body={"guided_choice": ["yes", "no", "it depends"]})
+    assert r.choices[0].message.content in ("yes", "no", "it depends")
+    r = chat(server, messages=[{"role": "user", "content": "Give me a date."}],
+             extra_body={"guided_regex": r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"})
+    assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", r.choices[0].message.content)
+    r = chat(server, extra_body={"guided_json": json.dumps(PERSON)})
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+
+
+def arguments_of(call):
+    tool = next(t for t in WEATHER if t["function"]["name"] == call["name"])
+    arguments = json.loads(call["arguments"])
+    jsonschema.validate(arguments, tool["function"]["parameters"])
+    return arguments
+
+
+def test_a_required_call_is_answered_as_tool_calls(server):
+    r = chat(server, messages=ASK, tools=WEATHER, tool_choice="required")
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        arguments_of({"name": call.function.name, "arguments": call.function.arguments})
+    text, calls, finish = streamed(server, messages=ASK, tools=WEATHER, tool_choice="required")
+    assert finish == "tool_calls" and text == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+
+
+def test_a_named_function_is_called_and_its_arguments_stream(server):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    r = chat(server, messages=ASK, tools=WEATHER, tool_choice=named)
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_time"
+    arguments_of({"name": "get_time", "arguments": call.function.arguments})
+    text, calls, finish = streamed(server, messages=ASK, tools=WEATHER, tool_choice=named)
+    assert text == "" and finish == "stop"
+    assert [c["name"] for c in calls] == ["get_time"] and calls[0]["id"].startswith("call_")
+    assert json.loads(calls[0]["arguments"]) == json.loads(call.function.arguments)
+
+
+def test_auto_answers_a_call_when_the_model_makes_one(server):
+    # The model has seen a call answered and asks again (temperature 0: the same every run).
+    conversation = [
+        {"role": "user", "content": "What is the weather in Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Rome", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 25 C"},
+    ]
+    r = chat(server, messages=conversation, tools=WEATHER)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    for call in choice.message.tool_calls:
+        arguments_of({"name": call.function.name, "arguments": call.function.arguments})
+    text, calls, finish = streamed(server, messages=conversation, tools=WEATHER)
+    assert finish == "tool_calls" and text == "" and len(calls) == len(choice.message.tool_calls)
+
+
+def test_auto_and_none_answer_text_when_no_call_is_made(server):
+    for choice in ("auto", "none"):
+        r = chat(server, messages=ASK, tools=WEATHER, tool_choice=choice)
+        assert r.choices[0].finish_reason in ("stop", "length")
+        assert r.choices[0].message.tool_calls is None
+        assert r.choices[0].message.content and not r.choices[0].message.content.startswith("<")
+        text, calls, _ = streamed(server, messages=ASK, tools=WEATHER, tool_choice=choice)
+        assert calls == [] and text == r.choices[0].message.content
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, None),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "extra_body": {"guided_regex": "a+"}}, "guided_regex"),
+    ({"tools": WEATHER, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
+    ({"tools": WEATHER, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"extra_body": {"guided_json": "[1, 2"}}, "guided_json"),
+])
+def test_bad_structures_are_refused_naming_the_field(server, fields, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(server, **fields)
+    assert e.value.status_code == 400
+    if param:
+        assert e.value.body["param"] == param, e.value.body
+    # and the server goes on answering
+    assert chat(server, max_tokens=4).choices[0].finish_reason == "length"
+
+
+def test_the_schema_error_names_what_is_wrong(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(server, response_format=schema_format({"type": "nonsense"}))
+    assert "nonsense" in e.value.body["message"]
+
+
+def test_tensorrt_llm_guided_decoding_inputs_on_generate(server):
+    body = {"text_input": "Is the sky blue? Answer:", "max_tokens": 10, "temperature": 0,
+            "guided_decoding_guide_type": "regex", "guided_decoding_guide": " (yes|no)"}
+    r = requests.post(f"http://{server.http}/v2/models/smollm2/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["text_output"] in (" yes", " no")
+    body["guided_decoding_guide_type"] = "ebnf_grammar"
+    r = requests.post(f"http://{server.http}/v2/models/smollm2/generate", json=body, timeout=300)
+    assert r.status_code == 400 and "guided_decoding_guide_type" in r.json()["error"]
