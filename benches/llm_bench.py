@@ -7,12 +7,17 @@ tokens (no end token), at 1 / 8 / 32 concurrent streams, over Triton's generate_
   B  wasmtron: the `smollm2` ensemble (Wasm tokenizer -> generation backend with in-flight
      batching -> Wasm detokenizer);
   L  the limit: the same ONNX decoder called in-process by onnxruntime, a batched greedy
-     decode loop at the same batch sizes (prefill, then one run per step for all sequences).
+     decode loop at the same batch sizes (prefill, then one run per step for all sequences);
+  P  prefix caching: pairs of chat requests sharing a ~1,000-token system prompt (a new one per
+     pair), each answered 16 tokens; the time to first token of the second against the first;
+  J  wasmtron as B, each request constrained to a JSON schema (guided decoding: a list of at
+     least 40 {name, city, age} objects, so that all 128 tokens are under the grammar), run on
+     the same server right after B at each level: J/B is what constrained decoding costs.
 
 Reports output tokens/s, time to first token p50/p99 and inter-token latency p50/p99 per
 level, wasmtron's RSS at the end of its highest level, and writes benches/results/llm.json.
 
-Usage: benches/llm_bench.py [--levels 1,8,32] [--tokens 128] [--only A,B,L]
+Usage: benches/llm_bench.py [--levels 1,8,32] [--tokens 128] [--only A,B,L,J,P]
 Needs `make build-release models stages triton`.
 """
 import argparse
@@ -36,6 +41,15 @@ REPO = os.path.join(ROOT, "model_repository")
 DECODER = os.path.join(REPO, "smollm2_decoder", "1", "model.onnx")
 TOKENIZER = os.path.join(REPO, "smollm2_decoder", "1", "tokenizer.json")
 SENTENCE = "The river runs past the old mill, through the meadow and under the stone bridge. "
+PEOPLE = {
+    "type": "object",
+    "properties": {"people": {"type": "array", "minItems": 40, "items": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "city": {"type": "string"},
+                       "age": {"type": "integer"}},
+        "required": ["name", "city", "age"], "additionalProperties": False}}},
+    "required": ["people"], "additionalProperties": False,
+}
 
 
 def prompt_text(tokens):
@@ -188,6 +202,25 @@ def in_process(prompt_tokens, tokens, streams):
     return figures(streams * tokens / elapsed, [ttft], gaps)
 
 
+def prefix_pairs(port, pairs=5):
+    """TTFTs (ms) of first and second requests on a shared ~1,000-token system prompt."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(TOKENIZER)
+    firsts, seconds = [], []
+    for pair in range(pairs):
+        system = f"Notes, set {pair}. "
+        while len(tok.encode(system).ids) < 1000:
+            system += SENTENCE
+        for i, question in enumerate(("Summarise the notes.", "What runs under the bridge?")):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+            body = {"messages": json.dumps(messages), "max_tokens": 16, "temperature": 0}
+            ttft, _, _ = one_stream(port, "smollm2", body)
+            (firsts if i == 0 else seconds).append(ttft * 1000)
+    return {"first_ttft_ms": statistics.median(firsts), "second_ttft_ms": statistics.median(seconds),
+            "prompt_tokens": len(tok.encode(system).ids)}
+
+
 def rss_mib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -211,7 +244,7 @@ def main():
     results = {"prompt_tokens": prompt_len, "generated_tokens": args.tokens, "levels": levels}
     tmp = tempfile.mkdtemp()
     try:
-        if "B" in only:
+        if only & {"B", "J", "P"}:
             repo = os.path.join(tmp, "wasmtron")
             os.makedirs(repo)
             for m in ("smollm2", "llm_preprocessing", "llm_postprocessing", "smollm2_decoder"):
@@ -222,11 +255,23 @@ def main():
                             % args.max_prefill_tokens)
             proc, port = start(os.path.join(ROOT, "target", "release", "wasmtron"), repo)
             body = {"text_input": text, "max_tokens": args.tokens, "end_id": -1}
-            one_stream(port, "smollm2", body)  # warm-up
-            results["B"] = {}
+            guided = dict(body, guided_decoding_guide_type="json_schema",
+                          guided_decoding_guide=json.dumps(PEOPLE))
+            for key, b in (("B", body), ("J", guided)):
+                if key in only:
+                    one_stream(port, "smollm2", b)  # warm-up
+                    results[key] = {}
             for c in levels:
-                results["B"][c] = load(port, "smollm2", body, c)
-                print("B", c, results["B"][c], flush=True)
+                for key, b in (("B", body), ("J", guided)):
+                    if key in only:
+                        results[key][c] = load(port, "smollm2", b, c)
+                        print(key, c, results[key][c], flush=True)
+            if "P" in only:
+                results["P"] = prefix_pairs(port)
+                p = results["P"]
+                print(f"prefix caching: TTFT first {p['first_ttft_ms']:.0f} ms, second "
+                      f"{p['second_ttft_ms']:.0f} ms ({p['second_ttft_ms'] / p['first_ttft_ms']:.2f}x), "
+                      f"~{p['prompt_tokens']}-token system prompt", flush=True)
             results["B_rss_mib"] = rss_mib(proc.pid)
             print(f"wasmtron RSS after {levels[-1]} streams: {results['B_rss_mib']:.0f} MiB", flush=True)
             stop(proc)
@@ -257,7 +302,8 @@ def main():
     print("\n| streams | server | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |")
     print("|---|---|---|---|---|")
     for c in levels:
-        for key, name in (("A", "Triton python backend"), ("B", "wasmtron"), ("L", "ORT in-process, batched")):
+        for key, name in (("A", "Triton python backend"), ("B", "wasmtron"),
+                          ("J", "wasmtron, JSON schema"), ("L", "ORT in-process, batched")):
             if key in results:
                 r = results[key][c]
                 print(f"| {c} | {name} | {r['tokens_per_s']:.0f} | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} "
@@ -268,6 +314,8 @@ def main():
             line += f" B/A = {results['B'][c]['tokens_per_s'] / results['A'][c]['tokens_per_s']:.2f}x"
         if "L" in results and "B" in results:
             line += f" B/L = {results['B'][c]['tokens_per_s'] / results['L'][c]['tokens_per_s']:.2f}"
+        if "J" in results and "B" in results:
+            line += f" J/B = {results['J'][c]['tokens_per_s'] / results['B'][c]['tokens_per_s']:.2f}"
         print(line)
 
 

@@ -1,6 +1,7 @@
 //! Metrics of generation models under the names vLLM (and Triton's vLLM backend) use, labelled
 //! by model and version: tokens, time to first token, inter-token latency, the running batch,
-//! the requests waiting for room in the key/value cache, and how full that cache is.
+//! the requests waiting for room in the key/value cache, how full that cache is, and how often
+//! prompts' prefixes were found in the prefix cache.
 
 use std::{fmt::Write, sync::atomic::Ordering::Relaxed};
 
@@ -24,7 +25,7 @@ pub fn render(server: &Server) -> String {
     let labels =
         |name: &str, version: i64| format!("model=\"{}\",version=\"{version}\"", escape(name));
     type Read = fn(&GenerationStats) -> f64;
-    let scalars: [(&str, &str, &str, Read); 5] = [
+    let scalars: [(&str, &str, &str, Read); 8] = [
         (
             "vllm:num_requests_running",
             "gauge",
@@ -54,6 +55,24 @@ pub fn render(server: &Server) -> String {
             "counter",
             "Number of generation tokens processed.",
             |s| s.generation_tokens.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            |s| s.prefix_cache_queries.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            |s| s.prefix_cache_hits.load(Relaxed) as f64,
+        ),
+        (
+            "wasmtron:prefix_cache_tokens",
+            "gauge",
+            "Tokens of recent prompts held for prefix caching.",
+            |s| s.prefix_cache_tokens.load(Relaxed) as f64,
         ),
     ];
     for (name, kind, help, read) in scalars {

@@ -24,6 +24,7 @@ use ort::{
 use super::{
     guided::Guide,
     kv_cache::{self, RowSource, Source},
+    prefix_cache::{self, Hit, PrefixCache},
     sampling::{Sampler, SamplingParams},
     stats::GenerationStats,
     stop::StopStrings,
@@ -57,6 +58,8 @@ pub struct EngineLimits {
     /// a burst of arrivals is prefilled a few at a time, so that the first of them answer
     /// early and the running sequences keep stepping.
     pub max_prefill_tokens: usize,
+    /// Tokens of recent prompts kept for prefix caching (0: none).
+    pub prefix_cache_tokens: usize,
 }
 
 /// Why a sequence ended.
@@ -109,6 +112,8 @@ pub struct Submission {
     pub rules: TokenRules,
     /// The grammar the text must follow, its first mask ready.
     pub guide: Option<Guide>,
+    /// Whose cached prefixes the prompt may reuse (and where its own cache is kept).
+    pub namespace: String,
     /// Whether each step carries its tokens' log-probabilities.
     pub log_probs: bool,
     /// How many likeliest alternatives each step reports per token (0: none).
@@ -158,6 +163,20 @@ fn sample(row: &mut Row, logits: &mut [f32]) -> Result<u32> {
     Ok(token)
 }
 
+/// Whether two prompts begin with enough of the same tokens, in the same namespace, for one
+/// to reuse the other's cache.
+fn shares_prefix(a: &Submission, b: &Submission) -> bool {
+    let common = a
+        .prompt
+        .iter()
+        .zip(&b.prompt)
+        .take_while(|(x, y)| x == y)
+        .count();
+    a.namespace == b.namespace
+        && common >= prefix_cache::MIN_PREFIX_TOKENS
+        && b.prompt.len() > prefix_cache::MIN_PREFIX_TOKENS
+}
+
 /// The sending side of the engine, shared by the model's instances.
 pub struct Engine {
     submit: std::sync::Mutex<mpsc::Sender<Submission>>,
@@ -176,7 +195,9 @@ impl Engine {
         stats: Arc<GenerationStats>,
     ) -> Result<Self> {
         let (submit, submissions) = mpsc::channel();
+        let prefixes = PrefixCache::new(limits.prefix_cache_tokens);
         let mut worker = Worker {
+            prefixes,
             input_names: (0..spec.layers)
                 .flat_map(|i| {
                     [
@@ -233,6 +254,8 @@ struct Worker {
     cache: Vec<DynValue>,
     columns: usize,
     waiting: VecDeque<Submission>,
+    /// Recent prompts' caches.
+    prefixes: PrefixCache,
 }
 
 fn run_error(e: impl std::fmt::Display) -> Error {
@@ -348,34 +371,140 @@ impl Worker {
         }
     }
 
-    /// Runs the prompts of `new` together (left-padded), samples their first tokens and
-    /// adds the sequences that go on to the batch.
+    /// Prefills `new` and adds the sequences that go on to the batch. Prompts that share a
+    /// cached prefix each run alone after it (their pasts differ); the others run together.
     fn prefill(&mut self, new: Vec<Submission>) -> Result<()> {
+        let mut together: Vec<Submission> = Vec::new();
+        let mut later = VecDeque::new();
+        let mut groups: Vec<(Vec<Submission>, Option<Hit>)> = Vec::new();
+        for s in new {
+            if !self.prefixes.enabled() {
+                together.push(s);
+                continue;
+            }
+            self.stats
+                .prefix_cache_queries
+                .fetch_add(s.prompt.len() as u64, Relaxed);
+            match self.prefixes.lookup(&s.namespace, &s.prompt) {
+                Some(hit) => {
+                    self.stats
+                        .prefix_cache_hits
+                        .fetch_add(hit.tokens as u64, Relaxed);
+                    groups.push((vec![s], Some(hit)));
+                }
+                // A prompt sharing its beginning with one prefilled now (the choices of `n`,
+                // a burst on one system prompt) runs after it, from its cache.
+                None if together.iter().any(|t| shares_prefix(t, &s)) => later.push_back(s),
+                None => together.push(s),
+            }
+        }
+        if !together.is_empty() {
+            groups.insert(0, (together, None));
+        }
+        let mut presents: Vec<(Vec<DynValue>, usize)> = Vec::new();
+        let mut joining: Vec<RowSource> = Vec::new();
+        let mut rows: Vec<Row> = Vec::new();
+        let mut failed = None;
+        let mut groups: VecDeque<_> = groups.into();
+        while let Some((subs, hit)) = groups.pop_front().or_else(|| {
+            let s = later.pop_front()?;
+            let hit = self.prefixes.lookup(&s.namespace, &s.prompt);
+            if let Some(h) = &hit {
+                self.stats
+                    .prefix_cache_hits
+                    .fetch_add(h.tokens as u64, Relaxed);
+            }
+            Some((vec![s], hit))
+        }) {
+            match self.prefill_group(subs, hit.as_ref()) {
+                Ok((joined, group_presents, columns)) => {
+                    let tensor = presents.len() + 1;
+                    for (row, r) in joined {
+                        joining.push(RowSource {
+                            tensor,
+                            row,
+                            len: r.len,
+                        });
+                        rows.push(r);
+                    }
+                    presents.push((group_presents, columns));
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        if !rows.is_empty() {
+            // The batch: the running rows (from the cache) then the joining ones.
+            let mut sources: Vec<RowSource> = self
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(i, row)| RowSource {
+                    tensor: 0,
+                    row: i,
+                    len: row.len,
+                })
+                .collect();
+            sources.extend(joining);
+            let columns = sources.iter().map(|s| s.len).max().unwrap_or(0);
+            let others: Vec<(&[DynValue], usize)> =
+                presents.iter().map(|(p, c)| (p.as_slice(), *c)).collect();
+            self.cache = self.rebuild(&others, &sources, columns)?;
+            self.columns = columns;
+            self.rows.extend(rows);
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Runs the prompts of `new` in one decoder run (left-padded; after the cached prefix
+    /// `hit` when there is one, for a single prompt), keeps their caches for later prompts,
+    /// samples their first tokens. Returns the sequences that go on (with their rows in the
+    /// run), the run's presents and their columns.
+    #[allow(clippy::type_complexity)]
+    fn prefill_group(
+        &mut self,
+        new: Vec<Submission>,
+        hit: Option<&Hit>,
+    ) -> Result<(Vec<(usize, Row)>, Vec<DynValue>, usize)> {
         let n = new.len();
-        let width = new.iter().map(|s| s.prompt.len()).max().unwrap_or(0);
+        let past_len = hit.map_or(0, |h| h.tokens);
+        let width = new
+            .iter()
+            .map(|s| s.prompt.len() - past_len)
+            .max()
+            .unwrap_or(0);
         let mut ids = vec![self.limits.pad_id; n * width];
         let mut positions = vec![0i64; n * width];
         let lens: Vec<usize> = new.iter().map(|s| s.prompt.len()).collect();
         for (r, s) in new.iter().enumerate() {
-            let start = r * width + width - s.prompt.len();
-            ids[start..start + s.prompt.len()].copy_from_slice(&s.prompt);
-            for (j, p) in positions[start..start + s.prompt.len()]
-                .iter_mut()
-                .enumerate()
-            {
-                *p = j as i64;
+            let tail = &s.prompt[past_len..];
+            let start = r * width + width - tail.len();
+            ids[start..start + tail.len()].copy_from_slice(tail);
+            for (j, p) in positions[start..start + tail.len()].iter_mut().enumerate() {
+                *p = (past_len + j) as i64;
             }
         }
-        let mask = kv_cache::mask(&lens, width);
+        let columns = past_len + width;
+        let mask = kv_cache::mask(&lens, columns);
         let spec = &self.spec;
-        let empty: Vec<DynValue> = (0..self.input_names.len())
-            .map(|_| {
-                OrtTensor::<f32>::from_array(([n, spec.kv_heads, 0, spec.head_dim], Vec::new()))
+        let past: Vec<DynValue> = (0..self.input_names.len())
+            .map(|i| {
+                let data = match hit {
+                    Some(h) => prefix_cache::leading(
+                        &h.entry.tensors[i],
+                        spec.kv_heads,
+                        h.entry.len(),
+                        spec.head_dim,
+                        past_len,
+                    ),
+                    None => Vec::new(),
+                };
+                OrtTensor::<f32>::from_array(([n, spec.kv_heads, past_len, spec.head_dim], data))
                     .map(|t| t.into_dyn())
                     .map_err(run_error)
             })
             .collect::<Result<_>>()?;
-        let result = self.run_decoder([n, width], ids, positions, mask, &empty);
+        let result = self.run_decoder([n, width], ids, positions, mask, &past);
+        drop(past);
         let (logits, presents) = match result {
             Ok(v) => v,
             Err(e) => {
@@ -387,7 +516,8 @@ impl Worker {
         };
         self.stats
             .prompt_tokens
-            .fetch_add(lens.iter().sum::<usize>() as u64, Relaxed);
+            .fetch_add((lens.iter().sum::<usize>() - n * past_len) as u64, Relaxed);
+        self.keep_prefixes(&new, &presents, columns)?;
         let (_, values) = logits.try_extract_tensor::<f32>().map_err(run_error)?;
         let vocab = values.len() / (n * width).max(1);
         let mut joining = Vec::new();
@@ -421,38 +551,49 @@ impl Worker {
                 joining.push((r, row));
             }
         }
-        if joining.is_empty() {
-            return Ok(());
+        Ok((joining, presents, columns))
+    }
+
+    /// Keeps the caches of the prompts just prefilled (rows of `presents`, right-aligned in
+    /// `columns`) that the prefix cache wants.
+    fn keep_prefixes(
+        &mut self,
+        new: &[Submission],
+        presents: &[DynValue],
+        columns: usize,
+    ) -> Result<()> {
+        let spec = &self.spec;
+        for (r, s) in new.iter().enumerate() {
+            if !self.prefixes.wants(&s.namespace, &s.prompt) {
+                continue;
+            }
+            let tensors = presents
+                .iter()
+                .map(|p| {
+                    let (_, data) = p.try_extract_tensor::<f32>().map_err(run_error)?;
+                    Ok(prefix_cache::trailing(
+                        data,
+                        r,
+                        spec.kv_heads,
+                        columns,
+                        spec.head_dim,
+                        s.prompt.len(),
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.prefixes.insert(&s.namespace, &s.prompt, tensors);
         }
-        // The batch: the running rows (from the cache) then the joining ones (from this run).
-        let mut sources_rows: Vec<RowSource> = self
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(i, row)| RowSource {
-                tensor: 0,
-                row: i,
-                len: row.len,
-            })
-            .collect();
-        sources_rows.extend(joining.iter().map(|(r, row)| RowSource {
-            tensor: 1,
-            row: *r,
-            len: row.len,
-        }));
-        let columns = sources_rows.iter().map(|s| s.len).max().unwrap_or(0);
-        self.cache = self.rebuild(&presents, width, &sources_rows, columns)?;
-        self.columns = columns;
-        self.rows.extend(joining.into_iter().map(|(_, row)| row));
+        self.stats
+            .prefix_cache_tokens
+            .store(self.prefixes.used_tokens() as i64, Relaxed);
         Ok(())
     }
 
-    /// New cache tensors from the current cache (source 0) and `other` (source 1, of
-    /// `other_columns`), rows as `rows` says.
+    /// New cache tensors from the current cache (source 0) and `others` (sources 1.., each
+    /// with its columns), rows as `rows` says.
     fn rebuild(
         &self,
-        other: &[DynValue],
-        other_columns: usize,
+        others: &[(&[DynValue], usize)],
         rows: &[RowSource],
         columns: usize,
     ) -> Result<Vec<DynValue>> {
@@ -460,10 +601,9 @@ impl Worker {
         let mut out = Vec::with_capacity(self.input_names.len());
         for i in 0..self.input_names.len() {
             let mut sources = Vec::new();
-            for (tensor, cols) in [
-                (self.cache.get(i), self.columns),
-                (other.get(i), other_columns),
-            ] {
+            let tensors = std::iter::once((self.cache.get(i), self.columns))
+                .chain(others.iter().map(|(t, c)| (t.get(i), *c)));
+            for (tensor, cols) in tensors {
                 let data = match tensor {
                     Some(t) => t.try_extract_tensor::<f32>().map_err(run_error)?.1,
                     None => &[],
@@ -506,7 +646,7 @@ impl Worker {
         self.cache = if kept_rows.is_empty() {
             Vec::new()
         } else {
-            self.rebuild(&[], 0, &sources, columns)?
+            self.rebuild(&[], &sources, columns)?
         };
         self.columns = columns;
         self.rows = kept_rows;

@@ -13,6 +13,7 @@
 pub mod engine;
 pub mod guided;
 pub mod kv_cache;
+pub mod prefix_cache;
 mod request;
 pub mod sampling;
 pub mod stats;
@@ -330,6 +331,24 @@ pub fn load(
     let default_max_tokens =
         super::parameter::<usize>(&config, "default_max_tokens", "a positive integer")?
             .unwrap_or(DEFAULT_MAX_TOKENS);
+    let prefix_cache_tokens =
+        super::parameter::<usize>(&config, "prefix_cache_max_tokens", "a whole number")?
+            .unwrap_or(2 * max_sequence_length);
+    let shared_prefixes = match config
+        .parameters
+        .get("prefix_cache_scope")
+        .map(|p| p.string_value.as_str())
+    {
+        None | Some("tenant") => false,
+        Some("server") => true,
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "model '{name}': parameter 'prefix_cache_scope' is \"{other}\"; it must be \
+                 \"tenant\" (each tenant reuses only its own prompts) or \"server\" (every \
+                 request reuses every prompt)"
+            )))
+        }
+    };
     let tokenizer = version_dir.join("tokenizer.json");
     let text = if tokenizer.is_file() {
         Some(Arc::new(
@@ -380,6 +399,7 @@ pub fn load(
             cache_tokens,
             pad_id,
             max_prefill_tokens,
+            prefix_cache_tokens,
         },
         stats.clone(),
     )?);
@@ -397,6 +417,7 @@ pub fn load(
         vocab,
         text,
         guides,
+        shared_prefixes,
     });
     let decoupled = super::is_decoupled(&config);
     let instances = (0..rows)
@@ -589,9 +610,19 @@ impl ModelInstance for GenerationInstance {
             }
             _ => None,
         };
+        let namespace = match self.settings.shared_prefixes {
+            true => String::new(),
+            false => request
+                .callers
+                .first()
+                .and_then(|c| c.tenant())
+                .unwrap_or_default()
+                .to_owned(),
+        };
         self.engine.submit(Submission {
             rules,
             guide,
+            namespace,
             log_probs: parsed.log_probs,
             top_log_probs: parsed.top_log_probs,
             prompt: parsed.prompt,

@@ -30,6 +30,9 @@ pub struct Settings {
     pub text: Option<Arc<TokenBytes>>,
     /// Grammars over the vocabulary (guided decoding), when the model has a `tokenizer.json`.
     pub guides: Option<Arc<Guides>>,
+    /// Whether every request may reuse every cached prompt (`prefix_cache_scope: server`)
+    /// rather than only its own tenant's.
+    pub shared_prefixes: bool,
 }
 
 /// A request's generation parameters, checked.

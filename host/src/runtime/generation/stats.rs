@@ -75,6 +75,12 @@ pub struct GenerationStats {
     pub prompt_tokens: AtomicU64,
     /// Tokens generated.
     pub generation_tokens: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_cache_queries: AtomicU64,
+    /// Prompt tokens found there (not prefilled again).
+    pub prefix_cache_hits: AtomicU64,
+    /// Tokens the prefix cache holds.
+    pub prefix_cache_tokens: AtomicI64,
     /// Requests finished, by reason: stop (EOS or stop string), length, cancelled.
     pub finished_stop: AtomicU64,
     /// Requests that reached their token limit.
@@ -103,6 +109,9 @@ impl GenerationStats {
         Self {
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
+            prefix_cache_queries: AtomicU64::new(0),
+            prefix_cache_hits: AtomicU64::new(0),
+            prefix_cache_tokens: AtomicI64::new(0),
             finished_stop: AtomicU64::new(0),
             finished_length: AtomicU64::new(0),
             finished_cancelled: AtomicU64::new(0),

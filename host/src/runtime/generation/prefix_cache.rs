@@ -1,0 +1,244 @@
+//! Prefix caching: the key/value cache of recent prompts, kept after their prefill so that a
+//! later prompt that begins with the same tokens (a system prompt, a few-shot block, the same
+//! document) prefills only the tokens after the shared part.
+//!
+//! Entries are whole prompts' caches; any prefix of an entry is reusable (a decoder's cache of
+//! a token depends only on the tokens before it). A lookup compares token ids exactly, so a hit
+//! is never a collision. Entries live in a namespace: the tenant's name when the model keeps
+//! tenants apart (`prefix_cache_scope: tenant`, the default), one shared namespace otherwise,
+//! so by default a tenant's timing can only reveal its own earlier prompts. The budget is in
+//! tokens (`prefix_cache_max_tokens`); the least recently used entries go first.
+
+use std::sync::Arc;
+
+/// The fewest shared tokens worth reusing (below this a prefill is cheap anyway).
+pub const MIN_PREFIX_TOKENS: usize = 32;
+
+/// One prompt's cache: per cache tensor (`past_key_values.{i}.key|value` order) the values
+/// `[kv_heads, tokens, head_dim]`.
+#[derive(Debug)]
+pub struct Entry {
+    namespace: String,
+    tokens: Vec<i64>,
+    /// Per cache tensor, `[kv_heads, tokens, head_dim]`.
+    pub tensors: Vec<Vec<f32>>,
+}
+
+impl Entry {
+    /// Tokens it holds.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether it holds no token.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// A prompt's hit: the entry and how many of its leading tokens the prompt shares.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// The entry.
+    pub entry: Arc<Entry>,
+    /// Shared tokens (at least [`MIN_PREFIX_TOKENS`], always fewer than the prompt's).
+    pub tokens: usize,
+}
+
+/// The cache of one model.
+#[derive(Debug)]
+pub struct PrefixCache {
+    capacity: usize,
+    /// Entries with when each was last used.
+    entries: Vec<(Arc<Entry>, u64)>,
+    used: usize,
+    clock: u64,
+}
+
+impl PrefixCache {
+    /// A cache of at most `capacity` tokens (0: off).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            entries: Vec::new(),
+            used: 0,
+            clock: 0,
+        }
+    }
+
+    /// Whether it caches anything.
+    pub fn enabled(&self) -> bool {
+        self.capacity >= MIN_PREFIX_TOKENS
+    }
+
+    /// Tokens held.
+    pub fn used_tokens(&self) -> usize {
+        self.used
+    }
+
+    /// The longest cached prefix of `prompt` in `namespace` (leaving at least one prompt
+    /// token to run, whose logits give the first generated token).
+    pub fn lookup(&mut self, namespace: &str, prompt: &[i64]) -> Option<Hit> {
+        let most = prompt.len().saturating_sub(1);
+        let mut best: Option<(usize, usize)> = None;
+        for (i, (e, _)) in self.entries.iter().enumerate() {
+            if e.namespace != namespace {
+                continue;
+            }
+            let shared = e
+                .tokens
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(most);
+            if shared >= MIN_PREFIX_TOKENS && best.is_none_or(|(_, b)| shared > b) {
+                best = Some((i, shared));
+            }
+        }
+        let (i, tokens) = best?;
+        self.clock += 1;
+        let (entry, last_used) = &mut self.entries[i];
+        *last_used = self.clock;
+        Some(Hit {
+            entry: entry.clone(),
+            tokens,
+        })
+    }
+
+    /// Whether storing `prompt` would add anything (an entry does not already begin with it).
+    pub fn wants(&self, namespace: &str, prompt: &[i64]) -> bool {
+        self.enabled()
+            && prompt.len() >= MIN_PREFIX_TOKENS
+            && prompt.len() <= self.capacity
+            && !self
+                .entries
+                .iter()
+                .any(|(e, _)| e.namespace == namespace && e.tokens.starts_with(prompt))
+    }
+
+    /// Keeps `prompt`'s cache; entries it extends are dropped, then the least recently used
+    /// until it fits.
+    pub fn insert(&mut self, namespace: &str, prompt: &[i64], tensors: Vec<Vec<f32>>) {
+        if !self.wants(namespace, prompt) {
+            return;
+        }
+        let mut used = self.used;
+        self.entries.retain(|(e, _)| {
+            let extended = e.namespace == namespace && prompt.starts_with(&e.tokens);
+            if extended {
+                used -= e.len();
+            }
+            !extended
+        });
+        self.used = used;
+        while self.used + prompt.len() > self.capacity {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, (_, last_used))| *last_used)
+                .map(|(i, _)| i)
+            else {
+                break;
+            };
+            let (gone, _) = self.entries.swap_remove(oldest);
+            self.used -= gone.len();
+        }
+        self.clock += 1;
+        self.used += prompt.len();
+        let entry = Entry {
+            namespace: namespace.to_owned(),
+            tokens: prompt.to_vec(),
+            tensors,
+        };
+        self.entries.push((Arc::new(entry), self.clock));
+    }
+}
+
+/// The first `tokens` columns of an entry's tensor `[heads, len, head_dim]`, as
+/// `[1, heads, tokens, head_dim]` values.
+pub fn leading(data: &[f32], heads: usize, len: usize, head_dim: usize, tokens: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(heads * tokens * head_dim);
+    for h in 0..heads {
+        let start = h * len * head_dim;
+        out.extend_from_slice(&data[start..start + tokens * head_dim]);
+    }
+    out
+}
+
+/// Row `row`'s last `tokens` columns of a tensor `[rows, heads, columns, head_dim]`, as
+/// `[heads, tokens, head_dim]` values.
+pub fn trailing(
+    data: &[f32],
+    row: usize,
+    heads: usize,
+    columns: usize,
+    head_dim: usize,
+    tokens: usize,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(heads * tokens * head_dim);
+    for h in 0..heads {
+        let start = ((row * heads + h) * columns + columns - tokens) * head_dim;
+        out.extend_from_slice(&data[start..start + tokens * head_dim]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(n: usize, first: i64) -> Vec<i64> {
+        (0..n as i64).map(|i| i + first).collect()
+    }
+
+    #[test]
+    fn the_longest_shared_prefix_in_the_namespace_is_found() {
+        let mut cache = PrefixCache::new(1000);
+        let a = prompt(100, 0);
+        cache.insert("t1", &a, vec![]);
+        // A prompt sharing 60 tokens, then different.
+        let mut b = prompt(60, 0);
+        b.extend(prompt(10, 500));
+        assert_eq!(cache.lookup("t1", &b).map(|h| h.tokens), Some(60));
+        // Another tenant sees nothing.
+        assert!(cache.lookup("t2", &b).is_none());
+        // The same prompt again: all but its last token.
+        assert_eq!(cache.lookup("t1", &a).map(|h| h.tokens), Some(99));
+        // Too short a share is no hit.
+        let mut c = prompt(10, 0);
+        c.extend(prompt(50, 900));
+        assert!(cache.lookup("t1", &c).is_none());
+    }
+
+    #[test]
+    fn extending_replaces_and_the_budget_evicts_the_least_recently_used() {
+        let mut cache = PrefixCache::new(250);
+        cache.insert("", &prompt(50, 0), vec![]);
+        cache.insert("", &prompt(100, 0), vec![]);
+        assert_eq!(cache.used_tokens(), 100);
+        // Already covered: nothing added.
+        assert!(!cache.wants("", &prompt(80, 0)));
+        cache.insert("", &prompt(100, 1000), vec![]);
+        cache.lookup("", &prompt(100, 0));
+        cache.insert("", &prompt(100, 2000), vec![]);
+        // 300 > 250: the entry at 1000 (not used since) went.
+        assert_eq!(cache.used_tokens(), 200);
+        assert!(cache.lookup("", &prompt(100, 1000)).is_none());
+        assert!(cache.lookup("", &prompt(100, 0)).is_some());
+        // Off, or longer than the budget: nothing kept.
+        assert!(!PrefixCache::new(0).wants("", &prompt(50, 0)));
+        assert!(!cache.wants("", &prompt(300, 5000)));
+    }
+
+    #[test]
+    fn columns_are_cut_per_head() {
+        // 2 heads, 3 columns, head_dim 1.
+        let entry = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        assert_eq!(leading(&entry, 2, 3, 1, 2), [1.0, 2.0, 4.0, 5.0]);
+        // 2 rows, 2 heads, 3 columns, head_dim 1: row 1's last 2.
+        let batch = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        assert_eq!(trailing(&batch, 1, 2, 3, 1, 2), [2.0, 3.0, 5.0, 6.0]);
+    }
+}
