@@ -22,6 +22,7 @@ Needs `make build-release models stages triton`.
 """
 import argparse
 import http.client
+import itertools
 import json
 import os
 import shutil
@@ -102,8 +103,15 @@ def stop(proc):
         proc.kill()
 
 
-def one_stream(port, model, body):
-    """(time to first token, gaps between tokens, tokens) of one generate_stream call."""
+REQUESTS = itertools.count()
+
+
+def one_stream(port, model, body, fresh=True):
+    """(time to first token, gaps between tokens, tokens) of one generate_stream call. A fresh
+    prompt starts with the request's number, so that no request reuses another's prefill
+    (prompt caches off, as for every server compared)."""
+    if fresh and "text_input" in body:
+        body = dict(body, text_input=f"{next(REQUESTS)}. {body['text_input']}")
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     started = time.perf_counter()
     conn.request("POST", f"/v2/models/{model}/generate_stream", json.dumps(body),
@@ -215,7 +223,7 @@ def prefix_pairs(port, pairs=5):
         for i, question in enumerate(("Summarise the notes.", "What runs under the bridge?")):
             messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
             body = {"messages": json.dumps(messages), "max_tokens": 16, "temperature": 0}
-            ttft, _, _ = one_stream(port, "smollm2", body)
+            ttft, _, _ = one_stream(port, "smollm2", body, fresh=False)
             (firsts if i == 0 else seconds).append(ttft * 1000)
     return {"first_ttft_ms": statistics.median(firsts), "second_ttft_ms": statistics.median(seconds),
             "prompt_tokens": len(tok.encode(system).ids)}

@@ -1,7 +1,8 @@
 """Abusing the generation and OpenAI surfaces: requests whose fields would make the server do
 unbounded work (thousands of banned or stop words, huge `n`, `top_logprobs` or token lists,
-out-of-vocabulary biases, tens of thousands of texts to embed) are refused with a 400 naming
-the field, and the server answers a real request right after."""
+out-of-vocabulary biases, tens of thousands of texts to embed, oversized or hostile guides for
+constrained decoding) are refused with a 400 naming the field or served within bounds, and the
+server answers a real request right after."""
 import os
 import sys
 
@@ -87,4 +88,53 @@ def test_embedding_lists_are_bounded(server):
     status, answer = raw(server.http, "POST", "/v1/embeddings",
                          {"model": "embed_text", "input": ["a short text"] * 2048}, timeout=600)
     assert status == 200 and len(answer["data"]) == 2048, str(answer)[:500]
+    still_generates(server)
+
+
+def nested_arrays(depth):
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize("body,param,message", [
+    # Guides are bounded in size (the grammar engine's own limits bound the work within).
+    ({"guided_json": {"enum": [f"value-{i}" * 10 for i in range(5000)]}}, None,
+     "more than 65536"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(500)]},
+     "tools", "'tools' has 500 functions; at most 128"),
+    # An overflow the engine trips on is a refusal, without the engine's backtrace.
+    ({"guided_json": {"type": "integer", "minimum": -1e300, "maximum": 1e300}}, None,
+     "guided_decoding_guide"),
+])
+def test_guides_are_bounded(server, body, param, message):
+    request = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+               "max_tokens": 2} | body
+    status, answer = raw(server.http, "POST", "/v1/chat/completions", request)
+    assert status == 400, answer
+    assert message in answer["error"]["message"] and answer["error"]["param"] == param, answer
+    assert "backtrace" not in answer["error"]["message"]
+    still_generates(server)
+
+
+@pytest.mark.parametrize("constraint", [
+    # Catastrophic backtracking for a backtracking engine; nested and huge counted repeats;
+    # intersections; a self-referencing schema; a pattern with nested quantifiers.
+    {"guided_regex": "((a|aa)*(b|ab)*)*(x{100}){100}"},
+    {"guided_regex": "[a-z]{1000000}"},
+    {"guided_regex": "((((a{50}){50}){50}){50})"},
+    {"guided_json": {"type": "object", "properties": {"a": {"$ref": "#"}},
+                     "additionalProperties": False}},
+    {"guided_json": {"type": "string", "pattern": "^(a+)+$"}},
+    {"guided_json": nested_arrays(60)},
+])
+def test_hostile_guides_are_answered_within_bounds(server, constraint):
+    request = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+               "max_tokens": 16, "temperature": 0} | constraint
+    status, answer = raw(server.http, "POST", "/v1/chat/completions", request, timeout=300)
+    # Served under the constraint, or refused naming it; never a hang or a crash.
+    assert status in (200, 400), answer
+    if status == 200:
+        assert answer["choices"][0]["message"]["content"] is not None
     still_generates(server)

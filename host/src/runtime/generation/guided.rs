@@ -121,7 +121,7 @@ impl Guides {
         }))
         .map_err(|_| bad("the grammar engine failed on it".into()))?;
         if let Some(e) = matcher.get_error() {
-            return Err(bad(e));
+            return Err(bad(engine_message(&e)));
         }
         let mut guide = Guide {
             matcher,
@@ -134,6 +134,20 @@ impl Guides {
             Some(Err(e)) => Err(bad(e.message)),
             None => Err(bad("no mask".into())),
         }
+    }
+}
+
+/// The grammar engine's message for a client: the first lines, without the backtrace it adds
+/// to the ones of a panic it caught, at most 500 characters.
+fn engine_message(message: &str) -> String {
+    let text = message
+        .split("<backtrace>")
+        .next()
+        .unwrap_or_default()
+        .trim();
+    match text.char_indices().nth(500) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
     }
 }
 
@@ -179,7 +193,10 @@ impl Guide {
         }));
         self.mask = Some(match mask {
             Ok(Ok(mask)) => Ok(mask),
-            Ok(Err(e)) => Err(Error::invalid(format!("guided decoding failed: {e:#}"))),
+            Ok(Err(e)) => Err(Error::invalid(format!(
+                "guided decoding failed: {}",
+                engine_message(&format!("{e:#}"))
+            ))),
             Err(_) => Err(Error::internal(
                 "guided decoding failed: the grammar engine panicked",
             )),
@@ -215,9 +232,12 @@ impl Guide {
         if self.matcher.is_stopped() {
             return Ok(());
         }
-        self.matcher
-            .consume_token(token)
-            .map_err(|e| Error::internal(format!("guided decoding failed: {e:#}")))
+        self.matcher.consume_token(token).map_err(|e| {
+            Error::internal(format!(
+                "guided decoding failed: {}",
+                engine_message(&format!("{e:#}"))
+            ))
+        })
     }
 }
 
@@ -274,5 +294,17 @@ mod tests {
         );
         let e = g.compile("lark", "start: undefined_rule").unwrap_err();
         assert!(e.message.contains("lark"), "{}", e.message);
+        // A panic the engine catches (an overflow on huge bounds) is a refusal without its
+        // backtrace.
+        let e = g
+            .compile(
+                "json_schema",
+                r#"{"type":"integer","minimum":-1e300,"maximum":1e300}"#,
+            )
+            .map(|_| ())
+            .err();
+        if let Some(e) = e {
+            assert!(!e.message.contains("backtrace"), "{}", e.message);
+        }
     }
 }
