@@ -12,7 +12,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release python-package \
-        test-rust test-python ray-deps bentoml-deps lint bench bench-isolation fuzz clean
+        test-rust test-python ray-deps bentoml-deps lint bench bench-isolation fuzz clean llama-cpp
 
 run: deps build-release
 	./target/release/wasmtron --model-repository model_repository \
@@ -179,6 +179,27 @@ $(PYTRITON_VENV)/.installed: tests/pytriton/requirements.txt
 	test -x $(PYTRITON_VENV)/bin/python || $(PYTRITON_BASE) -m venv $(PYTRITON_VENV)
 	$(PYTRITON_VENV)/bin/python -m pip install -q -r tests/pytriton/requirements.txt
 	touch $@
+
+# llama.cpp, the peer of benches/llm_bench.py (C) and benches/llm_accuracy.py: llama-cpp-python's
+# server in .venv-llama (built from source for this CPU), and llama.cpp's own llama-server from
+# the same source tree (parallel slots, as its users run it), in .cache/llama.cpp.
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+llama-cpp: .venv-llama/.installed .cache/llama.cpp/llama-server
+.venv-llama/.installed:
+	test -x .venv-llama/bin/python || $(PYTHON) -m venv .venv-llama
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+	  .venv-llama/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36' cmake
+	touch $@
+.cache/llama.cpp/llama-server: .venv-llama/.installed
+	rm -rf .cache/llama.cpp/src && mkdir -p .cache/llama.cpp/src
+	.venv-llama/bin/python -m pip download -q --no-deps --no-binary=llama-cpp-python '$(LLAMA_CPP_PYTHON)' -d .cache/llama.cpp/src
+	tar xzf .cache/llama.cpp/src/llama_cpp_python-*.tar.gz -C .cache/llama.cpp/src
+	cd .cache/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp && PATH=$(CURDIR)/.venv-llama/bin:$$PATH \
+	  cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+	    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+	    -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null && \
+	  PATH=$(CURDIR)/.venv-llama/bin:$$PATH cmake --build build --target llama-server -j2 >/dev/null
+	cp .cache/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-server $@
 
 test-python: build python-package ray-deps bentoml-deps $(AZURITE) $(PYTRITON_VENV)/.installed
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \

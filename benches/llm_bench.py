@@ -352,7 +352,7 @@ def main():
                 if args.llama_server:
                     cmd = [args.llama_server, "-m", gguf, "-t", "2", "-np", str(c), "-c",
                            str(c * 512), "--host", "127.0.0.1", "--port", str(http_port),
-                           "--cache-reuse", "0", "--no-warmup"]
+                           "--cache-reuse", "0", "--no-cache-prompt"]
                 else:
                     cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", gguf,
                            "--n_threads", "2", "--n_ctx", "1024", "--host", "127.0.0.1",

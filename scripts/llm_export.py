@@ -4,7 +4,7 @@
     inputs   input_ids INT64 [batch, sequence], attention_mask INT64 [batch, past + sequence],
              position_ids INT64 [batch, sequence],
              past_key_values.{i}.key / .value FP32 [batch, kv_heads, past, head_dim]
-    outputs  logits FP32 [batch, sequence, vocab],
+    outputs  logits FP32 [batch, 1, vocab] (the last position's: all a generator samples from),
              present.{i}.key / .value FP32 [batch, kv_heads, past + sequence, head_dim]
 
 `attention_mask` marks the columns of the cache (past and new) that hold tokens; a query at
@@ -63,7 +63,7 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", 1, vocab])]
     for i in range(layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(
@@ -161,6 +161,11 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
         x = op("Add", [residual, linear(op("Mul", [silu, up]), f"model.layers.{i}.mlp.down_proj.weight", weights[f"{i}.down"])])
 
     x = rms_norm(x, "model.norm.weight", weights["norm"])
+    # Logits of the last position only: a generator samples from nothing else, and the output
+    # projection over every prompt position (49,152 wide) would be most of a prefill's work
+    # and memory.
+    x = op("Slice", [x, const("last_s", np.array([-1])), const("last_e", np.array([np.iinfo(np.int64).max])),
+                     const("seq_axis", np.array([1]))])
     head = weights.get("lm_head")
     flat = op("Reshape", [x, const("flat_shape", np.array([-1, hidden]))])
     if isinstance(head, Nbits):
@@ -169,9 +174,7 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
         # Tied embeddings: Gemm reads the embedding matrix transposed, so it is stored once.
         head_name = "model.embed_tokens.weight" if head is None else const("lm_head.weight", f32(head))
         logits = op("Gemm", [flat, head_name], transB=1)
-    rows_shape = op("Shape", ["input_ids"])
-    out_shape = op("Concat", [rows_shape, const("vocab_dim", np.array([vocab]))], axis=0)
-    nodes.append(helper.make_node("Reshape", [logits, out_shape], ["logits"]))
+    nodes.append(helper.make_node("Reshape", [logits, const("logits_shape", np.array([-1, 1, vocab]))], ["logits"]))
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
     opsets = [helper.make_opsetid("", OPSET)]
     if any(node.domain == "com.microsoft" for node in nodes):

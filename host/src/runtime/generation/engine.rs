@@ -518,11 +518,13 @@ impl Worker {
             .prompt_tokens
             .fetch_add((lens.iter().sum::<usize>() - n * past_len) as u64, Relaxed);
         self.keep_prefixes(&new, &presents, columns)?;
-        let (_, values) = logits.try_extract_tensor::<f32>().map_err(run_error)?;
-        let vocab = values.len() / (n * width).max(1);
+        let (shape, values) = logits.try_extract_tensor::<f32>().map_err(run_error)?;
+        // Optimum's exports answer every position's logits; ours only the last position's.
+        let positions = shape.get(1).map_or(1, |&p| p.max(1) as usize);
+        let vocab = values.len() / (n * positions).max(1);
         let mut joining = Vec::new();
         for (r, mut sub) in new.into_iter().enumerate() {
-            let at = (r * width + width - 1) * vocab;
+            let at = (r * positions + positions - 1) * vocab;
             let mut row_logits = values[at..at + vocab].to_vec();
             let rules = std::mem::take(&mut sub.rules);
             let mut row = Row {
