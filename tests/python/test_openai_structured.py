@@ -252,3 +252,24 @@ def test_tensorrt_llm_guided_decoding_inputs_on_generate(server):
     body["guided_decoding_guide_type"] = "ebnf_grammar"
     r = requests.post(f"http://{server.http}/v2/models/smollm2/generate", json=body, timeout=300)
     assert r.status_code == 400 and "guided_decoding_guide_type" in r.json()["error"]
+
+
+def test_penalties_user_and_stop_lists_change_the_answer_as_documented(server):
+    ask = [{"role": "user", "content": "Write the word cat twenty times."}]
+    plain = chat(server, messages=ask, max_tokens=48).choices[0].message.content
+    words = lambda text: re.findall(r"[a-z]+", text.lower())  # noqa: E731
+    most = lambda text: max(words(text).count(w) for w in set(words(text)))  # noqa: E731
+    # A frequency penalty grows with each repeat: fewer repeats. A presence penalty is paid once
+    # per token: the answer moves (here to another spelling) but may repeat as much.
+    for field, fewer in (("frequency_penalty", True), ("presence_penalty", False)):
+        penalised = chat(server, messages=ask, max_tokens=48, **{field: 2.0}).choices[0].message.content
+        assert penalised != plain, field
+        assert most(penalised) < most(plain) if fewer else most(penalised) <= most(plain), (
+            field, plain, penalised)
+    # `user` is for the caller's records: the same answer.
+    assert chat(server, messages=ask, max_tokens=48, user="user-1234").choices[0].message.content == plain
+    # A list of stop strings: the answer ends before the first one that appears.
+    first = re.findall(r"[A-Za-z]+", plain)[0]
+    r = chat(server, messages=ask, max_tokens=48, stop=["zebra", first])
+    assert first not in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
+    assert plain.startswith(r.choices[0].message.content)

@@ -107,3 +107,29 @@ def test_tenants_reuse_only_their_own_prompts_unless_the_model_shares_them(serve
         before = hits(server, model)
         generate(server, model, prefix + [62], tenant="a", max_tokens=4)
         assert hits(server, model) - before == len(prefix), model
+
+
+def test_prompts_arriving_together_prefill_their_shared_part_once(server):
+    # Three questions on one new system prompt, sent at once: however they are admitted
+    # (together, or one after another), only the first prefills the shared part.
+    import threading
+    import tokenizers
+    tokenizer = tokenizers.Tokenizer.from_file(os.path.join(SMOL, "1", "tokenizer.json"))
+    system = "Remember: the sea is calm today, and " + SYSTEM
+    prompts = [tokenizer.encode(f"<|im_start|>system\n{system}<|im_end|>\n" + chat(q)).ids
+               for q in QUESTIONS]
+    shared = len(tokenizer.encode(f"<|im_start|>system\n{system}<|im_end|>\n").ids)
+    cold = [generate(server, "smol_cold", p, max_tokens=12) for p in prompts]
+    before = hits(server, "smol_cached")
+    answers = [None] * len(prompts)
+
+    def one(i):
+        answers[i] = generate(server, "smol_cached", prompts[i], max_tokens=12)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert answers == cold
+    assert hits(server, "smol_cached") - before >= 2 * shared
