@@ -208,8 +208,10 @@ impl Guide {
         self.prepare();
         match &self.mask {
             Some(Ok(mask)) => {
+                // Tokens past the mask (logits wider than the vocabulary) are never allowed.
+                let known = mask.len().min(logits.len());
                 for (token, logit) in logits.iter_mut().enumerate() {
-                    if !mask.is_allowed(token as u32) {
+                    if token >= known || !mask.is_allowed(token as u32) {
                         *logit = f32::NEG_INFINITY;
                     }
                 }
@@ -253,6 +255,13 @@ mod tests {
         let mut text = TokenBytes::from_spellings(&spellings);
         text.clear(13);
         Guides::new(Arc::new(text), spellings.len(), &[13])
+    }
+
+    #[test]
+    fn logits_wider_than_the_vocabulary_are_masked() {
+        let g = guides();
+        let mut guide = g.compile("regex", "(true|false)").unwrap();
+        assert_eq!(allowed(&mut guide, 100), [10, 11]);
     }
 
     fn allowed(guide: &mut Guide, n: usize) -> Vec<usize> {
