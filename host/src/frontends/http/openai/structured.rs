@@ -27,6 +27,12 @@ pub const CALL_OPEN: &str = "<tool_call>";
 /// Closes a call in the model's text.
 pub const CALL_CLOSE: &str = "</tool_call>";
 
+/// JSON written as Python's `json.dumps` writes it (llguidance's options), as the decoder
+/// writes JSON guides by default.
+static COMPACT: std::sync::LazyLock<Value> = std::sync::LazyLock::new(
+    || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+);
+
 /// OpenAI's limit on the functions one request may offer.
 pub const MAX_TOOLS: usize = 128;
 
@@ -219,10 +225,7 @@ fn call_schema(tools: &[Tool]) -> Value {
             })
         })
         .collect();
-    json!({
-        "anyOf": calls,
-        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
-    })
+    json!({"anyOf": calls})
 }
 
 /// The system message's description of the tools and of how to call them.
@@ -317,32 +320,28 @@ pub fn structure(req: &mut CompletionRequest) -> Result<Structure, Invalid> {
                 .into(),
         ));
     }
+    // JSON guides get the decoder's compact layout by default; the Lark grammar's embedded
+    // schema is not a JSON guide, so it says so itself.
     let guide = match &shape {
         Shape::Call(name) => {
             let tool = tools.iter().find(|t| &t.function.name == name);
-            let mut schema = tool.map(parameters).unwrap_or_else(|| json!({}));
-            if let Some(object) = schema.as_object_mut() {
-                object.entry("x-guidance").or_insert_with(|| {
-                    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
-                });
-            }
-            ("json_schema", text_of(&schema))
+            (
+                "json_schema",
+                text_of(&tool.map(parameters).unwrap_or_else(|| json!({}))),
+            )
         }
         Shape::Calls => {
-            let list = json!({
-                "type": "array",
-                "items": call_schema(&tools),
-                "minItems": 1,
-                "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
-            });
+            let list = json!({"type": "array", "items": call_schema(&tools), "minItems": 1});
             ("json_schema", text_of(&list))
         }
         _ => {
+            let mut body = call_schema(&tools);
+            body["x-guidance"] = COMPACT.clone();
             // Text that does not open a call, or calls one after another.
             let grammar = format!(
                 "start: TEXT | calls\nTEXT: /([^<](.|\\n)*)?/\ncalls: call (\"\\n\" call)*\n\
                  call: \"{CALL_OPEN}\" body \"{CALL_CLOSE}\"\nbody: %json {}\n",
-                text_of(&call_schema(&tools))
+                text_of(&body)
             );
             ("lark", grammar)
         }
