@@ -273,6 +273,8 @@ def main():
     ap.add_argument("--only", default="A,B,L")
     ap.add_argument("--max-prefill-tokens", type=int, help="the decoder's max_prefill_tokens for B")
     ap.add_argument("--decoder", help="another model.onnx for B/O/J (e.g. the 8-bit export)")
+    ap.add_argument("--no-prefix-cache", action="store_true",
+                    help="prefix_cache_max_tokens 0 for wasmtron (llama.cpp's prompt cache is off too)")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary for C")
     ap.add_argument("--llama-python", default=os.path.join(ROOT, ".venv-llama", "bin", "python"),
                     help="a python with llama-cpp-python[server] for C")
@@ -292,6 +294,9 @@ def main():
             if args.decoder:
                 os.remove(os.path.join(repo, "smollm2_decoder", "1", "model.onnx"))
                 shutil.copy(args.decoder, os.path.join(repo, "smollm2_decoder", "1", "model.onnx"))
+            if args.no_prefix_cache:
+                with open(os.path.join(repo, "smollm2_decoder", "config.pbtxt"), "a") as f:
+                    f.write('parameters { key: "prefix_cache_max_tokens" value { string_value: "0" } }\n')
             if args.max_prefill_tokens:
                 with open(os.path.join(repo, "smollm2_decoder", "config.pbtxt"), "a") as f:
                     f.write('parameters { key: "max_prefill_tokens" value { string_value: "%d" } }\n'
