@@ -110,19 +110,25 @@ def stop(proc):
 REQUESTS = itertools.count()
 
 
+def post(port, path, body):
+    """(connection, response, when it was sent) of a POST of `body` as JSON; a status other
+    than 200 raises with the answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    started = time.perf_counter()
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(resp.read().decode())
+    return conn, resp, started
+
+
 def one_stream(port, model, body, fresh=True):
     """(time to first token, gaps between tokens, tokens) of one generate_stream call. A fresh
     prompt starts with the request's number, so that no request reuses another's prefill
     (prompt caches off, as for every server compared)."""
     if fresh and "text_input" in body:
         body = dict(body, text_input=f"{next(REQUESTS)}. {body['text_input']}")
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    started = time.perf_counter()
-    conn.request("POST", f"/v2/models/{model}/generate_stream", json.dumps(body),
-                 {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(resp.read().decode())
+    conn, resp, started = post(port, f"/v2/models/{model}/generate_stream", body)
     times = []
     for line in resp:
         if line.startswith(b"data: "):
@@ -140,13 +146,7 @@ def one_openai_stream(port, model, body, fresh=True):
     """(time to first token, gaps, tokens) of one streamed /v1/completions call."""
     if fresh:
         body = dict(body, prompt=f"{next(REQUESTS)}. {body['prompt']}")
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    started = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(dict(body, model=model, stream=True)),
-                 {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(resp.read().decode())
+    conn, resp, started = post(port, "/v1/completions", dict(body, model=model, stream=True))
     times = []
     for line in resp:
         if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":

@@ -192,19 +192,27 @@ class Nbits:
         self.bits = bits
 
 
-def q4_1_as_8bit(raw, rows):
-    """GGUF Q4_1 blocks as 8-bit MatMulNBits weights with integer zero points, the form ONNX
-    Runtime's int8 kernels (accuracy_level 4) take: scale d / 16 and q8 = 16 q, so the 16
-    levels of a block stay exactly 16 steps apart; the block's offset m becomes the zero point
-    round(-16 m / d), within d / 32 of it (a 32nd of one 4-bit step). A block whose offset the
-    zero point cannot hold is quantised afresh over its values (256 levels)."""
+def q4_1_blocks(raw, rows):
+    """GGUF Q4_1 blocks (per 32 values: f16 d, f16 m, 16 bytes of nibbles; value = d * q + m),
+    rows in the order `rows` gives: (rows, columns, d, m, q) with q the 32 values of each block
+    in order, as uint8."""
     raw = raw[rows]
     n = raw.shape[0]
     blocks = raw.reshape(n, -1, 20)
     d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
     m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
     qs = blocks[..., 4:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int32)
+    return n, blocks.shape[1] * 32, d, m, np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def q4_1_as_8bit(raw, rows):
+    """GGUF Q4_1 blocks as 8-bit MatMulNBits weights with integer zero points, the form ONNX
+    Runtime's int8 kernels (accuracy_level 4) take: scale d / 16 and q8 = 16 q, so the 16
+    levels of a block stay exactly 16 steps apart; the block's offset m becomes the zero point
+    round(-16 m / d), within d / 32 of it (a 32nd of one 4-bit step). A block whose offset the
+    zero point cannot hold is quantised afresh over its values (256 levels)."""
+    n, k, d, m, q = q4_1_blocks(raw, rows)
+    q = q.astype(np.int32)
     safe_d = np.where(d == 0, 1.0, d)
     t = np.rint(16.0 * m / safe_d).astype(np.int64)  # offset in steps of d / 16
     # q8 = 16 q + c with c in 0..15 and zero point c - t in 0..255.
@@ -224,8 +232,8 @@ def q4_1_as_8bit(raw, rows):
         q8 = np.where(ok[..., None], q8, fresh)
         scales = np.where(ok, scales, s).astype(np.float32)
         zps = np.where(ok, zps, z)
-    return Nbits(q8.astype(np.uint8), scales.reshape(-1), zps.astype(np.uint8).reshape(-1), n,
-                 blocks.shape[1] * 32, bits=8)
+    return Nbits(q8.astype(np.uint8), scales.reshape(-1), zps.astype(np.uint8).reshape(-1), n, k,
+                 bits=8)
 
 
 def q8_0_as_8bit(raw):
@@ -243,18 +251,12 @@ def q4_1_nbits(raw, rows):
     """GGUF Q4_1 blocks (per 32 values: f16 d, f16 m, 16 bytes of nibbles; value = d * q + m)
     as MatMulNBits weights: scale d, zero point -m / d (a float zero point keeps m exact), the
     nibbles repacked in MatMulNBits' order (element 2i low, 2i + 1 high). `rows` reorders rows."""
-    raw = raw[rows]
-    n = raw.shape[0]
-    blocks = raw.reshape(n, -1, 20)
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
-    m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
-    qs = blocks[..., 4:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # the 32 values in order
+    n, k, d, m, q = q4_1_blocks(raw, rows)
     packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
     zero = d == 0
     scales = np.where(zero, m, d)
     zero_points = np.where(zero, -1.0, -m / np.where(zero, 1.0, d)).astype(np.float32)
-    return Nbits(packed, scales.reshape(-1).astype(np.float32), zero_points.reshape(-1), n, blocks.shape[1] * 32)
+    return Nbits(packed, scales.reshape(-1).astype(np.float32), zero_points.reshape(-1), n, k)
 
 
 def unpermute_rope(w, n_heads):
