@@ -130,7 +130,7 @@ PY_WHEELS := target/wheels/python
 python-package: venv
 	rm -rf $(PY_WHEELS)
 	PYO3_PYTHON=$(CURDIR)/$(VPY) $(VENV)/bin/maturin build --quiet --locked --manifest-path python/Cargo.toml \
-	  --interpreter $(VPY) --compatibility linux --out $(PY_WHEELS)
+	  --interpreter $(VPY) --compatibility linux --out $(PY_WHEELS) $(if $(PY_FEATURES),--features $(PY_FEATURES))
 	$(VPY) -m pip install -q --force-reinstall --no-deps $(PY_WHEELS)/wasmtron-*.whl
 
 build-release:
@@ -212,6 +212,7 @@ lint: venv
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 	$(CARGO) clippy --locked -p wasmtron --all-targets --features $(ALL_FEATURES) -- -D warnings
 	PYO3_PYTHON=$(CURDIR)/$(VPY) $(CARGO) clippy --locked -p wasmtron-python -- -D warnings
+	PYO3_PYTHON=$(CURDIR)/$(VPY) $(CARGO) clippy --locked -p wasmtron-python --features cuda,tensorrt -- -D warnings
 	$(CARGO) clippy --locked --target $(WASM_TARGET) $(STAGE_CRATES:%=-p %) -p probe -- -D warnings
 
 # The load tests, then wasmtron against Triton 2.51 side by side (medians of 3 rounds, HTTP and

@@ -67,7 +67,7 @@ def main():
         def in_process(model):
             handle = local.model(model)
             inputs = {name: data for name, data, _ in MODELS[model]}
-            return lambda: lambda: handle.infer(inputs=inputs)
+            return lambda: lambda: list(handle.infer(inputs=inputs))
 
         def over(mod, url, model):
             def make():

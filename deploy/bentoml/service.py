@@ -42,7 +42,8 @@ DTYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np
 class Embeddings:
     def __init__(self) -> None:
         self.server = wasmtron.Server(model_repository=REPOSITORY, model_control_mode="explicit",
-                                      load_models=[m.strip() for m in MODELS.split(",")]).start()
+                                      startup_models=[m.strip() for m in MODELS.split(",")]
+                                      ).start(wait_until_ready=True)
 
     @bentoml.api
     async def embed(self, texts: t.List[str]) -> np.ndarray:
@@ -50,8 +51,8 @@ class Embeddings:
         if not texts:
             return np.zeros((0, 384), np.float32)
         batch = np.array([[text.encode()] for text in texts], dtype=object)
-        out = await self.server.model("embed_text").async_infer({"TEXT": batch})
-        return out["EMBEDDING"]
+        async for response in self.server.model("embed_text").async_infer(inputs={"TEXT": batch}):
+            return np.from_dlpack(response.outputs["EMBEDDING"])
 
     @bentoml.api
     async def infer(self, model: str, inputs: t.Dict[str, t.Any],
@@ -68,14 +69,19 @@ class Embeddings:
                                             otypes=[object])(value)
             else:
                 arrays[name] = np.asarray(value, dtype=dtype)
+        result = {}
         try:
-            result = await self.server.model(model).async_infer(arrays, output_names=outputs)
+            async for response in self.server.model(model).async_infer(inputs=arrays,
+                                                                       output_names=outputs):
+                result.update({name: tensor.to_string_array().tolist()
+                               if tensor.data_type == wasmtron.DataType.BYTES
+                               else np.from_dlpack(tensor).tolist()
+                               for name, tensor in response.outputs.items()})
         except wasmtron.InvalidArgumentError as e:
             raise bentoml.exceptions.InvalidArgument(str(e)) from e
         except wasmtron.NotFoundError as e:
             raise bentoml.exceptions.NotFound(str(e)) from e
-        return {name: (np.vectorize(bytes.decode, otypes=[object])(a).tolist()
-                       if a.dtype == object else a.tolist()) for name, a in result.items()}
+        return result
 
     def _inputs(self, model: str) -> t.Dict[str, str]:
         """Input name -> Triton datatype ("INT32", "BYTES", ...) of a loaded model."""

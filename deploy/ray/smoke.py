@@ -124,7 +124,7 @@ def in_process(result, full_repository, adapter_port):
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     inputs = {"INPUT0": a, "INPUT1": a}
     models = serve.run(WasmtronModels.bind(full_repository, model_control_mode="explicit",
-                                           load_models=["simple"]), name="models", route_prefix=None)
+                                           startup_models=["simple"]), name="models", route_prefix=None)
     out = models.infer.remote("simple", inputs).result()
     result["inprocess_handle_infer"] = bool((out["OUTPUT0"] == 2 * a).all())
     try:
@@ -147,9 +147,9 @@ def in_process(result, full_repository, adapter_port):
         result["text_identity"] = json.loads(r.read())
 
     local = wasmtron.Server(model_repository=full_repository, model_control_mode="explicit",
-                            load_models=["simple", "embed_text"]).start()
-    reference = local.model("embed_text").infer(
-        {"TEXT": np.array([[t.encode()] for t in texts], dtype=object)})["EMBEDDING"]
+                            startup_models=["simple", "embed_text"]).start(wait_until_ready=True)
+    (response,) = local.model("embed_text").infer(inputs={"TEXT": [[t] for t in texts]})
+    reference = np.from_dlpack(response.outputs["EMBEDDING"])
     result["text_embed_max_diff"] = float(np.abs(embeddings - reference).max())
     result["text_embed_shape"] = list(embeddings.shape)
 
@@ -167,7 +167,7 @@ def in_process(result, full_repository, adapter_port):
     for t in http_inputs:
         t.set_data_from_numpy(a)
     paths = {
-        "inprocess_call": lambda: simple_local.infer(inputs),
+        "inprocess_call": lambda: list(simple_local.infer(inputs=inputs)),
         "handle_nothing": lambda: nothing.infer.remote("simple", inputs).result(),
         "handle_inprocess": lambda: models.infer.remote("simple", inputs).result(),
         "adapter_through_serve": lambda: adapter().infer("simple", http_inputs),

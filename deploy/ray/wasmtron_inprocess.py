@@ -32,7 +32,23 @@ import wasmtron
 def _server(model_repository, **options) -> "wasmtron.Server":
     """A started server; a replica whose models did not load fails its start (and Serve says
     why) rather than answering errors."""
-    return wasmtron.Server(model_repository=model_repository, **options).start()
+    return wasmtron.Server(model_repository=model_repository, **options).start(
+        wait_until_ready=True)
+
+
+async def _outputs(responses) -> Dict[str, "wasmtron.Tensor"]:
+    """The outputs of a request's responses (the last one's, for a name sent twice)."""
+    out = {}
+    async for response in responses:
+        out.update(response.outputs)
+    return out
+
+
+def _array(tensor: "wasmtron.Tensor") -> np.ndarray:
+    """A tensor as NumPy has it (BYTES: an object array of bytes)."""
+    if tensor.data_type == wasmtron.DataType.BYTES:
+        return tensor.to_bytes_array()
+    return np.from_dlpack(tensor)
 
 
 class _OwnsServer:
@@ -53,7 +69,7 @@ class _OwnsServer:
 class WasmtronModels(_OwnsServer):
     """The repository's models, in-process in each replica; call `infer` from a handle.
 
-    `options` go to `wasmtron.Server` (`model_control_mode`, `load_models`, ...)."""
+    `options` go to `wasmtron.Server` (`model_control_mode`, `startup_models`, ...)."""
 
     def __init__(self, model_repository: str, **options):
         self.server = _server(model_repository, **options)
@@ -64,8 +80,9 @@ class WasmtronModels(_OwnsServer):
                     version: int = -1) -> Dict[str, np.ndarray]:
         """One request to `model`: `{input: ndarray}` in, `{output: ndarray}` out. Errors
         are wasmtron's exceptions, raised at the caller by Serve."""
-        return await self.server.model(model, version).async_infer(inputs, parameters,
-                                                                   output_names)
+        responses = self.server.model(model, version).async_infer(
+            inputs=dict(inputs), parameters=dict(parameters or {}), output_names=output_names)
+        return {name: _array(t) for name, t in (await _outputs(responses)).items()}
 
     def ready(self, model: str) -> bool:
         return self.server.model(model).ready()
@@ -90,26 +107,28 @@ class TextApp(_OwnsServer):
 
     def __init__(self, model_repository: str):
         self.server = _server(model_repository, model_control_mode="explicit",
-                              load_models=self.MODELS)
+                              startup_models=self.MODELS)
 
     @api.get("/identity")
     async def identity(self, string: str) -> str:
-        out = await self.server.model("identity_bytes").async_infer(
-            {"INPUT0": np.array([[string.encode()]], dtype=object)})
-        return out["OUTPUT0"][0][0].decode()
+        async for response in self.server.model("identity_bytes").async_infer(
+                inputs={"INPUT0": [[string]]}):
+            return response.outputs["OUTPUT0"].to_string_array()[0][0]
 
     @api.post("/embed")
     async def embed(self, body: EmbedRequest) -> Dict[str, List[List[float]]]:
         if not body.texts:
             return {"embeddings": []}
-        texts = np.array([[t.encode()] for t in body.texts], dtype=object)
-        tokens = await self.server.model("bert_tokenizer").async_infer({"TEXT": texts})
-        hidden = await self.server.model("minilm").async_infer(
-            tokens, output_names=["last_hidden_state"])
-        pooled = await self.server.model("mean_pool").async_infer(
-            {"last_hidden_state": hidden["last_hidden_state"],
-             "attention_mask": tokens["attention_mask"]})
-        return {"embeddings": pooled["EMBEDDING"].tolist()}
+        texts = [[t] for t in body.texts]
+        # One model's output tensors are the next one's inputs, with no copy between.
+        tokens = await _outputs(self.server.model("bert_tokenizer").async_infer(
+            inputs={"TEXT": texts}))
+        hidden = await _outputs(self.server.model("minilm").async_infer(
+            inputs=tokens, output_names=["last_hidden_state"]))
+        pooled = await _outputs(self.server.model("mean_pool").async_infer(
+            inputs={"last_hidden_state": hidden["last_hidden_state"],
+                    "attention_mask": tokens["attention_mask"]}))
+        return {"embeddings": np.from_dlpack(pooled["EMBEDDING"]).tolist()}
 
 
 __all__ = ["WasmtronModels", "TextApp"]

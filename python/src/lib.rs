@@ -101,6 +101,9 @@ type PyTensor = (String, String, Vec<i64>, Vec<u8>);
 /// An output on its way to Python: its bytes lent as a buffer (BYTES tensors: a `bytes`).
 type PyOutput<'py> = (String, String, Vec<i64>, Bound<'py, PyAny>);
 
+/// A response on its way to Python: model, version, request id, parameters, outputs.
+type PyResponse<'py> = (String, i64, String, Bound<'py, PyDict>, Vec<PyOutput<'py>>);
+
 /// One entry of the repository index: name, version (None: no version loaded), state, reason.
 type IndexRow = (String, Option<i64>, String, String);
 
@@ -304,15 +307,28 @@ impl CoreServer {
             .collect())
     }
 
-    /// Loads (or reloads) a model; explicit control mode only.
-    fn load(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+    /// Loads (or reloads) a model; explicit control mode only. `config`: a configuration in
+    /// JSON used instead of `config.pbtxt`; `files`: model files by relative path (the
+    /// `file:<path>` load parameters of the repository extension).
+    #[pyo3(signature = (name, config=None, files=Vec::new()))]
+    fn load(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        config: Option<String>,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> PyResult<()> {
         let server = self.running()?.clone();
         server.check_model_control().map_err(to_py)?;
-        py.detach(|| {
-            self.runtime
-                .block_on(server.models().load(name, LoadOverride::default()))
-        })
-        .map_err(to_py)
+        let mut load = LoadOverride {
+            config_json: config,
+            ..LoadOverride::default()
+        };
+        for (path, content) in files {
+            load.add_file(&path, content).map_err(to_py)?;
+        }
+        py.detach(|| self.runtime.block_on(server.models().load(name, load)))
+            .map_err(to_py)
     }
 
     /// Unloads a model; explicit control mode only.
@@ -332,40 +348,10 @@ impl CoreServer {
         Ok(wasmtron::frontends::metrics::render(self.running()?))
     }
 
-    /// Runs one request through the model's scheduler (batched with other callers like any
-    /// request) and returns its outputs. `version` < 0 means the latest.
-    #[pyo3(signature = (model, version, inputs, outputs=Vec::new(), parameters=None))]
-    fn infer<'py>(
-        &self,
-        py: Python<'py>,
-        model: &str,
-        version: i64,
-        inputs: Vec<PyTensor>,
-        outputs: Vec<String>,
-        parameters: Option<Bound<'py, PyDict>>,
-    ) -> PyResult<Vec<PyOutput<'py>>> {
-        let server = self.running()?.clone();
-        let request = request(model, version, inputs, outputs, parameters)?;
-        let decoupled = server
-            .models()
-            .get(&request.model_name, request.model_version)
-            .is_ok_and(|m| wasmtron::runtime::is_decoupled(&m.config));
-        if decoupled {
-            return Err(InvalidArgumentError::new_err(format!(
-                "model '{model}' is decoupled (0..N responses per request): use \
-                 Model.infer_stream()"
-            )));
-        }
-        let runtime = &self.runtime;
-        let response = py
-            .detach(|| runtime.block_on(server.infer(request)))
-            .map_err(to_py)?;
-        to_outputs(py, response.outputs)
-    }
-
     /// Runs one request and returns an iterator of its responses: every response of a
-    /// decoupled model as it is sent, or the one response of any other model.
-    #[pyo3(signature = (model, version, inputs, outputs=Vec::new(), parameters=None))]
+    /// decoupled model as it is sent, or the one response of any other model. The stream
+    /// says which (`decoupled`), so the package can mark the final response as Triton does.
+    #[pyo3(signature = (model, version, inputs, outputs=Vec::new(), parameters=None, request_id=None))]
     fn infer_stream<'py>(
         &self,
         model: &str,
@@ -373,14 +359,38 @@ impl CoreServer {
         inputs: Vec<PyTensor>,
         outputs: Vec<String>,
         parameters: Option<Bound<'py, PyDict>>,
+        request_id: Option<String>,
     ) -> PyResult<ResponseStream> {
         let server = self.running()?.clone();
-        let request = request(model, version, inputs, outputs, parameters)?;
+        let mut request = request(model, version, inputs, outputs, parameters)?;
+        if let Some(id) = request_id {
+            request.id = id;
+        }
+        let decoupled = server
+            .models()
+            .get(&request.model_name, request.model_version)
+            .is_ok_and(|m| wasmtron::runtime::is_decoupled(&m.config));
         let _entered = self.runtime.enter();
         Ok(ResponseStream {
             items: Some(server.infer_stream(request)),
             runtime: self.runtime.handle().clone(),
+            decoupled,
         })
+    }
+
+    /// The server's metadata as JSON (`GET /v2`: name, version, extensions).
+    fn metadata(&self) -> String {
+        serde_json::json!({
+            "name": wasmtron::frontends::SERVER_NAME,
+            "version": wasmtron::frontends::SERVER_VERSION,
+            "extensions": wasmtron::frontends::EXTENSIONS,
+        })
+        .to_string()
+    }
+
+    /// Whether the server is started and not shutting down.
+    fn live(&self) -> bool {
+        self.server.is_some()
     }
 
     /// Serves Python callables as model `config_json["name"]` (one instance per callable),
@@ -417,6 +427,28 @@ impl CoreServer {
         Ok(wasmtron::repository::config::to_json(&model.config).to_string())
     }
 
+    /// The model's metadata as JSON, as `GET /v2/models/<name>` answers it (name, versions,
+    /// platform, inputs and outputs with the batch dimension as -1).
+    #[pyo3(signature = (name, version=""))]
+    fn model_metadata(&self, name: &str, version: &str) -> PyResult<String> {
+        let m =
+            wasmtron::frontends::model_metadata(self.running()?, name, version).map_err(to_py)?;
+        let tensors =
+            |ts: &[wasmtron::proto::inference::model_metadata_response::TensorMetadata]| {
+                ts.iter()
+                .map(|t| serde_json::json!({"name": t.name, "datatype": t.datatype, "shape": t.shape}))
+                .collect::<Vec<_>>()
+            };
+        Ok(serde_json::json!({
+            "name": m.name,
+            "versions": m.versions,
+            "platform": m.platform,
+            "inputs": tensors(&m.inputs),
+            "outputs": tensors(&m.outputs),
+        })
+        .to_string())
+    }
+
     /// The statistics extension's JSON for `name` (all models when empty), as
     /// `GET /v2/models/<name>/stats` answers it.
     #[pyo3(signature = (name="", version=""))]
@@ -432,6 +464,9 @@ impl CoreServer {
 struct ResponseStream {
     items: Option<tokio::sync::mpsc::Receiver<wasmtron::error::Result<InferResponse>>>,
     runtime: tokio::runtime::Handle,
+    /// Whether the model is decoupled (0..N responses) rather than answering once.
+    #[pyo3(get)]
+    decoupled: bool,
 }
 
 #[pymethods]
@@ -440,13 +475,20 @@ impl ResponseStream {
         slf
     }
 
-    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Vec<PyOutput<'py>>>> {
+    /// The next response: (model, version, request id, parameters, outputs).
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<PyResponse<'py>>> {
         let Some(items) = self.items.as_mut() else {
             return Ok(None);
         };
         let runtime = &self.runtime;
         match py.detach(|| runtime.block_on(items.recv())) {
-            Some(Ok(response)) => Ok(Some(to_outputs(py, response.outputs)?)),
+            Some(Ok(response)) => Ok(Some((
+                response.model_name,
+                response.model_version,
+                response.id,
+                from_parameters(py, &response.parameters)?,
+                to_outputs(py, response.outputs)?,
+            ))),
             Some(Err(err)) => {
                 self.items = None;
                 Err(to_py(err))
@@ -588,9 +630,51 @@ fn to_parameters(dict: &Bound<'_, PyDict>) -> PyResult<Parameters> {
     Ok(out)
 }
 
+/// Response parameters as a dict of bool, int, float or str values.
+fn from_parameters<'py>(py: Python<'py>, parameters: &Parameters) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (key, value) in parameters.iter() {
+        match value {
+            ParamValue::Bool(b) => out.set_item(key, *b)?,
+            ParamValue::Int(i) => out.set_item(key, *i)?,
+            ParamValue::Uint(u) => out.set_item(key, *u)?,
+            ParamValue::Double(f) => out.set_item(key, *f)?,
+            ParamValue::String(s) => out.set_item(key, s)?,
+        }
+    }
+    Ok(out)
+}
+
+/// Sends the server's log to stderr (or `file`, appended) at `level` ("error", "warn",
+/// "info", "debug"), as `Options(log_info=True, ...)` asks; `RUST_LOG` overrides. Without a
+/// call the in-process server logs nothing. Only the first call in a process takes effect.
+#[pyfunction]
+#[pyo3(signature = (level, file=None))]
+fn init_logging(level: &str, file: Option<String>) -> PyResult<bool> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| format!("{level},ort=warn").into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let installed = match file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| InvalidArgumentError::new_err(format!("log_file '{path}': {e}")))?;
+            builder
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .try_init()
+        }
+        None => builder.with_writer(std::io::stderr).try_init(),
+    };
+    Ok(installed.is_ok())
+}
+
 #[pymodule]
 fn _wasmtron(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoreServer>()?;
+    m.add_function(wrap_pyfunction!(init_logging, m)?)?;
     m.add_class::<ResponseStream>()?;
     m.add_class::<buffer::TensorBuffer>()?;
     let py = m.py();

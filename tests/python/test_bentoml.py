@@ -107,9 +107,10 @@ def test_bentoml_serves_a_pipeline_in_process(tmp_path, store, request):
     assert result["ready"], result
     texts = ["wasmtron serves this in process", "BentoML calls it", ""]
     with wasmtron.Server(model_repository=str(repo), model_control_mode="explicit",
-                         load_models=["embed_text"]) as local:
-        reference = local.model("embed_text").infer(
-            {"TEXT": np.array([[t.encode()] for t in texts], dtype=object)})["EMBEDDING"]
+                         startup_models=["embed_text"]) as local:
+        (response,) = local.model("embed_text").infer(
+            inputs={"TEXT": np.array([[t.encode()] for t in texts], dtype=object)})
+        reference = np.from_dlpack(response.outputs["EMBEDDING"])
     got = np.array(result["embeddings"], dtype=np.float32)
     assert got.shape == (3, 384)
     np.testing.assert_allclose(got, reference, atol=1e-6)

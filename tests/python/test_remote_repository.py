@@ -132,6 +132,27 @@ def test_the_endpoint_may_come_from_the_environment(s3):
         server.stop()
 
 
+def test_the_python_package_serves_a_bucket_in_process(s3, monkeypatch):
+    """Triton's Ray Serve example takes its repository from S3_BUCKET_URL: the in-process
+    server reads `s3://` as the binary does, in explicit mode, with the AWS variables."""
+    wasmtron = pytest.importorskip("wasmtron")
+    port, client = s3
+    upload(client, "simple", prefix="inprocess")
+    upload(client, "identity_bytes", prefix="inprocess")
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    server = wasmtron.Server(model_repository=f"s3://127.0.0.1:{port}/models/inprocess",
+                             model_control_mode=wasmtron.ModelControlMode.EXPLICIT)
+    server.start(wait_until_ready=True)
+    try:
+        assert {name for name, _ in server.models()} == {"simple", "identity_bytes"}
+        model = server.load("identity_bytes")
+        (response,) = model.infer(inputs={"INPUT0": [["from the bucket"]]})
+        assert response.outputs["OUTPUT0"].to_string_array().tolist() == [["from the bucket"]]
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("location,says", [
     ("s3://127.0.0.1:{port}/no-such-bucket/repo", "no-such-bucket"),
     ("s3://127.0.0.1:{port}/", "no bucket"),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import wasmtron
-from wasmtron import Tensor
+from wasmtron import TensorSpec as Tensor
 
 from attack import copy_models, plant_victim
 
@@ -19,7 +19,7 @@ def server(tmp_path):
     repo.mkdir()
     copy_models(str(repo), ["simple"])
     with wasmtron.Server(model_repository=str(repo), model_control_mode="explicit",
-                         load_models=["simple"]) as s:
+                         startup_models=["simple"]) as s:
         yield s
 
 
@@ -32,8 +32,8 @@ def test_loads_and_unloads_under_hostile_names_are_refused(server, tmp_path):
             server.unload(name)
     untouched()
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    out = server.model("simple").infer(inputs={"INPUT0": a, "INPUT1": a})
-    np.testing.assert_array_equal(out["OUTPUT0"], a + a)
+    (response,) = server.model("simple").infer(inputs={"INPUT0": a, "INPUT1": a})
+    np.testing.assert_array_equal(np.from_dlpack(response.outputs["OUTPUT0"]), a + a)
 
 
 def test_a_bound_function_needs_a_plain_name(server):

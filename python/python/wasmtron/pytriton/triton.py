@@ -16,7 +16,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from .. import Server, _bound_caller, _config_type
+from .. import Server
+from .._bind import bound_caller as _bound_caller, config_type as _config_type
 from .decorators import Request, _MODEL, _ModelSpec, convert_output
 from .exceptions import (PyTritonBadParameterError, PyTritonInvalidOperationError,
                          PyTritonValidationError)
