@@ -9,10 +9,10 @@ PERF_ANALYZER := .cache/perf_analyzer/bin/perf_analyzer
 WASM_TARGET := wasm32-wasip2
 STAGE_OUT := target/$(WASM_TARGET)/stage
 # Rust example stages: examples/rust/<name> is served as model_repository/<name>.
-STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing
+STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing stable_diffusion
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release python-package \
-        test-rust test-python ray-deps bentoml-deps lint bench bench-isolation fuzz clean llama-cpp
+        test-rust test-python ray-deps bentoml-deps diffusion-models lint bench bench-isolation fuzz clean llama-cpp
 
 run: deps build-release
 	./target/release/wasmtron --model-repository model_repository \
@@ -38,8 +38,23 @@ $(VENV)/.installed: tests/python/requirements.txt
 onnxruntime:
 	PYTHON=$(PYTHON) scripts/fetch-onnxruntime.sh
 
-models: venv
+models: venv diffusion-models
 	$(VPY) scripts/gen_models.py model_repository tests/models
+
+# The text-to-image pipeline's models (a small random-weight Stable Diffusion, exported to
+# ONNX) and the reference pipeline diffusers saves beside them, from the diffusion environment.
+DIFFUSION_VENV := .venv-diffusion
+DIFFUSION_CACHE := .cache/diffusion
+SD_MODELS := model_repository/unet/1/model.onnx
+diffusion-models: $(SD_MODELS)
+$(SD_MODELS): scripts/sd_export.py $(DIFFUSION_VENV)/.installed
+	$(DIFFUSION_VENV)/bin/python scripts/sd_export.py model_repository $(DIFFUSION_CACHE)
+$(DIFFUSION_VENV)/.installed: scripts/diffusion-requirements.txt
+	test -x $(DIFFUSION_VENV)/bin/python || $(PYTHON) -m venv $(DIFFUSION_VENV)
+	$(DIFFUSION_VENV)/bin/python -m pip install -q -r scripts/diffusion-requirements.txt
+	$(DIFFUSION_VENV)/bin/python -m pip install -q --no-deps open-clip-torch==3.3.0 \
+	  adaptive-terrain-diffusion==0.4.2
+	touch $@
 
 # WebAssembly stages: the examples served from model_repository/ and the test-only probe.
 # Python stages: examples/python/<name> (an app.py on the SDK in guest-sdk/python) is served as
@@ -142,7 +157,7 @@ build-release:
 # spans on loopback). The Python suites run the default build (`make build`).
 ALL_FEATURES := wasmtron/cuda,wasmtron/tensorrt,wasmtron/otel
 test-rust:
-	$(CARGO) test --locked -p wasmtron -p wasmtron-guest -p ocr --features $(ALL_FEATURES)
+	$(CARGO) test --locked -p wasmtron -p wasmtron-guest -p ocr -p stable_diffusion --features $(ALL_FEATURES)
 
 # The Ray Serve adapter's dependencies, for its test (not needed by `make run`).
 RAY_DEPS := $(VENV)/.ray-installed
@@ -204,6 +219,7 @@ llama-cpp: .venv-llama/.installed .cache/llama.cpp/llama-server
 test-python: build python-package ray-deps bentoml-deps $(AZURITE) $(PYTRITON_VENV)/.installed
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
 	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python PYTRITON_PYTHON=$(CURDIR)/$(PYTRITON_VENV)/bin/python \
+	  DIFFUSION_PYTHON=$(CURDIR)/$(DIFFUSION_VENV)/bin/python \
 	  $(VPY) -m pytest -q -p no:cacheprovider tests/python tests/security
 
 lint: venv
