@@ -9,7 +9,7 @@ PERF_ANALYZER := .cache/perf_analyzer/bin/perf_analyzer
 WASM_TARGET := wasm32-wasip2
 STAGE_OUT := target/$(WASM_TARGET)/stage
 # Rust example stages: examples/rust/<name> is served as model_repository/<name>.
-STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing stable_diffusion
+STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing stable_diffusion terrain
 
 .PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release python-package \
         test-rust test-python ray-deps bentoml-deps diffusion-models lint bench bench-isolation fuzz clean llama-cpp
@@ -46,7 +46,12 @@ models: venv diffusion-models
 DIFFUSION_VENV := .venv-diffusion
 DIFFUSION_CACHE := .cache/diffusion
 SD_MODELS := model_repository/unet/1/model.onnx
-diffusion-models: $(SD_MODELS)
+TERRAIN_MODEL := model_repository/terrain_unet/1/model.onnx
+diffusion-models: $(SD_MODELS) $(TERRAIN_MODEL)
+$(TERRAIN_MODEL): $(DIFFUSION_VENV)/.installed
+	install -D -m 644 "$$($(DIFFUSION_VENV)/bin/python -c 'import importlib.util, os; \
+	  print(os.path.join(importlib.util.find_spec("terrain_diffusion").submodule_search_locations[0], \
+	  "weights", "terrain_consistency_unet_difficulty100.onnx"))')" $@
 $(SD_MODELS): scripts/sd_export.py $(DIFFUSION_VENV)/.installed
 	$(DIFFUSION_VENV)/bin/python scripts/sd_export.py model_repository $(DIFFUSION_CACHE)
 $(DIFFUSION_VENV)/.installed: scripts/diffusion-requirements.txt

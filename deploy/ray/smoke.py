@@ -34,6 +34,7 @@ from ray import serve
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wasmtron_ray import Wasmtron  # noqa: E402
 from wasmtron_inprocess import TextApp, WasmtronModels  # noqa: E402
+from text_to_image import TritonDeployment  # noqa: E402
 
 REQUESTS = int(os.environ.get("REQUESTS", "300"))
 
@@ -152,6 +153,7 @@ def in_process(result, full_repository, adapter_port):
     reference = np.from_dlpack(response.outputs["EMBEDDING"])
     result["text_embed_max_diff"] = float(np.abs(embeddings - reference).max())
     result["text_embed_shape"] = list(embeddings.shape)
+    text_to_image(result, full_repository, port, local)
 
     simple_local = local.model("simple")
     import threading
@@ -185,8 +187,56 @@ def in_process(result, full_repository, adapter_port):
     # Timing runs do not stop at a failed call; the test decides which failures matter.
     result["latency_failures"] = failures
     local.stop()
-    for name in ("models", "nothing", "text"):
+    for name in ("models", "nothing", "text", "image"):
         serve.delete(name)
+
+
+def text_to_image(result, full_repository, port, local):
+    """Triton's Ray Serve text-to-image deployment (text_to_image.py): GET /generate answers
+    a JPEG of the stable_diffusion stage's image, the same as the model gives in process."""
+    import io
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    from PIL import Image
+
+    image_dir = tempfile.mkdtemp(prefix="wtimages")
+    env = {"WASMTRON_MODEL_REPOSITORY": full_repository, "WASMTRON_IMAGE_DIR": image_dir}
+    serve.run(TritonDeployment.options(ray_actor_options={
+        "num_cpus": 1, "runtime_env": {"env_vars": env}}).bind(),
+        name="image", route_prefix="/image")
+
+    def get(query):
+        url = f"http://127.0.0.1:{port}/image/generate?{query}"
+        try:
+            with urllib.request.urlopen(url, timeout=300) as r:
+                return r.status, r.headers.get("content-type"), r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("content-type"), e.read()
+
+    status, kind, jpeg = get("prompt=a%20castle%20on%20a%20hill&seed=3&steps=8")
+    result["image_status"] = status
+    result["image_type"] = kind
+    image = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+    result["image_shape"] = list(image.shape)
+    result["image_repeatable"] = get("prompt=a%20castle%20on%20a%20hill&seed=3&steps=8")[2] == jpeg
+    local.load("stable_diffusion")
+    (response,) = local.model("stable_diffusion").infer(inputs={
+        "prompt": [["a castle on a hill"]], "seed": np.array([[3]]),
+        "steps": np.array([[8]], np.int32)})
+    direct = np.from_dlpack(response.outputs["generated_image"]).squeeze()
+    png = get("prompt=a%20castle%20on%20a%20hill&seed=3&steps=8&format=png")[2]
+    exact = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    result["image_png_equals_in_process"] = bool((exact == direct).all())
+    saved = get("prompt=a%20tree&seed=1&steps=4&filename=tree.jpg")[0]
+    result["image_saved"] = saved == 200 and os.path.exists(os.path.join(image_dir, "tree.jpg"))
+    escape = get("prompt=a%20tree&steps=4&filename=..%2F..%2Fescaped.jpg")
+    result["image_escape_status"] = escape[0]
+    result["image_escaped_file"] = os.path.exists(os.path.join(os.path.dirname(image_dir),
+                                                               "escaped.jpg"))
+    bad = get("prompt=a%20tree&steps=0")
+    result["image_bad_steps"] = [bad[0], "'steps'" in bad[2].decode(errors="replace")]
 
 
 SERVE_PORT = {}

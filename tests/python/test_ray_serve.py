@@ -66,6 +66,13 @@ def test_the_adapter_and_the_in_process_deployments_serve():
     assert result["text_identity"] == "h\u00e9", result
     assert result["text_embed_shape"] == [2, 384], result
     assert result["text_embed_max_diff"] < 1e-6, result
+    # Triton's Ray Serve text-to-image example with `import wasmtron as tritonserver`.
+    assert result["image_status"] == 200 and result["image_type"] == "image/jpeg", result
+    assert result["image_shape"] == [64, 64, 3] and result["image_repeatable"], result
+    assert result["image_png_equals_in_process"], result  # the model's pixels, losslessly
+    assert result["image_saved"], result
+    assert result["image_escape_status"] == 400 and not result["image_escaped_file"], result
+    assert result["image_bad_steps"] == [400, True], result
     # Calls through Ray to the in-process server never fail; the adapter's path through
     # Serve's proxy has answered an occasional 500 right after a replica was replaced (seen
     # once in CI): reported, not asserted.

@@ -32,6 +32,8 @@ use crate::{
 /// Reason recorded for a model that was unloaded on purpose (it does not count against
 /// strict readiness).
 const UNLOADED: &str = "unloaded";
+/// The parameter in which a stage names the models it calls (loaded with it).
+const STAGE_CALLS: &str = "composing_models";
 
 /// One loaded, servable model version.
 pub struct ModelVersion {
@@ -363,7 +365,9 @@ impl ModelManager {
         })
     }
 
-    /// The models an ensemble calls (none for other models or an unreadable config).
+    /// The models an ensemble calls, or those a stage declares it calls in its
+    /// `composing_models` parameter (names separated by commas); none for other models or an
+    /// unreadable config.
     fn composing_of(&self, name: &str, overrides: &LoadOverride) -> Vec<String> {
         let config = match &overrides.config_json {
             Some(json) => config::parse_json(json).ok(),
@@ -373,12 +377,27 @@ impl ModelManager {
                 .ok()
                 .and_then(|s| s.read_config().ok()),
         };
+        let Some(config) = config else {
+            return Vec::new();
+        };
+        if ensemble::is_ensemble(&config) {
+            return ensemble::composing_models(&config)
+                .into_iter()
+                .map(|(m, _)| m)
+                .collect();
+        }
+        // A stage that calls models (BLS) may name them, so that loading it in explicit mode
+        // loads them too, as an ensemble's; names are checked when each is loaded.
         config
-            .filter(ensemble::is_ensemble)
-            .map(|c| {
-                ensemble::composing_models(&c)
-                    .into_iter()
-                    .map(|(m, _)| m)
+            .parameters
+            .get(STAGE_CALLS)
+            .map(|names| {
+                names
+                    .string_value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty() && *n != name)
+                    .map(str::to_owned)
                     .collect()
             })
             .unwrap_or_default()
