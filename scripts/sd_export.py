@@ -12,6 +12,8 @@ seed, CPU torch. Writes:
 
 Run with the diffusion environment (`make diffusion-models`):
     .venv-diffusion/bin/python scripts/sd_export.py model_repository .cache/diffusion
+`--size bench` builds a larger one (wider UNet and VAE, 256×256 images) for
+benches/diffusion_bench.py, where the models' cost should dwarf the loop's.
 """
 import gzip
 import importlib.util
@@ -22,8 +24,14 @@ import sys
 import torch
 
 SEED = 1234
-HIDDEN = 64          # the text model's width (SD 1.x: 768)
 MAX_LENGTH = 77      # CLIP's context, as SD pads prompts
+# Per size: the text model's width (SD 1.x: 768), the UNet's and the VAE's channels, the
+# UNet's levels, and the image side the exports are traced at.
+SIZES = {
+    "test": dict(hidden=64, unet=(32, 64), vae=(32, 32, 32, 32), groups=16, side=64),
+    "bench": dict(hidden=256, unet=(128, 256, 256), vae=(64, 128, 128, 128), groups=32,
+                  side=256),
+}
 
 
 def vocabulary_file() -> str:
@@ -76,27 +84,30 @@ def bytes_to_unicode():
     return dict(zip(printable, [chr(c) for c in chars]))
 
 
-def build(tokenizer):
+def build(tokenizer, size):
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline
     from diffusers import UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(SEED)
+    hidden, levels = size["hidden"], len(size["unet"])
     text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=49408, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN,
+        vocab_size=49408, hidden_size=hidden, intermediate_size=4 * hidden,
         num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=MAX_LENGTH,
         bos_token_id=49406, eos_token_id=49407, pad_token_id=49407,
-        hidden_act="quick_gelu", projection_dim=HIDDEN)).eval()
+        hidden_act="quick_gelu", projection_dim=hidden)).eval()
     unet = UNet2DConditionModel(
-        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
-        block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=HIDDEN,
-        attention_head_dim=8, norm_num_groups=16).eval()
+        sample_size=size["side"] // 8, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=size["unet"],
+        down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * (levels - 1),
+        up_block_types=("CrossAttnUpBlock2D",) * (levels - 1) + ("UpBlock2D",),
+        cross_attention_dim=hidden, attention_head_dim=8,
+        norm_num_groups=size["groups"]).eval()
     vae = AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1,
-        block_out_channels=(32, 32, 32, 32), norm_num_groups=16,
+        block_out_channels=size["vae"], norm_num_groups=size["groups"],
         down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4, sample_size=64).eval()
+        up_block_types=("UpDecoderBlock2D",) * 4, sample_size=size["side"]).eval()
     # Random weights give latents of unit scale; SD's scaling factor stays as in SD 1.x.
     vae.register_to_config(scaling_factor=0.18215)
     scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
@@ -140,10 +151,12 @@ def export(module, args, path, inputs, outputs, dynamic):
     print("wrote", path, os.path.getsize(path) // 1024, "KiB")
 
 
-def main(repository: str, cache: str) -> None:
+def main(repository: str, cache: str, size_name: str = "test") -> None:
+    size = SIZES[size_name]
+    hidden, latent = size["hidden"], size["side"] // 8
     vocab_gz = vocabulary_file()
     slow, fast = clip_tokenizer(vocab_gz, os.path.join(cache, "tokenizer-src"))
-    pipe = build(fast)
+    pipe = build(fast, size)
     probe = ["a photograph of an astronaut riding a horse", "", "Hello,   WORLD! it's 4:30"]
     assert slow(probe).input_ids == fast(probe).input_ids, "the fast tokenizer differs"
 
@@ -158,16 +171,16 @@ def main(repository: str, cache: str) -> None:
                os.path.join(repository, "text_encoder", "1", "model.onnx"),
                ["input_ids"], ["last_hidden_state"],
                {"input_ids": {0: "batch"}, "last_hidden_state": {0: "batch"}})
-        sample = torch.randn(2, 4, 8, 8)
+        sample = torch.randn(2, 4, latent, latent)
         timestep = torch.tensor([999.0, 999.0])
-        hidden = torch.randn(2, MAX_LENGTH, HIDDEN)
-        export(Unet(pipe.unet), (sample, timestep, hidden),
+        context = torch.randn(2, MAX_LENGTH, hidden)
+        export(Unet(pipe.unet), (sample, timestep, context),
                os.path.join(repository, "unet", "1", "model.onnx"),
                ["sample", "timestep", "encoder_hidden_states"], ["out_sample"],
                {"sample": {0: "batch", 2: "height", 3: "width"}, "timestep": {0: "batch"},
                 "encoder_hidden_states": {0: "batch"},
                 "out_sample": {0: "batch", 2: "height", 3: "width"}})
-        export(VaeDecoder(pipe.vae), (torch.randn(1, 4, 8, 8),),
+        export(VaeDecoder(pipe.vae), (torch.randn(1, 4, latent, latent),),
                os.path.join(repository, "vae", "1", "model.onnx"),
                ["latent_sample"], ["sample"],
                {"latent_sample": {0: "batch", 2: "height", 3: "width"},
@@ -177,4 +190,9 @@ def main(repository: str, cache: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    size = "test"
+    if "--size" in sys.argv:
+        at = sys.argv.index("--size")
+        size = sys.argv[at + 1]
+        del sys.argv[at:at + 2]
+    main(sys.argv[1], sys.argv[2], size)
