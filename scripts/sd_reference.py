@@ -20,7 +20,7 @@ def main() -> None:
     parser.add_argument("--latents", required=True, help=".npy of [1, 4, H/8, W/8] float32")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--guidance", type=float, default=7.5)
-    parser.add_argument("--scheduler", default="euler", choices=["euler", "ddim"])
+    parser.add_argument("--scheduler", default="euler", choices=["euler", "lms", "ddim"])
     parser.add_argument("--scheduler-config", default="{}",
                         help="JSON of the scheduler's settings beyond SD 1.x's betas "
                              "(timestep_spacing, steps_offset, clip_sample, set_alpha_to_one)")
@@ -28,12 +28,14 @@ def main() -> None:
 
     import json
 
-    from diffusers import DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline
+    from diffusers import (DDIMScheduler, EulerDiscreteScheduler, LMSDiscreteScheduler,
+                           StableDiffusionPipeline)
 
     torch.set_num_threads(1)  # deterministic reductions, and the machine's other core free
     pipe = StableDiffusionPipeline.from_pretrained(args.pipeline, safety_checker=None,
                                                    requires_safety_checker=False)
-    kind = {"euler": EulerDiscreteScheduler, "ddim": DDIMScheduler}[args.scheduler]
+    kind = {"euler": EulerDiscreteScheduler, "lms": LMSDiscreteScheduler,
+            "ddim": DDIMScheduler}[args.scheduler]
     # Stated in full (not inherited from the saved configuration): SD 1.x's betas, then the
     # settings given.
     pipe.scheduler = kind(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",

@@ -4,7 +4,8 @@
 //! with the `text_encoder` model in one batch of two, starts from seeded (or given) latents,
 //! and runs the sampler: each step calls the `unet` model once on the unconditional and the
 //! conditional half together, mixes them with the guidance scale (classifier-free guidance)
-//! and takes a scheduler step computed as diffusers computes it (`scheduler.rs`). The `vae`
+//! and takes a scheduler step computed as diffusers computes it (`scheduler.rs`: Euler, LMS,
+//! DDIM). The `vae`
 //! model decodes the final latents, and the image leaves as `generated_image`, uint8
 //! [1, H, W, 3]. The models run on the server (ONNX Runtime; on a GPU host its CUDA or
 //! TensorRT provider); the stage only holds the loop.
@@ -12,7 +13,7 @@
 //! Inputs: `prompt` (BYTES [1]), optional `negative_prompt`, `steps`, `guidance_scale`,
 //! `seed`, `height`, `width`, `latents` (FP32 [4, H/8, W/8]: the unit initial noise, instead
 //! of the seed's). Parameters (config.pbtxt): the defaults of those (`steps`,
-//! `guidance_scale`, `image_height`, `image_width`, `seed`), `scheduler` (`euler` or
+//! `guidance_scale`, `image_height`, `image_width`, `seed`), `scheduler` (`euler`, `lms` or
 //! `ddim`) with diffusers' settings of it (`timestep_spacing`, `steps_offset`, `clip_sample`,
 //! `set_alpha_to_one`; SD 1.x's by default), the three model names, and the noise schedule
 //! (`beta_start`, `beta_end`, `beta_schedule`, `num_train_timesteps`, `vae_scaling_factor`).
@@ -21,7 +22,7 @@ mod scheduler;
 
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
-use scheduler::{Betas, Ddim, Euler, Scheduler, Spacing};
+use scheduler::{Betas, Ddim, Euler, Lms, Scheduler, Spacing};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 use wasmtron_guest::{
     export_stage, host, read_model_file, Config, Datatype, Error, Request, Result, Stage, Tensor,
@@ -40,6 +41,7 @@ const MAX_STEPS: usize = 500;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SchedulerKind {
     Euler(Spacing),
+    Lms(Spacing),
     Ddim {
         spacing: Spacing,
         clip_sample: bool,
@@ -51,12 +53,13 @@ impl SchedulerKind {
     /// From the `scheduler`, `timestep_spacing`, `steps_offset`, `clip_sample` and
     /// `set_alpha_to_one` parameters; the defaults are SD 1.x's scheduler configuration.
     fn from_config(config: &Config) -> Result<Self> {
-        let ddim = match config.parameter("scheduler").unwrap_or("euler").trim() {
-            "" | "euler" => false,
+        let kind = config.parameter("scheduler").unwrap_or("euler").trim();
+        let ddim = match kind {
+            "" | "euler" | "lms" => false,
             "ddim" => true,
             other => {
                 return Err(Error::invalid(format!(
-                    "parameter 'scheduler' is '{other}'; one of euler, ddim"
+                    "parameter 'scheduler' is '{other}'; one of euler, lms, ddim"
                 )))
             }
         };
@@ -82,6 +85,8 @@ impl SchedulerKind {
                 clip_sample: config.parameter_or("clip_sample", false)?,
                 set_alpha_to_one: config.parameter_or("set_alpha_to_one", false)?,
             }
+        } else if kind == "lms" {
+            SchedulerKind::Lms(spacing)
         } else {
             SchedulerKind::Euler(spacing)
         })
@@ -246,8 +251,9 @@ impl Stage for StableDiffusion {
         )?;
         context.name = "encoder_hidden_states".into();
 
-        let scheduler: Box<dyn Scheduler> = match self.scheduler {
+        let mut scheduler: Box<dyn Scheduler> = match self.scheduler {
             SchedulerKind::Euler(spacing) => Box::new(Euler::new(&self.betas, steps, spacing)),
+            SchedulerKind::Lms(spacing) => Box::new(Lms::new(&self.betas, steps, spacing)),
             SchedulerKind::Ddim {
                 spacing,
                 clip_sample,
@@ -263,7 +269,8 @@ impl Stage for StableDiffusion {
         let sigma = scheduler.init_noise_sigma();
         let mut latents: Vec<f32> = noise.iter().map(|v| v * sigma).collect();
         let shape = [rows as i64, LATENT_CHANNELS as i64, h as i64, w as i64];
-        for (i, &t) in scheduler.timesteps().iter().enumerate() {
+        let timesteps = scheduler.timesteps().to_vec();
+        for (i, &t) in timesteps.iter().enumerate() {
             let scale = scheduler.input_scale(i);
             let scaled: Vec<f32> = latents.iter().map(|v| v * scale).collect();
             let sample: Vec<f32> = (0..rows).flat_map(|_| scaled.iter().copied()).collect();

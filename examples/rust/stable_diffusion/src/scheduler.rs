@@ -107,8 +107,9 @@ pub trait Scheduler {
     fn init_noise_sigma(&self) -> f32;
     /// The factor the UNet's input is multiplied by at step `i`.
     fn input_scale(&self, i: usize) -> f32;
-    /// The sample after step `i`, from the sample and the (guided) noise prediction.
-    fn step(&self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32>;
+    /// The sample after step `i`, from the sample and the (guided) noise prediction; steps
+    /// are taken in order (a multistep sampler remembers the earlier ones).
+    fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32>;
 }
 
 /// diffusers' `EulerDiscreteScheduler` (linear interpolation of sigmas, final sigma zero, no
@@ -122,30 +123,45 @@ pub struct Euler {
 impl Euler {
     /// The schedule for `steps` sampling steps.
     pub fn new(betas: &Betas, steps: usize, spacing: Spacing) -> Self {
-        let train_sigmas: Vec<f32> = betas
-            .alphas_cumprod()
-            .iter()
-            .map(|&ac| ((1.0 - ac) / ac).sqrt())
-            .collect();
-        let timesteps = spacing.timesteps(betas.train_steps, steps, false);
-        // np.interp over the training sigmas, in f64, then f32; a final zero.
-        let mut sigmas: Vec<f32> = timesteps
-            .iter()
-            .map(|&t| {
-                let t = f64::from(t);
-                let low = (t.floor() as usize).min(train_sigmas.len() - 1);
-                let high = (low + 1).min(train_sigmas.len() - 1);
-                let w = t - low as f64;
-                (f64::from(train_sigmas[low]) * (1.0 - w) + f64::from(train_sigmas[high]) * w)
-                    as f32
-            })
-            .collect();
-        sigmas.push(0.0);
+        let (timesteps, sigmas) = interpolated_sigmas(betas, steps, spacing);
         Self {
             timesteps,
             sigmas,
             spacing,
         }
+    }
+}
+
+/// The timesteps and the noise levels at them (then a final zero), as Euler and LMS share
+/// them in diffusers: the training sigmas interpolated linearly (`np.interp`, in f64).
+fn interpolated_sigmas(betas: &Betas, steps: usize, spacing: Spacing) -> (Vec<f32>, Vec<f32>) {
+    let train_sigmas: Vec<f32> = betas
+        .alphas_cumprod()
+        .iter()
+        .map(|&ac| ((1.0 - ac) / ac).sqrt())
+        .collect();
+    let timesteps = spacing.timesteps(betas.train_steps, steps, false);
+    let mut sigmas: Vec<f32> = timesteps
+        .iter()
+        .map(|&t| {
+            let t = f64::from(t);
+            let low = (t.floor() as usize).min(train_sigmas.len() - 1);
+            let high = (low + 1).min(train_sigmas.len() - 1);
+            let w = t - low as f64;
+            (f64::from(train_sigmas[low]) * (1.0 - w) + f64::from(train_sigmas[high]) * w) as f32
+        })
+        .collect();
+    sigmas.push(0.0);
+    (timesteps, sigmas)
+}
+
+/// The largest of the sigmas, as the initial noise's scale (with `leading` spacing, as the
+/// noise of a sample at that sigma: sqrt(sigma² + 1)).
+fn init_sigma(sigmas: &[f32], spacing: Spacing) -> f32 {
+    let max = sigmas.iter().copied().fold(0.0, f32::max);
+    match spacing {
+        Spacing::Linspace | Spacing::Trailing => max,
+        Spacing::Leading(_) => (max * max + 1.0).sqrt(),
     }
 }
 
@@ -155,11 +171,7 @@ impl Scheduler for Euler {
     }
 
     fn init_noise_sigma(&self) -> f32 {
-        let max = self.sigmas.iter().copied().fold(0.0, f32::max);
-        match self.spacing {
-            Spacing::Linspace | Spacing::Trailing => max,
-            Spacing::Leading(_) => (max * max + 1.0).sqrt(),
-        }
+        init_sigma(&self.sigmas, self.spacing)
     }
 
     fn input_scale(&self, i: usize) -> f32 {
@@ -167,7 +179,7 @@ impl Scheduler for Euler {
         1.0 / (sigma * sigma + 1.0).sqrt()
     }
 
-    fn step(&self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
+    fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
         let sigma = self.sigmas[i];
         let dt = self.sigmas[i + 1] - sigma;
         sample
@@ -177,6 +189,98 @@ impl Scheduler for Euler {
                 let original = x - sigma * eps;
                 let derivative = (x - original) / sigma;
                 x + derivative * dt
+            })
+            .collect()
+    }
+}
+
+/// diffusers' `LMSDiscreteScheduler` (order 4; the schedule is Euler's): each step moves
+/// along a polynomial through the last four derivatives, whose coefficients diffusers
+/// integrates numerically; here they are integrated exactly (Gauss–Legendre, exact for the
+/// cubic Lagrange basis).
+pub struct Lms {
+    timesteps: Vec<f32>,
+    sigmas: Vec<f32>,
+    spacing: Spacing,
+    derivatives: std::collections::VecDeque<Vec<f32>>,
+}
+
+/// The linear multistep method's order.
+const LMS_ORDER: usize = 4;
+
+impl Lms {
+    /// The schedule for `steps` sampling steps.
+    pub fn new(betas: &Betas, steps: usize, spacing: Spacing) -> Self {
+        let (timesteps, sigmas) = interpolated_sigmas(betas, steps, spacing);
+        Self {
+            timesteps,
+            sigmas,
+            spacing,
+            derivatives: std::collections::VecDeque::with_capacity(LMS_ORDER + 1),
+        }
+    }
+
+    /// The integral over [sigma_t, sigma_t+1] of the Lagrange basis polynomial of
+    /// `current` among the last `order` sigmas.
+    fn coefficient(&self, order: usize, t: usize, current: usize) -> f64 {
+        let sigma = |k: usize| f64::from(self.sigmas[t - k]);
+        let basis = |tau: f64| {
+            (0..order)
+                .filter(|&k| k != current)
+                .map(|k| (tau - sigma(k)) / (sigma(current) - sigma(k)))
+                .product::<f64>()
+        };
+        let (a, b) = (f64::from(self.sigmas[t]), f64::from(self.sigmas[t + 1]));
+        let (mid, half) = ((a + b) / 2.0, (b - a) / 2.0);
+        let node = (3.0f64 / 5.0).sqrt();
+        half * (5.0 / 9.0 * basis(mid - half * node)
+            + 8.0 / 9.0 * basis(mid)
+            + 5.0 / 9.0 * basis(mid + half * node))
+    }
+}
+
+impl Scheduler for Lms {
+    fn timesteps(&self) -> &[f32] {
+        &self.timesteps
+    }
+
+    fn init_noise_sigma(&self) -> f32 {
+        init_sigma(&self.sigmas, self.spacing)
+    }
+
+    fn input_scale(&self, i: usize) -> f32 {
+        let sigma = self.sigmas[i];
+        1.0 / (sigma * sigma + 1.0).sqrt()
+    }
+
+    fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
+        let sigma = self.sigmas[i];
+        let derivative: Vec<f32> = sample
+            .iter()
+            .zip(noise)
+            .map(|(&x, &eps)| (x - (x - sigma * eps)) / sigma)
+            .collect();
+        self.derivatives.push_back(derivative);
+        if self.derivatives.len() > LMS_ORDER {
+            self.derivatives.pop_front();
+        }
+        let order = (i + 1).min(LMS_ORDER);
+        let coefficients: Vec<f32> = (0..order)
+            .map(|c| self.coefficient(order, i, c) as f32)
+            .collect();
+        // Newest derivative first, summed in diffusers' order.
+        let newest = self.derivatives.len() - 1;
+        sample
+            .iter()
+            .enumerate()
+            .map(|(j, &x)| {
+                let sum = coefficients
+                    .iter()
+                    .enumerate()
+                    .fold(0.0f32, |acc, (c, &k)| {
+                        acc + k * self.derivatives[newest - c][j]
+                    });
+                x + sum
             })
             .collect()
     }
@@ -230,7 +334,7 @@ impl Scheduler for Ddim {
         1.0
     }
 
-    fn step(&self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
+    fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
         let t = self.timesteps[i] as usize;
         let last = self.alphas_cumprod.len() - 1;
         let alpha = self.alphas_cumprod[t.min(last)];
@@ -276,6 +380,18 @@ mod tests {
         assert_eq!(e.sigmas.len(), 5);
         assert_eq!(e.sigmas[4], 0.0);
         assert!((e.sigmas[3] - 0.0292).abs() < 1e-3, "{}", e.sigmas[3]);
+    }
+
+    #[test]
+    fn lms_first_coefficients_are_eulers_step() {
+        // Order 1: the basis is 1, its integral the step in sigma.
+        let l = Lms::new(&SD, 10, Spacing::Linspace);
+        let step = f64::from(l.sigmas[1]) - f64::from(l.sigmas[0]);
+        assert!((l.coefficient(1, 0, 0) - step).abs() < 1e-9);
+        // The coefficients of one step sum to the step (the basis sums to 1).
+        let sum: f64 = (0..3).map(|c| l.coefficient(3, 4, c)).sum();
+        let step = f64::from(l.sigmas[5]) - f64::from(l.sigmas[4]);
+        assert!((sum - step).abs() < 1e-9, "{sum} vs {step}");
     }
 
     #[test]
