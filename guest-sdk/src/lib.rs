@@ -170,6 +170,63 @@ impl Request {
             .find(|t| t.name == name)
             .ok_or_else(|| Error::invalid(format!("missing input '{name}'")))
     }
+    /// The one value of an optional input, as a whole number (INT32 or INT64): `None` when
+    /// the client did not send it; an error naming the input when it holds more than one
+    /// value or another datatype.
+    pub fn scalar_i64(&self, name: &str) -> Result<Option<i64>> {
+        let Some(t) = self.scalar(name)? else {
+            return Ok(None);
+        };
+        match t.datatype {
+            Datatype::Int32 => t.to_i32().map(|v| Some(i64::from(v[0]))),
+            Datatype::Int64 => t.to_i64().map(|v| Some(v[0])),
+            _ => Err(Error::invalid(format!(
+                "input '{name}' must be INT32 or INT64"
+            ))),
+        }
+    }
+
+    /// The one value of an optional input, as a float (FP32 or FP64); as [`Self::scalar_i64`].
+    pub fn scalar_f32(&self, name: &str) -> Result<Option<f32>> {
+        let Some(t) = self.scalar(name)? else {
+            return Ok(None);
+        };
+        match t.datatype {
+            Datatype::Fp32 => t.to_f32().map(|v| Some(v[0])),
+            Datatype::Fp64 => t.to_f64().map(|v| Some(v[0] as f32)),
+            _ => Err(Error::invalid(format!(
+                "input '{name}' must be FP32 or FP64"
+            ))),
+        }
+    }
+
+    /// The one element of an optional BYTES input, as UTF-8 text; as [`Self::scalar_i64`].
+    pub fn scalar_text(&self, name: &str) -> Result<Option<String>> {
+        let Some(t) = self.scalar(name)? else {
+            return Ok(None);
+        };
+        let elements = t
+            .bytes_elements()
+            .map_err(|e| Error::invalid(format!("input '{name}': {}", e.message)))?;
+        let text = core::str::from_utf8(elements[0])
+            .map_err(|_| Error::invalid(format!("input '{name}' is not UTF-8")))?;
+        Ok(Some(text.to_owned()))
+    }
+
+    /// An optional input that must hold exactly one element.
+    fn scalar(&self, name: &str) -> Result<Option<&Tensor>> {
+        let Some(t) = self.inputs.iter().find(|t| t.name == name) else {
+            return Ok(None);
+        };
+        if t.element_count() != 1 {
+            return Err(Error::invalid(format!(
+                "input '{name}' must hold one value, got shape {:?}",
+                t.shape
+            )));
+        }
+        Ok(Some(t))
+    }
+
     /// A request parameter sent by the client.
     pub fn parameter(&self, key: &str) -> Option<&ParamValue> {
         self.parameters
@@ -538,6 +595,45 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn scalars_of_optional_inputs_are_read_or_refused_by_name() {
+        let request = Request {
+            id: String::new(),
+            inputs: vec![
+                Tensor::from_i32("steps", &[1, 1], &[20]),
+                Tensor::from_f64("scale", &[1], &[7.5]),
+                Tensor::from_bytes_elements("prompt", &[1, 1], [b"a cat".as_slice()]),
+                Tensor::from_i64("pair", &[2], &[1, 2]),
+                Tensor::from_bytes_elements("bad", &[1], [[0xff_u8].as_slice()]),
+            ],
+            requested_outputs: vec![],
+            parameters: vec![],
+        };
+        assert_eq!(request.scalar_i64("steps").unwrap(), Some(20));
+        assert_eq!(request.scalar_i64("absent").unwrap(), None);
+        assert_eq!(request.scalar_f32("scale").unwrap(), Some(7.5));
+        assert_eq!(
+            request.scalar_text("prompt").unwrap().as_deref(),
+            Some("a cat")
+        );
+        let err = request.scalar_i64("pair").unwrap_err();
+        assert!(
+            err.message.contains("'pair' must hold one value"),
+            "{}",
+            err.message
+        );
+        assert!(request
+            .scalar_f32("steps")
+            .unwrap_err()
+            .message
+            .contains("'steps'"));
+        assert!(request
+            .scalar_text("bad")
+            .unwrap_err()
+            .message
+            .contains("UTF-8"));
     }
 
     #[test]

@@ -40,6 +40,19 @@ def infer(model, inputs, **kwargs):
     return arrays(response)
 
 
+class DLPackOnly:
+    """A tensor known only through DLPack, not NumPy's type (as a CPU torch tensor is)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
 def pair(k):
     a = np.arange(16, dtype=np.int32).reshape(1, 16) + 100 * k
     b = np.full((1, 16), k, dtype=np.int32)
@@ -70,6 +83,11 @@ def test_infer_yields_responses_whose_tensors_numpy_reads(server):
         inputs={"INPUT0": wasmtron.Tensor.from_dlpack(a), "INPUT1": b.tolist()})
     (again,) = server.model("simple").infer(request)
     np.testing.assert_array_equal(np.from_dlpack(again.outputs["OUTPUT0"]), a + b)
+    # Any DLPack producer in host memory is an input (as a CPU torch tensor is).
+    (foreign,) = server.model("simple").infer(inputs={"INPUT0": DLPackOnly(a),
+                                                      "INPUT1": DLPackOnly(b)})
+    np.testing.assert_array_equal(np.from_dlpack(foreign.outputs["OUTPUT1"]), a - b)
+    assert list(wasmtron.Tensor.from_dlpack(DLPackOnly(a)).shape) == [1, 16]
     index = server.models()
     assert index[("simple", 1)].state == "READY"
     assert index["simple"].name == "simple"

@@ -25,7 +25,7 @@ use rand_distr::{Distribution, StandardNormal};
 use scheduler::{Betas, Ddim, Euler, Lms, Scheduler, Spacing};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 use wasmtron_guest::{
-    export_stage, host, read_model_file, Config, Datatype, Error, Request, Result, Stage, Tensor,
+    export_stage, host, read_model_file, Config, Error, Request, Result, Stage, Tensor,
 };
 
 /// CLIP's context length: prompts are padded and truncated to it, as SD's pipelines do.
@@ -177,9 +177,9 @@ impl Stage for StableDiffusion {
     }
 
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
-        let prompt = one_text(request, "prompt")?.unwrap_or_default();
-        let negative = one_text(request, "negative_prompt")?.unwrap_or_default();
-        let steps = match one_int(request, "steps")? {
+        let prompt = request.scalar_text("prompt")?.unwrap_or_default();
+        let negative = request.scalar_text("negative_prompt")?.unwrap_or_default();
+        let steps = match request.scalar_i64("steps")? {
             None => self.steps,
             Some(n) if (1..=MAX_STEPS as i64).contains(&n) => n as usize,
             Some(n) => {
@@ -188,7 +188,7 @@ impl Stage for StableDiffusion {
                 )))
             }
         };
-        let guidance = match one_float(request, "guidance_scale")? {
+        let guidance = match request.scalar_f32("guidance_scale")? {
             None => self.guidance_scale,
             Some(g) if g.is_finite() && (0.0..=100.0).contains(&g) => g,
             Some(g) => {
@@ -214,7 +214,7 @@ impl Stage for StableDiffusion {
                 values
             }
             Err(_) => {
-                let seed = match one_int(request, "seed")? {
+                let seed = match request.scalar_i64("seed")? {
                     Some(s) => Some(s as u64),
                     None => self.seed,
                 };
@@ -349,7 +349,7 @@ impl Stage for StableDiffusion {
 impl StableDiffusion {
     /// An image side from the request (or the default), checked.
     fn side(&self, request: &Request, input: &str, default: usize) -> Result<usize> {
-        let side = match one_int(request, input)? {
+        let side = match request.scalar_i64(input)? {
             None => return Ok(default),
             Some(v) => v,
         };
@@ -367,54 +367,6 @@ impl StableDiffusion {
 /// An error about an input, naming it.
 fn named(input: &str, e: Error) -> Error {
     Error::invalid(format!("input '{input}': {}", e.message))
-}
-
-/// The one element of an optional input, checked to be a single value.
-fn single<'a>(request: &'a Request, input: &str) -> Result<Option<&'a Tensor>> {
-    let Ok(t) = request.input(input) else {
-        return Ok(None);
-    };
-    if t.element_count() != 1 {
-        return Err(Error::invalid(format!(
-            "input '{input}' must hold one value, got shape {:?}",
-            t.shape
-        )));
-    }
-    Ok(Some(t))
-}
-
-fn one_text(request: &Request, input: &str) -> Result<Option<String>> {
-    let Some(t) = single(request, input)? else {
-        return Ok(None);
-    };
-    let elements = t.bytes_elements().map_err(|e| named(input, e))?;
-    let text = std::str::from_utf8(elements[0])
-        .map_err(|_| Error::invalid(format!("input '{input}' is not UTF-8")))?;
-    Ok(Some(text.to_owned()))
-}
-
-fn one_int(request: &Request, input: &str) -> Result<Option<i64>> {
-    let Some(t) = single(request, input)? else {
-        return Ok(None);
-    };
-    let value = match t.datatype {
-        Datatype::Int32 => t.to_i32().map(|v| i64::from(v[0])),
-        Datatype::Int64 => t.to_i64().map(|v| v[0]),
-        _ => Err(Error::invalid("must be INT32 or INT64")),
-    };
-    value.map(Some).map_err(|e| named(input, e))
-}
-
-fn one_float(request: &Request, input: &str) -> Result<Option<f32>> {
-    let Some(t) = single(request, input)? else {
-        return Ok(None);
-    };
-    let value = match t.datatype {
-        Datatype::Fp32 => t.to_f32().map(|v| v[0]),
-        Datatype::Fp64 => t.to_f64().map(|v| v[0] as f32),
-        _ => Err(Error::invalid("must be FP32 or FP64")),
-    };
-    value.map(Some).map_err(|e| named(input, e))
 }
 
 /// The named output of a model's answer.

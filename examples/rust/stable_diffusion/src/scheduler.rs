@@ -112,76 +112,86 @@ pub trait Scheduler {
     fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32>;
 }
 
-/// diffusers' `EulerDiscreteScheduler` (linear interpolation of sigmas, final sigma zero, no
-/// churn; SD's configuration spaces it `linspace`).
-pub struct Euler {
+/// The sigma schedule Euler and LMS share in diffusers: the timesteps, the noise level at each
+/// (the training sigmas interpolated linearly, `np.interp` in f64) and a final zero.
+struct SigmaSchedule {
     timesteps: Vec<f32>,
     sigmas: Vec<f32>,
     spacing: Spacing,
 }
 
-impl Euler {
-    /// The schedule for `steps` sampling steps.
-    pub fn new(betas: &Betas, steps: usize, spacing: Spacing) -> Self {
-        let (timesteps, sigmas) = interpolated_sigmas(betas, steps, spacing);
+impl SigmaSchedule {
+    fn new(betas: &Betas, steps: usize, spacing: Spacing) -> Self {
+        let train_sigmas: Vec<f32> = betas
+            .alphas_cumprod()
+            .iter()
+            .map(|&ac| ((1.0 - ac) / ac).sqrt())
+            .collect();
+        let timesteps = spacing.timesteps(betas.train_steps, steps, false);
+        let last = train_sigmas.len() - 1;
+        let mut sigmas: Vec<f32> = timesteps
+            .iter()
+            .map(|&t| {
+                let t = f64::from(t);
+                let low = (t.floor() as usize).min(last);
+                let high = (low + 1).min(last);
+                let w = t - low as f64;
+                (f64::from(train_sigmas[low]) * (1.0 - w) + f64::from(train_sigmas[high]) * w)
+                    as f32
+            })
+            .collect();
+        sigmas.push(0.0);
         Self {
             timesteps,
             sigmas,
             spacing,
         }
     }
+
+    /// The largest sigma (with `leading` spacing, the noise of a sample at that sigma:
+    /// sqrt(sigma² + 1)).
+    fn init_noise_sigma(&self) -> f32 {
+        let max = self.sigmas.iter().copied().fold(0.0, f32::max);
+        match self.spacing {
+            Spacing::Linspace | Spacing::Trailing => max,
+            Spacing::Leading(_) => (max * max + 1.0).sqrt(),
+        }
+    }
+
+    /// 1 / sqrt(sigma² + 1) at step `i`.
+    fn input_scale(&self, i: usize) -> f32 {
+        let sigma = self.sigmas[i];
+        1.0 / (sigma * sigma + 1.0).sqrt()
+    }
 }
 
-/// The timesteps and the noise levels at them (then a final zero), as Euler and LMS share
-/// them in diffusers: the training sigmas interpolated linearly (`np.interp`, in f64).
-fn interpolated_sigmas(betas: &Betas, steps: usize, spacing: Spacing) -> (Vec<f32>, Vec<f32>) {
-    let train_sigmas: Vec<f32> = betas
-        .alphas_cumprod()
-        .iter()
-        .map(|&ac| ((1.0 - ac) / ac).sqrt())
-        .collect();
-    let timesteps = spacing.timesteps(betas.train_steps, steps, false);
-    let mut sigmas: Vec<f32> = timesteps
-        .iter()
-        .map(|&t| {
-            let t = f64::from(t);
-            let low = (t.floor() as usize).min(train_sigmas.len() - 1);
-            let high = (low + 1).min(train_sigmas.len() - 1);
-            let w = t - low as f64;
-            (f64::from(train_sigmas[low]) * (1.0 - w) + f64::from(train_sigmas[high]) * w) as f32
-        })
-        .collect();
-    sigmas.push(0.0);
-    (timesteps, sigmas)
-}
+/// diffusers' `EulerDiscreteScheduler` (final sigma zero, no churn; SD's configuration spaces
+/// it `linspace`).
+pub struct Euler(SigmaSchedule);
 
-/// The largest of the sigmas, as the initial noise's scale (with `leading` spacing, as the
-/// noise of a sample at that sigma: sqrt(sigma² + 1)).
-fn init_sigma(sigmas: &[f32], spacing: Spacing) -> f32 {
-    let max = sigmas.iter().copied().fold(0.0, f32::max);
-    match spacing {
-        Spacing::Linspace | Spacing::Trailing => max,
-        Spacing::Leading(_) => (max * max + 1.0).sqrt(),
+impl Euler {
+    /// The schedule for `steps` sampling steps.
+    pub fn new(betas: &Betas, steps: usize, spacing: Spacing) -> Self {
+        Self(SigmaSchedule::new(betas, steps, spacing))
     }
 }
 
 impl Scheduler for Euler {
     fn timesteps(&self) -> &[f32] {
-        &self.timesteps
+        &self.0.timesteps
     }
 
     fn init_noise_sigma(&self) -> f32 {
-        init_sigma(&self.sigmas, self.spacing)
+        self.0.init_noise_sigma()
     }
 
     fn input_scale(&self, i: usize) -> f32 {
-        let sigma = self.sigmas[i];
-        1.0 / (sigma * sigma + 1.0).sqrt()
+        self.0.input_scale(i)
     }
 
     fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
-        let sigma = self.sigmas[i];
-        let dt = self.sigmas[i + 1] - sigma;
+        let sigma = self.0.sigmas[i];
+        let dt = self.0.sigmas[i + 1] - sigma;
         sample
             .iter()
             .zip(noise)
@@ -199,9 +209,7 @@ impl Scheduler for Euler {
 /// integrates numerically; here they are integrated exactly (Gauss–Legendre, exact for the
 /// cubic Lagrange basis).
 pub struct Lms {
-    timesteps: Vec<f32>,
-    sigmas: Vec<f32>,
-    spacing: Spacing,
+    schedule: SigmaSchedule,
     derivatives: std::collections::VecDeque<Vec<f32>>,
 }
 
@@ -211,11 +219,8 @@ const LMS_ORDER: usize = 4;
 impl Lms {
     /// The schedule for `steps` sampling steps.
     pub fn new(betas: &Betas, steps: usize, spacing: Spacing) -> Self {
-        let (timesteps, sigmas) = interpolated_sigmas(betas, steps, spacing);
         Self {
-            timesteps,
-            sigmas,
-            spacing,
+            schedule: SigmaSchedule::new(betas, steps, spacing),
             derivatives: std::collections::VecDeque::with_capacity(LMS_ORDER + 1),
         }
     }
@@ -223,14 +228,15 @@ impl Lms {
     /// The integral over [sigma_t, sigma_t+1] of the Lagrange basis polynomial of
     /// `current` among the last `order` sigmas.
     fn coefficient(&self, order: usize, t: usize, current: usize) -> f64 {
-        let sigma = |k: usize| f64::from(self.sigmas[t - k]);
+        let sigmas = &self.schedule.sigmas;
+        let sigma = |k: usize| f64::from(sigmas[t - k]);
         let basis = |tau: f64| {
             (0..order)
                 .filter(|&k| k != current)
                 .map(|k| (tau - sigma(k)) / (sigma(current) - sigma(k)))
                 .product::<f64>()
         };
-        let (a, b) = (f64::from(self.sigmas[t]), f64::from(self.sigmas[t + 1]));
+        let (a, b) = (f64::from(sigmas[t]), f64::from(sigmas[t + 1]));
         let (mid, half) = ((a + b) / 2.0, (b - a) / 2.0);
         let node = (3.0f64 / 5.0).sqrt();
         half * (5.0 / 9.0 * basis(mid - half * node)
@@ -241,20 +247,19 @@ impl Lms {
 
 impl Scheduler for Lms {
     fn timesteps(&self) -> &[f32] {
-        &self.timesteps
+        &self.schedule.timesteps
     }
 
     fn init_noise_sigma(&self) -> f32 {
-        init_sigma(&self.sigmas, self.spacing)
+        self.schedule.init_noise_sigma()
     }
 
     fn input_scale(&self, i: usize) -> f32 {
-        let sigma = self.sigmas[i];
-        1.0 / (sigma * sigma + 1.0).sqrt()
+        self.schedule.input_scale(i)
     }
 
     fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
-        let sigma = self.sigmas[i];
+        let sigma = self.schedule.sigmas[i];
         let derivative: Vec<f32> = sample
             .iter()
             .zip(noise)
@@ -377,20 +382,22 @@ mod tests {
         let e = Euler::new(&SD, 4, Spacing::Linspace);
         assert_eq!(e.timesteps(), &[999.0, 666.0, 333.0, 0.0]);
         assert!((e.init_noise_sigma() - 14.6146).abs() < 1e-3);
-        assert_eq!(e.sigmas.len(), 5);
-        assert_eq!(e.sigmas[4], 0.0);
-        assert!((e.sigmas[3] - 0.0292).abs() < 1e-3, "{}", e.sigmas[3]);
+        let sigmas = &e.0.sigmas;
+        assert_eq!(sigmas.len(), 5);
+        assert_eq!(sigmas[4], 0.0);
+        assert!((sigmas[3] - 0.0292).abs() < 1e-3, "{}", sigmas[3]);
     }
 
     #[test]
     fn lms_first_coefficients_are_eulers_step() {
         // Order 1: the basis is 1, its integral the step in sigma.
         let l = Lms::new(&SD, 10, Spacing::Linspace);
-        let step = f64::from(l.sigmas[1]) - f64::from(l.sigmas[0]);
+        let sigmas = &l.schedule.sigmas;
+        let step = f64::from(sigmas[1]) - f64::from(sigmas[0]);
         assert!((l.coefficient(1, 0, 0) - step).abs() < 1e-9);
         // The coefficients of one step sum to the step (the basis sums to 1).
         let sum: f64 = (0..3).map(|c| l.coefficient(3, 4, c)).sum();
-        let step = f64::from(l.sigmas[5]) - f64::from(l.sigmas[4]);
+        let step = f64::from(sigmas[5]) - f64::from(sigmas[4]);
         assert!((sum - step).abs() < 1e-9, "{sum} vs {step}");
     }
 

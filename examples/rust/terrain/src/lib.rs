@@ -13,7 +13,7 @@
 
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
-use wasmtron_guest::{export_stage, host, Config, Datatype, Error, Request, Result, Stage, Tensor};
+use wasmtron_guest::{export_stage, host, Config, Error, Request, Result, Stage, Tensor};
 
 /// The model's native side.
 const SIDE: usize = 128;
@@ -53,14 +53,15 @@ impl Stage for Terrain {
     }
 
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
-        let difficulty = one_int(request, "difficulty")?
+        let difficulty = request
+            .scalar_i64("difficulty")?
             .ok_or_else(|| Error::invalid("missing input 'difficulty' (1 to 100)"))?;
         if !(1..=CLASSES).contains(&difficulty) {
             return Err(Error::invalid(format!(
                 "input 'difficulty' is {difficulty}; it must be between 1 and {CLASSES}"
             )));
         }
-        let steps = match one_int(request, "steps")? {
+        let steps = match request.scalar_i64("steps")? {
             None => 1,
             Some(n) if (1..=MAX_STEPS as i64).contains(&n) => n as usize,
             Some(n) => {
@@ -85,7 +86,7 @@ impl Stage for Terrain {
                 values
             }
             Err(_) => {
-                let mut rng = match one_int(request, "seed")? {
+                let mut rng = match request.scalar_i64("seed")? {
                     Some(s) => rand_chacha::ChaCha8Rng::seed_from_u64(s as u64),
                     None => rand_chacha::ChaCha8Rng::from_os_rng(),
                 };
@@ -181,27 +182,6 @@ impl Terrain {
         }
         heights
     }
-}
-
-/// The one element of an optional integer input.
-fn one_int(request: &Request, input: &str) -> Result<Option<i64>> {
-    let Ok(t) = request.input(input) else {
-        return Ok(None);
-    };
-    if t.element_count() != 1 {
-        return Err(Error::invalid(format!(
-            "input '{input}' must hold one value, got shape {:?}",
-            t.shape
-        )));
-    }
-    let value = match t.datatype {
-        Datatype::Int32 => t.to_i32().map(|v| i64::from(v[0])),
-        Datatype::Int64 => t.to_i64().map(|v| v[0]),
-        _ => Err(Error::invalid("must be INT32 or INT64")),
-    };
-    value
-        .map(Some)
-        .map_err(|e| Error::invalid(format!("input '{input}': {}", e.message)))
 }
 
 export_stage!(Terrain);
