@@ -26,6 +26,14 @@ DIFFUSION_PYTHON = os.environ.get("DIFFUSION_PYTHON",
 REFERENCE = os.path.join(ROOT, ".cache", "diffusion", "pipeline")
 
 
+STREAM_OUTPUTS = """output [
+  { name: "generated_image", data_type: TYPE_UINT8, dims: [ -1, -1, 3 ] },
+  { name: "step", data_type: TYPE_INT32, dims: [ 1 ] }
+]
+input [ { name: "stream_every", data_type: TYPE_INT32, dims: [ 1 ], optional: true } ]"""
+STREAM_POLICY = "model_transaction_policy { decoupled: true }\n"
+
+
 def set_parameters(config_path, **values):
     """Rewrites `parameters` values of a config.pbtxt (string values)."""
     text = open(config_path, encoding="utf-8").read()
@@ -46,6 +54,14 @@ def server(tmp_path_factory):
         other = repo / f"stable_diffusion_{kind}"
         shutil.copytree(repo / "stable_diffusion", other)
         set_parameters(other / "config.pbtxt", scheduler=kind)
+    # The decoupled configuration README's "Text to image" shows: previews while sampling.
+    stream = repo / "stable_diffusion_stream"
+    shutil.copytree(repo / "stable_diffusion", stream)
+    text = (stream / "config.pbtxt").read_text()
+    text = text.replace(
+        'output [ { name: "generated_image", data_type: TYPE_UINT8, dims: [ -1, -1, 3 ] } ]',
+        STREAM_OUTPUTS)
+    (stream / "config.pbtxt").write_text(text + STREAM_POLICY)
     s = Server(str(repo))
     yield s
     s.stop()
@@ -171,3 +187,43 @@ def test_a_missing_prompt_is_named(server):
         client.infer("stable_diffusion", [steps])
     assert refused.value.status() == "400"
     client.close()
+
+
+def test_a_decoupled_configuration_streams_previews_then_the_image(server):
+    """Previews every `stream_every` steps (the image of the clean latents predicted at that
+    step, with `step`), then the final image, equal to the one-response model's."""
+    import queue
+
+    steps, every = 10, 3
+    answers = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    tensors = []
+    for name, value, datatype in [
+            ("prompt", np.array([["a red fox in the snow"]], dtype=object), "BYTES"),
+            ("seed", np.array([[42]], np.int64), "INT64"),
+            ("steps", np.array([[steps]], np.int32), "INT32"),
+            ("stream_every", np.array([[every]], np.int32), "INT32")]:
+        t = grpcclient.InferInput(name, list(value.shape), datatype)
+        t.set_data_from_numpy(value)
+        tensors.append(t)
+    client.async_stream_infer("stable_diffusion_stream", tensors,
+                              enable_empty_final_response=True)
+    images, steps_seen = [], []
+    while True:
+        result, error = answers.get(timeout=300)
+        assert error is None, error
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+        images.append(result.as_numpy("generated_image"))
+        steps_seen.append(int(result.as_numpy("step")[0, 0]))
+    client.stop_stream()
+    client.close()
+    assert steps_seen == [3, 6, 9, 10], steps_seen
+    final = generate(server.grpc, prompt=[["a red fox in the snow"]], seed=np.array([[42]]),
+                     steps=np.array([[steps]], np.int32))
+    np.testing.assert_array_equal(images[-1], final)
+    assert all(image.shape == (1, 64, 64, 3) for image in images)
+    # The model that answers once does not take the input (its configuration declares none).
+    with pytest.raises(InferenceServerException, match="unexpected inference input 'stream_every'"):
+        generate(server.grpc, prompt=[["x"]], stream_every=np.array([[2]], np.int32))

@@ -12,7 +12,9 @@
 //!
 //! Inputs: `prompt` (BYTES [1]), optional `negative_prompt`, `steps`, `guidance_scale`,
 //! `seed`, `height`, `width`, `latents` (FP32 [4, H/8, W/8]: the unit initial noise, instead
-//! of the seed's). Parameters (config.pbtxt): the defaults of those (`steps`,
+//! of the seed's), `stream_every`. A decoupled configuration (`stable_diffusion_stream`)
+//! answers a preview every `stream_every` steps (the VAE's image of the clean latents the
+//! model predicts at that step, with `step` saying which), then the final image. Parameters (config.pbtxt): the defaults of those (`steps`,
 //! `guidance_scale`, `image_height`, `image_width`, `seed`), `scheduler` (`euler`, `lms` or
 //! `ddim`) with diffusers' settings of it (`timestep_spacing`, `steps_offset`, `clip_sample`,
 //! `set_alpha_to_one`; SD 1.x's by default), the three model names, and the noise schedule
@@ -107,6 +109,10 @@ struct StableDiffusion {
     width: usize,
     max_side: usize,
     seed: Option<u64>,
+    /// Decoupled models: a preview every this many steps (0: none), `stream_every`.
+    stream_every: usize,
+    /// Whether the model is decoupled (may answer more than once).
+    decoupled: bool,
 }
 
 impl Stage for StableDiffusion {
@@ -159,6 +165,10 @@ impl Stage for StableDiffusion {
             })?),
         };
         let name = |key: &str| config.parameter(key).unwrap_or(key).to_owned();
+        let decoupled = serde_json::from_str::<serde_json::Value>(&config.json)
+            .ok()
+            .and_then(|c| c["model_transaction_policy"]["decoupled"].as_bool())
+            .unwrap_or(false);
         Ok(Self {
             tokenizer,
             text_encoder: name("text_encoder"),
@@ -173,6 +183,8 @@ impl Stage for StableDiffusion {
             width: config.parameter_or("image_width", 512usize)?,
             max_side: config.parameter_or("max_image_side", 1024usize)?,
             seed,
+            stream_every: config.parameter_or("stream_every", 0usize)?,
+            decoupled,
         })
     }
 
@@ -194,6 +206,20 @@ impl Stage for StableDiffusion {
             Some(g) => {
                 return Err(Error::invalid(format!(
                     "input 'guidance_scale' is {g}; it must be between 0 and 100"
+                )))
+            }
+        };
+        let stream_every = match request.scalar_i64("stream_every")? {
+            None => self.stream_every,
+            Some(n) if n >= 0 && self.decoupled => n as usize,
+            Some(n) if n >= 0 => {
+                return Err(Error::invalid(
+                    "input 'stream_every' needs a decoupled model (model_transaction_policy                      { decoupled: true }): this one answers once",
+                ))
+            }
+            Some(n) => {
+                return Err(Error::invalid(format!(
+                    "input 'stream_every' is {n}; it must be 0 (no previews) or more"
                 )))
             }
         };
@@ -303,9 +329,43 @@ impl Stage for StableDiffusion {
             } else {
                 predicted
             };
+            // A preview of what the model sees now, every `stream_every` steps but the last.
+            if self.decoupled && stream_every > 0 && (i + 1) % stream_every == 0 && i + 1 < steps {
+                let preview =
+                    self.decode(&scheduler.denoised(i, &latents, &noise), height, width)?;
+                host::respond(&request.select(image_outputs(&preview, height, width, i + 1))?)?;
+            }
             latents = scheduler.step(i, &latents, &noise);
         }
 
+        let image = self.decode(&latents, height, width)?;
+        let outputs = request.select(image_outputs(&image, height, width, steps))?;
+        if self.decoupled {
+            // The last response of a decoupled request, then the end of it.
+            host::respond(&outputs)?;
+            return Ok(Vec::new());
+        }
+        Ok(outputs)
+    }
+}
+
+/// The outputs of one image: `generated_image` [1, H, W, 3] and `step` (the steps it took).
+fn image_outputs(image: &[u8], height: usize, width: usize, step: usize) -> Vec<Tensor> {
+    vec![
+        Tensor::from_u8(
+            "generated_image",
+            &[1, height as i64, width as i64, 3],
+            image,
+        ),
+        Tensor::from_i32("step", &[1, 1], &[step as i32]),
+    ]
+}
+
+impl StableDiffusion {
+    /// Latents to an image with the VAE: [-1, 1] CHW -> [0, 255] HWC, rounded as diffusers
+    /// hands images to Pillow.
+    fn decode(&self, latents: &[f32], height: usize, width: usize) -> Result<Vec<u8>> {
+        let (h, w) = (height / VAE_SCALE, width / VAE_SCALE);
         let scaled: Vec<f32> = latents
             .iter()
             .map(|v| v / self.vae_scaling_factor)
@@ -328,7 +388,6 @@ impl Stage for StableDiffusion {
                 decoded.len()
             )));
         }
-        // [-1, 1] CHW -> [0, 255] HWC, rounded as diffusers hands images to Pillow.
         let plane = height * width;
         let mut image = vec![0u8; 3 * plane];
         for (p, pixel) in image.chunks_exact_mut(3).enumerate() {
@@ -337,16 +396,9 @@ impl Stage for StableDiffusion {
                 *value = (x * 255.0).round() as u8;
             }
         }
-        let out = Tensor::from_u8(
-            "generated_image",
-            &[1, height as i64, width as i64, 3],
-            &image,
-        );
-        request.select(vec![out])
+        Ok(image)
     }
-}
 
-impl StableDiffusion {
     /// An image side from the request (or the default), checked.
     fn side(&self, request: &Request, input: &str, default: usize) -> Result<usize> {
         let side = match request.scalar_i64(input)? {

@@ -110,6 +110,17 @@ pub trait Scheduler {
     /// The sample after step `i`, from the sample and the (guided) noise prediction; steps
     /// are taken in order (a multistep sampler remembers the earlier ones).
     fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32>;
+    /// The clean latents the model predicts at step `i` (what a preview shows).
+    fn denoised(&self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32>;
+}
+
+/// x0 = x - sigma * eps, for the samplers that scale noise by sigma.
+fn denoised_at(sigma: f32, sample: &[f32], noise: &[f32]) -> Vec<f32> {
+    sample
+        .iter()
+        .zip(noise)
+        .map(|(&x, &eps)| x - sigma * eps)
+        .collect()
 }
 
 /// The sigma schedule Euler and LMS share in diffusers: the timesteps, the noise level at each
@@ -189,6 +200,10 @@ impl Scheduler for Euler {
         self.0.input_scale(i)
     }
 
+    fn denoised(&self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
+        denoised_at(self.0.sigmas[i], sample, noise)
+    }
+
     fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
         let sigma = self.0.sigmas[i];
         let dt = self.0.sigmas[i + 1] - sigma;
@@ -256,6 +271,10 @@ impl Scheduler for Lms {
 
     fn input_scale(&self, i: usize) -> f32 {
         self.schedule.input_scale(i)
+    }
+
+    fn denoised(&self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
+        denoised_at(self.schedule.sigmas[i], sample, noise)
     }
 
     fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
@@ -326,6 +345,14 @@ impl Ddim {
     }
 }
 
+impl Ddim {
+    /// alphas_cumprod at step `i`'s timestep.
+    fn alpha(&self, i: usize) -> f32 {
+        let last = self.alphas_cumprod.len() - 1;
+        self.alphas_cumprod[(self.timesteps[i] as usize).min(last)]
+    }
+}
+
 impl Scheduler for Ddim {
     fn timesteps(&self) -> &[f32] {
         &self.timesteps
@@ -337,6 +364,16 @@ impl Scheduler for Ddim {
 
     fn input_scale(&self, _i: usize) -> f32 {
         1.0
+    }
+
+    fn denoised(&self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
+        let alpha = self.alpha(i);
+        let beta = 1.0 - alpha;
+        sample
+            .iter()
+            .zip(noise)
+            .map(|(&x, &eps)| (x - beta.sqrt() * eps) / alpha.sqrt())
+            .collect()
     }
 
     fn step(&mut self, i: usize, sample: &[f32], noise: &[f32]) -> Vec<f32> {
