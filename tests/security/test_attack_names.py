@@ -187,3 +187,21 @@ def test_an_output_requested_twice_is_named(server):
     assert "requested output 'OUTPUT1' appears more than once" in e.value.message(), e.value
     client.close()
     still_serves(server)
+
+
+def test_models_a_stage_says_it_calls_go_through_the_name_check(server, tmp_path):
+    """`composing_models` (the models a stage loads with it) comes from a configuration a load
+    request may send: each name is checked as a load request's name is, the victim stays, and
+    nothing of the attack is loaded."""
+    victim, untouched = plant_victim(tmp_path)
+    for hostile in [f"x/../../../../../../..{victim}", "..", "/etc", "a\nb"]:
+        config = json.dumps({"backend": "onnxruntime", "parameters": {
+            "composing_models": {"string_value": f"identity_fp32, {hostile}"}}})
+        params = {"config": config, "file:1/model.onnx": base64.b64encode(MODEL).decode()}
+        status, body = raw(server.http, "POST", "/v2/repository/models/caller/load",
+                           {"parameters": params})
+        assert status == 400, (hostile, status, body)
+        assert "invalid model name" in error_text(body), (hostile, body)
+        assert raw(server.http, "GET", "/v2/models/caller/ready")[0] != 200
+    untouched()
+    still_serves(server)

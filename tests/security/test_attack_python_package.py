@@ -30,6 +30,11 @@ def test_loads_and_unloads_under_hostile_names_are_refused(server, tmp_path):
             server.load(name)
         with pytest.raises(wasmtron.InvalidArgumentError, match="invalid model name"):
             server.unload(name)
+    # The files of load(parameters=...) go through the load API's file-key check.
+    for key in ["../escape/model.onnx", "/etc/x", f"1/../../../../..{victim}/keep.txt", "1//x"]:
+        with pytest.raises(wasmtron.InvalidArgumentError, match="load parameter 'file:"):
+            server.load("uploaded", parameters={"config": '{"backend": "onnxruntime"}',
+                                                f"file:{key}": b"x"})
     untouched()
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     (response,) = server.model("simple").infer(inputs={"INPUT0": a, "INPUT1": a})

@@ -325,12 +325,16 @@ impl ModelManager {
     /// ensemble (and theirs) that are not loaded now. A tenant's load must be allowed for each.
     pub fn would_also_load(&self, name: &str, overrides: &LoadOverride) -> Vec<String> {
         let mut found = Vec::new();
-        let mut todo = self.composing_of(name, overrides);
+        // A configuration naming bad models fails the load itself; nothing more is loaded.
+        let mut todo = self.composing_of(name, overrides).unwrap_or_default();
         while let Some(model) = todo.pop() {
             if model == name || found.contains(&model) || self.get(&model, None).is_ok() {
                 continue;
             }
-            todo.extend(self.composing_of(&model, &LoadOverride::default()));
+            todo.extend(
+                self.composing_of(&model, &LoadOverride::default())
+                    .unwrap_or_default(),
+            );
             found.push(model);
         }
         found
@@ -353,7 +357,7 @@ impl ModelManager {
     ) -> futures::future::BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             done.insert(name.to_owned());
-            for model in self.composing_of(name, &overrides) {
+            for model in self.composing_of(name, &overrides)? {
                 if !done.contains(&model) && self.get(&model, None).is_err() {
                     // A failure shows in the ensemble's own error, which names the step.
                     let _ = self
@@ -368,7 +372,7 @@ impl ModelManager {
     /// The models an ensemble calls, or those a stage declares it calls in its
     /// `composing_models` parameter (names separated by commas); none for other models or an
     /// unreadable config.
-    fn composing_of(&self, name: &str, overrides: &LoadOverride) -> Vec<String> {
+    fn composing_of(&self, name: &str, overrides: &LoadOverride) -> Result<Vec<String>> {
         let config = match &overrides.config_json {
             Some(json) => config::parse_json(json).ok(),
             None => self
@@ -378,29 +382,42 @@ impl ModelManager {
                 .and_then(|s| s.read_config().ok()),
         };
         let Some(config) = config else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
-        if ensemble::is_ensemble(&config) {
-            return ensemble::composing_models(&config)
+        let names: Vec<String> = if ensemble::is_ensemble(&config) {
+            ensemble::composing_models(&config)
                 .into_iter()
                 .map(|(m, _)| m)
-                .collect();
+                .collect()
+        } else {
+            // A stage that calls models (BLS) may name them, so that loading it in explicit
+            // mode loads them too, as an ensemble's.
+            config
+                .parameters
+                .get(STAGE_CALLS)
+                .map(|names| {
+                    names
+                        .string_value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|n| !n.is_empty() && *n != name)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        // The names come from a configuration a load request may send: each passes the check
+        // every requested name passes before anything is looked up.
+        for model in &names {
+            ModelName::parse(model).map_err(|e| {
+                Error::invalid(format!(
+                    "model '{name}': a model it calls (ensemble step or parameter \
+                     '{STAGE_CALLS}'): {}",
+                    e.message
+                ))
+            })?;
         }
-        // A stage that calls models (BLS) may name them, so that loading it in explicit mode
-        // loads them too, as an ensemble's; names are checked when each is loaded.
-        config
-            .parameters
-            .get(STAGE_CALLS)
-            .map(|names| {
-                names
-                    .string_value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|n| !n.is_empty() && *n != name)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default()
+        Ok(names)
     }
 
     /// Why a model cannot serve: not in the repositories, or its load error.
