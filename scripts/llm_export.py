@@ -33,14 +33,19 @@ def _const(nodes, inits, name, array):
     return name
 
 
-def decoder(weights, hp, name="decoder", accuracy_level=0):
+def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False):
     """An ONNX decoder from Hugging Face-layout weights.
 
     weights: `embed` [vocab, hidden]; per layer i `{i}.attn_norm`, `{i}.q` [heads*dim, hidden],
     `{i}.k`, `{i}.v` [kv_heads*dim, hidden], `{i}.o` [hidden, heads*dim], `{i}.ffn_norm`,
     `{i}.gate`, `{i}.up` [ffn, hidden], `{i}.down` [hidden, ffn]; `norm`; `lm_head` [vocab,
     hidden] (absent when tied to the embedding). hp: layers, heads, kv_heads, head_dim, hidden,
-    vocab, rope_base, eps.
+    vocab, rope_base, eps (and context, the positions the rotary tables cover, for shared_cache).
+
+    shared_cache: the layout ONNX Runtime GenAI exports with `past_present_share_buffer` (see
+    `SHARED_CACHE_LAYOUT`): attention by `GroupQueryAttention` over an FP16 cache the caller
+    preallocates and binds as both past and present, so that a step writes its one new column
+    in place instead of answering a whole new cache.
     """
     nodes, inits = [], []
     n = iter(range(1_000_000))
@@ -61,17 +66,19 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
     ]
+    if not shared_cache:
+        inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", 1, vocab])]
+    cache_type = TensorProto.FLOAT16 if shared_cache else TensorProto.FLOAT
+    past_dim = "max_sequence_length" if shared_cache else "past_sequence_length"
+    present_dim = "max_sequence_length" if shared_cache else "total_sequence_length"
     for i in range(layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(
-                f"past_key_values.{i}.{kind}", TensorProto.FLOAT,
-                ["batch_size", kv_heads, "past_sequence_length", dim]))
+                f"past_key_values.{i}.{kind}", cache_type, ["batch_size", kv_heads, past_dim, dim]))
             outputs.append(helper.make_tensor_value_info(
-                f"present.{i}.{kind}", TensorProto.FLOAT,
-                ["batch_size", kv_heads, "total_sequence_length", dim]))
+                f"present.{i}.{kind}", cache_type, ["batch_size", kv_heads, present_dim, dim]))
 
     eps = const("eps", f32(hp["eps"]))
     two = const("two", f32(2.0))
@@ -97,61 +104,84 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
     embed = f32(weights["embed"])
     x = op("Gather", [const("model.embed_tokens.weight", embed), "input_ids"], axis=0)
 
-    # Rotary embedding from position_ids: cos/sin [batch, 1, seq, dim] (rotate-half layout).
-    inv_freq = 1.0 / (hp["rope_base"] ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-    pos = op("Cast", [op("Unsqueeze", ["position_ids", const("axis_last", np.array([2]))])], to=TensorProto.FLOAT)
-    freqs = op("Mul", [pos, const("inv_freq", f32(inv_freq).reshape(1, 1, -1))])
-    emb = op("Concat", [freqs, freqs], axis=-1)
-    axis1 = const("axis1", np.array([1]))
-    cos = op("Unsqueeze", [op("Cos", [emb]), axis1])
-    sin = op("Unsqueeze", [op("Sin", [emb]), axis1])
-    half = dim // 2
-    starts_lo, ends_lo = const("half_lo_s", np.array([0])), const("half_lo_e", np.array([half]))
-    starts_hi, ends_hi = const("half_hi_s", np.array([half])), const("half_hi_e", np.array([dim]))
-    last = const("last_axis", np.array([-1]))
+    if shared_cache:
+        # GroupQueryAttention reads each row's length from seqlens_k (its tokens - 1) and
+        # rotates q and k itself from cos/sin tables [context, dim / 2] by position.
+        seqlens = op("Sub", [op("ReduceSum", ["attention_mask", const("mask_axis", np.array([1]))], keepdims=0),
+                             const("one_len", np.array(1, dtype=np.int64))])
+        seqlens_k = op("Cast", [seqlens], to=TensorProto.INT32)
+        total_len = op("Cast", [op("Squeeze", [op("Shape", ["attention_mask"], start=1, end=2)])], to=TensorProto.INT32)
+        inv_freq = 1.0 / (hp["rope_base"] ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+        angles = np.outer(np.arange(hp.get("context", 8192), dtype=np.float64), inv_freq)
+        cos_cache, sin_cache = const("cos_cache", f32(np.cos(angles))), const("sin_cache", f32(np.sin(angles)))
+    else:
+        # Rotary embedding from position_ids: cos/sin [batch, 1, seq, dim] (rotate-half layout).
+        inv_freq = 1.0 / (hp["rope_base"] ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+        pos = op("Cast", [op("Unsqueeze", ["position_ids", const("axis_last", np.array([2]))])], to=TensorProto.FLOAT)
+        freqs = op("Mul", [pos, const("inv_freq", f32(inv_freq).reshape(1, 1, -1))])
+        emb = op("Concat", [freqs, freqs], axis=-1)
+        axis1 = const("axis1", np.array([1]))
+        cos = op("Unsqueeze", [op("Cos", [emb]), axis1])
+        sin = op("Unsqueeze", [op("Sin", [emb]), axis1])
+        half = dim // 2
+        starts_lo, ends_lo = const("half_lo_s", np.array([0])), const("half_lo_e", np.array([half]))
+        starts_hi, ends_hi = const("half_hi_s", np.array([half])), const("half_hi_e", np.array([dim]))
+        last = const("last_axis", np.array([-1]))
 
-    def rotary(t):
-        lo = op("Slice", [t, starts_lo, ends_lo, last])
-        hi = op("Slice", [t, starts_hi, ends_hi, last])
-        rotated = op("Concat", [op("Neg", [hi]), lo], axis=-1)
-        return op("Add", [op("Mul", [t, cos]), op("Mul", [rotated, sin])])
+        def rotary(t):
+            lo = op("Slice", [t, starts_lo, ends_lo, last])
+            hi = op("Slice", [t, starts_hi, ends_hi, last])
+            rotated = op("Concat", [op("Neg", [hi]), lo], axis=-1)
+            return op("Add", [op("Mul", [t, cos]), op("Mul", [rotated, sin])])
 
-    # Mask bias [batch, 1, group*seq, total]: 0 where a query may look, -1e9 elsewhere.
-    total = op("Shape", ["attention_mask"], start=1, end=2)
-    seq = op("Shape", ["input_ids"], start=1, end=2)
-    zero_i, one_i = const("zero_i", np.array(0, dtype=np.int64)), const("one_i", np.array(1, dtype=np.int64))
-    cols = op("Range", [zero_i, op("Squeeze", [total]), one_i])
-    past_len = op("Sub", [op("Squeeze", [total]), op("Squeeze", [seq])])
-    rows = op("Range", [past_len, op("Squeeze", [total]), one_i])
-    causal = op("LessOrEqual", [op("Unsqueeze", [cols, const("axis0", np.array([0]))]),
-                                op("Unsqueeze", [rows, const("axis1b", np.array([1]))])])
-    present_cols = op("Equal", ["attention_mask", one_i])
-    keep = op("And", [op("Unsqueeze", [present_cols, const("axes12", np.array([1, 2]))]), causal])
-    bias = op("Where", [keep, const("zero_f", f32(0.0)), const("neg_f", f32(-1e9))])
-    bias = op("Concat", [bias] * group, axis=2) if group > 1 else bias
-    scale = const("scale", f32(1.0 / np.sqrt(dim)))
+        # Mask bias [batch, 1, group*seq, total]: 0 where a query may look, -1e9 elsewhere.
+        total = op("Shape", ["attention_mask"], start=1, end=2)
+        seq = op("Shape", ["input_ids"], start=1, end=2)
+        zero_i, one_i = const("zero_i", np.array(0, dtype=np.int64)), const("one_i", np.array(1, dtype=np.int64))
+        cols = op("Range", [zero_i, op("Squeeze", [total]), one_i])
+        past_len = op("Sub", [op("Squeeze", [total]), op("Squeeze", [seq])])
+        rows = op("Range", [past_len, op("Squeeze", [total]), one_i])
+        causal = op("LessOrEqual", [op("Unsqueeze", [cols, const("axis0", np.array([0]))]),
+                                    op("Unsqueeze", [rows, const("axis1b", np.array([1]))])])
+        present_cols = op("Equal", ["attention_mask", one_i])
+        keep = op("And", [op("Unsqueeze", [present_cols, const("axes12", np.array([1, 2]))]), causal])
+        bias = op("Where", [keep, const("zero_f", f32(0.0)), const("neg_f", f32(-1e9))])
+        bias = op("Concat", [bias] * group, axis=2) if group > 1 else bias
+        scale = const("scale", f32(1.0 / np.sqrt(dim)))
 
     for i in range(layers):
         residual = x
         h = rms_norm(x, f"model.layers.{i}.input_layernorm.weight", weights[f"{i}.attn_norm"])
-        q = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.q_proj.weight", weights[f"{i}.q"]),
-                                            const(f"q_shape_{i}", np.array([0, 0, heads, dim]))])], perm=[0, 2, 1, 3])
-        k = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.k_proj.weight", weights[f"{i}.k"]),
-                                            const(f"k_shape_{i}", np.array([0, 0, kv_heads, dim]))])], perm=[0, 2, 1, 3])
-        v = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.v_proj.weight", weights[f"{i}.v"]),
-                                            const(f"v_shape_{i}", np.array([0, 0, kv_heads, dim]))])], perm=[0, 2, 1, 3])
-        q, k = rotary(q), rotary(k)
-        present_k = f"present.{i}.key"
-        present_v = f"present.{i}.value"
-        nodes.append(helper.make_node("Concat", [f"past_key_values.{i}.key", k], [present_k], axis=2))
-        nodes.append(helper.make_node("Concat", [f"past_key_values.{i}.value", v], [present_v], axis=2))
-        # Grouped-query attention without repeating the cache: the `group` query heads that
-        # share a KV head become extra query rows of it.
-        qg = op("Reshape", [q, const(f"qg_shape_{i}", np.array([0, kv_heads, -1, dim]))])
-        scores = op("Mul", [op("MatMul", [qg, op("Transpose", [present_k], perm=[0, 1, 3, 2])]), scale])
-        probs = op("Softmax", [op("Add", [scores, bias])], axis=-1)
-        attn = op("Reshape", [op("MatMul", [probs, present_v]), const(f"attn_shape_{i}", np.array([0, heads, -1, dim]))])
-        attn = op("Reshape", [op("Transpose", [attn], perm=[0, 2, 1, 3]), const(f"merge_shape_{i}", np.array([0, 0, heads * dim]))])
+        if shared_cache:
+            q = linear(h, f"model.layers.{i}.self_attn.q_proj.weight", weights[f"{i}.q"])
+            k = linear(h, f"model.layers.{i}.self_attn.k_proj.weight", weights[f"{i}.k"])
+            v = linear(h, f"model.layers.{i}.self_attn.v_proj.weight", weights[f"{i}.v"])
+            attn = f"attn_{i}"
+            nodes.append(helper.make_node(
+                "GroupQueryAttention",
+                [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens_k, total_len,
+                 cos_cache, sin_cache],
+                [attn, f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
+                num_heads=heads, kv_num_heads=kv_heads, do_rotary=1, rotary_interleaved=0))
+        else:
+            q = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.q_proj.weight", weights[f"{i}.q"]),
+                                                const(f"q_shape_{i}", np.array([0, 0, heads, dim]))])], perm=[0, 2, 1, 3])
+            k = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.k_proj.weight", weights[f"{i}.k"]),
+                                                const(f"k_shape_{i}", np.array([0, 0, kv_heads, dim]))])], perm=[0, 2, 1, 3])
+            v = op("Transpose", [op("Reshape", [linear(h, f"model.layers.{i}.self_attn.v_proj.weight", weights[f"{i}.v"]),
+                                                const(f"v_shape_{i}", np.array([0, 0, kv_heads, dim]))])], perm=[0, 2, 1, 3])
+            q, k = rotary(q), rotary(k)
+            present_k = f"present.{i}.key"
+            present_v = f"present.{i}.value"
+            nodes.append(helper.make_node("Concat", [f"past_key_values.{i}.key", k], [present_k], axis=2))
+            nodes.append(helper.make_node("Concat", [f"past_key_values.{i}.value", v], [present_v], axis=2))
+            # Grouped-query attention without repeating the cache: the `group` query heads that
+            # share a KV head become extra query rows of it.
+            qg = op("Reshape", [q, const(f"qg_shape_{i}", np.array([0, kv_heads, -1, dim]))])
+            scores = op("Mul", [op("MatMul", [qg, op("Transpose", [present_k], perm=[0, 1, 3, 2])]), scale])
+            probs = op("Softmax", [op("Add", [scores, bias])], axis=-1)
+            attn = op("Reshape", [op("MatMul", [probs, present_v]), const(f"attn_shape_{i}", np.array([0, heads, -1, dim]))])
+            attn = op("Reshape", [op("Transpose", [attn], perm=[0, 2, 1, 3]), const(f"merge_shape_{i}", np.array([0, 0, heads * dim]))])
         x = op("Add", [residual, linear(attn, f"model.layers.{i}.self_attn.o_proj.weight", weights[f"{i}.o"])])
         residual = x
         h = rms_norm(x, f"model.layers.{i}.post_attention_layernorm.weight", weights[f"{i}.ffn_norm"])
@@ -164,8 +194,18 @@ def decoder(weights, hp, name="decoder", accuracy_level=0):
     # Logits of the last position only: a generator samples from nothing else, and the output
     # projection over every prompt position (49,152 wide) would be most of a prefill's work
     # and memory.
-    x = op("Slice", [x, const("last_s", np.array([-1])), const("last_e", np.array([np.iinfo(np.int64).max])),
-                     const("seq_axis", np.array([1]))])
+    if shared_cache:
+        # Rows are right-padded: a row's last token is at its length - 1 in a first prompt,
+        # and at the end of a step that follows a cached past (one row, or one token each).
+        seq_last = op("Sub", [op("Squeeze", [op("Shape", ["input_ids"], start=1, end=2)]),
+                              const("one_seq", np.array(1, dtype=np.int64))])
+        last = op("Min", [seqlens, seq_last])
+        index = op("Expand", [op("Reshape", [last, const("last_shape", np.array([-1, 1, 1]))]),
+                              const("last_expand", np.array([1, 1, hidden]))])
+        x = op("GatherElements", [x, index], axis=1)
+    else:
+        x = op("Slice", [x, const("last_s", np.array([-1])), const("last_e", np.array([np.iinfo(np.int64).max])),
+                         const("seq_axis", np.array([1]))])
     head = weights.get("lm_head")
     flat = op("Reshape", [x, const("flat_shape", np.array([-1, hidden]))])
     if isinstance(head, Nbits):
@@ -368,12 +408,13 @@ def tokenizer_json(reader):
     }
 
 
-def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0, eight_bit=False):
+def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0, eight_bit=False, shared_cache=False):
     """Writes model.onnx, tokenizer.json, chat_template.jinja and generation_config.json."""
     weights, hp, reader = read_gguf(gguf_path, four_bit, eight_bit)
     field = lambda key: reader.fields[key].contents()  # noqa: E731
     os.makedirs(out_dir, exist_ok=True)
-    model = decoder(weights, hp, name=str(field("general.name")), accuracy_level=accuracy_level)
+    model = decoder(weights, hp, name=str(field("general.name")), accuracy_level=accuracy_level,
+                    shared_cache=shared_cache)
     onnx.save(model, os.path.join(out_dir, "model.onnx"))
     with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
         json.dump(tokenizer_json(reader), f, ensure_ascii=False)
@@ -415,5 +456,7 @@ if __name__ == "__main__":
     ap.add_argument("--eight-bit", action="store_true",
                     help="Q4_1 and Q8_0 matrices as 8-bit MatMulNBits with integer zero points")
     ap.add_argument("--accuracy-level", type=int, default=0, help="MatMulNBits accuracy_level (4: int8 compute)")
+    ap.add_argument("--shared-cache", action="store_true",
+                    help="GroupQueryAttention over an FP16 cache shared by past and present (in place)")
     a = ap.parse_args()
-    print(from_gguf(a.gguf, a.out_dir, a.four_bit, a.accuracy_level, a.eight_bit))
+    print(from_gguf(a.gguf, a.out_dir, a.four_bit, a.accuracy_level, a.eight_bit, a.shared_cache))

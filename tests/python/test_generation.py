@@ -135,9 +135,12 @@ def generate(server, model, ids, **params):
 
 
 def onnx_greedy(path, ids, count, end_ids=()):
-    """Greedy decoding with ONNX Runtime directly, one sequence, its cache fed back."""
+    """Greedy decoding with ONNX Runtime directly, one sequence, its cache fed back (a growing
+    cache), or bound in place through IO binding (an FP16 shared-buffer cache)."""
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    if pasts[0].type == "tensor(float16)":
+        return shared_greedy(session, pasts, ids, count, end_ids)
     feeds = {p.name: np.zeros((1, p.shape[1], 0, p.shape[3]), np.float32) for p in pasts}
     tokens, step = list(ids), list(ids)
     out = []
@@ -160,6 +163,31 @@ def onnx_greedy(path, ids, count, end_ids=()):
     return out
 
 
+def shared_greedy(session, pasts, ids, count, end_ids=()):
+    """Greedy decoding of a past_present_share_buffer decoder: one FP16 buffer per cache
+    tensor, bound as past and present, written in place by each run."""
+    columns = len(ids) + count
+    binding = session.io_binding()
+    binding.bind_output("logits")
+    for p in pasts:
+        buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, p.shape[1], columns, p.shape[3]), np.float16))
+        binding.bind_ortvalue_input(p.name, buffer)
+        binding.bind_ortvalue_output(p.name.replace("past_key_values", "present"), buffer)
+    total, step = len(ids), list(ids)
+    out = []
+    for _ in range(count):
+        binding.bind_cpu_input("input_ids", np.array([step], np.int64))
+        binding.bind_cpu_input("attention_mask", np.ones((1, total), np.int64))
+        session.run_with_iobinding(binding)
+        nxt = int(np.argmax(binding.copy_outputs_to_cpu()[0][0, -1]))
+        if nxt in end_ids:
+            break
+        out.append(nxt)
+        total += 1
+        step = [nxt]
+    return out
+
+
 def test_the_onnx_conversion_decodes_as_an_independent_forward_pass_of_the_gguf(tokenizer):
     reference = llm_reference.GgufLlama(GGUF)
     for prompt in PROMPTS:
@@ -175,7 +203,7 @@ def test_the_4bit_export_keeps_the_ggufs_blocks(tokenizer, tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import llm_export
 
-    llm_export.from_gguf(GGUF, str(tmp_path), four_bit=True)
+    llm_export.from_gguf(GGUF, str(tmp_path), four_bit=True, shared_cache=True)
     ids = tokenizer.encode(chat(PROMPTS[0])).ids
     four_bit = onnx_greedy(str(tmp_path / "model.onnx"), ids, 12, end_ids=(2,))
     assert four_bit == onnx_greedy(os.path.join(SMOL, "1", "model.onnx"), ids, 12, end_ids=(2,))

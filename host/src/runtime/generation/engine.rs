@@ -7,7 +7,6 @@
 //! further in one ONNX Runtime run.
 
 use std::{
-    borrow::Cow,
     collections::VecDeque,
     sync::{
         atomic::{AtomicBool, Ordering::Relaxed},
@@ -16,14 +15,12 @@ use std::{
     time::Instant,
 };
 
-use ort::{
-    session::{Session, SessionInputValue},
-    value::{DynValue, Tensor as OrtTensor},
-};
+use ort::session::Session;
 
 use super::{
     guided::Guide,
-    kv_cache::{self, RowSource, Source},
+    kv_buffer::CacheNames,
+    kv_store::{CacheShape, Joining, KvStore, Part, Prefilled, Seq},
     prefix_cache::{self, Hit, PrefixCache},
     sampling::{Sampler, SamplingParams},
     stats::GenerationStats,
@@ -43,6 +40,9 @@ pub struct DecoderSpec {
     pub head_dim: usize,
     /// Whether the model takes `position_ids`.
     pub position_ids: bool,
+    /// Whether past and present share one preallocated buffer (ONNX Runtime GenAI's
+    /// `past_present_share_buffer` layout, FP16) instead of the present growing by a column.
+    pub shared_buffer: bool,
 }
 
 /// Limits of the running batch.
@@ -138,6 +138,8 @@ impl Submission {
 /// A sequence of the running batch.
 struct Row {
     sub: Submission,
+    /// Its row in the decoder's batch (the cache's slot).
+    slot: usize,
     sampler: Sampler,
     generated: Vec<i64>,
     /// Tokens in the cache.
@@ -148,6 +150,16 @@ struct Row {
     /// Log-probabilities (and alternatives) of the tokens sampled and not yet answered (held
     /// for a stop string).
     pending_log_probs: VecDeque<(f32, Vec<(u32, f32)>)>,
+}
+
+impl Row {
+    fn seq(&self) -> Seq {
+        Seq {
+            slot: self.slot,
+            len: self.len,
+            final_len: self.sub.final_len(),
+        }
+    }
 }
 
 /// Samples a row's next token from its logits (masked by its guide, if it has one) and moves
@@ -196,9 +208,8 @@ impl Engine {
     ) -> Result<Self> {
         let (submit, submissions) = mpsc::channel();
         let prefixes = PrefixCache::new(limits.prefix_cache_tokens);
-        let mut worker = Worker {
-            prefixes,
-            input_names: (0..spec.layers)
+        let names = CacheNames {
+            inputs: (0..spec.layers)
                 .flat_map(|i| {
                     [
                         format!("past_key_values.{i}.key"),
@@ -206,16 +217,23 @@ impl Engine {
                     ]
                 })
                 .collect(),
-            output_names: (0..spec.layers)
+            outputs: (0..spec.layers)
                 .flat_map(|i| [format!("present.{i}.key"), format!("present.{i}.value")])
                 .collect(),
+        };
+        let shape = CacheShape {
+            kv_heads: spec.kv_heads,
+            head_dim: spec.head_dim,
+            position_ids: spec.position_ids,
+            max_rows: limits.max_rows,
+        };
+        let mut worker = Worker {
+            prefixes,
+            store: KvStore::new(spec.shared_buffer, shape, names),
             session,
-            spec,
             limits,
             stats: stats.clone(),
             rows: Vec::new(),
-            cache: Vec::new(),
-            columns: 0,
             waiting: VecDeque::new(),
         };
         std::thread::Builder::new()
@@ -244,15 +262,11 @@ impl Engine {
 
 struct Worker {
     session: Session,
-    spec: DecoderSpec,
     limits: EngineLimits,
     stats: Arc<GenerationStats>,
-    input_names: Vec<String>,
-    output_names: Vec<String>,
     rows: Vec<Row>,
-    /// `present.*` of the last run, in `input_names` order: [rows, kv_heads, columns, head_dim].
-    cache: Vec<DynValue>,
-    columns: usize,
+    /// The running rows' keys and values.
+    store: KvStore,
     waiting: VecDeque<Submission>,
     /// Recent prompts' caches.
     prefixes: PrefixCache,
@@ -314,14 +328,13 @@ impl Worker {
                     for row in self.rows.drain(..) {
                         let _ = row.sub.steps.send(Err(e.clone()));
                     }
-                    self.cache.clear();
-                    self.columns = 0;
+                    self.store.clear();
                 }
             }
             self.stats.running.store(self.rows.len() as i64, Relaxed);
             self.stats
                 .cache_used_tokens
-                .store((self.rows.len() * self.columns) as i64, Relaxed);
+                .store(self.store.held_tokens() as i64, Relaxed);
         }
     }
 
@@ -401,8 +414,7 @@ impl Worker {
         if !together.is_empty() {
             groups.insert(0, (together, None));
         }
-        let mut presents: Vec<(Vec<DynValue>, usize)> = Vec::new();
-        let mut joining: Vec<RowSource> = Vec::new();
+        let mut joining: Vec<Joining> = Vec::new();
         let mut rows: Vec<Row> = Vec::new();
         let mut failed = None;
         let mut groups: VecDeque<_> = groups.into();
@@ -417,95 +429,44 @@ impl Worker {
             Some((vec![s], hit))
         }) {
             match self.prefill_group(subs, hit.as_ref()) {
-                Ok((joined, group_presents, columns)) => {
-                    let tensor = presents.len() + 1;
-                    for (row, r) in joined {
-                        joining.push(RowSource {
-                            tensor,
-                            row,
-                            len: r.len,
-                        });
-                        rows.push(r);
-                    }
-                    presents.push((group_presents, columns));
+                Ok((joined, part)) => {
+                    let seqs = joined
+                        .iter()
+                        .map(|(row, r)| (*row, r.len, r.sub.final_len()))
+                        .collect();
+                    rows.extend(joined.into_iter().map(|(_, r)| r));
+                    joining.push((part, seqs));
                 }
                 Err(e) => failed = Some(e),
             }
         }
         if !rows.is_empty() {
-            // The batch: the running rows (from the cache) then the joining ones.
-            let mut sources: Vec<RowSource> = self
-                .rows
-                .iter()
-                .enumerate()
-                .map(|(i, row)| RowSource {
-                    tensor: 0,
-                    row: i,
-                    len: row.len,
-                })
-                .collect();
-            sources.extend(joining);
-            let columns = sources.iter().map(|s| s.len).max().unwrap_or(0);
-            let others: Vec<(&[DynValue], usize)> =
-                presents.iter().map(|(p, c)| (p.as_slice(), *c)).collect();
-            self.cache = self.rebuild(&others, &sources, columns)?;
-            self.columns = columns;
+            let running: Vec<Seq> = self.rows.iter().map(Row::seq).collect();
+            let slots = self.store.join(&self.session, &running, joining)?;
             self.rows.extend(rows);
+            for (row, slot) in self.rows.iter_mut().zip(slots) {
+                row.slot = slot;
+            }
         }
         failed.map_or(Ok(()), Err)
     }
 
-    /// Runs the prompts of `new` in one decoder run (left-padded; after the cached prefix
-    /// `hit` when there is one, for a single prompt), keeps their caches for later prompts,
-    /// samples their first tokens. Returns the sequences that go on (with their rows in the
-    /// run), the run's presents and their columns.
-    #[allow(clippy::type_complexity)]
+    /// Runs the prompts of `new` in one decoder run (after the cached prefix `hit` when there
+    /// is one, for a single prompt), keeps their caches for later prompts, samples their first
+    /// tokens. Returns the sequences that go on (with their rows in the run) and their cache.
     fn prefill_group(
         &mut self,
         new: Vec<Submission>,
         hit: Option<&Hit>,
-    ) -> Result<(Vec<(usize, Row)>, Vec<DynValue>, usize)> {
+    ) -> Result<(Vec<(usize, Row)>, Part)> {
         let n = new.len();
         let past_len = hit.map_or(0, |h| h.tokens);
-        let width = new
-            .iter()
-            .map(|s| s.prompt.len() - past_len)
-            .max()
-            .unwrap_or(0);
-        let mut ids = vec![self.limits.pad_id; n * width];
-        let mut positions = vec![0i64; n * width];
-        let lens: Vec<usize> = new.iter().map(|s| s.prompt.len()).collect();
-        for (r, s) in new.iter().enumerate() {
-            let tail = &s.prompt[past_len..];
-            let start = r * width + width - tail.len();
-            ids[start..start + tail.len()].copy_from_slice(tail);
-            for (j, p) in positions[start..start + tail.len()].iter_mut().enumerate() {
-                *p = (past_len + j) as i64;
-            }
-        }
-        let columns = past_len + width;
-        let mask = kv_cache::mask(&lens, columns);
-        let spec = &self.spec;
-        let past: Vec<DynValue> = (0..self.input_names.len())
-            .map(|i| {
-                let data = match hit {
-                    Some(h) => prefix_cache::leading(
-                        &h.entry.tensors[i],
-                        spec.kv_heads,
-                        h.entry.len(),
-                        spec.head_dim,
-                        past_len,
-                    ),
-                    None => Vec::new(),
-                };
-                OrtTensor::<f32>::from_array(([n, spec.kv_heads, past_len, spec.head_dim], data))
-                    .map(|t| t.into_dyn())
-                    .map_err(run_error)
-            })
-            .collect::<Result<_>>()?;
-        let result = self.run_decoder([n, width], ids, positions, mask, &past);
-        drop(past);
-        let (logits, presents) = match result {
+        let prompts: Vec<&[i64]> = new.iter().map(|s| s.prompt.as_slice()).collect();
+        let result = self
+            .store
+            .prefill(&mut self.session, &prompts, hit, self.limits.pad_id);
+        drop(prompts);
+        let Prefilled { logits, part } = match result {
             Ok(v) => v,
             Err(e) => {
                 for s in new {
@@ -514,17 +475,21 @@ impl Worker {
                 return Err(e);
             }
         };
+        let prompt_tokens: usize = new.iter().map(|s| s.prompt.len() - past_len).sum();
         self.stats
             .prompt_tokens
-            .fetch_add((lens.iter().sum::<usize>() - n * past_len) as u64, Relaxed);
-        self.keep_prefixes(&new, &presents, columns)?;
+            .fetch_add(prompt_tokens as u64, Relaxed);
+        self.keep_prefixes(&new, &part)?;
         let (shape, values) = logits.try_extract_tensor::<f32>().map_err(run_error)?;
         // Optimum's exports answer every position's logits; ours only the last position's.
         let positions = shape.get(1).map_or(1, |&p| p.max(1) as usize);
         let vocab = values.len() / (n * positions).max(1);
         let mut joining = Vec::new();
         for (r, mut sub) in new.into_iter().enumerate() {
-            let at = (r * positions + positions - 1) * vocab;
+            let last = self
+                .store
+                .last_position(positions, sub.prompt.len(), past_len);
+            let at = (r * positions + last) * vocab;
             let mut row_logits = values[at..at + vocab].to_vec();
             let rules = std::mem::take(&mut sub.rules);
             let mut row = Row {
@@ -533,6 +498,7 @@ impl Worker {
                     .with_log_probs(sub.log_probs)
                     .with_top_log_probs(sub.top_log_probs),
                 pending_log_probs: VecDeque::new(),
+                slot: r,
                 len: sub.prompt.len(),
                 next: 0,
                 generated: Vec::new(),
@@ -553,37 +519,18 @@ impl Worker {
                 joining.push((r, row));
             }
         }
-        Ok((joining, presents, columns))
+        Ok((joining, part))
     }
 
-    /// Keeps the caches of the prompts just prefilled (rows of `presents`, right-aligned in
-    /// `columns`) that the prefix cache wants.
-    fn keep_prefixes(
-        &mut self,
-        new: &[Submission],
-        presents: &[DynValue],
-        columns: usize,
-    ) -> Result<()> {
-        let spec = &self.spec;
+    /// Keeps the caches of the prompts just prefilled (rows of `part`) that the prefix cache
+    /// wants.
+    fn keep_prefixes(&mut self, new: &[Submission], part: &Part) -> Result<()> {
         for (r, s) in new.iter().enumerate() {
             if !self.prefixes.wants(&s.namespace, &s.prompt) {
                 continue;
             }
-            let tensors = presents
-                .iter()
-                .map(|p| {
-                    let (_, data) = p.try_extract_tensor::<f32>().map_err(run_error)?;
-                    Ok(prefix_cache::trailing(
-                        data,
-                        r,
-                        spec.kv_heads,
-                        columns,
-                        spec.head_dim,
-                        s.prompt.len(),
-                    ))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            self.prefixes.insert(&s.namespace, &s.prompt, tensors);
+            let values = self.store.prefix_values(part, r, s.prompt.len())?;
+            self.prefixes.insert(&s.namespace, &s.prompt, values);
         }
         self.stats
             .prefix_cache_tokens
@@ -591,92 +538,41 @@ impl Worker {
         Ok(())
     }
 
-    /// New cache tensors from the current cache (source 0) and `others` (sources 1.., each
-    /// with its columns), rows as `rows` says.
-    fn rebuild(
-        &self,
-        others: &[(&[DynValue], usize)],
-        rows: &[RowSource],
-        columns: usize,
-    ) -> Result<Vec<DynValue>> {
-        let spec = &self.spec;
-        let mut out = Vec::with_capacity(self.input_names.len());
-        for i in 0..self.input_names.len() {
-            let mut sources = Vec::new();
-            let tensors = std::iter::once((self.cache.get(i), self.columns))
-                .chain(others.iter().map(|(t, c)| (t.get(i), *c)));
-            for (tensor, cols) in tensors {
-                let data = match tensor {
-                    Some(t) => t.try_extract_tensor::<f32>().map_err(run_error)?.1,
-                    None => &[],
-                };
-                sources.push(Source {
-                    data,
-                    columns: cols,
-                });
-            }
-            let data = kv_cache::relayout(&sources, rows, spec.kv_heads, spec.head_dim, columns);
-            let shape = [rows.len(), spec.kv_heads, columns, spec.head_dim];
-            out.push(
-                OrtTensor::<f32>::from_array((shape, data))
-                    .map_err(run_error)?
-                    .into_dyn(),
-            );
-        }
-        Ok(out)
-    }
-
-    /// Keeps the rows marked in `keep`, dropping columns no kept row uses.
+    /// Keeps the rows marked in `keep`.
     fn retain(&mut self, keep: &[bool]) -> Result<()> {
-        let mut kept_rows = Vec::new();
-        let mut sources = Vec::new();
-        for (i, (row, &k)) in std::mem::take(&mut self.rows)
+        let kept: Vec<Row> = std::mem::take(&mut self.rows)
             .into_iter()
             .zip(keep)
-            .enumerate()
-        {
-            if k {
-                sources.push(RowSource {
-                    tensor: 0,
-                    row: i,
-                    len: row.len,
-                });
-                kept_rows.push(row);
-            }
+            .filter_map(|(row, &k)| k.then_some(row))
+            .collect();
+        let seqs: Vec<Seq> = kept.iter().map(Row::seq).collect();
+        self.rows = kept;
+        let slots = self.store.retain(&self.session, &seqs)?;
+        for (row, slot) in self.rows.iter_mut().zip(slots) {
+            row.slot = slot;
         }
-        let columns = sources.iter().map(|s| s.len).max().unwrap_or(0);
-        self.cache = if kept_rows.is_empty() {
-            Vec::new()
-        } else {
-            self.rebuild(&[], &sources, columns)?
-        };
-        self.columns = columns;
-        self.rows = kept_rows;
         Ok(())
     }
 
     /// One token further for every row.
     fn decode(&mut self) -> Result<()> {
         let b = self.rows.len();
-        let ids: Vec<i64> = self.rows.iter().map(|r| r.next).collect();
-        let positions: Vec<i64> = self.rows.iter().map(|r| r.len as i64).collect();
-        let lens: Vec<usize> = self.rows.iter().map(|r| r.len + 1).collect();
-        let mask = kv_cache::mask(&lens, self.columns + 1);
-        let cache = std::mem::take(&mut self.cache);
+        let seqs: Vec<(Seq, i64)> = self.rows.iter().map(|r| (r.seq(), r.next)).collect();
         let mut rows = std::mem::take(&mut self.rows);
         let mut guides: Vec<&mut Guide> = rows
             .iter_mut()
             .filter_map(|r| r.sub.guide.as_mut())
             .collect();
+        let (store, session, pad_id) = (&mut self.store, &mut self.session, self.limits.pad_id);
         let result = if guides.is_empty() {
-            self.run_decoder([b, 1], ids, positions, mask, &cache)
+            store.decode(session, &seqs, pad_id)
         } else {
             // The guides' next masks are computed while the decoder runs the step.
             std::thread::scope(|scope| {
                 let helper = std::thread::Builder::new()
                     .name("guided-masks".into())
                     .spawn_scoped(scope, || guides.iter_mut().for_each(|g| g.prepare()));
-                let result = self.run_decoder([b, 1], ids, positions, mask, &cache);
+                let result = store.decode(session, &seqs, pad_id);
                 if let Ok(helper) = helper {
                     let _ = helper.join();
                 }
@@ -684,18 +580,21 @@ impl Worker {
             })
         };
         self.rows = rows;
-        let (logits, presents) = result?;
-        drop(cache);
-        self.cache = presents;
-        self.columns += 1;
+        let logits = result?;
         let (_, values) = logits.try_extract_tensor::<f32>().map_err(run_error)?;
-        let vocab = values.len() / b.max(1);
+        let vocab = values.len() / self.store_rows(b);
         let mut keep = vec![true; b];
         let mut rows = std::mem::take(&mut self.rows);
         for (r, row) in rows.iter_mut().enumerate() {
             row.len += 1;
             row.generated.push(row.next);
-            let mut row_logits = values[r * vocab..(r + 1) * vocab].to_vec();
+            let at = row.slot * vocab;
+            let Some(slice) = values.get(at..at + vocab) else {
+                let _ = row.sub.steps.send(Err(run_error("no logits for the row")));
+                keep[r] = false;
+                continue;
+            };
+            let mut row_logits = slice.to_vec();
             let token = match sample(row, &mut row_logits) {
                 Ok(token) => token,
                 Err(e) => {
@@ -715,6 +614,16 @@ impl Worker {
             self.retain(&keep)?;
         }
         Ok(())
+    }
+
+    /// Rows of the decoder's batch (the buffer's, which may hold free rows, or `running`).
+    fn store_rows(&self, running: usize) -> usize {
+        match &self.store {
+            KvStore::Shared {
+                buffer: Some(b), ..
+            } => b.rows().max(1),
+            _ => running.max(1),
+        }
     }
 
     /// Hands `token` to the row's caller, or ends the row; false when the row is done.
@@ -777,56 +686,5 @@ impl Worker {
             self.stats.finished_cancelled.fetch_add(1, Relaxed);
         }
         delivered && finish.is_none()
-    }
-
-    /// One decoder run: (logits, presents in cache order).
-    fn run_decoder(
-        &mut self,
-        shape: [usize; 2],
-        ids: Vec<i64>,
-        positions: Vec<i64>,
-        mask: Vec<i64>,
-        past: &[DynValue],
-    ) -> Result<(DynValue, Vec<DynValue>)> {
-        let mask_shape = [shape[0], mask.len() / shape[0].max(1)];
-        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = vec![
-            (
-                "input_ids".into(),
-                OrtTensor::from_array((shape, ids))
-                    .map_err(run_error)?
-                    .into(),
-            ),
-            (
-                "attention_mask".into(),
-                OrtTensor::from_array((mask_shape, mask))
-                    .map_err(run_error)?
-                    .into(),
-            ),
-        ];
-        if self.spec.position_ids {
-            inputs.push((
-                "position_ids".into(),
-                OrtTensor::from_array((shape, positions))
-                    .map_err(run_error)?
-                    .into(),
-            ));
-        }
-        for (name, value) in self.input_names.iter().zip(past) {
-            inputs.push((name.as_str().into(), value.into()));
-        }
-        let mut outputs = self.session.run(inputs).map_err(run_error)?;
-        let logits = outputs
-            .remove("logits")
-            .ok_or_else(|| run_error("no output 'logits'"))?;
-        let presents = self
-            .output_names
-            .iter()
-            .map(|name| {
-                outputs
-                    .remove(name)
-                    .ok_or_else(|| run_error(format!("no output '{name}'")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok((logits, presents))
     }
 }

@@ -12,7 +12,9 @@
 
 pub mod engine;
 pub mod guided;
+pub mod kv_buffer;
 pub mod kv_cache;
+pub mod kv_store;
 pub mod prefix_cache;
 mod request;
 pub mod sampling;
@@ -207,6 +209,7 @@ fn decoder_spec(session: &Session, model: &str) -> Result<(DecoderSpec, Option<u
     }
     let mut kv_heads = 0;
     let mut head_dim = 0;
+    let mut fp16 = None;
     for i in 0..layers {
         for kind in ["key", "value"] {
             let name = format!("past_key_values.{i}.{kind}");
@@ -217,9 +220,15 @@ fn decoder_spec(session: &Session, model: &str) -> Result<(DecoderSpec, Option<u
             let ValueType::Tensor { ty, shape, .. } = outlet.dtype() else {
                 return Err(bad(format!("input '{name}' is not a tensor")));
             };
-            if *ty != ort::value::TensorElementType::Float32 || shape.len() != 4 {
+            let half = match ty {
+                ort::value::TensorElementType::Float32 => false,
+                ort::value::TensorElementType::Float16 => true,
+                _ => return Err(bad(format!("input '{name}' must be FP32 or FP16, is {ty}"))),
+            };
+            if *fp16.get_or_insert(half) != half || shape.len() != 4 {
                 return Err(bad(format!(
-                    "input '{name}' must be FP32 [batch, kv_heads, past, head_dim]"
+                    "input '{name}' must be [batch, kv_heads, past, head_dim] of the same type \
+                     as the other cache inputs"
                 )));
             }
             if shape[1] <= 0 || shape[3] <= 0 {
@@ -245,12 +254,23 @@ fn decoder_spec(session: &Session, model: &str) -> Result<(DecoderSpec, Option<u
             _ => None,
         })?
         .map(|v| v as usize);
+    // An FP16 cache is the shared-buffer layout (GroupQueryAttention writes in place); the
+    // growing layout is FP32.
+    let shared_buffer = fp16 == Some(true);
+    if shared_buffer && names.contains(&"position_ids") {
+        return Err(bad(
+            "an FP16 cache is run as ONNX Runtime GenAI's past_present_share_buffer layout, \
+             which takes no 'position_ids' (positions come from the attention mask)"
+                .into(),
+        ));
+    }
     Ok((
         DecoderSpec {
             layers,
             kv_heads,
             head_dim,
             position_ids: names.contains(&"position_ids"),
+            shared_buffer,
         },
         vocab,
     ))
@@ -377,13 +397,15 @@ pub fn load(
         .commit_from_file(&path)
         .map_err(|e| cannot(e.to_string()))?;
     let (spec, vocab) = decoder_spec(&session, &name)?;
-    let bytes_per_token = (spec.layers * 2 * spec.kv_heads * spec.head_dim * 4) as u64;
+    let element_bytes = if spec.shared_buffer { 2 } else { 4 };
+    let bytes_per_token = (spec.layers * 2 * spec.kv_heads * spec.head_dim * element_bytes) as u64;
     let stats = Arc::new(GenerationStats::new(cache_tokens as u64, bytes_per_token));
     tracing::info!(
         model = %name,
         layers = spec.layers,
         kv_heads = spec.kv_heads,
         head_dim = spec.head_dim,
+        shared_buffer = spec.shared_buffer,
         sequences = rows,
         max_sequence_length,
         cache_tokens,

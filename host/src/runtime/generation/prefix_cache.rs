@@ -14,14 +14,23 @@ use std::sync::Arc;
 /// The fewest shared tokens worth reusing (below this a prefill is cheap anyway).
 pub const MIN_PREFIX_TOKENS: usize = 32;
 
-/// One prompt's cache: per cache tensor (`past_key_values.{i}.key|value` order) the values
-/// `[kv_heads, tokens, head_dim]`.
+/// A cached prompt's keys and values: per cache tensor (`past_key_values.{i}.key|value`
+/// order) `[kv_heads, tokens, head_dim]`, in the cache's element type.
+#[derive(Debug)]
+pub enum Values {
+    /// A growing (Optimum-layout) FP32 cache.
+    F32(Vec<Vec<f32>>),
+    /// A shared-buffer FP16 cache.
+    F16(Vec<Vec<half::f16>>),
+}
+
+/// One prompt's cache.
 #[derive(Debug)]
 pub struct Entry {
     namespace: String,
     tokens: Vec<i64>,
-    /// Per cache tensor, `[kv_heads, tokens, head_dim]`.
-    pub tensors: Vec<Vec<f32>>,
+    /// Its keys and values.
+    pub values: Values,
 }
 
 impl Entry {
@@ -119,7 +128,7 @@ impl PrefixCache {
 
     /// Keeps `prompt`'s cache; entries it extends are dropped, then the least recently used
     /// until it fits.
-    pub fn insert(&mut self, namespace: &str, prompt: &[i64], tensors: Vec<Vec<f32>>) {
+    pub fn insert(&mut self, namespace: &str, prompt: &[i64], values: Values) {
         if !self.wants(namespace, prompt) {
             return;
         }
@@ -150,7 +159,7 @@ impl PrefixCache {
         let entry = Entry {
             namespace: namespace.to_owned(),
             tokens: prompt.to_vec(),
-            tensors,
+            values,
         };
         self.entries.push((Arc::new(entry), self.clock));
     }
@@ -197,7 +206,7 @@ mod tests {
     fn the_longest_shared_prefix_in_the_namespace_is_found() {
         let mut cache = PrefixCache::new(1000);
         let a = prompt(100, 0);
-        cache.insert("t1", &a, vec![]);
+        cache.insert("t1", &a, Values::F32(vec![]));
         // A prompt sharing 60 tokens, then different.
         let mut b = prompt(60, 0);
         b.extend(prompt(10, 500));
@@ -215,14 +224,14 @@ mod tests {
     #[test]
     fn extending_replaces_and_the_budget_evicts_the_least_recently_used() {
         let mut cache = PrefixCache::new(250);
-        cache.insert("", &prompt(50, 0), vec![]);
-        cache.insert("", &prompt(100, 0), vec![]);
+        cache.insert("", &prompt(50, 0), Values::F32(vec![]));
+        cache.insert("", &prompt(100, 0), Values::F32(vec![]));
         assert_eq!(cache.used_tokens(), 100);
         // Already covered: nothing added.
         assert!(!cache.wants("", &prompt(80, 0)));
-        cache.insert("", &prompt(100, 1000), vec![]);
+        cache.insert("", &prompt(100, 1000), Values::F32(vec![]));
         cache.lookup("", &prompt(100, 0));
-        cache.insert("", &prompt(100, 2000), vec![]);
+        cache.insert("", &prompt(100, 2000), Values::F32(vec![]));
         // 300 > 250: the entry at 1000 (not used since) went.
         assert_eq!(cache.used_tokens(), 200);
         assert!(cache.lookup("", &prompt(100, 1000)).is_none());

@@ -1,0 +1,198 @@
+//! A key/value cache that stays in place between decoder runs: per cache tensor one FP16
+//! buffer `[rows, kv_heads, columns, head_dim]`, bound through ONNX Runtime's IO binding as both
+//! the past input and the present output of a decoder exported with
+//! `past_present_share_buffer` (ONNX Runtime GenAI's layout: `GroupQueryAttention` reads each
+//! row's length from the attention mask and writes the new tokens' keys and values at the end
+//! of that row). A step therefore writes one column per row and copies nothing else.
+//!
+//! Rows are left-aligned: a row of `n` tokens holds them in its first `n` columns, and its
+//! attention mask row is `n` ones then zeros. `columns` is fixed for the buffer's life; the
+//! engine sizes it to the longest sequence it admits and moves rows into a new buffer only when
+//! a longer one joins or when many rows left (see [`KvBuffer::copy_row`]).
+
+use half::f16;
+use ort::{
+    memory::Allocator,
+    session::{IoBinding, Session},
+    value::{DynValue, Tensor as OrtTensor},
+};
+
+use crate::error::{Error, Result};
+
+fn run_error(e: impl std::fmt::Display) -> Error {
+    Error::internal(format!("the decoder failed: {e}"))
+}
+
+/// The cache's names: `past_key_values.{i}.key|value` and their `present.{i}.*` twins.
+#[derive(Debug, Clone)]
+pub struct CacheNames {
+    /// Past inputs, in cache order.
+    pub inputs: Vec<String>,
+    /// Present outputs, in the same order.
+    pub outputs: Vec<String>,
+}
+
+/// One buffer set with its binding.
+pub struct KvBuffer {
+    rows: usize,
+    columns: usize,
+    heads: usize,
+    head_dim: usize,
+    tensors: Vec<OrtTensor<f16>>,
+    binding: IoBinding,
+}
+
+impl KvBuffer {
+    /// Allocates `rows` rows of `columns` columns and binds them as past and present of
+    /// `session`. The contents start undefined: a row is only read up to its length.
+    pub fn new(
+        session: &Session,
+        names: &CacheNames,
+        rows: usize,
+        columns: usize,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        let allocator = Allocator::default();
+        let mut binding = session.create_binding().map_err(run_error)?;
+        let mut tensors = Vec::with_capacity(names.inputs.len());
+        for (input, output) in names.inputs.iter().zip(&names.outputs) {
+            let mut tensor = OrtTensor::<f16>::new(&allocator, [rows, heads, columns, head_dim])
+                .map_err(|e| {
+                    Error::unavailable(format!(
+                        "cannot allocate the key/value cache ({rows} x {columns} tokens): {e}"
+                    ))
+                })?;
+            // The same value as input and output: ONNX Runtime sees one buffer for both.
+            binding.bind_input(input, &tensor).map_err(run_error)?;
+            binding
+                .bind_output(output, &mut tensor)
+                .map_err(run_error)?;
+            tensors.push(tensor);
+        }
+        binding
+            .bind_output_to_device("logits", allocator.memory_info())
+            .map_err(run_error)?;
+        Ok(Self {
+            rows,
+            columns,
+            heads,
+            head_dim,
+            tensors,
+            binding,
+        })
+    }
+
+    /// Its rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Its columns (the longest sequence a row may hold).
+    pub fn columns(&self) -> usize {
+        self.columns
+    }
+
+    /// Runs the decoder over every row: `ids` `[rows, width]` (right-padded) and the mask
+    /// `[rows, total]` of each row's tokens, cached and new. Answers the logits.
+    pub fn run(
+        &mut self,
+        session: &mut Session,
+        ids: Vec<i64>,
+        width: usize,
+        mask: Vec<i64>,
+    ) -> Result<DynValue> {
+        let total = mask.len() / self.rows.max(1);
+        if total > self.columns {
+            return Err(run_error(format!(
+                "{total} tokens do not fit a cache of {} columns",
+                self.columns
+            )));
+        }
+        let ids = OrtTensor::from_array(([self.rows, width], ids)).map_err(run_error)?;
+        let mask = OrtTensor::from_array(([self.rows, total], mask)).map_err(run_error)?;
+        self.binding
+            .bind_input("input_ids", &ids)
+            .map_err(run_error)?;
+        self.binding
+            .bind_input("attention_mask", &mask)
+            .map_err(run_error)?;
+        let mut outputs = session.run_binding(&self.binding).map_err(run_error)?;
+        outputs
+            .remove("logits")
+            .ok_or_else(|| run_error("no output 'logits'"))
+    }
+
+    /// Copies the first `len` columns of row `from` of `source` into row `to`.
+    pub fn copy_row(&mut self, to: usize, source: &KvBuffer, from: usize, len: usize) {
+        let (heads, dim) = (self.heads, self.head_dim);
+        let len = len.min(self.columns).min(source.columns);
+        for (dst, src) in self.tensors.iter_mut().zip(&source.tensors) {
+            let (_, src) = src.extract_tensor();
+            let (_, dst) = dst.extract_tensor_mut();
+            for h in 0..heads {
+                let s = (from * heads + h) * source.columns * dim;
+                let d = (to * heads + h) * self.columns * dim;
+                dst[d..d + len * dim].copy_from_slice(&src[s..s + len * dim]);
+            }
+        }
+    }
+
+    /// Row `row`'s first `len` columns, per cache tensor `[kv_heads, len, head_dim]`.
+    pub fn row_values(&self, row: usize, len: usize) -> Vec<Vec<f16>> {
+        let (heads, dim) = (self.heads, self.head_dim);
+        let len = len.min(self.columns);
+        self.tensors
+            .iter()
+            .map(|t| {
+                let (_, data) = t.extract_tensor();
+                let mut out = Vec::with_capacity(heads * len * dim);
+                for h in 0..heads {
+                    let s = (row * heads + h) * self.columns * dim;
+                    out.extend_from_slice(&data[s..s + len * dim]);
+                }
+                out
+            })
+            .collect()
+    }
+
+    /// Writes the first `len` columns of `values` (per cache tensor `[kv_heads, stored,
+    /// head_dim]`) into row `row`.
+    pub fn write_row(&mut self, row: usize, values: &[Vec<f16>], stored: usize, len: usize) {
+        let (heads, dim) = (self.heads, self.head_dim);
+        let len = len.min(stored).min(self.columns);
+        for (t, src) in self.tensors.iter_mut().zip(values) {
+            let (_, dst) = t.extract_tensor_mut();
+            for h in 0..heads {
+                let s = h * stored * dim;
+                let d = (row * heads + h) * self.columns * dim;
+                dst[d..d + len * dim].copy_from_slice(&src[s..s + len * dim]);
+            }
+        }
+    }
+
+    /// Bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.tensors.len() * self.rows * self.heads * self.columns * self.head_dim * 2
+    }
+}
+
+/// The attention mask `[rows, total]` of left-aligned rows of `lens` tokens (a row of 0
+/// tokens gets one, so that every row attends to something).
+pub fn mask(lens: &[usize], total: usize) -> Vec<i64> {
+    let mut out = vec![0i64; lens.len() * total];
+    for (r, &len) in lens.iter().enumerate() {
+        out[r * total..r * total + len.clamp(1, total)].fill(1);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_left_aligned_and_never_empty() {
+        assert_eq!(mask(&[1, 3, 0], 3), vec![1, 0, 0, 1, 1, 1, 1, 0, 0]);
+    }
+}
