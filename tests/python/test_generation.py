@@ -68,6 +68,20 @@ def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("generation"))
     link_model(repo, SMOL)
     link_model(repo, TINY)
+    # The tiny decoder's weights in the shared-buffer layout (cache in place), FP32 and FP16,
+    # 16 sequences at a time so that the buffer grows, frees rows and moves into a smaller one.
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import llm_export
+    import onnx
+
+    for name, half in (("tiny_shared", False), ("tiny_half", True)):
+        os.makedirs(os.path.join(repo, name, "1"))
+        onnx.save(llm_export.tiny(shared_cache=True, fp16_cache=half)[0], os.path.join(repo, name, "1", "model.onnx"))
+        shutil.copy(os.path.join(TINY, "1", "generation_config.json"), os.path.join(repo, name, "1"))
+        with open(os.path.join(TINY, "config.pbtxt")) as f:
+            config = f.read().replace("max_batch_size: 4", "max_batch_size: 16")
+        with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+            f.write(config)
     for name in ("smollm2", "llm_preprocessing", "llm_postprocessing"):
         link_model(repo, os.path.join(ROOT, "model_repository", name))
     # Two sequences at a time in a cache of 2048 tokens, for the cancellation and cache tests.
@@ -75,6 +89,7 @@ def server(tmp_path_factory):
                lambda t: t.replace("max_batch_size: 32", "max_batch_size: 2")
                + 'parameters { key: "kv_cache_max_tokens" value { string_value: "2048" } }\n')
     s = Server(repo)
+    s.repo = repo
     yield s
     s.stop()
 
@@ -136,10 +151,10 @@ def generate(server, model, ids, **params):
 
 def onnx_greedy(path, ids, count, end_ids=()):
     """Greedy decoding with ONNX Runtime directly, one sequence, its cache fed back (a growing
-    cache), or bound in place through IO binding (an FP16 shared-buffer cache)."""
+    cache), or bound in place through IO binding (a shared-buffer cache)."""
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-    if pasts[0].type == "tensor(float16)":
+    if not any(i.name == "position_ids" for i in session.get_inputs()):
         return shared_greedy(session, pasts, ids, count, end_ids)
     feeds = {p.name: np.zeros((1, p.shape[1], 0, p.shape[3]), np.float32) for p in pasts}
     tokens, step = list(ids), list(ids)
@@ -164,13 +179,14 @@ def onnx_greedy(path, ids, count, end_ids=()):
 
 
 def shared_greedy(session, pasts, ids, count, end_ids=()):
-    """Greedy decoding of a past_present_share_buffer decoder: one FP16 buffer per cache
-    tensor, bound as past and present, written in place by each run."""
+    """Greedy decoding of a past_present_share_buffer decoder: one buffer per cache tensor,
+    bound as past and present, written in place by each run."""
     columns = len(ids) + count
     binding = session.io_binding()
     binding.bind_output("logits")
     for p in pasts:
-        buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, p.shape[1], columns, p.shape[3]), np.float16))
+        dtype = np.float16 if p.type == "tensor(float16)" else np.float32
+        buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, p.shape[1], columns, p.shape[3]), dtype))
         binding.bind_ortvalue_input(p.name, buffer)
         binding.bind_ortvalue_output(p.name.replace("past_key_values", "present"), buffer)
     total, step = len(ids), list(ids)
@@ -254,9 +270,10 @@ def test_greedy_serving_gives_onnx_runtimes_tokens(server, tokenizer):
     assert tokenizer.decode(tokens) == "The capital of France is Paris."
 
 
-@pytest.mark.parametrize("model,source", [("smollm2_decoder", SMOL), ("tiny_decoder", TINY)])
-def test_concurrent_requests_get_the_tokens_they_get_alone(server, tokenizer, model, source):
-    if model == "tiny_decoder":
+@pytest.mark.parametrize("model", ["smollm2_decoder", "tiny_decoder", "tiny_shared", "tiny_half"])
+def test_concurrent_requests_get_the_tokens_they_get_alone(server, tokenizer, model):
+    source = os.path.join(server.repo, model)
+    if model.startswith("tiny"):
         prompts = [[5, 17, 42], [9] * 11, [100, 200, 250, 7, 7, 8], [1, 2]]
         end_ids, count = (3,), 20
     else:
@@ -274,6 +291,34 @@ def test_concurrent_requests_get_the_tokens_they_get_alone(server, tokenizer, mo
     for t in threads:
         t.join(600)
     assert results == alone
+
+
+@pytest.mark.parametrize("model", ["tiny_shared", "tiny_half"])
+def test_sequences_keep_their_tokens_while_the_shared_cache_grows_and_shrinks(server, model):
+    """Twelve sequences of different lengths at once in a 16-row shared buffer: rows are added
+    as they arrive (the buffer grows), freed as they end, and the last few move into a smaller
+    buffer; each still gets the tokens it gets alone, and the layouts agree."""
+    prompts = [[(7 * i + j) % 290 + 5 for j in range(3 + i)] for i in range(12)]
+    counts = [2 + 3 * (i % 4) if i < 9 else 40 for i in range(12)]
+    path = os.path.join(server.repo, model, "1", "model.onnx")
+    alone = [onnx_greedy(path, p, c) for p, c in zip(prompts, counts)]
+    results = [None] * len(prompts)
+
+    def one(i):
+        results[i] = generate(server, model, prompts[i], max_tokens=counts[i], end_id=-1)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert results == alone
+    loaded = [line for line in server.log if "generation model loaded" in line and model in line]
+    assert loaded and "shared_buffer=true" in loaded[0], loaded
+    if model == "tiny_shared":
+        # The same weights in the growing layout answer the same.
+        assert alone[:4] == [onnx_greedy(os.path.join(TINY, "1", "model.onnx"), p, c)
+                             for p, c in zip(prompts[:4], counts[:4])]
 
 
 def test_a_seed_gives_the_same_text_and_another_seed_another(server, tokenizer):

@@ -41,8 +41,10 @@ pub struct DecoderSpec {
     /// Whether the model takes `position_ids`.
     pub position_ids: bool,
     /// Whether past and present share one preallocated buffer (ONNX Runtime GenAI's
-    /// `past_present_share_buffer` layout, FP16) instead of the present growing by a column.
+    /// `past_present_share_buffer` layout) instead of the present growing by a column.
     pub shared_buffer: bool,
+    /// Whether the cache is FP16 (else FP32).
+    pub half: bool,
 }
 
 /// Limits of the running batch.
@@ -225,6 +227,7 @@ impl Engine {
             kv_heads: spec.kv_heads,
             head_dim: spec.head_dim,
             position_ids: spec.position_ids,
+            half: spec.half,
             max_rows: limits.max_rows,
         };
         let mut worker = Worker {

@@ -1,5 +1,5 @@
-//! A key/value cache that stays in place between decoder runs: per cache tensor one FP16
-//! buffer `[rows, kv_heads, columns, head_dim]`, bound through ONNX Runtime's IO binding as both
+//! A key/value cache that stays in place between decoder runs: per cache tensor one buffer
+//! `[rows, kv_heads, columns, head_dim]` (FP32 or FP16, as the decoder declares its cache), bound through ONNX Runtime's IO binding as both
 //! the past input and the present output of a decoder exported with
 //! `past_present_share_buffer` (ONNX Runtime GenAI's layout: `GroupQueryAttention` reads each
 //! row's length from the attention mask and writes the new tokens' keys and values at the end
@@ -10,14 +10,22 @@
 //! engine sizes it to the longest sequence it admits and moves rows into a new buffer only when
 //! a longer one joins or when many rows left (see [`KvBuffer::copy_row`]).
 
+use std::fmt::Debug;
+
 use half::f16;
 use ort::{
     memory::Allocator,
     session::{IoBinding, Session},
-    value::{DynValue, Tensor as OrtTensor},
+    value::{DynValue, PrimitiveTensorElementType, Tensor as OrtTensor},
 };
 
+use super::prefix_cache::Values;
 use crate::error::{Error, Result};
+
+/// An element a cache may hold.
+pub trait CacheElement: PrimitiveTensorElementType + Copy + Debug + 'static {}
+impl CacheElement for f32 {}
+impl CacheElement for f16 {}
 
 fn run_error(e: impl std::fmt::Display) -> Error {
     Error::internal(format!("the decoder failed: {e}"))
@@ -33,16 +41,16 @@ pub struct CacheNames {
 }
 
 /// One buffer set with its binding.
-pub struct KvBuffer {
+pub struct KvBuffer<T: CacheElement> {
     rows: usize,
     columns: usize,
     heads: usize,
     head_dim: usize,
-    tensors: Vec<OrtTensor<f16>>,
+    tensors: Vec<OrtTensor<T>>,
     binding: IoBinding,
 }
 
-impl KvBuffer {
+impl<T: CacheElement> KvBuffer<T> {
     /// Allocates `rows` rows of `columns` columns and binds them as past and present of
     /// `session`. The contents start undefined: a row is only read up to its length.
     pub fn new(
@@ -57,7 +65,7 @@ impl KvBuffer {
         let mut binding = session.create_binding().map_err(run_error)?;
         let mut tensors = Vec::with_capacity(names.inputs.len());
         for (input, output) in names.inputs.iter().zip(&names.outputs) {
-            let mut tensor = OrtTensor::<f16>::new(&allocator, [rows, heads, columns, head_dim])
+            let mut tensor = OrtTensor::<T>::new(&allocator, [rows, heads, columns, head_dim])
                 .map_err(|e| {
                     Error::unavailable(format!(
                         "cannot allocate the key/value cache ({rows} x {columns} tokens): {e}"
@@ -124,7 +132,7 @@ impl KvBuffer {
     }
 
     /// Copies the first `len` columns of row `from` of `source` into row `to`.
-    pub fn copy_row(&mut self, to: usize, source: &KvBuffer, from: usize, len: usize) {
+    pub fn copy_row(&mut self, to: usize, source: &KvBuffer<T>, from: usize, len: usize) {
         let (heads, dim) = (self.heads, self.head_dim);
         let len = len.min(self.columns).min(source.columns);
         for (dst, src) in self.tensors.iter_mut().zip(&source.tensors) {
@@ -139,7 +147,7 @@ impl KvBuffer {
     }
 
     /// Row `row`'s first `len` columns, per cache tensor `[kv_heads, len, head_dim]`.
-    pub fn row_values(&self, row: usize, len: usize) -> Vec<Vec<f16>> {
+    pub fn row_values(&self, row: usize, len: usize) -> Vec<Vec<T>> {
         let (heads, dim) = (self.heads, self.head_dim);
         let len = len.min(self.columns);
         self.tensors
@@ -158,7 +166,7 @@ impl KvBuffer {
 
     /// Writes the first `len` columns of `values` (per cache tensor `[kv_heads, stored,
     /// head_dim]`) into row `row`.
-    pub fn write_row(&mut self, row: usize, values: &[Vec<f16>], stored: usize, len: usize) {
+    pub fn write_row(&mut self, row: usize, values: &[Vec<T>], stored: usize, len: usize) {
         let (heads, dim) = (self.heads, self.head_dim);
         let len = len.min(stored).min(self.columns);
         for (t, src) in self.tensors.iter_mut().zip(values) {
@@ -170,10 +178,100 @@ impl KvBuffer {
             }
         }
     }
+}
 
-    /// Bytes it holds.
-    pub fn bytes(&self) -> usize {
-        self.tensors.len() * self.rows * self.heads * self.columns * self.head_dim * 2
+/// A buffer of either element type.
+pub enum AnyBuffer {
+    /// An FP32 cache.
+    F32(KvBuffer<f32>),
+    /// An FP16 cache.
+    F16(KvBuffer<f16>),
+}
+
+/// Applies `$body` to the buffer inside `$buffer` whatever its type.
+macro_rules! each {
+    ($buffer:expr, $b:ident => $body:expr) => {
+        match $buffer {
+            AnyBuffer::F32($b) => $body,
+            AnyBuffer::F16($b) => $body,
+        }
+    };
+}
+
+impl AnyBuffer {
+    /// Allocates a buffer of FP16 (`half`) or FP32 elements (see [`KvBuffer::new`]).
+    pub fn new(
+        half: bool,
+        session: &Session,
+        names: &CacheNames,
+        rows: usize,
+        columns: usize,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        Ok(if half {
+            AnyBuffer::F16(KvBuffer::new(
+                session, names, rows, columns, heads, head_dim,
+            )?)
+        } else {
+            AnyBuffer::F32(KvBuffer::new(
+                session, names, rows, columns, heads, head_dim,
+            )?)
+        })
+    }
+
+    /// Its rows.
+    pub fn rows(&self) -> usize {
+        each!(self, b => b.rows())
+    }
+
+    /// Its columns.
+    pub fn columns(&self) -> usize {
+        each!(self, b => b.columns())
+    }
+
+    /// See [`KvBuffer::run`].
+    pub fn run(
+        &mut self,
+        session: &mut Session,
+        ids: Vec<i64>,
+        width: usize,
+        mask: Vec<i64>,
+    ) -> Result<DynValue> {
+        each!(self, b => b.run(session, ids, width, mask))
+    }
+
+    /// See [`KvBuffer::copy_row`]; buffers of different types copy nothing.
+    pub fn copy_row(&mut self, to: usize, source: &AnyBuffer, from: usize, len: usize) {
+        match (self, source) {
+            (AnyBuffer::F32(d), AnyBuffer::F32(s)) => d.copy_row(to, s, from, len),
+            (AnyBuffer::F16(d), AnyBuffer::F16(s)) => d.copy_row(to, s, from, len),
+            _ => {}
+        }
+    }
+
+    /// See [`KvBuffer::row_values`].
+    pub fn row_values(&self, row: usize, len: usize) -> Values {
+        match self {
+            AnyBuffer::F32(b) => Values::F32(b.row_values(row, len)),
+            AnyBuffer::F16(b) => Values::F16(b.row_values(row, len)),
+        }
+    }
+
+    /// See [`KvBuffer::write_row`]; values of another type are refused.
+    pub fn write_row(
+        &mut self,
+        row: usize,
+        values: &Values,
+        stored: usize,
+        len: usize,
+    ) -> Result<()> {
+        match (self, values) {
+            (AnyBuffer::F32(b), Values::F32(v)) => b.write_row(row, v, stored, len),
+            (AnyBuffer::F16(b), Values::F16(v)) => b.write_row(row, v, stored, len),
+            _ => return Err(run_error("a cached prefix of another cache type")),
+        }
+        Ok(())
     }
 }
 

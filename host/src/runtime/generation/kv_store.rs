@@ -20,7 +20,7 @@ use ort::{
 };
 
 use super::{
-    kv_buffer::{self, CacheNames, KvBuffer},
+    kv_buffer::{self, AnyBuffer, CacheNames},
     kv_cache::{self, RowSource, Source},
     prefix_cache::{self, Hit, Values},
 };
@@ -39,6 +39,8 @@ pub struct CacheShape {
     pub head_dim: usize,
     /// Whether the decoder takes `position_ids` (growing layout only).
     pub position_ids: bool,
+    /// Whether the cache is FP16 (else FP32).
+    pub half: bool,
     /// Rows the batch holds at most.
     pub max_rows: usize,
 }
@@ -59,7 +61,7 @@ pub enum Part {
     /// Presents `[n, heads, columns, head_dim]`, right-aligned.
     Growing(Vec<DynValue>, usize),
     /// A buffer of `n` left-aligned rows.
-    Shared(Box<KvBuffer>),
+    Shared(Box<AnyBuffer>),
 }
 
 /// A prefill's result.
@@ -93,7 +95,7 @@ pub enum KvStore {
         /// Names of the past inputs and present outputs.
         names: CacheNames,
         /// The buffer, while rows run.
-        buffer: Option<Box<KvBuffer>>,
+        buffer: Option<Box<AnyBuffer>>,
     },
 }
 
@@ -216,13 +218,17 @@ impl KvStore {
                     let tail = &p[past_len..];
                     ids[r * width..r * width + tail.len()].copy_from_slice(tail);
                 }
-                let mut buffer =
-                    KvBuffer::new(session, names, n, columns, shape.kv_heads, shape.head_dim)?;
+                let mut buffer = AnyBuffer::new(
+                    shape.half,
+                    session,
+                    names,
+                    n,
+                    columns,
+                    shape.kv_heads,
+                    shape.head_dim,
+                )?;
                 if let Some(h) = hit {
-                    let Values::F16(values) = &h.entry.values else {
-                        return Err(run_error("a cached prefix of another cache type"));
-                    };
-                    buffer.write_row(0, values, h.entry.len(), past_len);
+                    buffer.write_row(0, &h.entry.values, h.entry.len(), past_len)?;
                 }
                 let mask = kv_buffer::mask(&lens, columns);
                 let logits = buffer.run(session, ids, width, mask)?;
@@ -260,7 +266,7 @@ impl KvStore {
                 })
                 .collect::<Result<Vec<_>>>()
                 .map(Values::F32),
-            Part::Shared(buffer) => Ok(Values::F16(buffer.row_values(r, len))),
+            Part::Shared(buffer) => Ok(buffer.row_values(r, len)),
         }
     }
 
@@ -335,7 +341,8 @@ impl KvStore {
                     let new_rows = rows.max((2 * old_rows).min(shape.max_rows)).max(1);
                     let old_columns = buffer.as_ref().map_or(0, |b| b.columns());
                     let new_columns = longest.max(old_columns).div_ceil(64) * 64;
-                    let mut grown = KvBuffer::new(
+                    let mut grown = AnyBuffer::new(
+                        shape.half,
                         session,
                         names,
                         new_rows,
@@ -348,6 +355,12 @@ impl KvStore {
                             grown.copy_row(i, old, s.slot, s.len);
                         }
                     }
+                    tracing::debug!(
+                        rows = new_rows,
+                        columns = new_columns,
+                        moved = running.len(),
+                        "key/value buffer grown"
+                    );
                     slots = (0..running.len()).collect();
                     *buffer = Some(Box::new(grown));
                 }
@@ -424,7 +437,8 @@ impl KvStore {
                     .map(|s| s.final_len.max(s.len))
                     .max()
                     .unwrap_or(1);
-                let mut smaller = KvBuffer::new(
+                let mut smaller = AnyBuffer::new(
+                    shape.half,
                     session,
                     names,
                     (kept.len() * 2).min(shape.max_rows),
@@ -435,6 +449,12 @@ impl KvStore {
                 for (i, s) in kept.iter().enumerate() {
                     smaller.copy_row(i, old, s.slot, s.len);
                 }
+                tracing::debug!(
+                    rows = smaller.rows(),
+                    columns = smaller.columns(),
+                    moved = kept.len(),
+                    "key/value buffer shrunk"
+                );
                 *buffer = Some(Box::new(smaller));
                 Ok((0..kept.len()).collect())
             }

@@ -186,11 +186,20 @@ fn complete_config(config: &mut ModelConfig) -> Result<()> {
 }
 
 /// What the decoder's signature says: its layers and cache shape, its vocabulary.
-fn decoder_spec(session: &Session, model: &str) -> Result<(DecoderSpec, Option<usize>)> {
+///
+/// `share_buffer` is the configuration's `past_present_share_buffer`; without it, a decoder
+/// whose past and present share their length's name (one buffer, as ONNX Runtime GenAI's
+/// exports declare it) or whose cache is FP16 shares the buffer.
+fn decoder_spec(
+    session: &Session,
+    model: &str,
+    share_buffer: Option<bool>,
+) -> Result<(DecoderSpec, Option<usize>)> {
     let bad = |what: String| {
         Error::invalid(format!(
             "model '{model}': the decoder does not have the layout the generation backend runs \
-             (Optimum's text-generation-with-past export): {what}"
+             (Optimum's text-generation-with-past export, or ONNX Runtime GenAI's with a \
+             shared past/present buffer): {what}"
         ))
     };
     let inputs = session.inputs();
@@ -210,6 +219,7 @@ fn decoder_spec(session: &Session, model: &str) -> Result<(DecoderSpec, Option<u
     let mut kv_heads = 0;
     let mut head_dim = 0;
     let mut fp16 = None;
+    let mut same_length = true;
     for i in 0..layers {
         for kind in ["key", "value"] {
             let name = format!("past_key_values.{i}.{kind}");
@@ -217,9 +227,28 @@ fn decoder_spec(session: &Session, model: &str) -> Result<(DecoderSpec, Option<u
                 .iter()
                 .find(|o| o.name() == name)
                 .ok_or_else(|| bad(format!("no input '{name}'")))?;
-            let ValueType::Tensor { ty, shape, .. } = outlet.dtype() else {
+            let ValueType::Tensor {
+                ty,
+                shape,
+                dimension_symbols,
+            } = outlet.dtype()
+            else {
                 return Err(bad(format!("input '{name}' is not a tensor")));
             };
+            let present = name.replace("past_key_values.", "present.");
+            let present_length = session
+                .outputs()
+                .iter()
+                .find(|o| o.name() == present)
+                .and_then(|o| match o.dtype() {
+                    ValueType::Tensor {
+                        dimension_symbols, ..
+                    } => dimension_symbols.get(2).cloned(),
+                    _ => None,
+                });
+            same_length &= dimension_symbols
+                .get(2)
+                .is_some_and(|s| !s.is_empty() && Some(s) == present_length.as_ref());
             let half = match ty {
                 ort::value::TensorElementType::Float32 => false,
                 ort::value::TensorElementType::Float16 => true,
@@ -254,13 +283,19 @@ fn decoder_spec(session: &Session, model: &str) -> Result<(DecoderSpec, Option<u
             _ => None,
         })?
         .map(|v| v as usize);
-    // An FP16 cache is the shared-buffer layout (GroupQueryAttention writes in place); the
-    // growing layout is FP32.
-    let shared_buffer = fp16 == Some(true);
+    let half = fp16 == Some(true);
+    let shared_buffer = share_buffer.unwrap_or(same_length || half);
     if shared_buffer && names.contains(&"position_ids") {
         return Err(bad(
-            "an FP16 cache is run as ONNX Runtime GenAI's past_present_share_buffer layout, \
-             which takes no 'position_ids' (positions come from the attention mask)"
+            "a shared past/present buffer (ONNX Runtime GenAI's past_present_share_buffer \
+             layout) takes no 'position_ids': positions come from the attention mask"
+                .into(),
+        ));
+    }
+    if half && !shared_buffer {
+        return Err(bad(
+            "an FP16 cache is only run in place (past_present_share_buffer); a growing cache \
+             must be FP32"
                 .into(),
         ));
     }
@@ -271,6 +306,7 @@ fn decoder_spec(session: &Session, model: &str) -> Result<(DecoderSpec, Option<u
             head_dim,
             position_ids: names.contains(&"position_ids"),
             shared_buffer,
+            half,
         },
         vocab,
     ))
@@ -396,8 +432,24 @@ pub fn load(
         .map_err(|e| cannot(e.to_string()))?
         .commit_from_file(&path)
         .map_err(|e| cannot(e.to_string()))?;
-    let (spec, vocab) = decoder_spec(&session, &name)?;
-    let element_bytes = if spec.shared_buffer { 2 } else { 4 };
+    let share_buffer = match config
+        .parameters
+        .get("past_present_share_buffer")
+        .map(|p| p.string_value.as_str())
+    {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "model '{name}': parameter 'past_present_share_buffer' is \"{other}\"; it must \
+                 be \"true\" (one buffer bound as past and present, written in place) or \
+                 \"false\" (the present grows by a column each step)"
+            )))
+        }
+    };
+    let (spec, vocab) = decoder_spec(&session, &name, share_buffer)?;
+    let element_bytes = if spec.half { 2 } else { 4 };
     let bytes_per_token = (spec.layers * 2 * spec.kv_heads * spec.head_dim * element_bytes) as u64;
     let stats = Arc::new(GenerationStats::new(cache_tokens as u64, bytes_per_token));
     tracing::info!(
