@@ -39,28 +39,10 @@ def chat(text):
 
 
 def onnx_greedy(path, ids, count):
-    import onnxruntime as ort
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import decoder_loop
 
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-    names = [o.name for o in session.get_outputs()]
-    feeds = {p.name: np.zeros((1, p.shape[1], 0, p.shape[3]), np.float32) for p in pasts}
-    tokens, step, out = list(ids), list(ids), []
-    for _ in range(count):
-        start = len(tokens) - len(step)
-        feeds.update(input_ids=np.array([step], np.int64),
-                     attention_mask=np.ones((1, len(tokens)), np.int64),
-                     position_ids=np.arange(start, len(tokens))[None].astype(np.int64))
-        results = dict(zip(names, session.run(None, feeds)))
-        for p in pasts:
-            feeds[p.name] = results[p.name.replace("past_key_values", "present")]
-        nxt = int(np.argmax(results["logits"][0, -1]))
-        if nxt == END:
-            break
-        out.append(nxt)
-        tokens.append(nxt)
-        step = [nxt]
-    return out
+    return decoder_loop.greedy(path, ids, count, end_ids=(END,))
 
 
 LLAMA = r"""

@@ -19,7 +19,7 @@ tokens (no end token), at 1 / 8 / 32 concurrent streams, over Triton's generate_
      the same server right after B at each level: J/B is what constrained decoding costs.
 
 Reports output tokens/s, time to first token p50/p99 and inter-token latency p50/p99 per
-level, wasmtron's RSS at the end of its highest level, and writes benches/results/llm.json.
+level, wasmtron's RSS at the end of its highest level and its peak (VmHWM), and writes benches/results/llm.json.
 
 Usage: benches/llm_bench.py [--levels 1,8,32] [--tokens 128] [--only A,B,L,J,P]
 Needs `make build-release models stages triton`.
@@ -202,40 +202,17 @@ def figures(rate, ttfts, gaps):
 
 def in_process(prompt_tokens, tokens, streams):
     """The batched decode loop, in-process: prefill `streams` prompts, then `tokens` steps."""
-    import onnxruntime as ort
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import decoder_loop
     from tokenizers import Tokenizer
 
-    session = ort.InferenceSession(DECODER, providers=["CPUExecutionProvider"])
-    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-    names = [o.name for o in session.get_outputs()]
+    loop = decoder_loop.DecoderLoop(DECODER)
     ids = Tokenizer.from_file(TOKENIZER).encode(prompt_tokens).ids
-    n = len(ids)
-    ttft_started = time.perf_counter()
-    feeds = {p.name: np.zeros((streams, p.shape[1], 0, p.shape[3]), np.float32) for p in pasts}
-    feeds.update(input_ids=np.array([ids] * streams, np.int64),
-                 attention_mask=np.ones((streams, n), np.int64),
-                 position_ids=np.tile(np.arange(n), (streams, 1)).astype(np.int64))
-    gaps, total = [], n
-    last = None
-    for step in range(tokens):
-        results = dict(zip(names, session.run(None, feeds)))
-        nxt = np.argmax(results["logits"][:, -1], axis=-1)
-        now = time.perf_counter()
-        if last is None:
-            ttft = now - ttft_started
-            decode_started = now
-        else:
-            gaps.append(now - last)
-        last = now
-        for p in pasts:
-            feeds[p.name] = results[p.name.replace("past_key_values", "present")]
-        total += 1
-        feeds.update(input_ids=nxt[:, None].astype(np.int64),
-                     attention_mask=np.ones((streams, total), np.int64),
-                     position_ids=np.full((streams, 1), total - 1, np.int64))
-    elapsed = last - ttft_started
-    del decode_started
-    return figures(streams * tokens / elapsed, [ttft], gaps)
+    times = []
+    started = time.perf_counter()
+    loop.greedy([ids] * streams, tokens, on_step=lambda _: times.append(time.perf_counter()))
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return figures(streams * tokens / (times[-1] - started), [times[0] - started], gaps)
 
 
 def prefix_pairs(port, pairs=5):
@@ -257,10 +234,11 @@ def prefix_pairs(port, pairs=5):
             "prompt_tokens": len(tok.encode(system).ids)}
 
 
-def rss_mib(pid):
+def rss_mib(pid, field="VmRSS"):
+    """The process's resident size now (VmRSS), or at its peak so far (VmHWM), in MiB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -330,7 +308,9 @@ def main():
                       f"{p['second_ttft_ms']:.0f} ms ({p['second_ttft_ms'] / p['first_ttft_ms']:.2f}x), "
                       f"~{p['prompt_tokens']}-token system prompt", flush=True)
             results["B_rss_mib"] = rss_mib(proc.pid)
-            print(f"wasmtron RSS after {levels[-1]} streams: {results['B_rss_mib']:.0f} MiB", flush=True)
+            results["B_peak_rss_mib"] = rss_mib(proc.pid, "VmHWM")
+            print(f"wasmtron RSS after {levels[-1]} streams: {results['B_rss_mib']:.0f} MiB, peak "
+                  f"{results['B_peak_rss_mib']:.0f} MiB", flush=True)
             stop(proc)
         if "A" in only:
             repo = os.path.join(tmp, "triton")
@@ -338,6 +318,7 @@ def main():
                             os.path.join(repo, "llm_generate"))
             os.symlink(DECODER, os.path.join(repo, "llm_generate", "1", "model.onnx"))
             shutil.copy(TOKENIZER, os.path.join(repo, "llm_generate", "1", "tokenizer.json"))
+            shutil.copy(os.path.join(ROOT, "scripts", "decoder_loop.py"), os.path.join(repo, "llm_generate", "1"))
             proc, port = start(os.path.join(ROOT, ".cache", "triton", "run"), repo)
             body = {"text_input": text, "max_tokens": args.tokens}
             one_stream(port, "llm_generate", body)
@@ -375,6 +356,7 @@ def main():
                 results["C"][c] = load(http_port, "smollm2", body, c, rounds=1 if c > 1 else 2,
                                        call=one_openai_stream)
                 results["C"][c]["rss_mib"] = rss_mib(proc.pid)
+                results["C"][c]["peak_rss_mib"] = rss_mib(proc.pid, "VmHWM")
                 print("C", c, results["C"][c], flush=True)
                 stop(proc)
         if "L" in only:

@@ -116,8 +116,21 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, f
         # Stored as [in, out] so that MatMul needs no transpose.
         return op("MatMul", [x, const(weight_name, f32(weight).T.copy())])
 
-    embed = f32(weights["embed"])
-    x = op("Gather", [const("model.embed_tokens.weight", embed), "input_ids"], axis=0)
+    embed = weights.get("embed_8bit")
+    if embed is not None:
+        # The GGUF's Q8_0 embedding as it is (uint8 q + 128, zero point 128, scale d per block
+        # of 32): the rows a step needs are dequantised exactly, and the 49k x 576 table takes
+        # a quarter of its FP32 size.
+        blocks = embed.k // 32
+        x = f"embed_{next(n)}"
+        nodes.append(helper.make_node(
+            "GatherBlockQuantized",
+            [const("model.embed_tokens.weight", embed.packed.reshape(embed.n, embed.k)), "input_ids",
+             const("model.embed_tokens.scales", embed.scales.reshape(embed.n, blocks)),
+             const("model.embed_tokens.zero_points", embed.zero_points.reshape(embed.n, blocks))],
+            [x], domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=32, bits=8))
+    else:
+        x = op("Gather", [const("model.embed_tokens.weight", f32(weights["embed"])), "input_ids"], axis=0)
 
     if shared_cache:
         # GroupQueryAttention reads each row's length from seqlens_k (its tokens - 1) and
@@ -371,6 +384,8 @@ def read_gguf(path, four_bit=False, eight_bit=False):
     head = "output.weight" if "output.weight" in raw else "token_embd.weight"
     if eight_bit and head in raw:
         w["lm_head"] = q8_0_as_8bit(raw[head])
+    if eight_bit and "token_embd.weight" in raw and "lm_head" in w:
+        w["embed_8bit"] = q8_0_as_8bit(raw["token_embd.weight"])
     names = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_output": "o", "attn_v": "v",
              "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
     for i in range(hp["layers"]):

@@ -28,6 +28,8 @@ import tritonclient.grpc as grpcclient
 from conftest import ROOT, Server
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import decoder_loop  # noqa: E402
 import llm_reference  # noqa: E402
 
 SMOL = os.path.join(ROOT, "model_repository", "smollm2_decoder")
@@ -150,58 +152,8 @@ def generate(server, model, ids, **params):
 
 
 def onnx_greedy(path, ids, count, end_ids=()):
-    """Greedy decoding with ONNX Runtime directly, one sequence, its cache fed back (a growing
-    cache), or bound in place through IO binding (a shared-buffer cache)."""
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-    if not any(i.name == "position_ids" for i in session.get_inputs()):
-        return shared_greedy(session, pasts, ids, count, end_ids)
-    feeds = {p.name: np.zeros((1, p.shape[1], 0, p.shape[3]), np.float32) for p in pasts}
-    tokens, step = list(ids), list(ids)
-    out = []
-    for _ in range(count):
-        start = len(tokens) - len(step)
-        feeds.update(input_ids=np.array([step], np.int64),
-                     attention_mask=np.ones((1, len(tokens)), np.int64),
-                     position_ids=np.arange(start, len(tokens))[None].astype(np.int64))
-        results = session.run(None, feeds)
-        names = [o.name for o in session.get_outputs()]
-        logits = results[names.index("logits")]
-        for p in pasts:
-            feeds[p.name] = results[names.index(p.name.replace("past_key_values", "present"))]
-        nxt = int(np.argmax(logits[0, -1]))
-        if nxt in end_ids:
-            break
-        out.append(nxt)
-        tokens.append(nxt)
-        step = [nxt]
-    return out
-
-
-def shared_greedy(session, pasts, ids, count, end_ids=()):
-    """Greedy decoding of a past_present_share_buffer decoder: one buffer per cache tensor,
-    bound as past and present, written in place by each run."""
-    columns = len(ids) + count
-    binding = session.io_binding()
-    binding.bind_output("logits")
-    for p in pasts:
-        dtype = np.float16 if p.type == "tensor(float16)" else np.float32
-        buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, p.shape[1], columns, p.shape[3]), dtype))
-        binding.bind_ortvalue_input(p.name, buffer)
-        binding.bind_ortvalue_output(p.name.replace("past_key_values", "present"), buffer)
-    total, step = len(ids), list(ids)
-    out = []
-    for _ in range(count):
-        binding.bind_cpu_input("input_ids", np.array([step], np.int64))
-        binding.bind_cpu_input("attention_mask", np.ones((1, total), np.int64))
-        session.run_with_iobinding(binding)
-        nxt = int(np.argmax(binding.copy_outputs_to_cpu()[0][0, -1]))
-        if nxt in end_ids:
-            break
-        out.append(nxt)
-        total += 1
-        step = [nxt]
-    return out
+    """Greedy decoding with ONNX Runtime directly, one sequence (either cache layout)."""
+    return decoder_loop.greedy(path, ids, count, end_ids)
 
 
 def test_the_onnx_conversion_decodes_as_an_independent_forward_pass_of_the_gguf(tokenizer):

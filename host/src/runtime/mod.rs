@@ -7,6 +7,7 @@ pub mod batch;
 pub mod buckets;
 pub mod generation;
 pub mod gpu;
+pub mod heap;
 pub mod onnx;
 pub mod request_check;
 mod staging;

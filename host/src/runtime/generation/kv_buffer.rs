@@ -8,7 +8,7 @@
 //! Rows are left-aligned: a row of `n` tokens holds them in its first `n` columns, and its
 //! attention mask row is `n` ones then zeros. `columns` is fixed for the buffer's life; the
 //! engine sizes it to the longest sequence it admits and moves rows into a new buffer only when
-//! a longer one joins or when many rows left (see [`KvBuffer::copy_row`]).
+//! a longer one joins or when many rows left (see [`KvBuffer::resize`]).
 
 use std::fmt::Debug;
 
@@ -61,26 +61,10 @@ impl<T: CacheElement> KvBuffer<T> {
         heads: usize,
         head_dim: usize,
     ) -> Result<Self> {
-        let allocator = Allocator::default();
-        let mut binding = session.create_binding().map_err(run_error)?;
-        let mut tensors = Vec::with_capacity(names.inputs.len());
-        for (input, output) in names.inputs.iter().zip(&names.outputs) {
-            let mut tensor = OrtTensor::<T>::new(&allocator, [rows, heads, columns, head_dim])
-                .map_err(|e| {
-                    Error::unavailable(format!(
-                        "cannot allocate the key/value cache ({rows} x {columns} tokens): {e}"
-                    ))
-                })?;
-            // The same value as input and output: ONNX Runtime sees one buffer for both.
-            binding.bind_input(input, &tensor).map_err(run_error)?;
-            binding
-                .bind_output(output, &mut tensor)
-                .map_err(run_error)?;
-            tensors.push(tensor);
-        }
-        binding
-            .bind_output_to_device("logits", allocator.memory_info())
-            .map_err(run_error)?;
+        let mut tensors = (0..names.inputs.len())
+            .map(|_| allocate(rows, columns, heads, head_dim))
+            .collect::<Result<Vec<_>>>()?;
+        let binding = bind(session, names, &mut tensors)?;
         Ok(Self {
             rows,
             columns,
@@ -89,6 +73,42 @@ impl<T: CacheElement> KvBuffer<T> {
             tensors,
             binding,
         })
+    }
+
+    /// Moves into `rows` x `columns` buffers: `moves` are (old row, new row, tokens). One
+    /// cache tensor at a time, each old one freed once copied, so that the move holds little
+    /// more than the larger of the two sizes.
+    pub fn resize(
+        &mut self,
+        session: &Session,
+        names: &CacheNames,
+        rows: usize,
+        columns: usize,
+        moves: &[(usize, usize, usize)],
+    ) -> Result<()> {
+        // The binding holds the old tensors: release it first.
+        self.binding = session.create_binding().map_err(run_error)?;
+        let (heads, dim) = (self.heads, self.head_dim);
+        for old in self.tensors.iter_mut() {
+            let mut new = allocate::<T>(rows, columns, heads, dim)?;
+            {
+                let (_, src) = old.extract_tensor();
+                let (_, dst) = new.extract_tensor_mut();
+                for &(from, to, len) in moves {
+                    let len = len.min(columns).min(self.columns);
+                    for h in 0..heads {
+                        let s = (from * heads + h) * self.columns * dim;
+                        let d = (to * heads + h) * columns * dim;
+                        dst[d..d + len * dim].copy_from_slice(&src[s..s + len * dim]);
+                    }
+                }
+            }
+            *old = new;
+        }
+        self.rows = rows;
+        self.columns = columns;
+        self.binding = bind(session, names, &mut self.tensors)?;
+        Ok(())
     }
 
     /// Its rows.
@@ -180,6 +200,38 @@ impl<T: CacheElement> KvBuffer<T> {
     }
 }
 
+/// One uninitialised cache tensor.
+fn allocate<T: CacheElement>(
+    rows: usize,
+    columns: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Result<OrtTensor<T>> {
+    OrtTensor::<T>::new(&Allocator::default(), [rows, heads, columns, head_dim]).map_err(|e| {
+        Error::unavailable(format!(
+            "cannot allocate the key/value cache ({rows} x {columns} tokens): {e}"
+        ))
+    })
+}
+
+/// A binding of each of `tensors` as both its past and its present (ONNX Runtime sees one
+/// buffer for both), and of the logits to host memory.
+fn bind<T: CacheElement>(
+    session: &Session,
+    names: &CacheNames,
+    tensors: &mut [OrtTensor<T>],
+) -> Result<IoBinding> {
+    let mut binding = session.create_binding().map_err(run_error)?;
+    for ((input, output), tensor) in names.inputs.iter().zip(&names.outputs).zip(tensors) {
+        binding.bind_input(input, tensor).map_err(run_error)?;
+        binding.bind_output(output, tensor).map_err(run_error)?;
+    }
+    binding
+        .bind_output_to_device("logits", Allocator::default().memory_info())
+        .map_err(run_error)?;
+    Ok(binding)
+}
+
 /// A buffer of either element type.
 pub enum AnyBuffer {
     /// An FP32 cache.
@@ -230,6 +282,18 @@ impl AnyBuffer {
         each!(self, b => b.columns())
     }
 
+    /// See [`KvBuffer::resize`].
+    pub fn resize(
+        &mut self,
+        session: &Session,
+        names: &CacheNames,
+        rows: usize,
+        columns: usize,
+        moves: &[(usize, usize, usize)],
+    ) -> Result<()> {
+        each!(self, b => b.resize(session, names, rows, columns, moves))
+    }
+
     /// See [`KvBuffer::run`].
     pub fn run(
         &mut self,
@@ -241,13 +305,20 @@ impl AnyBuffer {
         each!(self, b => b.run(session, ids, width, mask))
     }
 
-    /// See [`KvBuffer::copy_row`]; buffers of different types copy nothing.
-    pub fn copy_row(&mut self, to: usize, source: &AnyBuffer, from: usize, len: usize) {
+    /// See [`KvBuffer::copy_row`]; buffers of different types are refused.
+    pub fn copy_row(
+        &mut self,
+        to: usize,
+        source: &AnyBuffer,
+        from: usize,
+        len: usize,
+    ) -> Result<()> {
         match (self, source) {
             (AnyBuffer::F32(d), AnyBuffer::F32(s)) => d.copy_row(to, s, from, len),
             (AnyBuffer::F16(d), AnyBuffer::F16(s)) => d.copy_row(to, s, from, len),
-            _ => {}
+            _ => return Err(run_error("a prefill of another cache type")),
         }
+        Ok(())
     }
 
     /// See [`KvBuffer::row_values`].

@@ -336,23 +336,28 @@ impl KvStore {
                 if !fits {
                     // Grow: rows doubling (within the batch's limit) so that a burst of
                     // arrivals moves the cache a few times, not once per arrival; columns
-                    // to the longest sequence, in steps of 64.
+                    // to the longest sequence, in steps of 32.
                     let old_rows = buffer.as_ref().map_or(0, |b| b.rows());
                     let new_rows = rows.max((2 * old_rows).min(shape.max_rows)).max(1);
                     let old_columns = buffer.as_ref().map_or(0, |b| b.columns());
-                    let new_columns = longest.max(old_columns).div_ceil(64) * 64;
-                    let mut grown = AnyBuffer::new(
-                        shape.half,
-                        session,
-                        names,
-                        new_rows,
-                        new_columns,
-                        shape.kv_heads,
-                        shape.head_dim,
-                    )?;
-                    if let Some(old) = buffer.as_ref() {
-                        for (i, s) in running.iter().enumerate() {
-                            grown.copy_row(i, old, s.slot, s.len);
+                    let new_columns = longest.max(old_columns).div_ceil(32) * 32;
+                    let moves: Vec<(usize, usize, usize)> = running
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| (s.slot, i, s.len))
+                        .collect();
+                    match buffer.as_mut() {
+                        Some(old) => old.resize(session, names, new_rows, new_columns, &moves)?,
+                        None => {
+                            *buffer = Some(Box::new(AnyBuffer::new(
+                                shape.half,
+                                session,
+                                names,
+                                new_rows,
+                                new_columns,
+                                shape.kv_heads,
+                                shape.head_dim,
+                            )?))
                         }
                     }
                     tracing::debug!(
@@ -362,7 +367,7 @@ impl KvStore {
                         "key/value buffer grown"
                     );
                     slots = (0..running.len()).collect();
-                    *buffer = Some(Box::new(grown));
+                    crate::runtime::heap::release_freed();
                 }
                 let Some(buffer) = buffer.as_mut() else {
                     return Err(run_error("no key/value buffer"));
@@ -380,7 +385,7 @@ impl KvStore {
                         let slot = free
                             .next()
                             .ok_or_else(|| run_error("no free row in the key/value buffer"))?;
-                        buffer.copy_row(slot, &source, row, len);
+                        buffer.copy_row(slot, &source, row, len)?;
                         slots.push(slot);
                     }
                 }
@@ -425,6 +430,7 @@ impl KvStore {
                 };
                 if kept.is_empty() {
                     *buffer = None;
+                    crate::runtime::heap::release_freed();
                     return Ok(Vec::new());
                 }
                 // Moved into a smaller buffer once at most a quarter of its rows run, so that
@@ -437,25 +443,18 @@ impl KvStore {
                     .map(|s| s.final_len.max(s.len))
                     .max()
                     .unwrap_or(1);
-                let mut smaller = AnyBuffer::new(
-                    shape.half,
-                    session,
-                    names,
-                    (kept.len() * 2).min(shape.max_rows),
-                    longest.div_ceil(64) * 64,
-                    shape.kv_heads,
-                    shape.head_dim,
-                )?;
-                for (i, s) in kept.iter().enumerate() {
-                    smaller.copy_row(i, old, s.slot, s.len);
+                let moves: Vec<(usize, usize, usize)> = kept
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (s.slot, i, s.len))
+                    .collect();
+                let rows = (kept.len() * 2).min(shape.max_rows);
+                let columns = longest.div_ceil(32) * 32;
+                if let Some(old) = buffer.as_mut() {
+                    old.resize(session, names, rows, columns, &moves)?;
                 }
-                tracing::debug!(
-                    rows = smaller.rows(),
-                    columns = smaller.columns(),
-                    moved = kept.len(),
-                    "key/value buffer shrunk"
-                );
-                *buffer = Some(Box::new(smaller));
+                tracing::debug!(rows, columns, moved = kept.len(), "key/value buffer shrunk");
+                crate::runtime::heap::release_freed();
                 Ok((0..kept.len()).collect())
             }
         }

@@ -449,6 +449,8 @@ pub fn load(
         }
     };
     let (spec, vocab) = decoder_spec(&session, &name, share_buffer)?;
+    // The file's protobuf and the weights ONNX Runtime repacked are freed by now.
+    super::heap::release_freed();
     let element_bytes = if spec.half { 2 } else { 4 };
     let bytes_per_token = (spec.layers * 2 * spec.kv_heads * spec.head_dim * element_bytes) as u64;
     let stats = Arc::new(GenerationStats::new(cache_tokens as u64, bytes_per_token));

@@ -75,7 +75,10 @@ pub(super) fn build_session(
     if let Placement::Gpu(device) = placement {
         builder = with_gpu(builder, device, providers, profile)?;
     }
-    builder.commit_from_file(path).map_err(|e| e.to_string())
+    let session = builder.commit_from_file(path).map_err(|e| e.to_string())?;
+    // The file's protobuf and the weights ONNX Runtime repacked are freed by now.
+    super::super::heap::release_freed();
+    Ok(session)
 }
 
 /// Adds the GPU execution providers: TensorRT first when asked for (ONNX Runtime falls back
