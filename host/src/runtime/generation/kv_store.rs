@@ -336,11 +336,11 @@ impl KvStore {
                 if !fits {
                     // Grow: rows doubling (within the batch's limit) so that a burst of
                     // arrivals moves the cache a few times, not once per arrival; columns
-                    // to the longest sequence, in steps of 32.
+                    // to the longest sequence (in steps of 8).
                     let old_rows = buffer.as_ref().map_or(0, |b| b.rows());
                     let new_rows = rows.max((2 * old_rows).min(shape.max_rows)).max(1);
                     let old_columns = buffer.as_ref().map_or(0, |b| b.columns());
-                    let new_columns = longest.max(old_columns).div_ceil(32) * 32;
+                    let new_columns = longest.max(old_columns).div_ceil(8) * 8;
                     let moves: Vec<(usize, usize, usize)> = running
                         .iter()
                         .enumerate()
@@ -449,7 +449,7 @@ impl KvStore {
                     .map(|(i, s)| (s.slot, i, s.len))
                     .collect();
                 let rows = (kept.len() * 2).min(shape.max_rows);
-                let columns = longest.div_ceil(32) * 32;
+                let columns = longest.div_ceil(8) * 8;
                 if let Some(old) = buffer.as_mut() {
                     old.resize(session, names, rows, columns, &moves)?;
                 }

@@ -1,7 +1,9 @@
-//! The generation backend (`backend: "generation"`): text generation with a decoder exported
-//! in Hugging Face Optimum's layout (`input_ids`, `attention_mask`, `position_ids`,
-//! `past_key_values.{i}.key|value` → `logits`, `present.{i}.key|value`), run by ONNX Runtime
-//! with in-flight batching ([`engine`]) and sampled on the host ([`sampling`]).
+//! The generation backend (`backend: "generation"`): text generation with a decoder
+//! (`input_ids`, `attention_mask`, `past_key_values.{i}.key|value` → `logits`,
+//! `present.{i}.key|value`) in ONNX Runtime GenAI's shared-buffer layout (the cache
+//! preallocated and written in place, [`kv_buffer`]) or Hugging Face Optimum's growing one
+//! (with `position_ids`; [`kv_store`] runs both), with in-flight batching ([`engine`]) and
+//! sampling on the host ([`sampling`]).
 //!
 //! The model takes token ids and answers token ids, like TensorRT-LLM's `tensorrt_llm` model:
 //! tokenizer and detokenizer are separate models (Wasm stages) that an ensemble chains with
