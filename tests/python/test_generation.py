@@ -151,6 +151,21 @@ def generate(server, model, ids, **params):
         s.close()
 
 
+def generate_together(server, model, prompts, counts, **params):
+    """Each prompt's tokens, all requests sent at once, each on its own stream."""
+    results = [None] * len(prompts)
+
+    def one(i):
+        results[i] = generate(server, model, prompts[i], max_tokens=counts[i], **params)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    return results
+
+
 def onnx_greedy(path, ids, count, end_ids=()):
     """Greedy decoding with ONNX Runtime directly, one sequence (either cache layout)."""
     return decoder_loop.greedy(path, ids, count, end_ids)
@@ -232,17 +247,7 @@ def test_concurrent_requests_get_the_tokens_they_get_alone(server, tokenizer, mo
         prompts = [tokenizer.encode(chat(p)).ids for p in PROMPTS + ["Say hello."]]
         end_ids, count = (2,), 24
     alone = [onnx_greedy(os.path.join(source, "1", "model.onnx"), p, count, end_ids) for p in prompts]
-    results = [None] * len(prompts)
-
-    def one(i):
-        results[i] = generate(server, model, prompts[i], max_tokens=count)[0]
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    assert results == alone
+    assert generate_together(server, model, prompts, [count] * len(prompts)) == alone
 
 
 @pytest.mark.parametrize("model", ["tiny_shared", "tiny_half"])
@@ -254,17 +259,7 @@ def test_sequences_keep_their_tokens_while_the_shared_cache_grows_and_shrinks(se
     counts = [2 + 3 * (i % 4) if i < 9 else 40 for i in range(12)]
     path = os.path.join(server.repo, model, "1", "model.onnx")
     alone = [onnx_greedy(path, p, c) for p, c in zip(prompts, counts)]
-    results = [None] * len(prompts)
-
-    def one(i):
-        results[i] = generate(server, model, prompts[i], max_tokens=counts[i], end_id=-1)[0]
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    assert results == alone
+    assert generate_together(server, model, prompts, counts, end_id=-1) == alone
     loaded = [line for line in server.log if "generation model loaded" in line and model in line]
     assert loaded and "shared_buffer=true" in loaded[0], loaded
     if model == "tiny_shared":

@@ -585,7 +585,7 @@ impl Worker {
         self.rows = rows;
         let logits = result?;
         let (_, values) = logits.try_extract_tensor::<f32>().map_err(run_error)?;
-        let vocab = values.len() / self.store_rows(b);
+        let vocab = values.len() / self.store.batch_rows(b);
         let mut keep = vec![true; b];
         let mut rows = std::mem::take(&mut self.rows);
         for (r, row) in rows.iter_mut().enumerate() {
@@ -617,16 +617,6 @@ impl Worker {
             self.retain(&keep)?;
         }
         Ok(())
-    }
-
-    /// Rows of the decoder's batch (the buffer's, which may hold free rows, or `running`).
-    fn store_rows(&self, running: usize) -> usize {
-        match &self.store {
-            KvStore::Shared {
-                buffer: Some(b), ..
-            } => b.rows().max(1),
-            _ => running.max(1),
-        }
     }
 
     /// Hands `token` to the row's caller, or ends the row; false when the row is done.

@@ -132,6 +132,17 @@ impl KvStore {
         }
     }
 
+    /// Rows of the decoder's batch while `running` sequences run: the buffer's (which may
+    /// hold free rows) or `running`.
+    pub fn batch_rows(&self, running: usize) -> usize {
+        match self {
+            KvStore::Shared {
+                buffer: Some(b), ..
+            } => b.rows().max(1),
+            _ => running.max(1),
+        }
+    }
+
     /// Drops everything (after a failed step).
     pub fn clear(&mut self) {
         match self {
@@ -285,14 +296,7 @@ impl KvStore {
                 columns,
                 ..
             } => {
-                let mut sources: Vec<RowSource> = running
-                    .iter()
-                    .map(|s| RowSource {
-                        tensor: 0,
-                        row: s.slot,
-                        len: s.len,
-                    })
-                    .collect();
+                let mut sources = in_cache(running);
                 let mut others = Vec::new();
                 for (t, (part, rows)) in joining.into_iter().enumerate() {
                     let Part::Growing(presents, cols) = part else {
@@ -341,11 +345,7 @@ impl KvStore {
                     let new_rows = rows.max((2 * old_rows).min(shape.max_rows)).max(1);
                     let old_columns = buffer.as_ref().map_or(0, |b| b.columns());
                     let new_columns = longest.max(old_columns).div_ceil(8) * 8;
-                    let moves: Vec<(usize, usize, usize)> = running
-                        .iter()
-                        .enumerate()
-                        .map(|(i, s)| (s.slot, i, s.len))
-                        .collect();
+                    let moves = to_front(running);
                     match buffer.as_mut() {
                         Some(old) => old.resize(session, names, new_rows, new_columns, &moves)?,
                         None => {
@@ -403,14 +403,7 @@ impl KvStore {
                 columns,
                 ..
             } => {
-                let sources: Vec<RowSource> = kept
-                    .iter()
-                    .map(|s| RowSource {
-                        tensor: 0,
-                        row: s.slot,
-                        len: s.len,
-                    })
-                    .collect();
+                let sources = in_cache(kept);
                 let new_columns = sources.iter().map(|s| s.len).max().unwrap_or(0);
                 *cache = if kept.is_empty() {
                     Vec::new()
@@ -443,11 +436,7 @@ impl KvStore {
                     .map(|s| s.final_len.max(s.len))
                     .max()
                     .unwrap_or(1);
-                let moves: Vec<(usize, usize, usize)> = kept
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| (s.slot, i, s.len))
-                    .collect();
+                let moves = to_front(kept);
                 let rows = (kept.len() * 2).min(shape.max_rows);
                 let columns = longest.div_ceil(8) * 8;
                 if let Some(old) = buffer.as_mut() {
@@ -505,6 +494,26 @@ impl KvStore {
             }
         }
     }
+}
+
+/// Where `seqs` are in the current growing cache (source 0).
+fn in_cache(seqs: &[Seq]) -> Vec<RowSource> {
+    seqs.iter()
+        .map(|s| RowSource {
+            tensor: 0,
+            row: s.slot,
+            len: s.len,
+        })
+        .collect()
+}
+
+/// Moves that put `seqs` in the first rows of a new buffer, in order: (old row, new row,
+/// tokens).
+fn to_front(seqs: &[Seq]) -> Vec<(usize, usize, usize)> {
+    seqs.iter()
+        .enumerate()
+        .map(|(i, s)| (s.slot, i, s.len))
+        .collect()
 }
 
 /// New cache tensors from `cache` (source 0, `columns` wide) and `others` (sources 1..),
