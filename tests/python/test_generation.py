@@ -511,3 +511,36 @@ def test_text_that_is_not_utf8_is_refused(server):
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_a_cache_layout_the_decoder_cannot_run_is_refused_by_name(tmp_path):
+    """`past_present_share_buffer` must be true or false, and an FP16 cache cannot grow: each
+    model fails its load with the reason, the others serve."""
+    import tritonclient.http as httpclient
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import llm_export
+    import onnx
+
+    with open(os.path.join(TINY, "config.pbtxt")) as f:
+        config = f.read()
+    cases = {"tiny_decoder": (None, ""),
+             "bad_flag": (None, 'parameters { key: "past_present_share_buffer" value { string_value: "maybe" } }\n'),
+             "half_growing": (True, 'parameters { key: "past_present_share_buffer" value { string_value: "false" } }\n')}
+    for name, (half, extra) in cases.items():
+        os.makedirs(tmp_path / name / "1")
+        model = llm_export.tiny()[0] if half is None else llm_export.tiny(shared_cache=True, fp16_cache=half)[0]
+        onnx.save(model, str(tmp_path / name / "1" / "model.onnx"))
+        shutil.copy(os.path.join(TINY, "1", "generation_config.json"), tmp_path / name / "1")
+        (tmp_path / name / "config.pbtxt").write_text(config + extra)
+    s = Server(str(tmp_path))
+    try:
+        index = {m["name"]: m for m in httpclient.InferenceServerClient(s.http).get_model_repository_index()}
+        assert index["tiny_decoder"]["state"] == "READY"
+        assert index["bad_flag"]["state"] == "UNAVAILABLE"
+        assert "'past_present_share_buffer' is \"maybe\"" in index["bad_flag"]["reason"]
+        assert index["half_growing"]["state"] == "UNAVAILABLE"
+        assert "an FP16 cache is only run in place" in index["half_growing"]["reason"]
+        tokens, _, _ = generate(s, "tiny_decoder", [5, 6], max_tokens=2, end_id=-1)
+        assert len(tokens) == 2
+    finally:
+        s.stop()
