@@ -460,6 +460,84 @@ fn a_second_start_loads_compiled_stages_from_the_cache() {
 }
 
 #[test]
+fn the_compiled_stage_cache_stays_under_its_bound_and_keeps_what_is_not_its_own() {
+    let cache = TempDir::new();
+    // What earlier builds left (old, so first to go) and a file that is not the cache's.
+    let stale = cache.path().join(format!("{}.cwasm", "0".repeat(64)));
+    std::fs::write(&stale, vec![0u8; 4096]).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000))
+        .unwrap();
+    let notes = cache.path().join("notes.txt");
+    std::fs::write(&notes, "mine").unwrap();
+    let cached = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+            .collect()
+    };
+    // A bound of 0 MiB keeps only the stage compiled last.
+    let repo = temp_repository(&["topk", "add_sub"]);
+    let args = [
+        "--wasm-cache-dir",
+        cache.path().to_str().unwrap(),
+        "--wasm-cache-max-mb",
+        "0",
+    ];
+    let s = TestServer::start(repo.path(), &args);
+    assert!(
+        wait_until(Duration::from_secs(60), || s
+            .log_text()
+            .matches("stage component compiled")
+            .count()
+            == 2),
+        "{}",
+        s.log_text()
+    );
+    assert!(s
+        .log_text()
+        .contains("removed least recently used compiled stages"));
+    assert_eq!(cached().len(), 1, "{:?}", cached());
+    assert!(!stale.exists());
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine");
+    for model in ["topk", "add_sub"] {
+        let ready = http()
+            .get(s.url(&format!("/v2/models/{model}/ready")))
+            .send()
+            .unwrap();
+        assert_eq!(ready.status(), 200, "{model}");
+    }
+    drop(s);
+    // The default bound (2 GiB) keeps both, and the next start loads them from there.
+    let args = &args[..2];
+    let first = TestServer::start(repo.path(), args);
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let log = first.log_text();
+            log.contains("stage component compiled") && log.contains("loaded from cache")
+        }),
+        "{}",
+        first.log_text()
+    );
+    drop(first);
+    let second = TestServer::start(repo.path(), args);
+    assert!(
+        wait_until(Duration::from_secs(60), || second
+            .log_text()
+            .matches("stage component loaded from cache")
+            .count()
+            == 2),
+        "{}",
+        second.log_text()
+    );
+    assert_eq!(cached().len(), 2, "{:?}", cached());
+}
+
+#[test]
 fn a_crash_looping_stage_reports_not_ready_until_it_recovers() {
     let (_repo, s) = server_with(&[(
         "flappy",

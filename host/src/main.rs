@@ -137,6 +137,10 @@ struct Cli {
     /// Directory for compiled Wasm stages (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
     #[arg(long)]
     wasm_cache_dir: Option<PathBuf>,
+    /// Keep that directory under this many MiB, removing the least recently used compiled
+    /// stages first (default 2048; the stage just compiled always stays).
+    #[arg(long)]
+    wasm_cache_max_mb: Option<u64>,
     /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
     #[arg(long)]
     onnxruntime_library: Option<PathBuf>,
@@ -417,6 +421,7 @@ async fn server_options(cli: &Cli, tenancy: Option<Arc<Tenancy>>) -> anyhow::Res
                 .wasm_cache_dir
                 .clone()
                 .or(defaults.runtime.wasm_cache_dir),
+            wasm_cache_max_bytes: cli.wasm_cache_max_mb.map(|mb| mb.saturating_mul(1 << 20)),
             ..defaults.runtime
         },
         queue_capacity: cli.model_queue_capacity,

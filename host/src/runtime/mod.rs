@@ -224,6 +224,9 @@ pub struct RuntimeOptions {
     pub default_max_batch_size: i32,
     /// Where compiled Wasm components are cached; `None` compiles every time.
     pub wasm_cache_dir: Option<PathBuf>,
+    /// The size that cache is kept under (least recently used stages removed first); `None`:
+    /// [`wasm::compile_cache::DEFAULT_MAX_BYTES`].
+    pub wasm_cache_max_bytes: Option<u64>,
     /// Lets Wasm stages call other models.
     pub model_caller: Option<Arc<dyn ModelCaller>>,
     /// The tenants, whose `[tenant.wasm]` limits bound the stages they may load.

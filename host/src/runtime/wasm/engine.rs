@@ -3,21 +3,17 @@
 //! components so that a restart does not recompile (Python/JS stages take seconds to compile).
 
 use std::{
-    hash::{Hash, Hasher},
     path::{Path, PathBuf},
     sync::OnceLock,
     time::Duration,
 };
 
-use sha2::{Digest, Sha256};
 use wasmtime::{
     component::Component, Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig,
 };
 
-use crate::{
-    error::{Error, Result},
-    private_dir,
-};
+use super::compile_cache::CompileCache;
+use crate::error::{Error, Result};
 
 /// How often the epoch advances; deadlines are whole numbers of ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -121,19 +117,6 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("wasmtron"))
 }
 
-/// Cache key: the engine's compatibility hash (wasmtime version and configuration) and the
-/// component bytes.
-fn cache_key(engine: &Engine, wasm: &[u8]) -> String {
-    let mut engine_hash = std::collections::hash_map::DefaultHasher::new();
-    engine
-        .precompile_compatibility_hash()
-        .hash(&mut engine_hash);
-    let mut sha = Sha256::new();
-    sha.update(engine_hash.finish().to_le_bytes());
-    sha.update(wasm);
-    sha.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Whether a component came from the cache or was compiled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompileSource {
@@ -148,21 +131,13 @@ pub enum CompileSource {
 pub fn load_component(
     engine: &Engine,
     wasm_path: &Path,
-    cache_dir: Option<&Path>,
+    cache: Option<&CompileCache>,
 ) -> Result<(Component, CompileSource)> {
     let wasm = std::fs::read(wasm_path)
         .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", wasm_path.display())))?;
-    let cache_dir = cache_dir.filter(|dir| match private_dir::ensure_private(dir) {
-        Ok(()) => true,
-        Err(e) => {
-            // Someone else could have written native code there: compile instead.
-            tracing::warn!(error = %e, "not using the compiled-stage cache");
-            false
-        }
-    });
-    let cached = cache_dir.map(|dir| dir.join(format!("{}.cwasm", cache_key(engine, &wasm))));
-    if let Some(path) = &cached {
-        if let Some(component) = load_cached(engine, path) {
+    let cached = cache.map(|cache| (cache, cache.entry(engine, &wasm)));
+    if let Some((cache, path)) = &cached {
+        if let Some(component) = cache.load(engine, path) {
             return Ok((component, CompileSource::Cache));
         }
     }
@@ -172,49 +147,10 @@ pub fn load_component(
             wasm_path.display()
         ))
     })?;
-    if let Some(path) = cached {
-        if let Err(e) = store(&component, &path) {
+    if let Some((cache, path)) = cached {
+        if let Err(e) = cache.store(&component, &path) {
             tracing::warn!(path = %path.display(), error = %e, "cannot cache the compiled component");
         }
     }
     Ok((component, CompileSource::Compiled))
-}
-
-/// A compiled component from the (checked, private) cache: a regular file of this user, not a
-/// link; `None` when there is none or it is unusable.
-fn load_cached(engine: &Engine, path: &Path) -> Option<Component> {
-    let bytes = match private_dir::open_owned_file(path) {
-        Ok(mut file) => {
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut file, &mut bytes).ok()?;
-            bytes
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "ignoring a compiled component");
-            return None;
-        }
-    };
-    // SAFETY: the file was written by `Component::serialize` of an engine with the same
-    // compatibility hash (it is in the file name), in a directory checked to be this user's
-    // alone, and opened without following links.
-    match unsafe { Component::deserialize(engine, &bytes) } {
-        Ok(component) => Some(component),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "ignoring unusable compiled component");
-            None
-        }
-    }
-}
-
-fn store(component: &Component, path: &Path) -> std::io::Result<()> {
-    let bytes = component.serialize().map_err(std::io::Error::other)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    // A new file with a random name (never a link someone planted), then renamed into place so
-    // that a concurrent reader never sees half a file.
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".cwasm-")
-        .tempfile_in(dir)?;
-    std::io::Write::write_all(&mut tmp, &bytes)?;
-    tmp.persist(path).map(drop).map_err(|e| e.error)
 }

@@ -3,6 +3,7 @@
 //! sandboxed store; a trap (panic, deadline, memory cap) discards it and the next request
 //! gets a fresh, re-initialised instance.
 
+pub mod compile_cache;
 pub mod engine;
 mod ops;
 pub mod sandbox;
@@ -573,9 +574,16 @@ pub fn load(
     }
     let engine = engine::engine()?;
     let started = std::time::Instant::now();
-    let (component, source) =
-        engine::load_component(engine, &path, options.wasm_cache_dir.as_deref())
-            .map_err(|e| Error::invalid(format!("model '{name}': {}", e.message)))?;
+    let cache = options.wasm_cache_dir.as_deref().and_then(|dir| {
+        compile_cache::CompileCache::open(
+            dir,
+            options
+                .wasm_cache_max_bytes
+                .unwrap_or(compile_cache::DEFAULT_MAX_BYTES),
+        )
+    });
+    let (component, source) = engine::load_component(engine, &path, cache.as_ref())
+        .map_err(|e| Error::invalid(format!("model '{name}': {}", e.message)))?;
     let how = match source {
         engine::CompileSource::Cache => "loaded from cache",
         engine::CompileSource::Compiled => "compiled",
