@@ -50,6 +50,13 @@ def client(server, tenant="writer"):
 def test_models_lists_the_text_models_a_tenant_may_see(server):
     assert [m.id for m in client(server).models.list()] == ["smollm2"]
     assert [m.id for m in client(server, "reader").models.list()] == ["smollm2"]
+    card = client(server, "reader").models.retrieve("smollm2")
+    assert (card.id, card.object, card.owned_by) == ("smollm2", "model", "wasmtron")
+    # A model that is there but generates nothing, one that is not, one the tenant may not see.
+    for tenant, name in [("writer", "smollm2_decoder"), ("writer", "nope"), ("other", "smollm2_decoder")]:
+        with pytest.raises(openai.NotFoundError) as e:
+            client(server, tenant).models.retrieve(name)
+        assert e.value.code == "model_not_found" and f"'{name}'" in e.value.message
 
 
 def test_a_chat_completion_answers_with_usage(server):
@@ -216,8 +223,33 @@ def test_bad_chat_requests_get_openai_errors_naming_the_field(server, params, st
     assert ok.usage.completion_tokens == 2
 
 
+def test_a_list_of_prompts_gets_n_choices_each_as_if_asked_alone(server):
+    c = client(server)
+    prompts = ["The capital of France is", "One, two, three,", "Water is made of"]
+    alone = [c.completions.create(model="smollm2", prompt=p, max_tokens=6, temperature=0)
+             for p in prompts]
+    r = c.completions.create(model="smollm2", prompt=prompts, max_tokens=6, temperature=0, n=2,
+                             echo=True)
+    assert [ch.index for ch in r.choices] == list(range(6))
+    for i, ch in enumerate(r.choices):
+        p = prompts[i // 2]
+        assert ch.text == p + alone[i // 2].choices[0].text
+    # Each prompt's tokens count once, each choice's completion tokens each time.
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    chunks = list(c.completions.create(model="smollm2", prompt=prompts, max_tokens=6, temperature=0,
+                                       stream=True, stream_options={"include_usage": True}))
+    streamed = [""] * 3
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == [a.choices[0].text for a in alone]
+    assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+
+
 def test_bad_completion_prompts_are_refused(server):
-    for prompt, message in [("", "'prompt' is empty"), (["a", "b"], "one non-empty string")]:
+    for prompt, message in [("", "'prompt' is empty"), ([1, 2], "token lists are not supported"),
+                            (["a", ""], "'prompt' item 1 is empty")]:
         with pytest.raises(openai.BadRequestError) as e:
             client(server).completions.create(model="smollm2", prompt=prompt, max_tokens=2)
         assert e.value.param == "prompt" and message in e.value.message

@@ -1,5 +1,6 @@
 //! OpenAI-compatible endpoints on the HTTP port, as Triton's OpenAI frontend offers them:
-//! `GET /v1/models`, `POST /v1/completions` and `POST /v1/chat/completions`, streamed
+//! `GET /v1/models` (and `/v1/models/{model}`), `POST /v1/completions` and
+//! `POST /v1/chat/completions`, streamed
 //! (server-sent events ending in `data: [DONE]`) or not, with `usage` and `finish_reason`.
 //!
 //! A model serves these when it takes a prompt (`text_input`) or a chat (`messages`) and
@@ -22,7 +23,7 @@ use std::{
 
 use axum::{
     body::Body,
-    extract::State,
+    extract::{Path, State},
     http::HeaderMap,
     response::{sse::Sse, IntoResponse, Response},
     Extension, Json,
@@ -48,6 +49,7 @@ pub(crate) fn routes() -> axum::Router<HttpState> {
     use axum::routing::{get, post};
     axum::Router::new()
         .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/embeddings", post(embeddings))
@@ -81,11 +83,10 @@ fn completion_id(kind: Kind) -> String {
     format!("{prefix}-{:x}{n:x}", now())
 }
 
-/// `GET /v1/models`: the models that generate text, as the caller may see them.
-pub async fn models(State(st): State<HttpState>, Extension(caller): Extension<Caller>) -> Response {
+/// The models that generate text or embed it, as the caller may see them.
+fn model_cards(st: &HttpState, caller: &Caller) -> Vec<ModelCard> {
     let created = now();
-    let data = st
-        .server
+    st.server
         .models()
         .loaded()
         .into_iter()
@@ -99,12 +100,34 @@ pub async fn models(State(st): State<HttpState>, Extension(caller): Extension<Ca
             created,
             owned_by: "wasmtron",
         })
-        .collect();
+        .collect()
+}
+
+/// `GET /v1/models`: the models that generate text or embed it, as the caller may see them.
+pub async fn models(State(st): State<HttpState>, Extension(caller): Extension<Caller>) -> Response {
     Json(ModelList {
         object: "list",
-        data,
+        data: model_cards(&st, &caller),
     })
     .into_response()
+}
+
+/// `GET /v1/models/{model}`: one model of that list, or 404 (`model_not_found`) as OpenAI
+/// answers for a model that is not there or that the caller may not see.
+pub async fn model(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Response {
+    match model_cards(&st, &caller).into_iter().find(|m| m.id == id) {
+        Some(card) => Json(card).into_response(),
+        None => error_response(
+            &Error::not_found(format!(
+                "The model '{id}' does not exist or does not generate or embed text"
+            )),
+            Some("model"),
+        ),
+    }
 }
 
 /// `POST /v1/completions`.
@@ -200,38 +223,49 @@ async fn complete(
     };
     let track = crate::frontends::track(&st.server, &caller, &parsed.model);
     crate::frontends::on_behalf_of(&caller, &mut parsed.request);
-    // One sequence per choice, side by side in the running batch.
-    let streams = (0..parsed.n)
+    // One sequence per choice (`n` per prompt), side by side in the running batch.
+    let choices = parsed.choices();
+    let streams = (0..choices)
         .map(|i| st.server.infer_stream(parsed.request_for(i)))
         .collect();
     let mut items = choices::merge(streams);
     let answer = Answer {
         id: completion_id(kind),
         created: now(),
-        model: parsed.model,
+        model: parsed.model.clone(),
         kind,
         log_probs: parsed.log_probs.is_some(),
         shape: parsed.shape.clone(),
     };
+    let echo: Vec<Option<String>> = (0..choices)
+        .map(|i| parsed.echo_for(i).map(str::to_owned))
+        .collect();
     if parsed.stream {
         track.finish(Ok(()));
         let events = stream::events(
             items,
             admission,
-            parsed.n,
-            parsed.echo,
+            stream::Choices {
+                echo,
+                per_prompt: parsed.n,
+            },
             parsed.include_usage,
             answer,
         );
         return Sse::new(events).into_response();
     }
-    let mut gathered = vec![Gathered::default(); parsed.n];
-    let mut prompt = 0;
+    let mut gathered = vec![Gathered::default(); choices];
+    // Each prompt's tokens count once, however many choices it has.
+    let mut prompt = vec![0; parsed.prompts.len().max(1)];
     while let Some((index, item)) = items.recv().await {
         match item {
             Ok(response) => {
                 let p = piece(&response);
-                prompt = p.prompt_tokens.unwrap_or(prompt);
+                if let (Some(count), Some(slot)) =
+                    (p.prompt_tokens, prompt.get_mut(parsed.prompt_of(index)))
+                {
+                    *slot = count;
+                }
                 if let Some(g) = gathered.get_mut(index) {
                     g.text.push_str(&p.text);
                     g.finish = p.finish.or(g.finish.take());
@@ -247,11 +281,12 @@ async fn complete(
     }
     track.finish(Ok(()));
     drop(admission);
-    if let Some(prompt_text) = &parsed.echo {
-        for g in &mut gathered {
+    for (g, echo) in gathered.iter_mut().zip(&echo) {
+        if let Some(prompt_text) = echo {
             g.text.insert_str(0, prompt_text);
         }
     }
+    let prompt = prompt.iter().sum();
     let generated = gathered.iter().map(|g| g.generated).sum();
     answer.whole(gathered, Usage::new(prompt, generated))
 }

@@ -64,24 +64,61 @@ pub struct Parsed {
     pub include_usage: bool,
     /// The inference request for the model.
     pub request: InferRequest,
-    /// Choices to generate (`n`): one sequence each, from the same request.
+    /// Choices to generate per prompt (`n`): one sequence each, from the same request.
     pub n: usize,
-    /// Completions' `echo`: the prompt, to answer before the completion.
-    pub echo: Option<String>,
+    /// Completions' prompts (`prompt` as a list: `n` choices each, in order); empty for chats.
+    pub prompts: Vec<String>,
+    /// Completions' `echo`: each choice's text starts with its prompt.
+    pub echo: bool,
     /// Whether to answer log-probabilities (`logprobs`), and how many alternatives per token.
     pub log_probs: Option<usize>,
     /// How to read the answer: text, or function calls.
     pub shape: Shape,
 }
 
-/// The most choices one request may ask for (`n`): each is a sequence of the running batch.
+/// The most choices one request may ask for per prompt (`n`): each is a sequence of the
+/// running batch.
 pub const MAX_CHOICES: i64 = 16;
 
+/// The most prompts one completions request may list.
+pub const MAX_PROMPTS: usize = 32;
+
+/// The most sequences (prompts × `n`) one request may start.
+pub const MAX_SEQUENCES: usize = 64;
+
 impl Parsed {
-    /// The model's request for choice `index`: the same, with the seed moved on by the index
-    /// when the request has one (so that seeded choices differ and repeat).
+    /// How many choices the answer holds: `n` per prompt.
+    pub fn choices(&self) -> usize {
+        self.n * self.prompts.len().max(1)
+    }
+
+    /// Which prompt choice `index` answers.
+    pub fn prompt_of(&self, index: usize) -> usize {
+        index / self.n.max(1)
+    }
+
+    /// The text choice `index` starts with: its prompt, with `echo`.
+    pub fn echo_for(&self, index: usize) -> Option<&str> {
+        if !self.echo {
+            return None;
+        }
+        self.prompts.get(self.prompt_of(index)).map(String::as_str)
+    }
+
+    /// The model's request for choice `index`: the same, for its prompt, with the seed moved
+    /// on by the choice's place among its prompt's `n` when the request has one (so that
+    /// seeded choices differ and repeat).
     pub fn request_for(&self, index: usize) -> InferRequest {
         let mut request = self.request.clone();
+        if self.prompts.len() > 1 {
+            if let (Some(text), Some(input)) = (
+                self.prompts.get(self.prompt_of(index)),
+                request.inputs.iter_mut().find(|t| t.name == "text_input"),
+            ) {
+                *input = strings("text_input", &[text.as_str()]);
+            }
+        }
+        let index = index % self.n.max(1);
         if index > 0 {
             if let Some(seed) = request.inputs.iter_mut().find(|t| t.name == "seed") {
                 let base = seed
@@ -271,17 +308,34 @@ fn messages(list: Option<Vec<Message>>, system: Option<String>) -> Result<String
         .map_err(|e| Error::internal(format!("cannot write the chat for the template: {e}")).into())
 }
 
-fn prompt(prompt: Option<Prompt>) -> Result<String, Invalid> {
+/// The prompts: one string, or a list of up to [`MAX_PROMPTS`] (each answered as if asked
+/// alone).
+fn prompts(prompt: Option<Prompt>) -> Result<Vec<String>, Invalid> {
     match prompt {
-        Some(Prompt::Text(s)) if !s.is_empty() => Ok(s),
+        Some(Prompt::Text(s)) if !s.is_empty() => Ok(vec![s]),
         Some(Prompt::Text(_)) => Err(Invalid::field("prompt", "'prompt' is empty".into())),
-        Some(Prompt::Texts(mut items)) if items.len() == 1 && !items[0].is_empty() => {
-            Ok(items.swap_remove(0))
+        Some(Prompt::Texts(items)) => {
+            if items.is_empty() || items.len() > MAX_PROMPTS {
+                return Err(Invalid::field(
+                    "prompt",
+                    format!(
+                        "'prompt' lists {} prompts; it must list 1 to {MAX_PROMPTS}",
+                        items.len()
+                    ),
+                ));
+            }
+            if let Some(i) = items.iter().position(String::is_empty) {
+                return Err(Invalid::field(
+                    "prompt",
+                    format!("'prompt' item {i} is empty"),
+                ));
+            }
+            Ok(items)
         }
-        Some(Prompt::Texts(_) | Prompt::Other(Value::Array(_))) => Err(Invalid::field(
+        Some(Prompt::Other(Value::Array(_))) => Err(Invalid::field(
             "prompt",
-            "'prompt' must be one non-empty string (one prompt per request; token lists are not \
-             supported)"
+            "'prompt' must be a string or a list of strings (token lists are not supported: \
+             send the text)"
                 .into(),
         )),
         None => Err(Invalid::field("prompt", "'prompt' is required".into())),
@@ -410,16 +464,26 @@ pub fn parse(
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     let mut inputs = Vec::new();
-    let mut echo = None;
+    let mut prompt_list = Vec::new();
     match kind {
         Kind::Chat => {
             let chat = messages(req.messages, structure.system)?;
             inputs.push(strings("messages", &[chat.as_str()]));
         }
         Kind::Completion => {
-            let prompt = prompt(req.prompt)?;
-            inputs.push(strings("text_input", &[prompt.as_str()]));
-            echo = (req.echo == Some(true)).then_some(prompt);
+            prompt_list = prompts(req.prompt)?;
+            if prompt_list.len() * n as usize > MAX_SEQUENCES {
+                return Err(Invalid::field(
+                    "n",
+                    format!(
+                        "{} prompts with 'n' {n} ask for {} sequences; one request may start at \
+                         most {MAX_SEQUENCES}",
+                        prompt_list.len(),
+                        prompt_list.len() * n as usize
+                    ),
+                ));
+            }
+            inputs.push(strings("text_input", &[prompt_list[0].as_str()]));
         }
     }
     let most = i64::from(i32::MAX);
@@ -598,7 +662,8 @@ pub fn parse(
         stream,
         include_usage,
         n: n as usize,
-        echo,
+        echo: req.echo == Some(true),
+        prompts: prompt_list,
         log_probs,
         shape: structure.shape,
     })
@@ -709,12 +774,25 @@ mod tests {
 
     #[test]
     fn prompts_and_stops_of_unserved_shapes_are_refused() {
-        for prompt in [json!(["a", "b"]), json!([1, 2]), json!([""])] {
+        let many: Vec<String> = (0..=MAX_PROMPTS).map(|i| format!("p{i}")).collect();
+        for (prompt, says) in [
+            (json!([1, 2]), "token lists are not supported"),
+            (json!([[1, 2]]), "token lists are not supported"),
+            (json!(["a", ""]), "item 1 is empty"),
+            (json!([]), "lists 0 prompts"),
+            (json!(many), "lists 33 prompts"),
+        ] {
             let (param, message) =
                 refusal(Kind::Completion, json!({"model": "m", "prompt": prompt}));
             assert_eq!(param.as_deref(), Some("prompt"));
-            assert!(message.contains("one non-empty string"), "{message}");
+            assert!(message.contains(says), "{message}");
         }
+        let (param, message) = refusal(
+            Kind::Completion,
+            json!({"model": "m", "prompt": ["a", "b", "c", "d", "e"], "n": 16}),
+        );
+        assert_eq!(param.as_deref(), Some("n"));
+        assert!(message.contains("80 sequences"), "{message}");
         let (param, _) = refusal(
             Kind::Completion,
             json!({"model": "m", "prompt": "p", "stop": [1]}),
@@ -743,6 +821,41 @@ mod tests {
             json!({"model": "m", "prompt": "p", "n": 2, "best_of": 3}),
         );
         assert_eq!(param.as_deref(), Some("best_of"));
+    }
+
+    #[test]
+    fn listed_prompts_get_n_choices_each_in_order() {
+        let mut c = config();
+        c.input.push(crate::proto::inference::ModelInput {
+            name: "seed".into(),
+            ..Default::default()
+        });
+        let body = json!({"model": "m", "prompt": ["one", "two", "three"], "n": 2,
+                          "seed": 7, "echo": true});
+        let parsed = parse(Kind::Completion, &body, |_| Ok(c.clone())).unwrap();
+        assert_eq!(parsed.choices(), 6);
+        let text = |i| {
+            let r = parsed.request_for(i);
+            let t = r.inputs.iter().find(|t| t.name == "text_input").unwrap();
+            String::from_utf8(t.data[4..].to_vec()).unwrap()
+        };
+        let seed = |i| {
+            let r = parsed.request_for(i);
+            let t = r.inputs.iter().find(|t| t.name == "seed").unwrap();
+            u64::from_le_bytes(t.data[..8].try_into().unwrap())
+        };
+        let got: Vec<_> = (0..6).map(|i| (text(i), seed(i))).collect();
+        let want = [
+            ("one", 7),
+            ("one", 8),
+            ("two", 7),
+            ("two", 8),
+            ("three", 7),
+            ("three", 8),
+        ];
+        assert_eq!(got, want.map(|(t, s)| (t.to_owned(), s)));
+        assert_eq!(parsed.echo_for(5), Some("three"));
+        assert_eq!(parsed.prompt_of(3), 1);
     }
 
     #[test]

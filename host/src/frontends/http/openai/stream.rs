@@ -24,7 +24,10 @@ struct State {
     _admission: Admission,
     pending: VecDeque<Event>,
     done: bool,
-    prompt: i64,
+    /// Per prompt: its tokens.
+    prompt: Vec<i64>,
+    /// Choices per prompt.
+    per_prompt: usize,
     generated: Vec<i64>,
     /// Bytes of text answered per choice (completions' `text_offset`).
     offsets: Vec<usize>,
@@ -62,21 +65,30 @@ impl State {
     }
 }
 
-/// The events of a streamed completion of `n` choices.
+/// The choices of a streamed answer.
+pub struct Choices {
+    /// Per choice: the prompt it starts with (completions' `echo`).
+    pub echo: Vec<Option<String>>,
+    /// Choices per prompt (`n`): choice `i` answers prompt `i / per_prompt`.
+    pub per_prompt: usize,
+}
+
+/// The events of a streamed completion.
 pub fn events(
     items: mpsc::Receiver<(usize, Result<InferResponse>)>,
     admission: Admission,
-    n: usize,
-    echo: Option<String>,
+    choices: Choices,
     include_usage: bool,
     answer: Answer,
 ) -> impl futures::Stream<Item = std::result::Result<Event, std::convert::Infallible>> {
     let mut pending = VecDeque::new();
-    for index in 0..n {
-        match (answer.kind, &echo) {
+    let n = choices.echo.len();
+    let per_prompt = choices.per_prompt.max(1);
+    for (index, echo) in choices.echo.into_iter().enumerate() {
+        match (answer.kind, echo) {
             (Kind::Chat, _) => pending.push_back(answer.chunk(index, None, None, include_usage)),
             (Kind::Completion, Some(prompt)) => {
-                pending.push_back(answer.chunk(index, Some(prompt.clone()), None, include_usage))
+                pending.push_back(answer.chunk(index, Some(prompt), None, include_usage))
             }
             (Kind::Completion, None) => {}
         }
@@ -86,7 +98,8 @@ pub fn events(
         _admission: admission,
         pending,
         done: false,
-        prompt: 0,
+        prompt: vec![0; n.div_ceil(per_prompt).max(1)],
+        per_prompt,
         generated: vec![0; n],
         offsets: vec![0; n],
         readers: (0..n).map(|_| Reader::new(answer.shape.clone())).collect(),
@@ -104,7 +117,11 @@ pub fn events(
             match s.items.recv().await {
                 Some((index, Ok(response))) => {
                     let p = piece(&response);
-                    s.prompt = p.prompt_tokens.unwrap_or(s.prompt);
+                    if let (Some(count), Some(slot)) =
+                        (p.prompt_tokens, s.prompt.get_mut(index / s.per_prompt))
+                    {
+                        *slot = count;
+                    }
                     if let (Some(g), Some(count)) = (s.generated.get_mut(index), p.generated_tokens)
                     {
                         *g = count;
@@ -135,7 +152,7 @@ pub fn events(
                 }
                 None => {
                     if s.include_usage {
-                        let usage = Usage::new(s.prompt, s.generated.iter().sum());
+                        let usage = Usage::new(s.prompt.iter().sum(), s.generated.iter().sum());
                         s.pending.push_back(s.answer.usage_chunk(usage));
                     }
                     s.pending.push_back(Event::default().data("[DONE]"));
