@@ -21,6 +21,31 @@ class DecoderLoop:
         self.pasts = [i for i in inputs if i.name.startswith("past_key_values.")]
         self.shared = not any(i.name == "position_ids" for i in inputs)
         self.outputs = [o.name for o in self.session.get_outputs()]
+        # Exports that can answer every position's logits take `all_logits` (0: the last only).
+        self.switch = {"all_logits": np.array(0, np.int64)} if any(
+            i.name == "all_logits" for i in inputs) else {}
+
+    def prompt_log_probs(self, prompt, top=0):
+        """Each prompt token's natural-log probability given the ones before it (the first has
+        none: None), and with `top` the `top` likeliest tokens at each position as (token,
+        log-probability) pairs (before the first token: none), from one run over the prompt."""
+        if not self.switch:
+            raise ValueError("this decoder does not answer every position's logits")
+        n = len(prompt)
+        feeds = {p.name: np.zeros((1, p.shape[1], 0 if not self.shared else n, p.shape[3]),
+                                  np.float16 if p.type == "tensor(float16)" else np.float32)
+                 for p in self.pasts}
+        feeds.update(input_ids=np.array([prompt], np.int64), attention_mask=np.ones((1, n), np.int64),
+                     all_logits=np.array(1, np.int64))
+        if not self.shared:
+            feeds["position_ids"] = np.arange(n, dtype=np.int64)[None]
+        logits = self.session.run(["logits"], feeds)[0][0].astype(np.float64)
+        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        values = [None] + [float(log_probs[i - 1, prompt[i]]) for i in range(1, n)]
+        tops = [[]] + [[(int(t), float(log_probs[i - 1, t])) for t in np.argsort(-log_probs[i - 1], kind="stable")[:top]]
+                       for i in range(1, n)]
+        return values, tops
 
     def greedy(self, prompts, count, end_ids=(), on_step=None):
         """The greedy tokens of each prompt (a list of token lists; of one length for the
@@ -48,7 +73,7 @@ class DecoderLoop:
             raise ValueError("the growing layout runs prompts of one length together")
         feeds = {p.name: np.zeros((b, p.shape[1], 0, p.shape[3]), np.float32) for p in self.pasts}
         feeds.update(input_ids=np.array(prompts, np.int64), attention_mask=np.ones((b, n), np.int64),
-                     position_ids=np.tile(np.arange(n), (b, 1)).astype(np.int64))
+                     position_ids=np.tile(np.arange(n), (b, 1)).astype(np.int64), **self.switch)
         total = n
         for _ in range(count):
             results = dict(zip(self.outputs, self.session.run(None, feeds)))
@@ -67,6 +92,8 @@ class DecoderLoop:
         columns = max(lens) + count
         binding = self.session.io_binding()
         binding.bind_output("logits")
+        for name, value in self.switch.items():
+            binding.bind_cpu_input(name, value)
         for p in self.pasts:
             dtype = np.float16 if p.type == "tensor(float16)" else np.float32
             buffer = ort.OrtValue.ortvalue_from_numpy(np.zeros((b, p.shape[1], columns, p.shape[3]), dtype))

@@ -4,7 +4,9 @@
     inputs   input_ids INT64 [batch, sequence], attention_mask INT64 [batch, past + sequence],
              position_ids INT64 [batch, sequence],
              past_key_values.{i}.key / .value FP32 [batch, kv_heads, past, head_dim]
-    outputs  logits FP32 [batch, 1, vocab] (the last position's: all a generator samples from),
+             all_logits INT64 [] (0: logits of the last position only, all a generator samples
+             from; 1: of every position, for the prompt's log-probabilities)
+    outputs  logits FP32 [batch, 1 or sequence, vocab],
              present.{i}.key / .value FP32 [batch, kv_heads, past + sequence, head_dim]
 
 `attention_mask` marks the columns of the cache (past and new) that hold tokens; a query at
@@ -17,8 +19,9 @@ With `--shared-cache` (what `make models` writes for SmolLM2), ONNX Runtime GenA
 
     inputs   input_ids INT64 [batch, sequence] (right-padded), attention_mask INT64 [batch, total]
              (each row's cached and new tokens, from column 0),
-             past_key_values.{i}.key / .value FP32 [batch, kv_heads, max_sequence_length, head_dim]
-    outputs  logits FP32 [batch, 1, vocab] (each row's last token's),
+             past_key_values.{i}.key / .value FP32 [batch, kv_heads, max_sequence_length, head_dim],
+             all_logits as above
+    outputs  logits FP32 [batch, 1 or sequence, vocab] (each row's last token's, or all),
              present.{i}.key / .value: the same buffers, written in place
 
 Attention is `com.microsoft.GroupQueryAttention` (rotary inside, per-row lengths from the mask).
@@ -84,7 +87,8 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, f
     ]
     if not shared_cache:
         inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", 1, vocab])]
+    inputs.append(helper.make_tensor_value_info("all_logits", TensorProto.INT64, []))
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "logit_positions", vocab])]
     cache_type = TensorProto.FLOAT16 if shared_cache and fp16_cache else TensorProto.FLOAT
     past_dim = "max_sequence_length" if shared_cache else "past_sequence_length"
     present_dim = "max_sequence_length" if shared_cache else "total_sequence_length"
@@ -219,20 +223,29 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, f
         x = op("Add", [residual, linear(op("Mul", [silu, up]), f"model.layers.{i}.mlp.down_proj.weight", weights[f"{i}.down"])])
 
     x = rms_norm(x, "model.norm.weight", weights["norm"])
-    # Logits of the last position only: a generator samples from nothing else, and the output
+    # Logits of the last position only unless `all_logits` is 1 (a prompt's log-probabilities,
+    # OpenAI's echo with logprobs): a generator samples from nothing else, and the output
     # projection over every prompt position (49,152 wide) would be most of a prefill's work
-    # and memory.
+    # and memory. k = 1, or every position: the positions gathered are
+    # all_logits * j + (1 - all_logits) * last, for j < k.
+    one = const("one_i64", np.array(1, dtype=np.int64))
+    seq = op("Squeeze", [op("Shape", ["input_ids"], start=1, end=2)])
+    seq_last = op("Sub", [seq, one])
+    keep = op("Add", [one, op("Mul", ["all_logits", seq_last])])
     if shared_cache:
         # Rows are right-padded: a row's last token is at its length - 1 in a first prompt,
         # and at the end of a step that follows a cached past (one row, or one token each).
-        seq_last = op("Sub", [op("Squeeze", [op("Shape", ["input_ids"], start=1, end=2)]),
-                              const("one_seq", np.array(1, dtype=np.int64))])
-        last = op("Min", [seqlens, seq_last])
-        index = op("Expand", [op("Reshape", [last, const("last_shape", np.array([-1, 1, 1]))]),
+        last = op("Unsqueeze", [op("Min", [seqlens, seq_last]), const("axis_1", np.array([1]))])
+        j = op("Unsqueeze", [op("Range", [const("zero_i64", np.array(0, dtype=np.int64)), keep, one]),
+                             const("axis_0", np.array([0]))])
+        picked = op("Add", [op("Mul", ["all_logits", j]), op("Mul", [op("Sub", [one, "all_logits"]), last])])
+        index = op("Expand", [op("Unsqueeze", [picked, const("axis_2", np.array([2]))]),
                               const("last_expand", np.array([1, 1, hidden]))])
         x = op("GatherElements", [x, index], axis=1)
     else:
-        x = op("Slice", [x, const("last_s", np.array([-1])), const("last_e", np.array([np.iinfo(np.int64).max])),
+        # Left-padded: the last k positions.
+        start = op("Neg", [op("Reshape", [keep, const("one_dim", np.array([1]))])])
+        x = op("Slice", [x, start, const("last_e", np.array([np.iinfo(np.int64).max])),
                          const("seq_axis", np.array([1]))])
     head = weights.get("lm_head")
     flat = op("Reshape", [x, const("flat_shape", np.array([-1, hidden]))])
@@ -242,7 +255,10 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, f
         # Tied embeddings: Gemm reads the embedding matrix transposed, so it is stored once.
         head_name = "model.embed_tokens.weight" if head is None else const("lm_head.weight", f32(head))
         logits = op("Gemm", [flat, head_name], transB=1)
-    nodes.append(helper.make_node("Reshape", [logits, const("logits_shape", np.array([-1, 1, vocab]))], ["logits"]))
+    logits_shape = op("Concat", [const("minus_one", np.array([-1])),
+                                 op("Reshape", [keep, const("one_dim_b", np.array([1]))]),
+                                 const("vocab_dim", np.array([vocab]))], axis=0)
+    nodes.append(helper.make_node("Reshape", [logits, logits_shape], ["logits"]))
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
     opsets = [helper.make_opsetid("", OPSET)]
     if any(node.domain == "com.microsoft" for node in nodes):

@@ -268,6 +268,38 @@ def test_sequences_keep_their_tokens_while_the_shared_cache_grows_and_shrinks(se
                              for p, c in zip(prompts[:4], counts[:4])]
 
 
+@pytest.mark.parametrize("model", ["smollm2_decoder", "tiny_decoder", "tiny_shared", "tiny_half"])
+def test_prompt_log_probs_score_each_prompt_token_as_onnx_runtime_does(server, tokenizer, model):
+    source = os.path.join(server.repo, model, "1", "model.onnx")
+    if model.startswith("tiny"):
+        prompts, end_ids = [[5, 17, 42, 9, 9, 100], [7]], (3,)
+    else:
+        prompts, end_ids = [tokenizer.encode(chat(PROMPTS[1])).ids], (2,)
+    reference = decoder_loop.DecoderLoop(source)
+    # FP16 cache: the reference's past is FP16 zeros too, but the rounding differs in places.
+    tolerance = 2e-2 if model == "tiny_half" else 1e-3
+    for ids in prompts:
+        want, want_top = reference.prompt_log_probs(ids, top=3)
+        status, body = http_json(server, f"/v2/models/{model}/generate", {
+            "input_ids": ids, "max_tokens": 4, "stream": False, "return_prompt_log_probs": True,
+            "top_logprobs": 3})
+        assert status == 200, body
+        out = json.loads(body)
+        # Triton's generate answers a one-element tensor as a scalar.
+        listed = lambda v: v if isinstance(v, list) else [v]  # noqa: E731
+        got = listed(out["prompt_log_probs"])
+        assert len(got) == len(ids) and got[0] is None, body
+        assert np.allclose(got[1:], want[1:], atol=tolerance), (got, want)
+        top = out["prompt_top_log_probs"]
+        assert top[:3] == [None] * 3 and len(top) == 3 * len(ids)
+        assert np.allclose(top[3:], [l for row in want_top[1:] for _, l in row], atol=tolerance)
+        # Scoring the prompt changes nothing about what comes after it.
+        assert listed(out["output_ids"]) == onnx_greedy(source, ids, 4, end_ids)
+    if model == "smollm2_decoder":
+        # Special tokens spell nothing, as the detokenizer writes them.
+        assert "".join(out["prompt_token_texts"]) == tokenizer.decode(prompts[0])
+
+
 def test_a_seed_gives_the_same_text_and_another_seed_another(server, tokenizer):
     ids = tokenizer.encode(chat("Tell me a story about a cat.")).ids
     first = generate(server, "smollm2_decoder", ids, max_tokens=24, temperature=1.0, seed=7)[0]

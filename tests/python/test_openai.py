@@ -2,14 +2,19 @@
 official `openai` Python client against the `smollm2` ensemble, behind tenants' API keys."""
 import os
 import re
+import sys
 import time
 
+import numpy as np
 import openai
 import pytest
+import tokenizers
 
 from conftest import ROOT, Server
-from test_generation import link_model
+from test_generation import SMOL, link_model
 from test_tenancy import digest
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 KEYS = {"writer": "writer-key-1", "reader": "reader-key-1", "other": "other-key-1"}
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -132,6 +137,40 @@ def test_echo_answers_the_prompt_first(server):
                                        echo=True, stream=True))
     assert chunks[0].choices[0].text == prompt
     assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
+
+
+def test_echo_with_logprobs_scores_the_prompt_tokens(server):
+    import decoder_loop  # noqa: E402
+    c = client(server)
+    prompt = "The capital of France is"
+    r = c.completions.create(model="smollm2", prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                             logprobs=2)
+    plain = c.completions.create(model="smollm2", prompt=prompt, max_tokens=3, temperature=0,
+                                 logprobs=2)
+    lp, gen = r.choices[0].logprobs, plain.choices[0].logprobs
+    n = r.usage.prompt_tokens
+    assert r.choices[0].text == prompt + plain.choices[0].text
+    # The prompt's tokens first (the first unscored: nothing precedes it), then the answer's.
+    assert "".join(lp.tokens[:n]) == prompt and lp.tokens[n:] == gen.tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[n:] == gen.token_logprobs
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    # The decoder's own scores of the prompt, run once over it with ONNX Runtime.
+    ids = tokenizers.Tokenizer.from_file(os.path.join(SMOL, "1", "tokenizer.json")).encode(
+        prompt, add_special_tokens=False).ids
+    assert len(ids) == n
+    want, want_top = decoder_loop.DecoderLoop(os.path.join(SMOL, "1", "model.onnx")).prompt_log_probs(ids, top=2)
+    assert np.allclose(lp.token_logprobs[1:n], want[1:], atol=1e-3)
+    for got, top in zip(lp.top_logprobs[1:n], want_top[1:]):
+        assert len(got) == 2 and np.allclose(sorted(got.values()), sorted(l for _, l in top), atol=1e-3)
+    # Streamed: the echo chunk carries the prompt's scores, then each token its own.
+    chunks = list(c.completions.create(model="smollm2", prompt=prompt, max_tokens=3, temperature=0,
+                                       echo=True, logprobs=2, stream=True))
+    assert chunks[0].choices[0].text == prompt
+    assert chunks[0].choices[0].logprobs.token_logprobs == lp.token_logprobs[:n]
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.tokens]
+    assert streamed == lp.tokens
 
 
 def test_logprobs_from_the_sampler(server):

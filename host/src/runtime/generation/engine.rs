@@ -22,7 +22,7 @@ use super::{
     kv_buffer::CacheNames,
     kv_store::{CacheShape, Joining, KvStore, Part, Prefilled, Seq},
     prefix_cache::{self, Hit, PrefixCache},
-    sampling::{Sampler, SamplingParams},
+    sampling::{self, Sampler, SamplingParams},
     stats::GenerationStats,
     stop::StopStrings,
     token_rules::TokenRules,
@@ -45,6 +45,11 @@ pub struct DecoderSpec {
     pub shared_buffer: bool,
     /// Whether the cache is FP16 (else FP32).
     pub half: bool,
+    /// Whether the decoder takes `all_logits` (every position's logits on request).
+    pub all_logits: bool,
+    /// Whether a prefill can answer every position's logits (on request, or always as
+    /// Optimum's exports do): what scoring a prompt needs.
+    pub prompt_logits: bool,
 }
 
 /// Limits of the running batch.
@@ -96,6 +101,19 @@ pub struct Step {
     /// For each of `tokens`, the likeliest tokens at its step with their log-probabilities,
     /// when the request asked for them.
     pub top: Vec<Vec<(u32, f32)>>,
+    /// On the first step, when the request asked: how likely the model found each prompt
+    /// token.
+    pub prompt: Option<PromptLogProbs>,
+}
+
+/// Each prompt token's log-probability given the tokens before it, as a prefill over the
+/// whole prompt scores it.
+#[derive(Debug, Clone, Default)]
+pub struct PromptLogProbs {
+    /// Per prompt token; the first has none (NaN).
+    pub log_probs: Vec<f32>,
+    /// Per prompt token, the likeliest tokens at its position (none for the first).
+    pub top: Vec<Vec<(u32, f32)>>,
 }
 
 /// A request handed to the engine.
@@ -120,6 +138,9 @@ pub struct Submission {
     pub log_probs: bool,
     /// How many likeliest alternatives each step reports per token (0: none).
     pub top_log_probs: usize,
+    /// Whether the first step carries the prompt's log-probabilities (the prompt is then
+    /// prefilled whole, alone, without the prefix cache).
+    pub prompt_log_probs: bool,
     /// Where the steps go; a closed receiver cancels the sequence.
     pub steps: mpsc::Sender<Result<Step>>,
     /// Set by the caller when its client went away.
@@ -152,6 +173,8 @@ struct Row {
     /// Log-probabilities (and alternatives) of the tokens sampled and not yet answered (held
     /// for a stop string).
     pending_log_probs: VecDeque<(f32, Vec<(u32, f32)>)>,
+    /// The prompt's log-probabilities, until the first step carries them.
+    prompt_log_probs: Option<PromptLogProbs>,
 }
 
 impl Row {
@@ -227,6 +250,7 @@ impl Engine {
             kv_heads: spec.kv_heads,
             head_dim: spec.head_dim,
             position_ids: spec.position_ids,
+            all_logits: spec.all_logits,
             half: spec.half,
             max_rows: limits.max_rows,
         };
@@ -394,6 +418,11 @@ impl Worker {
         let mut later = VecDeque::new();
         let mut groups: Vec<(Vec<Submission>, Option<Hit>)> = Vec::new();
         for s in new {
+            if s.prompt_log_probs {
+                // Scored whole: every position's logits, in a run of its own.
+                groups.push((vec![s], None));
+                continue;
+            }
             if !self.prefixes.enabled() {
                 together.push(s);
                 continue;
@@ -465,9 +494,10 @@ impl Worker {
         let n = new.len();
         let past_len = hit.map_or(0, |h| h.tokens);
         let prompts: Vec<&[i64]> = new.iter().map(|s| s.prompt.as_slice()).collect();
+        let all = hit.is_none() && new.iter().any(|s| s.prompt_log_probs);
         let result = self
             .store
-            .prefill(&mut self.session, &prompts, hit, self.limits.pad_id);
+            .prefill(&mut self.session, &prompts, hit, self.limits.pad_id, all);
         drop(prompts);
         let Prefilled { logits, part } = match result {
             Ok(v) => v,
@@ -494,6 +524,26 @@ impl Worker {
                 .last_position(positions, sub.prompt.len(), past_len);
             let at = (r * positions + last) * vocab;
             let mut row_logits = values[at..at + vocab].to_vec();
+            let whole = positions > 1 || sub.prompt.len() == 1;
+            let prompt_log_probs = (sub.prompt_log_probs && hit.is_none() && whole).then(|| {
+                let mut scored = PromptLogProbs {
+                    log_probs: vec![f32::NAN],
+                    top: vec![Vec::new()],
+                };
+                for (i, &token) in sub.prompt.iter().enumerate().skip(1) {
+                    let p = self
+                        .store
+                        .prompt_position(positions, sub.prompt.len(), i - 1);
+                    let at = (r * positions + p) * vocab;
+                    let (lp, top) = values.get(at..at + vocab).map_or_else(
+                        || (f32::NAN, Vec::new()),
+                        |l| sampling::scored(l, token as u32, sub.top_log_probs),
+                    );
+                    scored.log_probs.push(lp);
+                    scored.top.push(top);
+                }
+                scored
+            });
             let rules = std::mem::take(&mut sub.rules);
             let mut row = Row {
                 sampler: Sampler::new(sub.sampling.clone())
@@ -501,6 +551,7 @@ impl Worker {
                     .with_log_probs(sub.log_probs)
                     .with_top_log_probs(sub.top_log_probs),
                 pending_log_probs: VecDeque::new(),
+                prompt_log_probs,
                 slot: r,
                 len: sub.prompt.len(),
                 next: 0,
@@ -671,6 +722,7 @@ impl Worker {
                 finish,
                 log_probs,
                 top,
+                prompt: row.prompt_log_probs.take(),
             };
             row.sub.steps.send(Ok(step)).is_ok()
         };

@@ -129,6 +129,7 @@ impl<T: CacheElement> KvBuffer<T> {
         ids: Vec<i64>,
         width: usize,
         mask: Vec<i64>,
+        all_logits: Option<bool>,
     ) -> Result<DynValue> {
         let total = mask.len() / self.rows.max(1);
         if total > self.columns {
@@ -145,6 +146,11 @@ impl<T: CacheElement> KvBuffer<T> {
         self.binding
             .bind_input("attention_mask", &mask)
             .map_err(run_error)?;
+        if let Some(all) = all_logits {
+            self.binding
+                .bind_input("all_logits", &switch(all)?)
+                .map_err(run_error)?;
+        }
         let mut outputs = session.run_binding(&self.binding).map_err(run_error)?;
         outputs
             .remove("logits")
@@ -301,8 +307,9 @@ impl AnyBuffer {
         ids: Vec<i64>,
         width: usize,
         mask: Vec<i64>,
+        all_logits: Option<bool>,
     ) -> Result<DynValue> {
-        each!(self, b => b.run(session, ids, width, mask))
+        each!(self, b => b.run(session, ids, width, mask, all_logits))
     }
 
     /// See [`KvBuffer::copy_row`]; buffers of different types are refused.
@@ -354,6 +361,11 @@ pub fn mask(lens: &[usize], total: usize) -> Vec<i64> {
         out[r * total..r * total + len.clamp(1, total)].fill(1);
     }
     out
+}
+
+/// The decoder's `all_logits` input: 1 answers every position's logits, 0 the last one's.
+pub fn switch(all: bool) -> Result<OrtTensor<i64>> {
+    OrtTensor::from_array((Vec::<i64>::new(), vec![i64::from(all)])).map_err(run_error)
 }
 
 #[cfg(test)]

@@ -41,6 +41,8 @@ pub struct CacheShape {
     pub position_ids: bool,
     /// Whether the cache is FP16 (else FP32).
     pub half: bool,
+    /// Whether the decoder takes `all_logits` (0: the last position's logits, 1: every one's).
+    pub all_logits: bool,
     /// Rows the batch holds at most.
     pub max_rows: usize,
 }
@@ -154,13 +156,15 @@ impl KvStore {
         }
     }
 
-    /// Runs `prompts` (after the cached prefix `hit`, for a single prompt) in one decoder run.
+    /// Runs `prompts` (after the cached prefix `hit`, for a single prompt) in one decoder run;
+    /// with `all`, asks for every position's logits (from decoders that take `all_logits`).
     pub fn prefill(
         &mut self,
         session: &mut Session,
         prompts: &[&[i64]],
         hit: Option<&Hit>,
         pad_id: i64,
+        all: bool,
     ) -> Result<Prefilled> {
         let n = prompts.len();
         let past_len = hit.map_or(0, |h| h.tokens);
@@ -217,6 +221,7 @@ impl KvStore {
                     positions,
                     mask,
                     &past,
+                    all,
                 )?;
                 Ok(Prefilled {
                     logits,
@@ -242,7 +247,8 @@ impl KvStore {
                     buffer.write_row(0, &h.entry.values, h.entry.len(), past_len)?;
                 }
                 let mask = kv_buffer::mask(&lens, columns);
-                let logits = buffer.run(session, ids, width, mask)?;
+                let logits =
+                    buffer.run(session, ids, width, mask, shape.all_logits.then_some(all))?;
                 Ok(Prefilled {
                     logits,
                     part: Part::Shared(Box::new(buffer)),
@@ -256,6 +262,17 @@ impl KvStore {
         match self {
             KvStore::Growing { .. } => positions - 1,
             KvStore::Shared { .. } => (prompt_len - past_len).saturating_sub(1).min(positions - 1),
+        }
+    }
+
+    /// Where the logits after prompt token `i` are among the `positions` (every position of
+    /// the run, `all` asked of [`KvStore::prefill`] with no cached prefix) of a row holding
+    /// `prompt_len` tokens: rows are left-padded in the growing layout, right-padded in the
+    /// shared one.
+    pub fn prompt_position(&self, positions: usize, prompt_len: usize, i: usize) -> usize {
+        match self {
+            KvStore::Growing { .. } => positions.saturating_sub(prompt_len) + i,
+            KvStore::Shared { .. } => i,
         }
     }
 
@@ -470,14 +487,23 @@ impl KvStore {
                 let lens: Vec<usize> = seqs.iter().map(|(s, _)| s.len + 1).collect();
                 let mask = kv_cache::mask(&lens, *columns + 1);
                 let past = std::mem::take(cache);
-                let (logits, presents) =
-                    run_growing(session, shape, names, [b, 1], ids, positions, mask, &past)?;
+                let (logits, presents) = run_growing(
+                    session,
+                    shape,
+                    names,
+                    [b, 1],
+                    ids,
+                    positions,
+                    mask,
+                    &past,
+                    false,
+                )?;
                 drop(past);
                 *cache = presents;
                 *columns += 1;
                 Ok(logits)
             }
-            KvStore::Shared { buffer, .. } => {
+            KvStore::Shared { buffer, shape, .. } => {
                 let Some(buffer) = buffer.as_mut() else {
                     return Err(run_error("no key/value buffer"));
                 };
@@ -490,7 +516,7 @@ impl KvStore {
                 }
                 let total = lens.iter().copied().max().unwrap_or(1).max(1);
                 let mask = kv_buffer::mask(&lens, total);
-                buffer.run(session, ids, 1, mask)
+                buffer.run(session, ids, 1, mask, shape.all_logits.then_some(false))
             }
         }
     }
@@ -564,6 +590,7 @@ fn run_growing(
     positions: Vec<i64>,
     mask: Vec<i64>,
     past: &[DynValue],
+    all: bool,
 ) -> Result<(DynValue, Vec<DynValue>)> {
     let mask_shape = [dims[0], mask.len() / dims[0].max(1)];
     let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = vec![
@@ -587,6 +614,9 @@ fn run_growing(
                 .map_err(run_error)?
                 .into(),
         ));
+    }
+    if shape.all_logits {
+        inputs.push(("all_logits".into(), kv_buffer::switch(all)?.into()));
     }
     for (name, value) in names.inputs.iter().zip(past) {
         inputs.push((name.as_str().into(), value.into()));

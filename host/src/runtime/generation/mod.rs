@@ -37,7 +37,7 @@ use bytes::Bytes;
 use ort::{session::Session, value::ValueType};
 
 use self::{
-    engine::{DecoderSpec, Engine, EngineLimits, Finish, Submission},
+    engine::{DecoderSpec, Engine, EngineLimits, Finish, PromptLogProbs, Submission},
     guided::Guides,
     request::{parse, timeout_of, Settings},
     stats::GenerationStats,
@@ -112,6 +112,8 @@ const INPUTS: &[(&str, DataType, i64, bool)] = &[
     ("embedding_bias_weights", DataType::Fp32, -1, true),
     // OpenAI's top_logprobs: the likeliest alternatives to report per token (up to 20).
     ("top_logprobs", DataType::Int32, 1, true),
+    // vLLM's prompt_logprobs (OpenAI's echo with logprobs): score the prompt's tokens too.
+    ("return_prompt_log_probs", DataType::Bool, 1, true),
     // OpenAI's logit_bias: token ids and the biases added to their logits.
     ("logit_bias_ids", DataType::Int32, -1, true),
     ("logit_bias_values", DataType::Fp32, -1, true),
@@ -136,6 +138,13 @@ const OUTPUTS: &[(&str, DataType, i64)] = &[
     ("output_tokens", DataType::Bytes, -1),
     ("top_tokens", DataType::Bytes, -1),
     ("top_log_probs", DataType::Fp32, -1),
+    // With `return_prompt_log_probs`, on the first response: what each prompt token spells,
+    // its log-probability given the ones before (NaN for the first) and the `top_logprobs`
+    // likeliest tokens at its position (rows of top_logprobs; the first row empty).
+    ("prompt_token_texts", DataType::Bytes, -1),
+    ("prompt_log_probs", DataType::Fp32, -1),
+    ("prompt_top_tokens", DataType::Bytes, -1),
+    ("prompt_top_log_probs", DataType::Fp32, -1),
 ];
 
 /// Fills in the inputs and outputs when config.pbtxt leaves them out, and checks the ones it
@@ -275,16 +284,21 @@ fn decoder_spec(
             return Err(bad(format!("no output '{present}'")));
         }
     }
-    let vocab = session
+    let logits_shape = session
         .outputs()
         .iter()
         .find(|o| o.name() == "logits")
         .ok_or_else(|| bad("no output 'logits'".into()))
         .map(|o| match o.dtype() {
-            ValueType::Tensor { shape, .. } => shape.last().copied().filter(|&v| v > 0),
-            _ => None,
-        })?
+            ValueType::Tensor { shape, .. } => shape.to_vec(),
+            _ => Vec::new(),
+        })?;
+    let vocab = logits_shape
+        .last()
+        .copied()
+        .filter(|&v| v > 0)
         .map(|v| v as usize);
+    let all_logits = names.contains(&"all_logits");
     let half = fp16 == Some(true);
     let shared_buffer = share_buffer.unwrap_or(same_length || half);
     if shared_buffer && names.contains(&"position_ids") {
@@ -307,6 +321,9 @@ fn decoder_spec(
             kv_heads,
             head_dim,
             position_ids: names.contains(&"position_ids"),
+            all_logits,
+            // Logits of fixed length 1 are the last position's only.
+            prompt_logits: all_logits || logits_shape.get(1).is_some_and(|&d| d != 1),
             shared_buffer,
             half,
         },
@@ -451,6 +468,7 @@ pub fn load(
         }
     };
     let (spec, vocab) = decoder_spec(&session, &name, share_buffer)?;
+    let prompt_logits = spec.prompt_logits;
     // The file's protobuf and the weights ONNX Runtime repacked are freed by now.
     super::heap::release_freed();
     let element_bytes = if spec.half { 2 } else { 4 };
@@ -496,6 +514,7 @@ pub fn load(
         text,
         guides,
         shared_prefixes,
+        prompt_logits,
     });
     let decoupled = super::is_decoupled(&config);
     let instances = (0..rows)
@@ -559,6 +578,8 @@ struct Answer<'a> {
     top: &'a [Vec<(u32, f32)>],
     top_k: usize,
     text: Option<&'a TokenBytes>,
+    /// The prompt and how likely each of its tokens was, on the response that carries them.
+    prompt: Option<(&'a [i64], &'a PromptLogProbs)>,
 }
 
 impl Answer<'_> {
@@ -583,12 +604,32 @@ impl Answer<'_> {
 
     /// Each token's alternatives padded to `top_k` (an empty token at -inf).
     fn padded_top(&self) -> impl Iterator<Item = (u32, f32, bool)> + '_ {
-        self.top.iter().flat_map(move |alternatives| {
-            (0..self.top_k).map(move |i| match alternatives.get(i) {
-                Some(&(t, l)) => (t, l, true),
-                None => (0, f32::NEG_INFINITY, false),
-            })
+        padded(self.top, self.top_k)
+    }
+
+    /// The same for the prompt's tokens, when this response carries them.
+    fn padded_prompt_top(&self) -> impl Iterator<Item = (u32, f32, bool)> + '_ {
+        padded(self.prompt.map_or(&[][..], |(_, p)| &p.top), self.top_k)
+    }
+}
+
+/// Alternatives per token padded to `k` (an empty token at -inf): (token, log-probability,
+/// whether real).
+fn padded(top: &[Vec<(u32, f32)>], k: usize) -> impl Iterator<Item = (u32, f32, bool)> + '_ {
+    top.iter().flat_map(move |alternatives| {
+        (0..k).map(move |i| match alternatives.get(i) {
+            Some(&(t, l)) => (t, l, true),
+            None => (0, f32::NEG_INFINITY, false),
         })
+    })
+}
+
+impl Answer<'_> {
+    fn spelled(&self, name: &str, top: impl Iterator<Item = (u32, f32, bool)>) -> Tensor {
+        let spellings: Vec<&[u8]> = top
+            .map(|(t, _, real)| if real { self.spelling(t) } else { &[][..] })
+            .collect();
+        self.strings(name, spellings.into_iter())
     }
 }
 
@@ -616,11 +657,19 @@ fn response(outputs: &[String], tokens: &[u32], answer: &Answer) -> Vec<Tensor> 
                         .collect();
                     answer.strings(name, spellings.into_iter())
                 }
-                "top_tokens" => {
-                    let spellings: Vec<&[u8]> = answer
-                        .padded_top()
-                        .map(|(t, _, real)| if real { answer.spelling(t) } else { &[][..] })
-                        .collect();
+                "top_tokens" => answer.spelled(name, answer.padded_top()),
+                "prompt_top_tokens" => answer.spelled(name, answer.padded_prompt_top()),
+                "prompt_top_log_probs" => {
+                    let values: Vec<f32> = answer.padded_prompt_top().map(|(_, l, _)| l).collect();
+                    fp32_tensor(name, &values)
+                }
+                "prompt_log_probs" => {
+                    fp32_tensor(name, answer.prompt.map_or(&[][..], |(_, p)| &p.log_probs))
+                }
+                "prompt_token_texts" => {
+                    let ids = answer.prompt.map_or(&[][..], |(ids, _)| ids);
+                    let spellings: Vec<&[u8]> =
+                        ids.iter().map(|&t| answer.spelling(t as u32)).collect();
                     answer.strings(name, spellings.into_iter())
                 }
                 "top_log_probs" => {
@@ -662,6 +711,7 @@ impl ModelInstance for GenerationInstance {
             _ => None,
         };
         let prompt_tokens = parsed.prompt.len();
+        let prompt_ids = parsed.prompt.clone();
         let prompt: Vec<u32> = if parsed.include_prompt && !parsed.stream {
             parsed.prompt.iter().map(|&t| t as u32).collect()
         } else {
@@ -703,6 +753,7 @@ impl ModelInstance for GenerationInstance {
             namespace,
             log_probs: parsed.log_probs,
             top_log_probs: parsed.top_log_probs,
+            prompt_log_probs: parsed.prompt_log_probs,
             prompt: parsed.prompt,
             max_tokens: parsed.max_tokens,
             sampling: parsed.sampling,
@@ -732,6 +783,7 @@ impl ModelInstance for GenerationInstance {
         let mut generated: Vec<u32> = Vec::new();
         let mut log_probs: Vec<f32> = Vec::new();
         let mut top: Vec<Vec<(u32, f32)>> = Vec::new();
+        let mut scored: Option<PromptLogProbs> = None;
         let text = self.settings.text.as_deref();
         let top_k = parsed.top_log_probs;
         loop {
@@ -750,6 +802,8 @@ impl ModelInstance for GenerationInstance {
                     )))
                 }
             };
+            let mut step = step;
+            let first = step.prompt.take();
             match sink {
                 Some(sink) => {
                     let context_from = generated.len().saturating_sub(CONTEXT_TOKENS);
@@ -768,6 +822,7 @@ impl ModelInstance for GenerationInstance {
                             top: &step.top,
                             top_k,
                             text,
+                            prompt: first.as_ref().map(|p| (prompt_ids.as_slice(), p)),
                         },
                     );
                     generated.extend_from_slice(&step.tokens);
@@ -777,6 +832,7 @@ impl ModelInstance for GenerationInstance {
                     sink.send_blocking(tensors, None)?;
                 }
                 None => {
+                    scored = scored.or(first);
                     generated.extend_from_slice(&step.tokens);
                     log_probs.extend_from_slice(&step.log_probs);
                     top.extend(step.top);
@@ -796,6 +852,7 @@ impl ModelInstance for GenerationInstance {
                                 top: &top,
                                 top_k,
                                 text,
+                                prompt: scored.as_ref().map(|p| (prompt_ids.as_slice(), p)),
                             },
                         );
                         return Ok((tensors, timings(started)));

@@ -33,6 +33,9 @@ pub struct Settings {
     /// Whether every request may reuse every cached prompt (`prefix_cache_scope: server`)
     /// rather than only its own tenant's.
     pub shared_prefixes: bool,
+    /// Whether the decoder can answer every prompt position's logits (for
+    /// `return_prompt_log_probs`).
+    pub prompt_logits: bool,
 }
 
 /// A request's generation parameters, checked.
@@ -57,6 +60,9 @@ pub struct Parsed {
     pub log_probs: bool,
     /// How many likeliest alternatives to answer per token (`top_logprobs`, 0 to 20).
     pub top_log_probs: usize,
+    /// Whether to answer each prompt token's log-probability (`return_prompt_log_probs`, as
+    /// vLLM's `prompt_logprobs`; with `top_logprobs` alternatives per token).
+    pub prompt_log_probs: bool,
     /// Added to these tokens' logits (`logit_bias_ids` and `logit_bias_values`).
     pub bias: Vec<(u32, f32)>,
     /// Whether a whole (not streamed) answer starts with the prompt's tokens
@@ -435,6 +441,16 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
     let bias = logit_bias(request, settings)?;
     let log_probs =
         scalar(request, "return_log_probs")?.is_some_and(|v| v != 0.0) || top_log_probs > 0;
+    let prompt_log_probs = scalar(request, "return_prompt_log_probs")?.is_some_and(|v| v != 0.0);
+    if prompt_log_probs && !settings.prompt_logits {
+        return Err(invalid(
+            model,
+            "'return_prompt_log_probs' needs a decoder that answers every position's logits \
+             (an input 'all_logits', as scripts/llm_export.py writes, or logits of every \
+             position, as Optimum's exports answer)"
+                .into(),
+        ));
+    }
     let stream = scalar(request, "stream")?.is_none_or(|v| v != 0.0);
     // TensorRT-LLM answers the prompt too unless told to exclude it; a stream never has it.
     let include_prompt = scalar(request, "exclude_input_in_output")?.is_some_and(|v| v == 0.0);
@@ -449,6 +465,7 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
         min_tokens,
         log_probs,
         top_log_probs,
+        prompt_log_probs,
         bias,
         include_prompt,
         guide,

@@ -210,6 +210,20 @@ impl Sampler {
     }
 }
 
+/// The model's own natural-log probability of `token` under `logits` (no penalty, rule or
+/// temperature) and the `k` likeliest tokens with theirs: what a prompt token is scored with.
+pub fn scored(logits: &[f32], token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
+    let total = log_sum_exp(logits);
+    let log_prob = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| l - total);
+    let top = likeliest(logits, k)
+        .into_iter()
+        .map(|(t, l)| (t, l - total))
+        .collect();
+    (log_prob, top)
+}
+
 /// `log(sum(exp(logits)))`, computed stably.
 fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -34,6 +34,9 @@ pub struct Piece {
     pub generated_tokens: Option<i64>,
     /// This response's tokens with their log-probabilities, when asked for.
     pub tokens: Vec<TokenLogprob>,
+    /// The prompt's tokens with theirs (echo with logprobs, on the first response; the first
+    /// token's log-probability is NaN: nothing precedes it).
+    pub prompt: Vec<TokenLogprob>,
 }
 
 fn floats(t: &Tensor) -> Vec<f32> {
@@ -56,10 +59,22 @@ fn finite(logprob: f32) -> f32 {
 }
 
 /// The tokens of a response from its `output_log_probs`, `output_tokens`, `top_tokens` and
-/// `top_log_probs` (rows of equal length per token; padding has -inf and is left out).
-fn token_logprobs(response: &InferResponse) -> Vec<TokenLogprob> {
-    let find = |name: &str| response.outputs.iter().find(|t| t.name == name);
-    let (Some(lps), Some(spellings)) = (find("output_log_probs"), find("output_tokens")) else {
+/// `top_log_probs` (rows of equal length per token; padding has -inf and is left out), or with
+/// `prompt_` before each name, its prompt's tokens (the first one's log-probability NaN).
+fn token_logprobs(response: &InferResponse, prompt: bool) -> Vec<TokenLogprob> {
+    let find = |name: &str| {
+        let name = if prompt {
+            format!("prompt_{name}")
+        } else {
+            name.to_owned()
+        };
+        response.outputs.iter().find(|t| t.name == name)
+    };
+    let (lps, spellings) = match prompt {
+        true => (find("log_probs"), find("token_texts")),
+        false => (find("output_log_probs"), find("output_tokens")),
+    };
+    let (Some(lps), Some(spellings)) = (lps, spellings) else {
         return Vec::new();
     };
     let lps = floats(lps);
@@ -78,7 +93,11 @@ fn token_logprobs(response: &InferResponse) -> Vec<TokenLogprob> {
         .enumerate()
         .map(|(i, (&logprob, bytes))| TokenLogprob {
             token: String::from_utf8_lossy(bytes).into_owned(),
-            logprob: finite(logprob),
+            logprob: if logprob.is_nan() {
+                logprob
+            } else {
+                finite(logprob)
+            },
             bytes: bytes.to_vec(),
             top_logprobs: (i * k..(i + 1) * k)
                 .filter_map(|j| {
@@ -99,13 +118,15 @@ fn text_logprobs(tokens: &[TokenLogprob], mut offset: usize) -> TextLogprobs {
     let mut out = TextLogprobs::default();
     for t in tokens {
         out.tokens.push(t.token.clone());
-        out.token_logprobs.push(t.logprob);
-        out.top_logprobs.push(
+        // NaN: an echoed prompt's first token, which nothing precedes.
+        let scored = !t.logprob.is_nan();
+        out.token_logprobs.push(scored.then_some(t.logprob));
+        out.top_logprobs.push(scored.then(|| {
             t.top_logprobs
                 .iter()
                 .map(|a| (a.token.clone(), a.logprob))
-                .collect(),
-        );
+                .collect()
+        }));
         out.text_offset.push(offset);
         offset += t.token.len();
     }
@@ -146,7 +167,8 @@ pub fn piece(response: &InferResponse) -> Piece {
             _ => {}
         }
     }
-    p.tokens = token_logprobs(response);
+    p.tokens = token_logprobs(response, false);
+    p.prompt = token_logprobs(response, true);
     p
 }
 

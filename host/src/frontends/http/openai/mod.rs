@@ -248,6 +248,7 @@ async fn complete(
             stream::Choices {
                 echo,
                 per_prompt: parsed.n,
+                scored_prompt: parsed.echo && parsed.log_probs.is_some(),
             },
             parsed.include_usage,
             answer,
@@ -270,6 +271,8 @@ async fn complete(
                     g.text.push_str(&p.text);
                     g.finish = p.finish.or(g.finish.take());
                     g.generated = p.generated_tokens.unwrap_or(g.generated);
+                    // An echoed prompt's tokens come first, on the first response.
+                    g.tokens.extend(p.prompt);
                     g.tokens.extend(p.tokens);
                 }
             }

@@ -441,12 +441,19 @@ pub fn parse(
             "'top_logprobs' needs 'logprobs': true".into(),
         ));
     }
-    if log_probs.is_some() && req.echo == Some(true) {
+    let score_prompt = log_probs.is_some() && req.echo == Some(true);
+    if score_prompt
+        && !config
+            .input
+            .iter()
+            .any(|i| i.name == "return_prompt_log_probs")
+    {
         return Err(Invalid::field(
             "echo",
-            "'echo' with 'logprobs' is not supported (the prompt's log-probabilities are not \
-             computed)"
-                .into(),
+            format!(
+                "'echo' with 'logprobs' needs the prompt's log-probabilities, which model \
+                 '{model}' does not answer (input 'return_prompt_log_probs')"
+            ),
         ));
     }
     if log_probs.is_some() && !config.input.iter().any(|i| i.name == "return_log_probs") {
@@ -626,6 +633,9 @@ pub fn parse(
         inputs.push(strings("guided_decoding_guide", &[guide.as_str()]));
     }
     inputs.push(scalar("stream", DataType::Bool, vec![u8::from(stream)]));
+    if score_prompt {
+        inputs.push(scalar("return_prompt_log_probs", DataType::Bool, vec![1]));
+    }
     if let Some(k) = log_probs {
         inputs.push(scalar("return_log_probs", DataType::Bool, vec![1]));
         inputs.push(scalar(
@@ -868,5 +878,11 @@ mod tests {
             json!({"model": "m", "prompt": "p", "logprobs": 2}),
         );
         assert_eq!(param.as_deref(), Some("logprobs"));
+        let (param, message) = refusal(
+            Kind::Completion,
+            json!({"model": "m", "prompt": "p", "logprobs": 2, "echo": true}),
+        );
+        assert_eq!(param.as_deref(), Some("echo"));
+        assert!(message.contains("'return_prompt_log_probs'"), "{message}");
     }
 }

@@ -35,6 +35,8 @@ struct State {
     include_usage: bool,
     /// Per choice: its text read as content or calls.
     readers: Vec<Reader>,
+    /// Per choice: the echoed prompt still to send with its tokens' log-probabilities.
+    scored_echo: Vec<Option<String>>,
 }
 
 impl State {
@@ -71,6 +73,9 @@ pub struct Choices {
     pub echo: Vec<Option<String>>,
     /// Choices per prompt (`n`): choice `i` answers prompt `i / per_prompt`.
     pub per_prompt: usize,
+    /// Whether the echoed prompt comes with its tokens' log-probabilities: then its chunk
+    /// waits for the first response, which carries them.
+    pub scored_prompt: bool,
 }
 
 /// The events of a streamed completion.
@@ -84,8 +89,12 @@ pub fn events(
     let mut pending = VecDeque::new();
     let n = choices.echo.len();
     let per_prompt = choices.per_prompt.max(1);
+    let mut scored_echo = vec![None; n];
     for (index, echo) in choices.echo.into_iter().enumerate() {
         match (answer.kind, echo) {
+            (Kind::Completion, Some(prompt)) if choices.scored_prompt => {
+                scored_echo[index] = Some(prompt)
+            }
             (Kind::Chat, _) => pending.push_back(answer.chunk(index, None, None, include_usage)),
             (Kind::Completion, Some(prompt)) => {
                 pending.push_back(answer.chunk(index, Some(prompt), None, include_usage))
@@ -103,6 +112,7 @@ pub fn events(
         generated: vec![0; n],
         offsets: vec![0; n],
         readers: (0..n).map(|_| Reader::new(answer.shape.clone())).collect(),
+        scored_echo,
         answer,
         include_usage,
     };
@@ -125,6 +135,9 @@ pub fn events(
                     if let (Some(g), Some(count)) = (s.generated.get_mut(index), p.generated_tokens)
                     {
                         *g = count;
+                    }
+                    if let Some(prompt) = s.scored_echo.get_mut(index).and_then(Option::take) {
+                        s.say(index, Some(Said::Text(prompt)), &p.prompt);
                     }
                     if !p.text.is_empty() || !p.tokens.is_empty() {
                         let said = match s.readers.get_mut(index) {

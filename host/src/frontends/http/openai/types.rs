@@ -371,10 +371,11 @@ pub struct ChatLogprobs {
 pub struct TextLogprobs {
     /// The answered tokens.
     pub tokens: Vec<String>,
-    /// Their log-probabilities.
-    pub token_logprobs: Vec<f32>,
-    /// Per token, the likeliest tokens at its step.
-    pub top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
+    /// Their log-probabilities (null for an echoed prompt's first token, which nothing
+    /// precedes).
+    pub token_logprobs: Vec<Option<f32>>,
+    /// Per token, the likeliest tokens at its step (null for that first token).
+    pub top_logprobs: Vec<Option<std::collections::BTreeMap<String, f32>>>,
     /// Where each token starts in the choice's text.
     pub text_offset: Vec<usize>,
 }
