@@ -171,6 +171,18 @@ def test_echo_with_logprobs_scores_the_prompt_tokens(server):
     streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
                 for t in ch.choices[0].logprobs.tokens]
     assert streamed == lp.tokens
+    # max_tokens 0 with echo: the prompt and its scores alone (how prompts are scored).
+    only = c.completions.create(model="smollm2", prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    assert only.choices[0].text == prompt and only.choices[0].finish_reason == "length"
+    assert only.choices[0].logprobs.token_logprobs == lp.token_logprobs[:n]
+    assert (only.usage.prompt_tokens, only.usage.completion_tokens) == (n, 0)
+    chunks = list(c.completions.create(model="smollm2", prompt=prompt, max_tokens=0, echo=True,
+                                       stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == prompt
+    assert chunks[-1].choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="smollm2", prompt=prompt, max_tokens=0)
+    assert e.value.param == "max_tokens"
 
 
 def test_logprobs_from_the_sampler(server):

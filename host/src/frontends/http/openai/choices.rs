@@ -39,6 +39,18 @@ pub struct Piece {
     pub prompt: Vec<TokenLogprob>,
 }
 
+impl Piece {
+    /// What a prompt-only answer (completions' `echo` with `max_tokens` 0) keeps: the
+    /// prompt's scores and the end, none of the generated text.
+    pub fn without_generation(mut self) -> Self {
+        self.text.clear();
+        self.tokens.clear();
+        self.generated_tokens = self.generated_tokens.map(|_| 0);
+        self.finish = self.finish.map(|_| "length".into());
+        self
+    }
+}
+
 fn floats(t: &Tensor) -> Vec<f32> {
     if t.datatype != DataType::Fp32 {
         return Vec::new();

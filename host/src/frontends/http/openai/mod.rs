@@ -249,6 +249,7 @@ async fn complete(
                 echo,
                 per_prompt: parsed.n,
                 scored_prompt: parsed.echo && parsed.log_probs.is_some(),
+                prompt_only: parsed.prompt_only,
             },
             parsed.include_usage,
             answer,
@@ -261,7 +262,10 @@ async fn complete(
     while let Some((index, item)) = items.recv().await {
         match item {
             Ok(response) => {
-                let p = piece(&response);
+                let mut p = piece(&response);
+                if parsed.prompt_only {
+                    p = p.without_generation();
+                }
                 if let (Some(count), Some(slot)) =
                     (p.prompt_tokens, prompt.get_mut(parsed.prompt_of(index)))
                 {

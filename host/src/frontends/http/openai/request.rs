@@ -70,6 +70,8 @@ pub struct Parsed {
     pub prompts: Vec<String>,
     /// Completions' `echo`: each choice's text starts with its prompt.
     pub echo: bool,
+    /// Completions' `echo` with `max_tokens` 0: the prompt alone, nothing generated answered.
+    pub prompt_only: bool,
     /// Whether to answer log-probabilities (`logprobs`), and how many alternatives per token.
     pub log_probs: Option<usize>,
     /// How to read the answer: text, or function calls.
@@ -494,8 +496,13 @@ pub fn parse(
         }
     }
     let most = i64::from(i32::MAX);
+    // Completions' max_tokens 0 with echo answers the prompt alone (with logprobs, its
+    // scores): one token is generated and not answered.
+    let prompt_only =
+        kind == Kind::Completion && req.echo == Some(true) && req.max_tokens == Some(0);
     let max_tokens = match within("max_completion_tokens", req.max_completion_tokens, 1, most)? {
         Some(v) => Some(v),
+        None if prompt_only => Some(1),
         None => within("max_tokens", req.max_tokens, 1, most)?,
     };
     if let Some(v) = max_tokens {
@@ -673,6 +680,7 @@ pub fn parse(
         include_usage,
         n: n as usize,
         echo: req.echo == Some(true),
+        prompt_only,
         prompts: prompt_list,
         log_probs,
         shape: structure.shape,

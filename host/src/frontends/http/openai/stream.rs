@@ -37,6 +37,8 @@ struct State {
     readers: Vec<Reader>,
     /// Per choice: the echoed prompt still to send with its tokens' log-probabilities.
     scored_echo: Vec<Option<String>>,
+    /// Whether nothing generated is answered.
+    prompt_only: bool,
 }
 
 impl State {
@@ -76,6 +78,8 @@ pub struct Choices {
     /// Whether the echoed prompt comes with its tokens' log-probabilities: then its chunk
     /// waits for the first response, which carries them.
     pub scored_prompt: bool,
+    /// Completions' `echo` with `max_tokens` 0: nothing generated is answered.
+    pub prompt_only: bool,
 }
 
 /// The events of a streamed completion.
@@ -113,6 +117,7 @@ pub fn events(
         offsets: vec![0; n],
         readers: (0..n).map(|_| Reader::new(answer.shape.clone())).collect(),
         scored_echo,
+        prompt_only: choices.prompt_only,
         answer,
         include_usage,
     };
@@ -126,7 +131,10 @@ pub fn events(
             }
             match s.items.recv().await {
                 Some((index, Ok(response))) => {
-                    let p = piece(&response);
+                    let mut p = piece(&response);
+                    if s.prompt_only {
+                        p = p.without_generation();
+                    }
                     if let (Some(count), Some(slot)) =
                         (p.prompt_tokens, s.prompt.get_mut(index / s.per_prompt))
                     {
