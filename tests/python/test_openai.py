@@ -298,9 +298,34 @@ def test_a_list_of_prompts_gets_n_choices_each_as_if_asked_alone(server):
     assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
 
 
+def test_token_id_prompts_answer_as_their_text_does(server):
+    c = client(server)
+    tok = tokenizers.Tokenizer.from_file(os.path.join(SMOL, "1", "tokenizer.json"))
+    texts = ["The capital of France is", "Water is made of"]
+    ids = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    by_text = c.completions.create(model="smollm2", prompt=texts, max_tokens=5, temperature=0,
+                                   echo=True, logprobs=1)
+    one = c.completions.create(model="smollm2", prompt=ids[0], max_tokens=5, temperature=0)
+    assert one.choices[0].text == by_text.choices[0].text[len(texts[0]):]
+    assert one.usage.prompt_tokens == len(ids[0])
+    # A list of token-id lists; echo spells each prompt as the model's tokens do.
+    by_ids = c.completions.create(model="smollm2", prompt=ids, max_tokens=5, temperature=0,
+                                  echo=True, logprobs=1)
+    assert [ch.text for ch in by_ids.choices] == [ch.text for ch in by_text.choices]
+    assert [ch.logprobs.token_logprobs for ch in by_ids.choices] == \
+        [ch.logprobs.token_logprobs for ch in by_text.choices]
+    chunks = list(c.completions.create(model="smollm2", prompt=ids[1], max_tokens=5, temperature=0,
+                                       echo=True, stream=True))
+    assert chunks[0].choices[0].text == texts[1] and chunks[0].choices[0].logprobs is None
+    assert "".join(ch.choices[0].text for ch in chunks) == by_text.choices[1].text
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="smollm2", prompt=[1, 10**6], max_tokens=2)
+    assert "'prompt_ids' item 1 is 1000000" in e.value.message
+
+
 def test_bad_completion_prompts_are_refused(server):
-    for prompt, message in [("", "'prompt' is empty"), ([1, 2], "token lists are not supported"),
-                            (["a", ""], "'prompt' item 1 is empty")]:
+    for prompt, message in [("", "'prompt' is empty"), ([[1, 2], []], "'prompt' item 1 is empty"),
+                            (["a", ""], "'prompt' item 1 is empty"), ([1, -2], "not a token id")]:
         with pytest.raises(openai.BadRequestError) as e:
             client(server).completions.create(model="smollm2", prompt=prompt, max_tokens=2)
         assert e.value.param == "prompt" and message in e.value.message

@@ -5,7 +5,9 @@
 //!   chat template (`chat_template.jinja` beside the tokenizer, the Jinja template Hugging Face's
 //!   `apply_chat_template` renders) with `add_generation_prompt` set, then tokenized;
 //! * `text_input` is tokenized as it is (the special tokens it spells, such as `<|im_start|>`,
-//!   become their ids).
+//!   become their ids);
+//! * `prompt_ids` (INT32, a prompt already tokenized: OpenAI's token-list prompts) are passed
+//!   on as they are, once checked against the vocabulary.
 //!
 //! Output: `input_ids` INT32 [1, n]. Errors name the field: an empty prompt, text that is not
 //! UTF-8, messages that are not such a list or hold no user turn.
@@ -76,6 +78,32 @@ impl Stage for Preprocessing {
     }
 
     fn execute(&mut self, request: &Request) -> Result<Vec<Tensor>> {
+        if let Ok(ids) = request.input("prompt_ids") {
+            let ids = ids
+                .to_i32()
+                .map_err(|_| Error::invalid("'prompt_ids' must be INT32 token ids"))?;
+            if ids.is_empty() {
+                return Err(Error::invalid(
+                    "'prompt_ids' is empty: the prompt needs a token",
+                ));
+            }
+            let vocab = self.tokenizer.get_vocab_size(true);
+            if let Some((i, id)) = ids
+                .iter()
+                .enumerate()
+                .find(|(_, &id)| id < 0 || id as usize >= vocab)
+            {
+                return Err(Error::invalid(format!(
+                    "'prompt_ids' item {i} is {id}; token ids run from 0 to {}",
+                    vocab - 1
+                )));
+            }
+            return request.select(vec![Tensor::from_i32(
+                "input_ids",
+                &[1, ids.len() as i64],
+                &ids,
+            )]);
+        }
         let text = if let Ok(messages) = request.input("messages") {
             let json = single_string(messages, "messages")?;
             let messages: Vec<Message> = serde_json::from_str(json).map_err(|e| {
@@ -106,7 +134,9 @@ impl Stage for Preprocessing {
                 .map_err(|e| Error::invalid(format!("'messages': the chat template failed: {e}")))?
         } else {
             let input = request.input("text_input").map_err(|_| {
-                Error::invalid("send 'text_input' (a prompt) or 'messages' (a chat)")
+                Error::invalid(
+                    "send 'text_input' (a prompt), 'messages' (a chat) or 'prompt_ids' (token ids)",
+                )
             })?;
             single_string(input, "text_input")?.to_owned()
         };

@@ -125,6 +125,16 @@ fn token_logprobs(response: &InferResponse, prompt: bool) -> Vec<TokenLogprob> {
         .collect()
 }
 
+/// What `tokens` spell together (bytes joined before they are read as UTF-8, so that a
+/// character split between tokens stays whole).
+pub fn spell(tokens: &[TokenLogprob]) -> String {
+    let bytes: Vec<u8> = tokens
+        .iter()
+        .flat_map(|t| t.bytes.iter().copied())
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// Completions' legacy shape of `tokens`, with text offsets from `offset` on.
 fn text_logprobs(tokens: &[TokenLogprob], mut offset: usize) -> TextLogprobs {
     let mut out = TextLogprobs::default();
@@ -214,6 +224,8 @@ pub struct Gathered {
     pub generated: i64,
     /// Its tokens with log-probabilities, when asked for.
     pub tokens: Vec<TokenLogprob>,
+    /// Its prompt as the model spells it, when the prompt was scored.
+    pub spelled_prompt: String,
 }
 
 /// What every chunk of one answer repeats.

@@ -11,6 +11,7 @@
 mod choices;
 pub mod embeddings;
 mod errors;
+mod prompts;
 pub mod request;
 mod stream;
 mod structured;
@@ -35,6 +36,7 @@ pub use self::errors::{error_response, render_error};
 use self::{
     choices::{piece, Answer, Gathered},
     errors::invalid_response,
+    prompts::Echo,
     request::Kind,
     types::{ModelCard, ModelList, Usage},
 };
@@ -237,9 +239,7 @@ async fn complete(
         log_probs: parsed.log_probs.is_some(),
         shape: parsed.shape.clone(),
     };
-    let echo: Vec<Option<String>> = (0..choices)
-        .map(|i| parsed.echo_for(i).map(str::to_owned))
-        .collect();
+    let echo: Vec<Echo> = (0..choices).map(|i| parsed.echo_for(i)).collect();
     if parsed.stream {
         track.finish(Ok(()));
         let events = stream::events(
@@ -248,7 +248,7 @@ async fn complete(
             stream::Choices {
                 echo,
                 per_prompt: parsed.n,
-                scored_prompt: parsed.echo && parsed.log_probs.is_some(),
+                scored_prompt: parsed.scored_prompt,
                 prompt_only: parsed.prompt_only,
             },
             parsed.include_usage,
@@ -276,6 +276,9 @@ async fn complete(
                     g.finish = p.finish.or(g.finish.take());
                     g.generated = p.generated_tokens.unwrap_or(g.generated);
                     // An echoed prompt's tokens come first, on the first response.
+                    if !p.prompt.is_empty() {
+                        g.spelled_prompt = choices::spell(&p.prompt);
+                    }
                     g.tokens.extend(p.prompt);
                     g.tokens.extend(p.tokens);
                 }
@@ -289,8 +292,10 @@ async fn complete(
     track.finish(Ok(()));
     drop(admission);
     for (g, echo) in gathered.iter_mut().zip(&echo) {
-        if let Some(prompt_text) = echo {
-            g.text.insert_str(0, prompt_text);
+        match echo {
+            Echo::Text(prompt_text) => g.text.insert_str(0, prompt_text),
+            Echo::Spelled => g.text.insert_str(0, &g.spelled_prompt),
+            Echo::Nothing => {}
         }
     }
     let prompt = prompt.iter().sum();

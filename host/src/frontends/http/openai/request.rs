@@ -6,11 +6,9 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::{
+    prompts::{self, Echo, PromptInput},
     structured::{self, Shape, CALL_CLOSE, CALL_OPEN},
-    types::{
-        CompletionRequest, Content, Logprobs, Message, Prompt, Role, Stop, TemplateMessage,
-        ToolCall,
-    },
+    types::{CompletionRequest, Content, Logprobs, Message, Role, Stop, TemplateMessage, ToolCall},
 };
 use crate::{
     error::Error,
@@ -67,9 +65,12 @@ pub struct Parsed {
     /// Choices to generate per prompt (`n`): one sequence each, from the same request.
     pub n: usize,
     /// Completions' prompts (`prompt` as a list: `n` choices each, in order); empty for chats.
-    pub prompts: Vec<String>,
+    pub prompts: Vec<PromptInput>,
     /// Completions' `echo`: each choice's text starts with its prompt.
     pub echo: bool,
+    /// Whether the model scores the prompt (echo with logprobs, or echo of token ids, which
+    /// the scores spell).
+    pub scored_prompt: bool,
     /// Completions' `echo` with `max_tokens` 0: the prompt alone, nothing generated answered.
     pub prompt_only: bool,
     /// Whether to answer log-probabilities (`logprobs`), and how many alternatives per token.
@@ -81,9 +82,6 @@ pub struct Parsed {
 /// The most choices one request may ask for per prompt (`n`): each is a sequence of the
 /// running batch.
 pub const MAX_CHOICES: i64 = 16;
-
-/// The most prompts one completions request may list.
-pub const MAX_PROMPTS: usize = 32;
 
 /// The most sequences (prompts × `n`) one request may start.
 pub const MAX_SEQUENCES: usize = 64;
@@ -99,12 +97,13 @@ impl Parsed {
         index / self.n.max(1)
     }
 
-    /// The text choice `index` starts with: its prompt, with `echo`.
-    pub fn echo_for(&self, index: usize) -> Option<&str> {
-        if !self.echo {
-            return None;
+    /// What choice `index`'s text starts with: its prompt, with `echo`.
+    pub fn echo_for(&self, index: usize) -> Echo {
+        match self.prompts.get(self.prompt_of(index)) {
+            Some(PromptInput::Text(text)) if self.echo => Echo::Text(text.clone()),
+            Some(PromptInput::Ids(_)) if self.echo => Echo::Spelled,
+            _ => Echo::Nothing,
         }
-        self.prompts.get(self.prompt_of(index)).map(String::as_str)
     }
 
     /// The model's request for choice `index`: the same, for its prompt, with the seed moved
@@ -113,11 +112,11 @@ impl Parsed {
     pub fn request_for(&self, index: usize) -> InferRequest {
         let mut request = self.request.clone();
         if self.prompts.len() > 1 {
-            if let (Some(text), Some(input)) = (
-                self.prompts.get(self.prompt_of(index)),
-                request.inputs.iter_mut().find(|t| t.name == "text_input"),
-            ) {
-                *input = strings("text_input", &[text.as_str()]);
+            if let Some(prompt) = self.prompts.get(self.prompt_of(index)) {
+                request
+                    .inputs
+                    .retain(|t| t.name != "text_input" && t.name != "prompt_ids");
+                request.inputs.push(prompt.tensor());
             }
         }
         let index = index % self.n.max(1);
@@ -310,44 +309,6 @@ fn messages(list: Option<Vec<Message>>, system: Option<String>) -> Result<String
         .map_err(|e| Error::internal(format!("cannot write the chat for the template: {e}")).into())
 }
 
-/// The prompts: one string, or a list of up to [`MAX_PROMPTS`] (each answered as if asked
-/// alone).
-fn prompts(prompt: Option<Prompt>) -> Result<Vec<String>, Invalid> {
-    match prompt {
-        Some(Prompt::Text(s)) if !s.is_empty() => Ok(vec![s]),
-        Some(Prompt::Text(_)) => Err(Invalid::field("prompt", "'prompt' is empty".into())),
-        Some(Prompt::Texts(items)) => {
-            if items.is_empty() || items.len() > MAX_PROMPTS {
-                return Err(Invalid::field(
-                    "prompt",
-                    format!(
-                        "'prompt' lists {} prompts; it must list 1 to {MAX_PROMPTS}",
-                        items.len()
-                    ),
-                ));
-            }
-            if let Some(i) = items.iter().position(String::is_empty) {
-                return Err(Invalid::field(
-                    "prompt",
-                    format!("'prompt' item {i} is empty"),
-                ));
-            }
-            Ok(items)
-        }
-        Some(Prompt::Other(Value::Array(_))) => Err(Invalid::field(
-            "prompt",
-            "'prompt' must be a string or a list of strings (token lists are not supported: \
-             send the text)"
-                .into(),
-        )),
-        None => Err(Invalid::field("prompt", "'prompt' is required".into())),
-        Some(Prompt::Other(other)) => Err(Invalid::field(
-            "prompt",
-            format!("'prompt' must be a string, got {other}"),
-        )),
-    }
-}
-
 fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, Invalid> {
     match stop {
         None => Ok(Vec::new()),
@@ -443,13 +404,14 @@ pub fn parse(
             "'top_logprobs' needs 'logprobs': true".into(),
         ));
     }
-    let score_prompt = log_probs.is_some() && req.echo == Some(true);
-    if score_prompt
-        && !config
+    let scores_prompt = |config: &ModelConfig| {
+        config
             .input
             .iter()
             .any(|i| i.name == "return_prompt_log_probs")
-    {
+    };
+    let mut score_prompt = log_probs.is_some() && req.echo == Some(true);
+    if score_prompt && !scores_prompt(&config) {
         return Err(Invalid::field(
             "echo",
             format!(
@@ -480,7 +442,7 @@ pub fn parse(
             inputs.push(strings("messages", &[chat.as_str()]));
         }
         Kind::Completion => {
-            prompt_list = prompts(req.prompt)?;
+            prompt_list = prompts::parse(req.prompt)?;
             if prompt_list.len() * n as usize > MAX_SEQUENCES {
                 return Err(Invalid::field(
                     "n",
@@ -492,7 +454,35 @@ pub fn parse(
                     ),
                 ));
             }
-            inputs.push(strings("text_input", &[prompt_list[0].as_str()]));
+            let first = &prompt_list[0];
+            if !config.input.iter().any(|i| i.name == first.input_name()) {
+                return Err(Invalid::field(
+                    "prompt",
+                    format!(
+                        "model '{model}' does not take {} (input '{}')",
+                        match first {
+                            PromptInput::Text(_) => "text prompts",
+                            PromptInput::Ids(_) => "token-id prompts",
+                        },
+                        first.input_name()
+                    ),
+                ));
+            }
+            inputs.push(first.tensor());
+            // Echoing token ids needs their spelling, which the scored prompt carries.
+            if req.echo == Some(true) && matches!(first, PromptInput::Ids(_)) {
+                if !scores_prompt(&config) {
+                    return Err(Invalid::field(
+                        "echo",
+                        format!(
+                            "'echo' of a token-id prompt needs the prompt's tokens spelled, \
+                             which model '{model}' does not answer (input \
+                             'return_prompt_log_probs')"
+                        ),
+                    ));
+                }
+                score_prompt = true;
+            }
         }
     }
     let most = i64::from(i32::MAX);
@@ -655,7 +645,7 @@ pub fn parse(
     inputs.retain(|t| config.input.iter().any(|i| i.name == t.name));
     if !inputs
         .iter()
-        .any(|t| t.name == "messages" || t.name == "text_input")
+        .any(|t| matches!(t.name.as_str(), "messages" | "text_input" | "prompt_ids"))
     {
         return Err(Invalid::field(
             if kind == Kind::Chat {
@@ -680,6 +670,7 @@ pub fn parse(
         include_usage,
         n: n as usize,
         echo: req.echo == Some(true),
+        scored_prompt: score_prompt,
         prompt_only,
         prompts: prompt_list,
         log_probs,
@@ -792,10 +783,22 @@ mod tests {
 
     #[test]
     fn prompts_and_stops_of_unserved_shapes_are_refused() {
-        let many: Vec<String> = (0..=MAX_PROMPTS).map(|i| format!("p{i}")).collect();
+        let many: Vec<String> = (0..=prompts::MAX_PROMPTS)
+            .map(|i| format!("p{i}"))
+            .collect();
         for (prompt, says) in [
-            (json!([1, 2]), "token lists are not supported"),
-            (json!([[1, 2]]), "token lists are not supported"),
+            (
+                json!([1, 2]),
+                "does not take token-id prompts (input 'prompt_ids')",
+            ),
+            (
+                json!([[1, 2]]),
+                "does not take token-id prompts (input 'prompt_ids')",
+            ),
+            (json!([[1, 2], []]), "'prompt' item 1 is empty"),
+            (json!([[1, 2], "a"]), "item 1 is not a list of token ids"),
+            (json!([1, -2]), "element 1 is -2, not a token id"),
+            (json!(["a", 7]), "element 0 is \"a\""),
             (json!(["a", ""]), "item 1 is empty"),
             (json!([]), "lists 0 prompts"),
             (json!(many), "lists 33 prompts"),
@@ -872,8 +875,27 @@ mod tests {
             ("three", 8),
         ];
         assert_eq!(got, want.map(|(t, s)| (t.to_owned(), s)));
-        assert_eq!(parsed.echo_for(5), Some("three"));
+        assert_eq!(parsed.echo_for(5), Echo::Text("three".into()));
         assert_eq!(parsed.prompt_of(3), 1);
+        // Token ids go to `prompt_ids` instead, and their echo is spelled by the model.
+        c.input
+            .extend(["prompt_ids", "return_prompt_log_probs"].map(|name| {
+                crate::proto::inference::ModelInput {
+                    name: name.into(),
+                    ..Default::default()
+                }
+            }));
+        let body = json!({"model": "m", "prompt": [[5, 6], [7]], "echo": true});
+        let parsed = parse(Kind::Completion, &body, |_| Ok(c.clone())).unwrap();
+        assert!(parsed.scored_prompt);
+        let r = parsed.request_for(1);
+        assert!(!r.inputs.iter().any(|t| t.name == "text_input"));
+        let ids = r.inputs.iter().find(|t| t.name == "prompt_ids").unwrap();
+        assert_eq!(
+            (ids.shape.as_slice(), &ids.data[..]),
+            (&[1, 1][..], &7i32.to_le_bytes()[..])
+        );
+        assert_eq!(parsed.echo_for(1), Echo::Spelled);
     }
 
     #[test]

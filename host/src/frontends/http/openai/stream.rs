@@ -8,8 +8,9 @@ use axum::response::sse::Event;
 use tokio::sync::mpsc;
 
 use super::{
-    choices::{event, piece, Answer},
+    choices::{event, piece, spell, Answer},
     errors::{error_body, error_type, param_of},
+    prompts::Echo,
     request::Kind,
     structured::{Reader, Said},
     types::{TokenLogprob, Usage},
@@ -35,8 +36,8 @@ struct State {
     include_usage: bool,
     /// Per choice: its text read as content or calls.
     readers: Vec<Reader>,
-    /// Per choice: the echoed prompt still to send with its tokens' log-probabilities.
-    scored_echo: Vec<Option<String>>,
+    /// Per choice: the echo still to send with the prompt's scored tokens.
+    scored_echo: Vec<Echo>,
     /// Whether nothing generated is answered.
     prompt_only: bool,
 }
@@ -71,12 +72,12 @@ impl State {
 
 /// The choices of a streamed answer.
 pub struct Choices {
-    /// Per choice: the prompt it starts with (completions' `echo`).
-    pub echo: Vec<Option<String>>,
+    /// Per choice: what it starts with (completions' `echo`).
+    pub echo: Vec<Echo>,
     /// Choices per prompt (`n`): choice `i` answers prompt `i / per_prompt`.
     pub per_prompt: usize,
-    /// Whether the echoed prompt comes with its tokens' log-probabilities: then its chunk
-    /// waits for the first response, which carries them.
+    /// Whether the model scores the prompt: then the echo chunk waits for the first response,
+    /// which carries the prompt's tokens (their log-probabilities, their spelling).
     pub scored_prompt: bool,
     /// Completions' `echo` with `max_tokens` 0: nothing generated is answered.
     pub prompt_only: bool,
@@ -93,17 +94,17 @@ pub fn events(
     let mut pending = VecDeque::new();
     let n = choices.echo.len();
     let per_prompt = choices.per_prompt.max(1);
-    let mut scored_echo = vec![None; n];
+    let mut scored_echo = vec![Echo::Nothing; n];
     for (index, echo) in choices.echo.into_iter().enumerate() {
         match (answer.kind, echo) {
-            (Kind::Completion, Some(prompt)) if choices.scored_prompt => {
-                scored_echo[index] = Some(prompt)
-            }
             (Kind::Chat, _) => pending.push_back(answer.chunk(index, None, None, include_usage)),
-            (Kind::Completion, Some(prompt)) => {
+            (Kind::Completion, Echo::Nothing) => {}
+            (Kind::Completion, echo) if choices.scored_prompt => scored_echo[index] = echo,
+            (Kind::Completion, Echo::Text(prompt)) => {
                 pending.push_back(answer.chunk(index, Some(prompt), None, include_usage))
             }
-            (Kind::Completion, None) => {}
+            // Only a scored prompt is spelled.
+            (Kind::Completion, Echo::Spelled) => {}
         }
     }
     let state = State {
@@ -144,8 +145,14 @@ pub fn events(
                     {
                         *g = count;
                     }
-                    if let Some(prompt) = s.scored_echo.get_mut(index).and_then(Option::take) {
-                        s.say(index, Some(Said::Text(prompt)), &p.prompt);
+                    let echo = s.scored_echo.get_mut(index).map(std::mem::take);
+                    let echoed = match echo {
+                        Some(Echo::Text(prompt)) => Some(prompt),
+                        Some(Echo::Spelled) => Some(spell(&p.prompt)),
+                        _ => None,
+                    };
+                    if let Some(text) = echoed {
+                        s.say(index, Some(Said::Text(text)), &p.prompt);
                     }
                     if !p.text.is_empty() || !p.tokens.is_empty() {
                         let said = match s.readers.get_mut(index) {
