@@ -520,7 +520,7 @@ def test_the_detokenizer_never_splits_a_character(server, tokenizer):
     ({"messages": json.dumps([{"role": "system", "content": "Be brief."}])}, "no message with role 'user'"),
     ({"messages": "not json"}, "'messages' must be a JSON list"),
     ({"text_input": ""}, "'text_input' is empty"),
-    ({}, "send 'text_input' (a prompt) or 'messages' (a chat)"),
+    ({}, "send 'text_input' (a prompt), 'messages' (a chat) or 'prompt_ids' (token ids)"),
     ({"text_input": "Hi", "max_tokens": 5000}, "'max_tokens' is 5000"),
     ({"text_input": "Hi", "top_p": 0.0}, "'top_p' is 0, outside"),
 ])
