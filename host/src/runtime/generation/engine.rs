@@ -22,7 +22,7 @@ use super::{
     kv_buffer::CacheNames,
     kv_store::{CacheShape, Joining, KvStore, Part, Prefilled, Seq},
     prefix_cache::{self, Hit, PrefixCache},
-    sampling::{self, Sampler, SamplingParams},
+    sampling::{self, PromptLogProbs, Sampler, SamplingParams},
     stats::GenerationStats,
     stop::StopStrings,
     token_rules::TokenRules,
@@ -104,16 +104,6 @@ pub struct Step {
     /// On the first step, when the request asked: how likely the model found each prompt
     /// token.
     pub prompt: Option<PromptLogProbs>,
-}
-
-/// Each prompt token's log-probability given the tokens before it, as a prefill over the
-/// whole prompt scores it.
-#[derive(Debug, Clone, Default)]
-pub struct PromptLogProbs {
-    /// Per prompt token; the first has none (NaN).
-    pub log_probs: Vec<f32>,
-    /// Per prompt token, the likeliest tokens at its position (none for the first).
-    pub top: Vec<Vec<(u32, f32)>>,
 }
 
 /// A request handed to the engine.
@@ -526,23 +516,14 @@ impl Worker {
             let mut row_logits = values[at..at + vocab].to_vec();
             let whole = positions > 1 || sub.prompt.len() == 1;
             let prompt_log_probs = (sub.prompt_log_probs && hit.is_none() && whole).then(|| {
-                let mut scored = PromptLogProbs {
-                    log_probs: vec![f32::NAN],
-                    top: vec![Vec::new()],
-                };
-                for (i, &token) in sub.prompt.iter().enumerate().skip(1) {
-                    let p = self
-                        .store
-                        .prompt_position(positions, sub.prompt.len(), i - 1);
-                    let at = (r * positions + p) * vocab;
-                    let (lp, top) = values.get(at..at + vocab).map_or_else(
-                        || (f32::NAN, Vec::new()),
-                        |l| sampling::scored(l, token as u32, sub.top_log_probs),
-                    );
-                    scored.log_probs.push(lp);
-                    scored.top.push(top);
-                }
-                scored
+                // The logits after prompt token i score token i + 1.
+                let store = &self.store;
+                sampling::score_prompt(&sub.prompt, sub.top_log_probs, |i| {
+                    let at = (r * positions
+                        + store.prompt_position(positions, sub.prompt.len(), i))
+                        * vocab;
+                    values.get(at..at + vocab)
+                })
             });
             let rules = std::mem::take(&mut sub.rules);
             let mut row = Row {

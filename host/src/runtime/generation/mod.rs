@@ -37,9 +37,10 @@ use bytes::Bytes;
 use ort::{session::Session, value::ValueType};
 
 use self::{
-    engine::{DecoderSpec, Engine, EngineLimits, Finish, PromptLogProbs, Submission},
+    engine::{DecoderSpec, Engine, EngineLimits, Finish, Submission},
     guided::Guides,
     request::{parse, timeout_of, Settings},
+    sampling::PromptLogProbs,
     stats::GenerationStats,
     stop::{StopStrings, TokenBytes},
     token_rules::{BannedWords, TokenRules},

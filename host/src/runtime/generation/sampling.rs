@@ -210,9 +210,41 @@ impl Sampler {
     }
 }
 
+/// Each prompt token's log-probability given the tokens before it, as a prefill over the
+/// whole prompt scores it.
+#[derive(Debug, Clone, Default)]
+pub struct PromptLogProbs {
+    /// Per prompt token; the first has none (NaN).
+    pub log_probs: Vec<f32>,
+    /// Per prompt token, the likeliest tokens at its position (none for the first).
+    pub top: Vec<Vec<(u32, f32)>>,
+}
+
+/// Scores each token of `prompt` by the logits after the token before it (`logits_after(i)`:
+/// the row after token `i`), with the `k` likeliest tokens at each position.
+pub fn score_prompt<'a>(
+    prompt: &[i64],
+    k: usize,
+    logits_after: impl Fn(usize) -> Option<&'a [f32]>,
+) -> PromptLogProbs {
+    let mut scores = PromptLogProbs {
+        log_probs: vec![f32::NAN],
+        top: vec![Vec::new()],
+    };
+    for (i, &token) in prompt.iter().enumerate().skip(1) {
+        let (log_prob, top) = logits_after(i - 1).map_or_else(
+            || (f32::NAN, Vec::new()),
+            |logits| scored(logits, token as u32, k),
+        );
+        scores.log_probs.push(log_prob);
+        scores.top.push(top);
+    }
+    scores
+}
+
 /// The model's own natural-log probability of `token` under `logits` (no penalty, rule or
 /// temperature) and the `k` likeliest tokens with theirs: what a prompt token is scored with.
-pub fn scored(logits: &[f32], token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
+fn scored(logits: &[f32], token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
     let total = log_sum_exp(logits);
     let log_prob = logits
         .get(token as usize)
@@ -277,6 +309,26 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         vec![0.1, 2.0, 1.9, -1.0, 0.5, 1.0]
+    }
+
+    #[test]
+    fn a_prompt_is_scored_token_by_token_from_the_logits_before_each() {
+        // Rows after tokens 0 and 1: uniform over 4, then sure of token 3.
+        let rows = [vec![0.0f32; 4], vec![-100.0, -100.0, -100.0, 0.0]];
+        let scores = score_prompt(&[2, 1, 3], 2, |i| rows.get(i).map(Vec::as_slice));
+        assert!(scores.log_probs[0].is_nan() && scores.top[0].is_empty());
+        assert!((scores.log_probs[1] - 0.25f32.ln()).abs() < 1e-6);
+        assert!(scores.log_probs[2].abs() < 1e-6);
+        assert_eq!(
+            scores.top[1].iter().map(|t| t.0).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        assert_eq!(scores.top[2][0].0, 3);
+        // A position the run did not answer is unscored rather than wrong.
+        let short = score_prompt(&[2, 1, 3], 0, |i| {
+            rows.get(i).filter(|_| i == 0).map(Vec::as_slice)
+        });
+        assert!(short.log_probs[2].is_nan());
     }
 
     #[test]
