@@ -88,6 +88,27 @@ def test_openai_fields_are_bounded(server, body, param, message):
     still_generates(server)
 
 
+@pytest.mark.parametrize("body,param,message", [
+    # Prompts: a list is bounded, and so is every prompt (token ids against the vocabulary and
+    # the context, which bounds the work of scoring them too).
+    ({"prompt": ["p"] * 10_000}, "prompt", "'prompt' lists 10000 prompts; it must list 1 to 32"),
+    ({"prompt": [[1]] * 33}, "prompt", "'prompt' lists 33 prompts"),
+    ({"prompt": ["p"] * 32, "n": 16}, "n", "ask for 512 sequences; one request may start at most 64"),
+    ({"prompt": [7] * 200_000, "echo": True, "logprobs": 5}, None, "max_sequence_length"),
+    ({"prompt": [2**31 - 1, 5]}, None, "'prompt_ids' item 0 is 2147483647"),
+    ({"prompt": [-1]}, "prompt", "not a token id"),
+    ({"prompt": [1.5]}, "prompt", "not a token id"),
+])
+def test_completion_prompts_are_bounded(server, body, param, message):
+    request = {"model": "smollm2", "max_tokens": 2} | body
+    status, answer = raw(server.http, "POST", "/v1/completions", request)
+    assert status == 400, answer
+    assert message in answer["error"]["message"], answer
+    if param:
+        assert answer["error"]["param"] == param, answer
+    still_generates(server)
+
+
 def test_embedding_lists_are_bounded(server):
     status, answer = raw(server.http, "POST", "/v1/embeddings",
                          {"model": "embed_text", "input": ["x"] * 50_000})
