@@ -712,7 +712,11 @@ impl ModelInstance for GenerationInstance {
             _ => None,
         };
         let prompt_tokens = parsed.prompt.len();
-        let prompt_ids = parsed.prompt.clone();
+        // Kept only to spell a scored prompt (its scores come back without the ids).
+        let prompt_ids = match parsed.prompt_log_probs {
+            true => parsed.prompt.clone(),
+            false => Vec::new(),
+        };
         let prompt: Vec<u32> = if parsed.include_prompt && !parsed.stream {
             parsed.prompt.iter().map(|&t| t as u32).collect()
         } else {
