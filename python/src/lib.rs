@@ -18,7 +18,10 @@ use pyo3::{
 };
 use wasmtron::{
     error::{Code, Error},
-    frontends::listeners::{Endpoint, ListenerOptions, Listeners},
+    frontends::{
+        listeners::{Endpoint, ListenerOptions, Listeners},
+        restricted::Restrictions,
+    },
     inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
     repository::remote::open_repositories,
     runtime::RuntimeOptions,
@@ -199,9 +202,12 @@ impl CoreServer {
     }
 
     /// Loads the repository and starts serving in this process; with ports (0: a free one),
-    /// also opens the HTTP, gRPC and metrics listeners on `address`. Started twice, the
-    /// second call does nothing (and refuses ports).
-    #[pyo3(signature = (http_port=None, grpc_port=None, metrics_port=None, address="127.0.0.1"))]
+    /// also opens the HTTP, gRPC and metrics listeners on `address`, with API groups that
+    /// need a header (`--http-restricted-api`, `--grpc-restricted-protocol` values). Started
+    /// twice, the second call does nothing (and refuses ports).
+    #[pyo3(signature = (http_port=None, grpc_port=None, metrics_port=None, address="127.0.0.1",
+                        http_restricted_api=Vec::new(), grpc_restricted_protocol=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
     fn start(
         &mut self,
         py: Python<'_>,
@@ -209,6 +215,8 @@ impl CoreServer {
         grpc_port: Option<u16>,
         metrics_port: Option<u16>,
         address: &str,
+        http_restricted_api: Vec<String>,
+        grpc_restricted_protocol: Vec<String>,
     ) -> PyResult<()> {
         if self.server.is_some() {
             if http_port.is_some() || grpc_port.is_some() || metrics_port.is_some() {
@@ -221,11 +229,22 @@ impl CoreServer {
         let mut options = self.options.clone();
         let repositories = self.repositories.clone();
         let endpoint = |port: Option<u16>| port.map(|p| Endpoint::new(address, p));
+        let http_restrictions =
+            Restrictions::parse(&http_restricted_api, "http_restricted_api", "")
+                .map_err(InvalidArgumentError::new_err)?;
+        let grpc_restrictions = Restrictions::parse(
+            &grpc_restricted_protocol,
+            "grpc_restricted_protocol",
+            "triton-grpc-protocol-",
+        )
+        .map_err(InvalidArgumentError::new_err)?;
         let listening = ListenerOptions {
             http: endpoint(http_port),
             grpc: endpoint(grpc_port),
             metrics: endpoint(metrics_port),
             tenancy: self.tenancy.clone(),
+            http_restrictions,
+            grpc_restrictions,
             ..Default::default()
         };
         let any =

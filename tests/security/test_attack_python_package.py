@@ -46,3 +46,59 @@ def test_a_bound_function_needs_a_plain_name(server):
         with pytest.raises(wasmtron.InvalidArgumentError, match="invalid model name"):
             server.bind(name, lambda x: {"y": x}, inputs=[Tensor("x", np.float32, (1,))],
                         outputs=[Tensor("y", np.float32, (1,))])
+
+
+def pytriton(**config):
+    from wasmtron.pytriton.triton import Triton, TritonConfig
+    return Triton(config=TritonConfig(http_port=0, grpc_port=0, metrics_port=0, **config))
+
+
+def status_of(address, path, headers=None):
+    import http.client
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", path, body=b"{}", headers=headers or {})
+    response = conn.getresponse()
+    response.read()
+    return response.status
+
+
+def test_pytriton_listens_on_loopback_with_its_admin_apis_behind_a_token():
+    # PyTriton's tritonserver listens on 0.0.0.0; the drop-in binds loopback unless told, and
+    # protects the admin APIs with a token as PyTriton 0.7 does.
+    with pytriton() as triton:
+        addresses = triton.addresses
+        assert {a.rsplit(":", 1)[0] for a in addresses.values()} == {"127.0.0.1"}, addresses
+        token = triton.get_access_token()
+        assert token
+        assert status_of(addresses["http"], "/v2/repository/index") == 403
+        assert status_of(addresses["http"], "/v2/repository/index",
+                         {"triton-access-token": "wrong"}) == 403
+        assert status_of(addresses["http"], "/v2/repository/index",
+                         {"triton-access-token": token}) == 200
+
+
+def test_pytriton_security_config_is_honoured():
+    from wasmtron.pytriton.exceptions import PyTritonValidationError
+    from wasmtron.pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+    config = TritonConfig(http_port=0, grpc_port=0, metrics_port=0)
+    with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=[])) as t:
+        assert status_of(t.addresses["http"], "/v2/repository/index") == 200
+    secured = TritonSecurityConfig(access_token="s3cret", restricted_endpoints=["inference"])
+    with Triton(config=config, security_config=secured) as t:
+        assert status_of(t.addresses["http"], "/v2/models/none/infer") == 403
+        assert status_of(t.addresses["http"], "/v2/repository/index") == 200
+    with pytest.raises(PyTritonValidationError, match="Invalid endpoint names: bogus"):
+        TritonSecurityConfig(restricted_endpoints=["bogus"])
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("grpc_use_ssl", True, "TLS is not served"),
+    ("grpc_server_cert", "/tmp/cert.pem", "TLS is not served"),
+    ("allow_sagemaker", True, "SageMaker endpoint is not served"),
+    ("http_header_forward_pattern", ".*", "not forwarded to models"),
+])
+def test_pytriton_security_options_it_does_not_serve_are_refused_by_name(field, value, says):
+    from wasmtron.pytriton.exceptions import PyTritonBadParameterError
+    with pytest.raises(PyTritonBadParameterError, match=f"TritonConfig.{field} is set.*{says}"):
+        pytriton(**{field: value})

@@ -149,7 +149,8 @@ class Server:
     def start(self, wait_until_ready: bool = False, polling_interval: float = 0.1,
               timeout: Optional[float] = None, http_port: Optional[int] = None,
               grpc_port: Optional[int] = None, metrics_port: Optional[int] = None,
-              address: str = "127.0.0.1") -> "Server":
+              address: str = "127.0.0.1", http_restricted_api: Sequence[str] = (),
+              grpc_restricted_protocol: Sequence[str] = ()) -> "Server":
         """Loads the repository (as the control mode says) and starts serving; returns the
         server. Load errors of single models do not fail the start (see :meth:`models`);
         with ``wait_until_ready`` a server that is not ready raises :class:`UnavailableError`
@@ -158,11 +159,14 @@ class Server:
 
         With ``http_port``, ``grpc_port`` or ``metrics_port`` (0: a free port) the same server
         also listens on ``address`` for remote callers (KServe v2 over HTTP and gRPC,
-        Prometheus metrics); :attr:`addresses` says where."""
+        Prometheus metrics); :attr:`addresses` says where. ``http_restricted_api`` and
+        ``grpc_restricted_protocol`` take the values of Triton's flags of those names
+        (``<api>,<api>,...:<header>=<value>``): those API groups then need the header."""
         if self._core is not None:
             raise InvalidArgumentError("Server already started")
         core = self._make_core()
-        core.start(http_port, grpc_port, metrics_port, address)
+        core.start(http_port, grpc_port, metrics_port, address, list(http_restricted_api),
+                   list(grpc_restricted_protocol))
         self._core = core
         # Garbage-collected or at interpreter exit: drain and stop while Python still runs
         # (bound functions need the interpreter to finish what was accepted).

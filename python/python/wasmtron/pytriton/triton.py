@@ -1,15 +1,23 @@
-"""PyTriton's ``Triton`` and ``TritonConfig``, served by the wasmtron server in this process.
+"""PyTriton's ``Triton``, ``TritonConfig`` and ``TritonSecurityConfig``, served by the wasmtron
+server in this process.
 
-``with Triton() as triton: triton.bind(...); triton.serve()`` listens where PyTriton's
-``tritonserver`` would (HTTP 8000, gRPC 8001, metrics 8002 on 0.0.0.0 unless the config or the
-``PYTRITON_TRITON_CONFIG_<FIELD>`` environment variables say otherwise) and serves the bound
-callables through wasmtron's scheduler: the dynamic batcher joins requests, each callable of
-``infer_func=[f, g]`` is one execution instance.
+``with Triton() as triton: triton.bind(...); triton.serve()`` listens on PyTriton's ports (HTTP
+8000, gRPC 8001, metrics 8002) and serves the bound callables through wasmtron's scheduler: the
+dynamic batcher joins requests, each callable of ``infer_func=[f, g]`` is one execution
+instance.
+
+Safer defaults than ``tritonserver``'s: the listeners bind the loopback address (127.0.0.1)
+unless ``http_address`` / ``grpc_address`` (or ``PYTRITON_TRITON_CONFIG_<FIELD>``) say
+otherwise, and, as PyTriton 0.7 does, the admin APIs (shared memory, model repository,
+statistics, trace, logging) need the ``triton-access-token`` header unless a
+``TritonSecurityConfig`` says otherwise. A ``TritonConfig`` security option this server does not
+serve (TLS, SageMaker, Vertex AI, header forwarding) is refused naming it, never ignored.
 """
 import dataclasses
 import inspect
 import json
 import os
+import secrets
 import signal
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Union
@@ -23,14 +31,69 @@ from .exceptions import (PyTritonBadParameterError, PyTritonInvalidOperationErro
                          PyTritonValidationError)
 from .model_config import ModelConfig, Tensor, dynamic_batching
 
-__all__ = ["Triton", "TritonConfig"]
+__all__ = ["Triton", "TritonConfig", "TritonSecurityConfig"]
+
+#: The address the listeners bind when the config names none (``tritonserver``: 0.0.0.0).
+DEFAULT_ADDRESS = "127.0.0.1"
+
+#: The header that carries ``TritonSecurityConfig.access_token``, as PyTriton names it.
+TRITON_ACCESS_HEADER = "triton-access-token"
+
+#: The API groups ``TritonSecurityConfig.restricted_endpoints`` may name.
+VALID_TRITON_ENDPOINTS = {
+    "health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
+    "statistics", "trace", "logging",
+}
+
+#: The groups protected by default (PyTriton 0.7's).
+DEFAULT_PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "statistics", "trace", "logging"]
+
+#: ``TritonConfig`` fields that configure something this server does not serve, and why: set,
+#: they are refused (an option that silently did nothing would leave a server open that its
+#: user thinks closed).
+_NOT_SERVED = {
+    "grpc_use_ssl": "TLS is not served by wasmtron.pytriton: terminate TLS in front of it",
+    "grpc_use_ssl_mutual": "TLS is not served by wasmtron.pytriton: terminate TLS in front of it",
+    "grpc_server_cert": "TLS is not served by wasmtron.pytriton: terminate TLS in front of it",
+    "grpc_server_key": "TLS is not served by wasmtron.pytriton: terminate TLS in front of it",
+    "grpc_root_cert": "TLS is not served by wasmtron.pytriton: terminate TLS in front of it",
+    "allow_sagemaker": "the SageMaker endpoint is not served",
+    "sagemaker_port": "the SageMaker endpoint is not served",
+    "allow_vertex_ai": "the Vertex AI endpoint is not served",
+    "vertex_ai_port": "the Vertex AI endpoint is not served",
+    "http_header_forward_pattern": "request headers are not forwarded to models as parameters",
+    "grpc_header_forward_pattern": "request metadata is not forwarded to models as parameters",
+}
+
+
+@dataclasses.dataclass
+class TritonSecurityConfig:
+    """Token-based restriction of API groups, as PyTriton's: the ``restricted_endpoints``
+    (default: the admin APIs) need the ``triton-access-token`` header holding
+    ``access_token`` (generated when not given), over HTTP and gRPC. An empty list restricts
+    nothing."""
+    access_token: Optional[str] = None
+    restricted_endpoints: Optional[List[str]] = None
+
+    def __post_init__(self):
+        if self.restricted_endpoints is None:
+            self.restricted_endpoints = list(DEFAULT_PROTECTED_ENDPOINTS)
+        invalid = set(self.restricted_endpoints) - VALID_TRITON_ENDPOINTS
+        if invalid:
+            raise PyTritonValidationError(
+                f"Invalid endpoint names: {', '.join(sorted(invalid))}. Valid endpoints are: "
+                f"{', '.join(sorted(VALID_TRITON_ENDPOINTS))}")
+        if self.access_token is None and self.restricted_endpoints:
+            self.access_token = secrets.token_urlsafe(32)
 
 
 @dataclasses.dataclass
 class TritonConfig:
     """Server settings, as PyTriton's. The listeners' fields (``allow_*``, ``*_address``,
-    ``*_port``), ``strict_readiness`` and ``exit_timeout_secs`` are honoured; the other fields
-    are accepted for compatibility and have no effect here."""
+    ``*_port``), ``http_restricted_api``, ``grpc_restricted_protocol``, ``strict_readiness``
+    and ``exit_timeout_secs`` are honoured; TLS, SageMaker, Vertex AI and header forwarding
+    are refused when set; the other fields (threads, logging, caches) are accepted for
+    compatibility and have no effect here."""
     id: Optional[str] = None
     model_repository: Optional[str] = None
     log_verbose: Optional[int] = None
@@ -192,8 +255,15 @@ class Triton:
     (blocking until ``stop``, SIGINT or SIGTERM) or use it as a context manager."""
 
     def __init__(self, *, config: Optional[TritonConfig] = None, workspace=None,
-                 triton_lifecycle_policy=None, security_config=None):
+                 triton_lifecycle_policy=None,
+                 security_config: Optional[TritonSecurityConfig] = None):
         self._config = _merged(config)
+        for field, why in _NOT_SERVED.items():
+            value = getattr(self._config, field)
+            if value not in (None, False):
+                raise PyTritonBadParameterError(
+                    f"TritonConfig.{field} is set, but {why}; leave it unset")
+        self._security = security_config or TritonSecurityConfig()
         self._server: Optional[Server] = None
         self._pending: List[tuple] = []
         self._stopped = threading.Event()
@@ -201,12 +271,30 @@ class Triton:
 
     def _listeners(self) -> Dict[str, object]:
         c = self._config
+        addresses = {a for a in (c.http_address, c.grpc_address, c.metrics_address) if a}
+        if len(addresses) > 1:
+            raise PyTritonBadParameterError(
+                "TritonConfig.http_address, grpc_address and metrics_address differ "
+                f"({', '.join(sorted(addresses))}); wasmtron.pytriton listens on one address")
+        # As PyTriton does: the security config's restriction replaces the config's own.
+        http_restricted = [c.http_restricted_api] if c.http_restricted_api else []
+        grpc_restricted = [c.grpc_restricted_protocol] if c.grpc_restricted_protocol else []
+        s = self._security
+        if s.access_token and s.restricted_endpoints:
+            value = f"{','.join(s.restricted_endpoints)}:{TRITON_ACCESS_HEADER}={s.access_token}"
+            http_restricted, grpc_restricted = [value], [value]
         return {
             "http_port": None if c.allow_http is False else (8000 if c.http_port is None else c.http_port),
             "grpc_port": None if c.allow_grpc is False else (8001 if c.grpc_port is None else c.grpc_port),
             "metrics_port": None if c.allow_metrics is False else (8002 if c.metrics_port is None else c.metrics_port),
-            "address": c.http_address or c.grpc_address or "0.0.0.0",
+            "address": addresses.pop() if addresses else DEFAULT_ADDRESS,
+            "http_restricted_api": http_restricted,
+            "grpc_restricted_protocol": grpc_restricted,
         }
+
+    def get_access_token(self) -> Optional[str]:
+        """The token the restricted API groups need (``triton-access-token`` header)."""
+        return self._security.access_token
 
     def bind(self, model_name: str, infer_func: Union[Callable, Sequence[Callable]],
              inputs: Sequence[Tensor], outputs: Sequence[Tensor], model_version: int = 1,
