@@ -60,6 +60,35 @@ pub fn check_private(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// [`check_private`] on a directory already open (`path` names it in errors): the check holds
+/// for the directory the descriptor refers to, whatever happens to the path afterwards.
+pub fn check_private_fd(fd: &impl std::os::fd::AsFd, path: &Path) -> io::Result<()> {
+    let stat = rustix::fs::fstat(fd)?;
+    let refuse = |why: String| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("'{}' is not a private directory: {why}", path.display()),
+        )
+    };
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Directory {
+        return Err(refuse("it is not a directory".into()));
+    }
+    if stat.st_uid != euid() {
+        return Err(refuse(format!(
+            "it belongs to user {} (the server runs as {})",
+            stat.st_uid,
+            euid()
+        )));
+    }
+    if stat.st_mode & 0o022 != 0 {
+        return Err(refuse(format!(
+            "its mode {:o} lets others write in it",
+            stat.st_mode & 0o7777
+        )));
+    }
+    Ok(())
+}
+
 /// Opens an existing regular file for reading without following a link at its last component,
 /// and checks that this user owns it.
 pub fn open_owned_file(path: &Path) -> io::Result<File> {

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import tritonclient.http as httpclient
 
-from attack import ROOT, Server
+from attack import ROOT, Server, raw
 
 X = np.arange(4, dtype=np.float32).reshape(1, 4)
 
@@ -81,5 +81,43 @@ def test_a_private_cache_is_used_and_planted_links_in_it_are_ignored(tmp_path):
     try:
         echoes(s)
         assert logged(s, "ignoring a compiled component"), "".join(s.log[-20:])
+    finally:
+        s.stop()
+
+
+def test_a_cache_swapped_for_a_link_after_start_is_not_followed(tmp_path):
+    # The cache is opened once, as a directory, and every later read, write, rename and removal
+    # is relative to that open directory: a local user who swaps the path for a link to a
+    # victim's folder while the server runs (while a stage compiles, say) steers nothing there.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(os.path.join(ROOT, "tests", "models", "probe"), repo / "probe")
+    shutil.copytree(os.path.join(ROOT, "tests", "models", "probe"), repo / "probe2")
+    # Other bytes (a custom section at the end), so that the second stage compiles anew.
+    with open(repo / "probe2" / "1" / "model.wasm", "ab") as f:
+        f.write(bytes([0, 4, 2]) + b"wtx")
+    cache = tmp_path / "cache"
+    s = Server(str(repo), "--wasm-cache-dir", str(cache), "--wasm-cache-max-mb", "0",
+               "--model-control-mode", "explicit", "--load-model", "probe")
+    try:
+        echoes(s)
+        first = [n for n in os.listdir(cache) if n.endswith(".cwasm")]
+        assert len(first) == 1, os.listdir(cache)
+        moved = tmp_path / "moved"
+        os.rename(cache, moved)
+        victim = tmp_path / "victim"
+        victim.mkdir(mode=0o700)
+        (victim / "precious.cwasm").write_bytes(b"x" * 4096)
+        (victim / "keep.txt").write_text("precious")
+        cache.symlink_to(victim)
+        status, body = raw(s.http, "POST", "/v2/repository/models/probe2/load", {})
+        assert status == 200, body
+        # The new entry went into the directory that was opened, and pruning (a bound of 0
+        # keeps only the newest) removed the old one there; the victim's files are untouched.
+        assert sorted(os.listdir(victim)) == ["keep.txt", "precious.cwasm"]
+        assert (victim / "precious.cwasm").read_bytes() == b"x" * 4096
+        now = [n for n in os.listdir(moved) if n.endswith(".cwasm")]
+        assert len(now) == 1 and now != first, (first, now)
+        echoes(s)
     finally:
         s.stop()

@@ -136,8 +136,8 @@ pub fn load_component(
     let wasm = std::fs::read(wasm_path)
         .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", wasm_path.display())))?;
     let cached = cache.map(|cache| (cache, cache.entry(engine, &wasm)));
-    if let Some((cache, path)) = &cached {
-        if let Some(component) = cache.load(engine, path) {
+    if let Some((cache, entry)) = &cached {
+        if let Some(component) = cache.load(engine, entry) {
             return Ok((component, CompileSource::Cache));
         }
     }
@@ -147,9 +147,9 @@ pub fn load_component(
             wasm_path.display()
         ))
     })?;
-    if let Some((cache, path)) = cached {
-        if let Err(e) = cache.store(&component, &path) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot cache the compiled component");
+    if let Some((cache, entry)) = cached {
+        if let Err(e) = cache.store(&component, &entry) {
+            tracing::warn!(path = %cache.shown(&entry).display(), error = %e, "cannot cache the compiled component");
         }
     }
     Ok((component, CompileSource::Compiled))

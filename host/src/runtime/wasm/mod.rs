@@ -582,7 +582,7 @@ pub fn load(
                 .unwrap_or(compile_cache::DEFAULT_MAX_BYTES),
         )
     });
-    let (component, source) = engine::load_component(engine, &path, cache.as_ref())
+    let (component, source) = engine::load_component(engine, &path, cache.as_deref())
         .map_err(|e| Error::invalid(format!("model '{name}': {}", e.message)))?;
     let how = match source {
         engine::CompileSource::Cache => "loaded from cache",
