@@ -92,6 +92,9 @@ pub struct InferRequest {
     /// The request's trace span: its steps and executions are traced as its children.
     /// Disabled (the default) when the request is not traced.
     pub trace: Trace,
+    /// Cancelled when nobody waits for the answer any more (the server sets it when the
+    /// caller's wait is dropped); the work checks it and stops.
+    pub cancel: crate::cancellation::Cancellation,
 }
 
 impl InferRequest {
@@ -222,27 +225,54 @@ impl PartialEq for StepDurations {
 }
 
 /// The sending end of a decoupled request's response stream (outputs of one response each).
-/// Bounded: a model that produces faster than its client reads waits.
+/// Bounded: a model that produces faster than its client reads waits, but only up to the
+/// stream's stall deadline: a reader that takes nothing for that long (a client that stopped
+/// reading, an HTTP/2 window left at zero) has its request cancelled, so that it cannot hold
+/// an instance, a batch row or memory for longer.
 #[derive(Clone)]
-pub struct ResponseSink(tokio::sync::mpsc::Sender<Vec<Tensor>>);
+pub struct ResponseSink {
+    tx: tokio::sync::mpsc::Sender<Vec<Tensor>>,
+    stall: std::time::Duration,
+}
 
 impl ResponseSink {
-    /// A sink and its receiving end, holding up to `capacity` unread responses.
-    pub fn channel(capacity: usize) -> (Self, tokio::sync::mpsc::Receiver<Vec<Tensor>>) {
+    /// A sink and its receiving end, holding up to `capacity` unread responses; a send waits
+    /// at most `stall` for room.
+    pub fn channel(
+        capacity: usize,
+        stall: std::time::Duration,
+    ) -> (Self, tokio::sync::mpsc::Receiver<Vec<Tensor>>) {
         let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
-        (Self(tx), rx)
+        (Self { tx, stall }, rx)
+    }
+
+    /// How long a send waits for the reader before the request is cancelled.
+    pub fn stall(&self) -> std::time::Duration {
+        self.stall
+    }
+
+    fn stalled(&self) -> crate::error::Error {
+        crate::error::Error::new(
+            crate::error::Code::Cancelled,
+            format!(
+                "the client read none of its responses for {} ms (--response-stall-timeout-secs): \
+                 the request was cancelled",
+                self.stall.as_millis()
+            ),
+        )
     }
 
     /// Sends one response from a model worker thread (never the async runtime), waiting while
-    /// the stream is full but not past `deadline`.
+    /// the stream is full, but not past `deadline` nor past the stall deadline.
     pub fn send_blocking(
         &self,
         mut outputs: Vec<Tensor>,
         deadline: Option<std::time::Instant>,
     ) -> crate::error::Result<()> {
         use tokio::sync::mpsc::error::TrySendError;
+        let stalled_at = std::time::Instant::now() + self.stall;
         loop {
-            match self.0.try_send(outputs) {
+            match self.tx.try_send(outputs) {
                 Ok(()) => return Ok(()),
                 Err(TrySendError::Closed(_)) => {
                     return Err(crate::error::Error::new(
@@ -251,10 +281,14 @@ impl ResponseSink {
                     ))
                 }
                 Err(TrySendError::Full(back)) => {
-                    if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    let now = std::time::Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
                         return Err(crate::error::Error::unavailable(
                             "the client does not read its responses",
                         ));
+                    }
+                    if now >= stalled_at {
+                        return Err(self.stalled());
                     }
                     outputs = back;
                     std::thread::sleep(std::time::Duration::from_millis(1));
@@ -262,19 +296,23 @@ impl ResponseSink {
             }
         }
     }
-}
 
-impl ResponseSink {
     /// Whether the receiving end has gone (the client left).
     pub fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.tx.is_closed()
     }
 
-    /// Sends one response from async code, waiting while the stream is full.
+    /// Sends one response from async code, waiting while the stream is full, but not past
+    /// the stall deadline.
     pub async fn send(&self, outputs: Vec<Tensor>) -> crate::error::Result<()> {
-        self.0.send(outputs).await.map_err(|_| {
-            crate::error::Error::new(crate::error::Code::Cancelled, "the client has gone away")
-        })
+        match tokio::time::timeout(self.stall, self.tx.send(outputs)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(crate::error::Error::new(
+                crate::error::Code::Cancelled,
+                "the client has gone away",
+            )),
+            Err(_) => Err(self.stalled()),
+        }
     }
 }
 
@@ -286,7 +324,7 @@ impl std::fmt::Debug for ResponseSink {
 
 impl PartialEq for ResponseSink {
     fn eq(&self, other: &Self) -> bool {
-        self.0.same_channel(&other.0)
+        self.tx.same_channel(&other.tx)
     }
 }
 

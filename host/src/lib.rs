@@ -2,7 +2,8 @@
 //!
 //! The crate is layered, and each layer only calls the ones below it:
 //!
-//! 1. foundation: [`error`], [`tensor`], [`inference`], [`limits`], [`proto`] — shared vocabulary;
+//! 1. foundation: [`error`], [`tensor`], [`inference`], [`cancellation`], [`limits`], [`proto`] —
+//!    shared vocabulary;
 //!    [`names`] (the one check of names from requests), [`private_dir`] (directories the
 //!    server owns) and [`tenancy`] (tenants, keys, permissions, quotas);
 //! 2. [`repository`] — model repositories on disk and in object storage, `config.pbtxt`;
@@ -16,6 +17,7 @@
 //! `host/README.md` says where each concept lives and how a request walks through the layers.
 #![deny(missing_docs)]
 
+pub mod cancellation;
 pub mod error;
 pub mod frontends;
 pub mod inference;

@@ -125,6 +125,10 @@ struct Cli {
     /// Requests each model version may queue before answering UNAVAILABLE.
     #[arg(long, default_value_t = 1024)]
     model_queue_capacity: usize,
+    /// Seconds a streamed response (server-sent events, a gRPC stream) waits for a client
+    /// that reads nothing before its request is cancelled and its resources freed.
+    #[arg(long, default_value_t = ServerOptions::default().response_stall_timeout.as_secs())]
+    response_stall_timeout_secs: u64,
     /// Compress gRPC inference responses (gzip) for clients that accept it. Off by default,
     /// as in Triton: stock clients always offer gzip, and compressing large tensors costs more
     /// CPU than loopback or LAN transfer saves. low, medium and high all mean gzip here.
@@ -432,6 +436,7 @@ async fn server_options(cli: &Cli, tenancy: Option<Arc<Tenancy>>) -> anyhow::Res
             max_string_bytes: cli.max_string_bytes,
             max_json_depth: cli.max_json_depth,
         },
+        response_stall_timeout: Duration::from_secs(cli.response_stall_timeout_secs.max(1)),
         ..ServerOptions::default()
     }
     .with_tenancy(tenancy, cli.execution_slots))

@@ -133,3 +133,16 @@ def test_prompts_arriving_together_prefill_their_shared_part_once(server):
         t.join(600)
     assert answers == cold
     assert hits(server, "smol_cached") - before >= 2 * shared
+
+
+def test_a_tenant_cannot_evict_another_tenants_prompts(server):
+    # The tiny decoder's budget is 128 tokens: each of the two tenants keeps 64. Tenant b's
+    # prompt stays cached however many prompts tenant a sends (a's newest replace a's oldest),
+    # so a can neither evict it nor learn from its own entries going when b is busy.
+    prompt = list(range(100, 140))
+    generate(server, "tiny_tenant", prompt + [200], tenant="b", max_tokens=2)
+    for i in range(6):
+        generate(server, "tiny_tenant", [250 + i] + list(range(150, 190)), tenant="a", max_tokens=2)
+    before = hits(server, "tiny_tenant")
+    generate(server, "tiny_tenant", prompt + [201], tenant="b", max_tokens=2)
+    assert hits(server, "tiny_tenant") - before == len(prompt)

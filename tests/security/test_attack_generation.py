@@ -69,8 +69,9 @@ def test_word_lists_are_bounded(server):
     ({"logprobs": True, "top_logprobs": 10**9}, "top_logprobs", "'top_logprobs' is 1000000000"),
     ({"logit_bias": {str(10**6 + i): 1 for i in range(20000)}}, None, "outside the vocabulary"),
     ({"stop": ["s"] * 500}, "stop", "up to 4 strings"),
-    # Guides are bounded in size (the grammar engine's own limits bound the work within).
-    ({"guided_json": {"enum": [f"value-{i}" * 10 for i in range(5000)]}}, None,
+    # Guides are bounded in size, named by their field before anything is compiled (the
+    # grammar engine's own limits bound the work within).
+    ({"guided_json": {"enum": [f"value-{i}" * 10 for i in range(5000)]}}, "guided_json",
      "more than 65536"),
     ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(500)]},
      "tools", "'tools' has 500 functions; at most 128"),
@@ -148,3 +149,60 @@ def test_hostile_guides_are_answered_within_bounds(server, constraint):
     if status == 200:
         assert answer["choices"][0]["message"]["content"] is not None
     still_generates(server)
+
+
+def lark_chain(rules):
+    """A Lark grammar of `rules` rules, each calling the next: what a recursive compiler
+    follows to its end."""
+    lines = ["start: r0"] + [f'r{i}: "a" r{i + 1} | "b"' for i in range(rules - 1)]
+    return "\n".join(lines + [f'r{rules - 1}: "z"'])
+
+
+def ref_chain(defs):
+    """A JSON schema whose `$ref`s chain through `defs` definitions."""
+    chain = {str(i): {"$ref": f"#/$defs/{i + 1}"} for i in range(defs)}
+    chain[str(defs)] = {"type": "integer"}
+    return {"$defs": chain, "$ref": "#/$defs/0"}
+
+
+@pytest.mark.parametrize("field,guide,says", [
+    # Before, each of these overflowed the decoder worker's stack and ended the process.
+    ("lark", lark_chain(2800), "it has 2801 rules, more than 1000"),
+    ("response_format", ref_chain(1500), "it has 1501 '$ref's, more than 1000"),
+    ("guided_json", ref_chain(1500), "it has 1501 '$ref's, more than 1000"),
+    ("guided_json", ref_chain(5000), "more than 65536"),
+])
+def test_deeply_recursive_guides_are_refused_naming_the_field(server, field, guide, says):
+    if field == "lark":
+        request = {"guided_decoding_guide_type": "lark", "guided_decoding_guide": guide}
+        status, answer = raw(server.http, "POST", "/v2/models/smollm2/generate",
+                             {"text_input": "hi", "max_tokens": 2, **request})
+        assert status == 400, answer
+        assert "guided_decoding_guide" in answer["error"] and says in answer["error"], answer
+    else:
+        body = ({"guided_json": guide} if field == "guided_json" else
+                {"response_format": {"type": "json_schema",
+                                     "json_schema": {"name": "chain", "schema": guide}}})
+        status, answer = raw(server.http, "POST", "/v1/chat/completions",
+                             {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": 2} | body)
+        assert status == 400, answer
+        assert says in answer["error"]["message"], answer
+        if "65536" in says:
+            assert answer["error"]["param"] == field, answer
+    still_generates(server)
+
+
+def test_a_guide_at_the_bound_compiles_on_a_deep_stack_and_is_followed(server):
+    # 1,000 chained Lark rules: deeper than a worker thread's stack allows, compiled on a
+    # thread whose stack holds it; the answer follows the grammar.
+    grammar = lark_chain(998)
+    status, answer = raw(server.http, "POST", "/v2/models/smollm2/generate",
+                         {"text_input": "Say something", "max_tokens": 8, "temperature": 0,
+                          "guided_decoding_guide_type": "lark", "guided_decoding_guide": grammar},
+                         timeout=300)
+    assert status == 200, answer
+    text = answer["text_output"]
+    assert set(text.replace("a", "")) <= {"b", "z"} and text.count("b") + text.count("z") <= 1, text
+    still_generates(server)
+

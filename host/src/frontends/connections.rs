@@ -42,6 +42,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+/// Requests one HTTP/2 connection may have open at once (HTTP and gRPC): a client cannot
+/// multiply its share of the server by opening streams instead of connections.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 200;
+
 /// How the listeners treat connections (`--http-header-timeout`, `--http-idle-timeout`,
 /// `--max-connections`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -438,7 +442,10 @@ async fn serve_connection(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
     if protocol == Protocol::Grpc {
         builder = builder.http2_only();
     }

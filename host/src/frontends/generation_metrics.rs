@@ -25,7 +25,7 @@ pub fn render(server: &Server) -> String {
     let labels =
         |name: &str, version: i64| format!("model=\"{}\",version=\"{version}\"", escape(name));
     type Read = fn(&GenerationStats) -> f64;
-    let scalars: [(&str, &str, &str, Read); 8] = [
+    let scalars: [(&str, &str, &str, Read); 9] = [
         (
             "vllm:num_requests_running",
             "gauge",
@@ -67,6 +67,13 @@ pub fn render(server: &Server) -> String {
             "counter",
             "Prefix cache hits, in terms of number of cached tokens.",
             |s| s.prefix_cache_hits.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:num_preemptions_total",
+            "counter",
+            "Cumulative number of preemptions (a sequence taken out of the batch for a party \
+             below its share of the rows).",
+            |s| s.preemptions.load(Relaxed) as f64,
         ),
         (
             "wasmtron:prefix_cache_tokens",

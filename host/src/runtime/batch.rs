@@ -67,6 +67,9 @@ pub fn merge(requests: &[&InferRequest]) -> InferRequest {
         deadline: requests.iter().filter_map(|r| r.deadline).min(),
         responses: None,
         callers: requests.iter().flat_map(|r| r.callers.clone()).collect(),
+        cancel: crate::cancellation::Cancellation::child_of_all(
+            requests.iter().map(|r| r.cancel.clone()),
+        ),
         ..Default::default()
     }
 }

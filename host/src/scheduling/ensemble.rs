@@ -400,7 +400,7 @@ impl Ensemble {
             .collect();
         self.run_steps(runner, &request, &before, &mut tensors, durations)
             .await?;
-        let (step_sink, mut produced) = crate::inference::ResponseSink::channel(16);
+        let (step_sink, mut produced) = crate::inference::ResponseSink::channel(16, sink.stall());
         let mut step_request = self.step_request(d, &request, &tensors, durations);
         step_request.responses = Some(step_sink);
         let answer = |outputs_of_step: Vec<Tensor>| {
@@ -517,6 +517,7 @@ impl Ensemble {
             trace: Trace(
                 crate::trace_span!(parent: &request.trace.0, "ensemble.step", model = %step.model),
             ),
+            cancel: request.cancel.child(),
         }
     }
 

@@ -66,13 +66,17 @@ pub struct ServerOptions {
     /// Executions that run at once while several tenants are active, divided among them by
     /// weight (`--execution-slots`; 0: no share).
     pub execution_slots: usize,
+    /// How long a streamed response waits for a reader that takes nothing before its request
+    /// is cancelled (`--response-stall-timeout-secs`).
+    pub response_stall_timeout: Duration,
 }
 
 impl Default for ServerOptions {
     /// The defaults of every entry point (the binary's flags, the Python package): no
     /// repository yet, everything loaded at start, strict readiness, batch size 4 for
     /// auto-completed models, compiled stages cached in the user's cache, 1,024 queued
-    /// requests per model, a poll every 15 s, the default request limits, no tenants.
+    /// requests per model, a poll every 15 s, the default request limits, no tenants, and
+    /// streamed requests cancelled after 10 s of a reader taking nothing.
     fn default() -> Self {
         Self {
             model_repositories: Vec::new(),
@@ -89,6 +93,7 @@ impl Default for ServerOptions {
             poll_interval: Duration::from_secs(15),
             limits: RequestLimits::default(),
             execution_slots: 0,
+            response_stall_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -131,20 +136,30 @@ impl ModelCaller for ServerCaller {
         }
         // Called on a model worker thread, never on the async runtime. The wait ends at the
         // caller's deadline even if the target never gets to the request (e.g. a cycle of
-        // stages calling each other with every instance busy).
-        let Some(deadline) = request.deadline else {
-            return self.runtime.block_on(server.infer(request));
-        };
+        // stages calling each other with every instance busy), and as soon as nobody waits
+        // for the caller's answer (dropping the call cancels the work it started).
         let model = request.model_name.clone();
-        self.runtime
-            .block_on(async {
-                tokio::time::timeout_at(deadline.into(), server.infer(request)).await
-            })
-            .unwrap_or_else(|_| {
-                Err(Error::unavailable(format!(
+        let cancel = request.cancel.clone();
+        let deadline = request.deadline;
+        self.runtime.block_on(async {
+            let expired = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                result = server.infer(request) => result,
+                () = cancel.cancelled() => Err(Error::new(
+                    crate::error::Code::Cancelled,
+                    format!("the call to model '{model}' was cancelled: nobody waits for the \
+                             calling stage's answer any more"),
+                )),
+                () = expired => Err(Error::unavailable(format!(
                     "model '{model}' did not answer before the calling stage's deadline"
-                )))
-            })
+                ))),
+            }
+        })
     }
 }
 
@@ -289,7 +304,17 @@ impl Server {
     /// Runs one inference: picks the version, checks the request, queues it. A tenant whose
     /// requests to the model keep failing in it is held back for a while (see
     /// [`crate::tenancy::Caller::check_backoff`]).
+    ///
+    /// Dropping the returned future before it ends cancels the request (its
+    /// [`InferRequest::cancel`]): the work stops wherever it is (see [`crate::cancellation`]).
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let waiting = request.cancel.cancel_on_drop();
+        let result = self.infer_for_callers(request).await;
+        waiting.disarm();
+        result
+    }
+
+    async fn infer_for_callers(&self, request: InferRequest) -> Result<InferResponse> {
         if request.callers.is_empty() {
             return self.run(request).await;
         }
@@ -400,7 +425,8 @@ impl Server {
         mut request: InferRequest,
     ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
         let (out, items) = tokio::sync::mpsc::channel(16);
-        let (sink, mut produced) = crate::inference::ResponseSink::channel(16);
+        let stall = self.options.response_stall_timeout;
+        let (sink, mut produced) = crate::inference::ResponseSink::channel(16, stall);
         request.responses = Some(sink);
         let server = self.clone();
         tokio::spawn(async move {
@@ -419,11 +445,14 @@ impl Server {
             let (name, id) = (request.model_name.clone(), request.id.clone());
             let final_response = server.infer(request);
             tokio::pin!(final_response);
+            // A reader that takes nothing for `stall` is treated as gone: returning drops the
+            // request's future, which cancels it.
+            let deliver = |item| tokio::time::timeout(stall, out.send(item));
             let result = loop {
                 tokio::select! {
                     Some(outputs) = produced.recv() => {
-                        if out.send(Ok(wrap(outputs, &name, &id))).await.is_err() {
-                            return; // the client left; dropping the request cancels it
+                        if !matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(()))) {
+                            return; // the client left or stopped reading
                         }
                     }
                     result = &mut final_response => break result,
@@ -434,12 +463,14 @@ impl Server {
             };
             // Everything sent during execution is queued ahead of the final response.
             while let Ok(outputs) = produced.try_recv() {
-                let _ = out.send(Ok(wrap(outputs, &name, &id))).await;
+                if !matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(()))) {
+                    return;
+                }
             }
             match result {
                 Ok(last) if last.outputs.is_empty() => {}
                 other => {
-                    let _ = out.send(other).await;
+                    let _ = deliver(other).await;
                 }
             }
         });

@@ -166,9 +166,31 @@ impl Caller {
     /// (429 / RESOURCE_EXHAUSTED) names the quota.
     pub fn admit(&self, bytes: usize) -> Result<Admission> {
         match self {
-            Caller::Anyone => Ok(Admission(None)),
+            Caller::Anyone => Ok(Admission::none()),
             Caller::Tenant(t) => t.admit(bytes),
         }
+    }
+
+    /// The largest request body the caller may send: its tenant's `max_request_bytes`, if it
+    /// has one. Frontends read bodies up to this (and refuse a larger `Content-Length` before
+    /// reading anything).
+    pub fn max_request_bytes(&self) -> Option<usize> {
+        match self {
+            Caller::Anyone => None,
+            Caller::Tenant(t) => t.limits.max_request_bytes,
+        }
+    }
+
+    /// The refusal of a request of `bytes` over [`Caller::max_request_bytes`].
+    pub fn request_too_large(&self, bytes: usize) -> Option<Error> {
+        let max = self.max_request_bytes()?;
+        (bytes > max).then(|| {
+            Error::resource_exhausted(format!(
+                "the request of {bytes} bytes is larger than tenant '{}' may send \
+                 (quotas.max_request_bytes = {max})",
+                self.tenant().unwrap_or_default()
+            ))
+        })
     }
 
     /// Starts accounting an inference request with `model` to the caller's tenant (nothing

@@ -52,15 +52,57 @@ pub(super) struct Bucket {
     pub(super) refilled: Instant,
 }
 
-/// An admitted inference request; dropping it gives its concurrency slot back.
+/// An admitted inference request; dropping it gives its concurrency slots back. A request
+/// that holds several sequences of a generation model (OpenAI's `n`, a list of prompts)
+/// holds one slot per sequence ([`Admission::widen`]).
 #[derive(Debug)]
-pub struct Admission(pub(super) Option<Arc<Tenant>>);
+pub struct Admission {
+    tenant: Option<Arc<Tenant>>,
+    units: usize,
+}
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        if let Some(t) = &self.0 {
-            t.live.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some(t) = &self.tenant {
+            t.live.in_flight.fetch_sub(self.units, Ordering::AcqRel);
         }
+    }
+}
+
+impl Admission {
+    /// The admission of a request that no quota counts (no tenants).
+    pub fn none() -> Self {
+        Self {
+            tenant: None,
+            units: 0,
+        }
+    }
+
+    /// Counts the request as `units` requests against its tenant's concurrency quota (at
+    /// least the one it was admitted as), or says that the quota does not allow it; the
+    /// admission is unchanged then.
+    pub fn widen(&mut self, units: usize) -> Result<()> {
+        let Some(t) = &self.tenant else {
+            return Ok(());
+        };
+        let more = units.saturating_sub(self.units);
+        if more == 0 {
+            return Ok(());
+        }
+        let in_flight = t.live.in_flight.fetch_add(more, Ordering::AcqRel) + more;
+        if let Some(max) = t.limits.max_concurrent_requests {
+            if in_flight > max {
+                t.live.in_flight.fetch_sub(more, Ordering::AcqRel);
+                return Err(Error::resource_exhausted(format!(
+                    "tenant '{}' is over its quota: the request runs {units} sequences, and \
+                     {max} concurrent requests (quotas.max_concurrent_requests) count each \
+                     sequence; retry later",
+                    t.name
+                )));
+            }
+        }
+        self.units += more;
+        Ok(())
     }
 }
 
@@ -96,7 +138,10 @@ impl Tenant {
         }
         let in_flight = self.live.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         // From here on, dropping the admission gives the slot back.
-        let admission = Admission(Some(self.clone()));
+        let admission = Admission {
+            tenant: Some(self.clone()),
+            units: 1,
+        };
         if let Some(max) = limits.max_concurrent_requests {
             if in_flight > max {
                 return Err(over(format!(

@@ -5,13 +5,18 @@
 //! sequences that finished or whose client left are dropped, so a short request started after
 //! a long one finishes first. Each decode step runs every sequence of the batch one token
 //! further in one ONNX Runtime run.
+//!
+//! The rows are shared among *parties* (a tenant, or one client request when there are no
+//! tenants): while a party waits, no other party keeps more than its fair share of the rows
+//! (the rows divided by the parties' weights). A party over its share that holds a row a
+//! waiting party needs is preempted: its newest sequence leaves the batch, keeping what it
+//! generated, and comes back later by prefilling its prompt and tokens again (vLLM's
+//! recompute preemption). One request of many sequences, or one tenant's flood, thus cannot
+//! hold the batch while others wait.
 
 use std::{
     collections::VecDeque,
-    sync::{
-        atomic::{AtomicBool, Ordering::Relaxed},
-        mpsc, Arc,
-    },
+    sync::{atomic::Ordering::Relaxed, mpsc, Arc},
     time::Instant,
 };
 
@@ -27,7 +32,10 @@ use super::{
     stop::StopStrings,
     token_rules::TokenRules,
 };
-use crate::error::{Error, Result};
+use crate::{
+    cancellation::Cancellation,
+    error::{Error, Result},
+};
 
 /// The decoder's signature, read from the model file.
 #[derive(Debug, Clone)]
@@ -50,6 +58,8 @@ pub struct DecoderSpec {
     /// Whether a prefill can answer every position's logits (on request, or always as
     /// Optimum's exports do): what scoring a prompt needs.
     pub prompt_logits: bool,
+    /// The logits' width, when the decoder's signature fixes it.
+    pub vocab: Option<usize>,
 }
 
 /// Limits of the running batch.
@@ -106,8 +116,19 @@ pub struct Step {
     pub prompt: Option<PromptLogProbs>,
 }
 
+/// Who a sequence runs for, as the engine shares its rows: a tenant, or one client request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Party {
+    /// The tenant's name, or an id of the client request.
+    pub key: String,
+    /// Its share relative to the others' (a tenant's weight; 1 otherwise).
+    pub weight: f64,
+}
+
 /// A request handed to the engine.
 pub struct Submission {
+    /// Whom it runs for.
+    pub party: Party,
     /// Prompt tokens.
     pub prompt: Vec<i64>,
     /// Tokens to generate at most.
@@ -133,8 +154,9 @@ pub struct Submission {
     pub prompt_log_probs: bool,
     /// Where the steps go; a closed receiver cancels the sequence.
     pub steps: mpsc::Sender<Result<Step>>,
-    /// Set by the caller when its client went away.
-    pub cancelled: Arc<AtomicBool>,
+    /// Cancelled when nobody waits for the sequence any more (its client went away, its
+    /// instance gave up on it).
+    pub cancel: Cancellation,
     /// When the request arrived (for time to first token).
     pub arrived: Instant,
     /// Past this, a request still waiting for room in the cache is refused (the request's
@@ -178,8 +200,15 @@ impl Row {
 }
 
 /// Samples a row's next token from its logits (masked by its guide, if it has one) and moves
-/// the guide past it.
+/// the guide past it. A panic while doing so fails this row alone.
 fn sample(row: &mut Row, logits: &mut [f32]) -> Result<u32> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sample_unguarded(row, logits)
+    }))
+    .unwrap_or_else(|_| Err(Error::internal("sampling the next token failed")))
+}
+
+fn sample_unguarded(row: &mut Row, logits: &mut [f32]) -> Result<u32> {
     if let Some(guide) = &mut row.sub.guide {
         guide.apply(logits)?;
     }
@@ -242,6 +271,7 @@ impl Engine {
             position_ids: spec.position_ids,
             all_logits: spec.all_logits,
             half: spec.half,
+            vocab: spec.vocab,
             max_rows: limits.max_rows,
         };
         let mut worker = Worker {
@@ -252,6 +282,8 @@ impl Engine {
             stats: stats.clone(),
             rows: Vec::new(),
             waiting: VecDeque::new(),
+            shrink_next: false,
+            preempted: VecDeque::new(),
         };
         std::thread::Builder::new()
             .name(format!("{model}-generate"))
@@ -285,6 +317,12 @@ struct Worker {
     /// The running rows' keys and values.
     store: KvStore,
     waiting: VecDeque<Submission>,
+    /// Whether the next decode step gives ONNX Runtime's free arena memory back: a prompt was
+    /// just scored whole (its every-position logits and activations must not stay cached).
+    shrink_next: bool,
+    /// Sequences taken out of the batch for a party below its share, oldest first: they keep
+    /// what they generated and rejoin by prefilling it again.
+    preempted: VecDeque<Row>,
     /// Recent prompts' caches.
     prefixes: PrefixCache,
 }
@@ -294,12 +332,36 @@ fn run_error(e: impl std::fmt::Display) -> Error {
 }
 
 impl Worker {
+    /// The loop: one [`Worker::step`] after another until the engine is dropped. A panic in
+    /// a step (a fault of ours) fails the sequences of the batch, never the engine: the model
+    /// keeps serving.
     fn run(&mut self, submissions: mpsc::Receiver<Submission>) {
         loop {
-            if self.rows.is_empty() && self.waiting.is_empty() {
+            let step =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(&submissions)));
+            match step {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(_) => {
+                    let e = Error::internal("the generation loop failed on this batch");
+                    tracing::error!("{}", e.message);
+                    for row in self.rows.drain(..).chain(self.preempted.drain(..)) {
+                        let _ = row.sub.steps.send(Err(e.clone()));
+                    }
+                    self.store.clear();
+                }
+            }
+        }
+    }
+
+    /// Takes what arrived, admits what fits, prefills it and runs one decode step; false once
+    /// the engine is dropped.
+    fn step(&mut self, submissions: &mpsc::Receiver<Submission>) -> bool {
+        {
+            if self.rows.is_empty() && self.waiting.is_empty() && self.preempted.is_empty() {
                 match submissions.recv() {
                     Ok(s) => self.waiting.push_back(s),
-                    Err(_) => return,
+                    Err(_) => return false,
                 }
             } else if self.rows.is_empty() {
                 // Only requests that do not fit yet (a cache budget below one of them cannot
@@ -307,7 +369,7 @@ impl Worker {
                 match submissions.recv_timeout(std::time::Duration::from_millis(10)) {
                     Ok(s) => self.waiting.push_back(s),
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return false,
                 }
             }
             while let Ok(s) = submissions.try_recv() {
@@ -315,7 +377,7 @@ impl Worker {
             }
             let now = Instant::now();
             self.waiting.retain(|s| {
-                let gone = s.cancelled.load(Relaxed);
+                let gone = s.cancel.is_cancelled();
                 if gone {
                     self.stats.finished_cancelled.fetch_add(1, Relaxed);
                     return false;
@@ -331,8 +393,15 @@ impl Worker {
                 }
                 true
             });
-            let admitted = self.admit();
-            self.stats.waiting.store(self.waiting.len() as i64, Relaxed);
+            let (admitted, resumed) = self.admit();
+            self.stats
+                .waiting
+                .store((self.waiting.len() + self.preempted.len()) as i64, Relaxed);
+            if !resumed.is_empty() {
+                if let Err(e) = self.resume(resumed) {
+                    tracing::error!("{e}");
+                }
+            }
             if !admitted.is_empty() {
                 if let Err(e) = self.prefill(admitted) {
                     tracing::error!("{e}");
@@ -353,41 +422,179 @@ impl Worker {
                 .cache_used_tokens
                 .store(self.store.held_tokens() as i64, Relaxed);
         }
+        true
     }
 
-    /// Takes waiting requests, oldest first, while the batch with them stays within the
-    /// limits: rows, and rows x the longest final length within the cache budget.
-    fn admit(&mut self) -> Vec<Submission> {
+    /// Chooses what joins the batch now: waiting requests and preempted sequences, the party
+    /// furthest below its share first (oldest first within a party, a preempted sequence
+    /// before a new request), while the batch stays within its limits (rows, rows x the
+    /// longest final length within the cache budget, the prefill budget). When the next one
+    /// does not fit and its party is below its share, the newest sequence of the party most
+    /// over its share is preempted to make room.
+    fn admit(&mut self) -> (Vec<Submission>, Vec<Row>) {
         let mut admitted: Vec<Submission> = Vec::new();
-        let mut longest = self
-            .rows
-            .iter()
-            .map(|r| r.sub.final_len())
-            .max()
-            .unwrap_or(0);
-        let mut prefill = 0;
-        while let Some(next) = self.waiting.front() {
-            let rows = self.rows.len() + admitted.len() + 1;
-            let longest_with = longest.max(next.final_len());
-            if rows > self.limits.max_rows || rows * longest_with > self.limits.cache_tokens {
-                break;
-            }
-            prefill += next.prompt.len();
-            if !admitted.is_empty() && prefill > self.limits.max_prefill_tokens {
-                break;
-            }
-            longest = longest_with;
-            admitted.extend(self.waiting.pop_front());
+        let mut resumed: Vec<Row> = Vec::new();
+        if self.waiting.is_empty() && self.preempted.is_empty() {
+            return (admitted, resumed);
         }
-        admitted
+        let mut prefill = 0;
+        // Sequences preempted by this call do not come back in it.
+        let mut fresh = 0;
+        loop {
+            let joined = || admitted.iter().map(|s| (&s.party, s.final_len()));
+            let shares = Shares::new(
+                self.limits.max_rows,
+                self.rows
+                    .iter()
+                    .map(|r| (&r.sub.party, r.sub.final_len()))
+                    .chain(resumed.iter().map(|r| (&r.sub.party, r.sub.final_len())))
+                    .chain(joined()),
+                self.preempted
+                    .iter()
+                    .map(|r| &r.sub.party)
+                    .chain(self.waiting.iter().map(|s| &s.party)),
+            );
+            let returning = self.preempted.len() - fresh;
+            let Some(next) = self.next_candidate(&shares, returning) else {
+                break;
+            };
+            let (party, final_len, tokens) = match next {
+                Candidate::Preempted(i) => {
+                    let r = &self.preempted[i];
+                    (r.sub.party.clone(), r.sub.final_len(), r.len)
+                }
+                Candidate::Waiting(i) => {
+                    let s = &self.waiting[i];
+                    (s.party.clone(), s.final_len(), s.prompt.len())
+                }
+            };
+            let rows = shares.rows + 1;
+            let longest = shares.longest.max(final_len);
+            if rows <= self.limits.max_rows && rows * longest <= self.limits.cache_tokens {
+                if (!admitted.is_empty() || !resumed.is_empty())
+                    && prefill + tokens > self.limits.max_prefill_tokens
+                {
+                    break;
+                }
+                prefill += tokens;
+                match next {
+                    Candidate::Preempted(i) => resumed.extend(self.preempted.remove(i)),
+                    Candidate::Waiting(i) => admitted.extend(self.waiting.remove(i)),
+                }
+                continue;
+            }
+            // No room: make some at the expense of a party over its share, if this one is
+            // below its own.
+            if shares.held(&party.key) >= shares.fair(&party.key) {
+                break;
+            }
+            let Some(victim) = shares.most_over() else {
+                break;
+            };
+            let Some(at) = self.rows.iter().rposition(|r| r.sub.party.key == victim) else {
+                break;
+            };
+            if let Err(e) = self.preempt(at) {
+                tracing::error!("{e}");
+                break;
+            }
+            fresh += 1;
+        }
+        (admitted, resumed)
+    }
+
+    /// The next sequence to join: of the party with the fewest rows for its weight, its
+    /// oldest preempted sequence (among the first `returning`), else its oldest waiting
+    /// request.
+    fn next_candidate(&self, shares: &Shares, returning: usize) -> Option<Candidate> {
+        let first_of = |key: &str| {
+            self.preempted
+                .iter()
+                .take(returning)
+                .position(|r| r.sub.party.key == key)
+                .map(Candidate::Preempted)
+                .or_else(|| {
+                    self.waiting
+                        .iter()
+                        .position(|s| s.party.key == key)
+                        .map(Candidate::Waiting)
+                })
+        };
+        let arrived = |c: &Candidate| match *c {
+            Candidate::Preempted(i) => self.preempted[i].sub.arrived,
+            Candidate::Waiting(i) => self.waiting[i].arrived,
+        };
+        shares
+            .wanting()
+            .filter_map(|key| Some((shares.load(key), first_of(key)?)))
+            .min_by(|(a, ca), (b, cb)| a.total_cmp(b).then(arrived(ca).cmp(&arrived(cb))))
+            .map(|(_, c)| c)
+    }
+
+    /// Takes the running sequence at `at` out of the batch, keeping what it generated.
+    fn preempt(&mut self, at: usize) -> Result<()> {
+        let kept: Vec<Seq> = (self.rows.iter().enumerate())
+            .filter(|(i, _)| *i != at)
+            .map(|(_, r)| r.seq())
+            .collect();
+        let slots = self.store.retain(&self.session, &kept)?;
+        let row = self.rows.remove(at);
+        for (r, slot) in self.rows.iter_mut().zip(slots) {
+            r.slot = slot;
+        }
+        self.stats.preemptions.fetch_add(1, Relaxed);
+        self.preempted.push_back(row);
+        Ok(())
+    }
+
+    /// Brings preempted sequences back: their prompts and the tokens they generated are
+    /// prefilled again in one run (the logits are not needed: each already sampled its next
+    /// token), then they join the batch where they left off.
+    fn resume(&mut self, rows: Vec<Row>) -> Result<()> {
+        let tokens: Vec<Vec<i64>> = rows
+            .iter()
+            .map(|r| r.sub.prompt.iter().chain(&r.generated).copied().collect())
+            .collect();
+        let refs: Vec<&[i64]> = tokens.iter().map(Vec::as_slice).collect();
+        let prefilled =
+            self.store
+                .prefill(&mut self.session, &refs, None, self.limits.pad_id, false);
+        let part = match prefilled {
+            Ok(p) => p.part,
+            Err(e) => {
+                for r in rows {
+                    let _ = r.sub.steps.send(Err(e.clone()));
+                }
+                return Err(e);
+            }
+        };
+        let seqs = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.len, r.sub.final_len()))
+            .collect();
+        let running: Vec<Seq> = self.rows.iter().map(Row::seq).collect();
+        let slots = self
+            .store
+            .join(&self.session, &running, vec![(part, seqs)])?;
+        self.rows.extend(rows);
+        for (row, slot) in self.rows.iter_mut().zip(slots) {
+            row.slot = slot;
+        }
+        Ok(())
     }
 
     fn drop_cancelled(&mut self) {
+        let preempted = self.preempted.len();
+        self.preempted.retain(|r| !r.sub.cancel.is_cancelled());
+        self.stats
+            .finished_cancelled
+            .fetch_add((preempted - self.preempted.len()) as u64, Relaxed);
         let before = self.rows.len();
         let keep: Vec<bool> = self
             .rows
             .iter()
-            .map(|r| !r.sub.cancelled.load(Relaxed))
+            .map(|r| !r.sub.cancel.is_cancelled())
             .collect();
         if keep.iter().all(|&k| k) {
             return;
@@ -404,6 +611,7 @@ impl Worker {
     /// Prefills `new` and adds the sequences that go on to the batch. Prompts that share a
     /// cached prefix each run alone after it (their pasts differ); the others run together.
     fn prefill(&mut self, new: Vec<Submission>) -> Result<()> {
+        let scored = new.iter().any(|s| s.prompt_log_probs);
         let mut together: Vec<Submission> = Vec::new();
         let mut later = VecDeque::new();
         let mut groups: Vec<(Vec<Submission>, Option<Hit>)> = Vec::new();
@@ -462,6 +670,11 @@ impl Worker {
                 Err(e) => failed = Some(e),
             }
         }
+        if scored {
+            // A scored prompt's every-position logits and activations are freed by now: give
+            // the memory back rather than keep the peak.
+            crate::runtime::heap::release_freed();
+        }
         if !rows.is_empty() {
             let running: Vec<Seq> = self.rows.iter().map(Row::seq).collect();
             let slots = self.store.join(&self.session, &running, joining)?;
@@ -485,6 +698,7 @@ impl Worker {
         let past_len = hit.map_or(0, |h| h.tokens);
         let prompts: Vec<&[i64]> = new.iter().map(|s| s.prompt.as_slice()).collect();
         let all = hit.is_none() && new.iter().any(|s| s.prompt_log_probs);
+        self.shrink_next |= all;
         let result = self
             .store
             .prefill(&mut self.session, &prompts, hit, self.limits.pad_id, all);
@@ -599,16 +813,25 @@ impl Worker {
             .filter_map(|r| r.sub.guide.as_mut())
             .collect();
         let (store, session, pad_id) = (&mut self.store, &mut self.session, self.limits.pad_id);
+        let shrink = std::mem::take(&mut self.shrink_next);
         let result = if guides.is_empty() {
-            store.decode(session, &seqs, pad_id)
+            store.decode(session, &seqs, pad_id, shrink)
         } else {
-            // The guides' next masks are computed while the decoder runs the step.
+            // The guides' next masks are computed while the decoder runs the step, split
+            // among helpers: one costly guide does not make every other row's mask wait.
+            let helpers = std::thread::available_parallelism().map_or(2, |n| n.get());
+            let per_helper = guides.len().div_ceil(helpers).max(1);
             std::thread::scope(|scope| {
-                let helper = std::thread::Builder::new()
-                    .name("guided-masks".into())
-                    .spawn_scoped(scope, || guides.iter_mut().for_each(|g| g.prepare()));
-                let result = store.decode(session, &seqs, pad_id);
-                if let Ok(helper) = helper {
+                let spawned: Vec<_> = guides
+                    .chunks_mut(per_helper)
+                    .map(|chunk| {
+                        std::thread::Builder::new()
+                            .name("guided-masks".into())
+                            .spawn_scoped(scope, || chunk.iter_mut().for_each(|g| g.prepare()))
+                    })
+                    .collect();
+                let result = store.decode(session, &seqs, pad_id, shrink);
+                for helper in spawned.into_iter().flatten() {
                     let _ = helper.join();
                 }
                 result
@@ -708,9 +931,146 @@ impl Worker {
             row.sub.steps.send(Ok(step)).is_ok()
         };
         if !delivered {
-            row.sub.cancelled.store(true, Relaxed);
+            row.sub.cancel.cancel();
             self.stats.finished_cancelled.fetch_add(1, Relaxed);
         }
         delivered && finish.is_none()
+    }
+}
+
+/// Where the next sequence to join comes from.
+#[derive(Debug, Clone, Copy)]
+enum Candidate {
+    /// `preempted[i]`.
+    Preempted(usize),
+    /// `waiting[i]`.
+    Waiting(usize),
+}
+
+/// The batch's rows as the parties hold them, and the parties that wait.
+struct Shares {
+    max_rows: usize,
+    /// Rows in the batch (and joining it).
+    rows: usize,
+    /// The longest final length among them.
+    longest: usize,
+    /// Per party: its key, weight, rows held, whether it waits.
+    parties: Vec<(String, f64, usize, bool)>,
+}
+
+impl Shares {
+    fn new<'a>(
+        max_rows: usize,
+        held: impl Iterator<Item = (&'a Party, usize)>,
+        wanting: impl Iterator<Item = &'a Party>,
+    ) -> Self {
+        let mut shares = Shares {
+            max_rows,
+            rows: 0,
+            longest: 0,
+            parties: Vec::new(),
+        };
+        for (party, final_len) in held {
+            shares.rows += 1;
+            shares.longest = shares.longest.max(final_len);
+            shares.entry(party).2 += 1;
+        }
+        for party in wanting {
+            shares.entry(party).3 = true;
+        }
+        shares
+    }
+
+    fn entry(&mut self, party: &Party) -> &mut (String, f64, usize, bool) {
+        let i = match self.parties.iter().position(|p| p.0 == party.key) {
+            Some(i) => i,
+            None => {
+                self.parties
+                    .push((party.key.clone(), party.weight.max(1e-6), 0, false));
+                self.parties.len() - 1
+            }
+        };
+        &mut self.parties[i]
+    }
+
+    /// The parties that wait.
+    fn wanting(&self) -> impl Iterator<Item = &str> {
+        self.parties.iter().filter(|p| p.3).map(|p| p.0.as_str())
+    }
+
+    /// Rows a party holds.
+    fn held(&self, key: &str) -> usize {
+        self.parties.iter().find(|p| p.0 == key).map_or(0, |p| p.2)
+    }
+
+    /// Rows held for its weight.
+    fn load(&self, key: &str) -> f64 {
+        self.parties
+            .iter()
+            .find(|p| p.0 == key)
+            .map_or(0.0, |p| p.2 as f64 / p.1)
+    }
+
+    /// A party's fair share of the rows: the rows divided among the parties that hold or
+    /// want some, by weight (at least one).
+    fn fair(&self, key: &str) -> usize {
+        let total: f64 = self.parties.iter().map(|p| p.1).sum();
+        let weight = self
+            .parties
+            .iter()
+            .find(|p| p.0 == key)
+            .map_or(1.0, |p| p.1);
+        ((self.max_rows as f64 * weight / total).floor() as usize).max(1)
+    }
+
+    /// The party holding the most rows beyond its share, if any holds more than its share.
+    fn most_over(&self) -> Option<String> {
+        self.parties
+            .iter()
+            .filter(|p| p.2 > self.fair(&p.0))
+            .max_by(|a, b| {
+                let over = |p: &(String, f64, usize, bool)| p.2 as f64 - self.fair(&p.0) as f64;
+                over(a).total_cmp(&over(b))
+            })
+            .map(|p| p.0.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn party(key: &str, weight: f64) -> Party {
+        Party {
+            key: key.into(),
+            weight,
+        }
+    }
+
+    #[test]
+    fn rows_are_shared_by_weight_among_the_parties_that_hold_or_want_them() {
+        let (a, b, c) = (party("a", 1.0), party("b", 1.0), party("c", 2.0));
+        // a holds all 32 rows; b waits.
+        let held: Vec<(&Party, usize)> = (0..32).map(|_| (&a, 100)).collect();
+        let shares = Shares::new(32, held.iter().copied(), [&b].into_iter());
+        assert_eq!((shares.rows, shares.longest), (32, 100));
+        assert_eq!((shares.fair("a"), shares.fair("b")), (16, 16));
+        assert_eq!(shares.most_over().as_deref(), Some("a"));
+        assert_eq!(shares.wanting().collect::<Vec<_>>(), ["b"]);
+        assert!(shares.load("b") < shares.load("a"));
+        // Weights: c counts twice.
+        let shares = Shares::new(32, held.iter().copied(), [&b, &c].into_iter());
+        assert_eq!(
+            (shares.fair("a"), shares.fair("b"), shares.fair("c")),
+            (8, 8, 16)
+        );
+        // Alone, a party may have every row, and nobody is over its share.
+        let shares = Shares::new(32, held.iter().copied(), [&a].into_iter());
+        assert_eq!(shares.fair("a"), 32);
+        assert!(shares.most_over().is_none());
+        // More parties than rows: each is owed one.
+        let many: Vec<Party> = (0..40).map(|i| party(&i.to_string(), 1.0)).collect();
+        let shares = Shares::new(4, std::iter::empty(), many.iter());
+        assert_eq!(shares.fair("7"), 1);
     }
 }

@@ -5,10 +5,22 @@
 //! backend does (`guided_decoding_guide_type`, `guided_decoding_guide`).
 //!
 //! Masks are computed off the decode step's critical path: a request's grammar is compiled and
-//! its first mask computed on the request's own thread before it reaches the engine, and each
-//! later mask on a helper thread while the decoder runs the step that needs it.
+//! its first mask computed before it reaches the engine, and each later mask on helper threads
+//! while the decoder runs the step that needs it.
+//!
+//! A guide is the client's text fed to a recursive compiler, so it is bounded before it is
+//! compiled: at most [`MAX_GUIDE_BYTES`], and at most [`MAX_GUIDE_RULES`] Lark rules or JSON
+//! schema `$ref`s (what the compiler's recursion follows). It is then compiled on a thread of
+//! its own whose stack ([`COMPILE_STACK_BYTES`]) holds many times what the deepest guide within
+//! the bounds needs (about 32 MiB for a chain of 5,600 rules, measured in a debug build), at
+//! most [`COMPILERS`] at once and within [`COMPILE_BUDGET`]; a guide over a bound is refused
+//! naming the input. Only compilation recurses: stepping and dropping a compiled guide run in
+//! a few hundred KiB of stack.
 
-use std::sync::{Arc, OnceLock};
+use std::{
+    sync::{mpsc, Arc, Condvar, Mutex, OnceLock, PoisonError},
+    time::{Duration, Instant},
+};
 
 use llguidance::{
     api::{ParserLimits, TopLevelGrammar},
@@ -24,6 +36,19 @@ pub const GUIDE_TYPES: &[&str] = &["json", "json_schema", "regex", "lark"];
 
 /// The longest guide a request may send (a schema or grammar), in bytes.
 pub const MAX_GUIDE_BYTES: usize = 64 * 1024;
+
+/// The most rules a Lark guide, or `$ref`s a JSON schema guide, may have: the compiler
+/// recurses along chains of them.
+pub const MAX_GUIDE_RULES: usize = 1000;
+
+/// The stack of a thread that compiles a guide.
+pub const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+/// Guides compiled at once, server-wide; a request waits for a turn within its budget.
+pub const COMPILERS: usize = 2;
+
+/// How long a guide may take to compile (its turn's wait included) before it is refused.
+pub const COMPILE_BUDGET: Duration = Duration::from_secs(10);
 
 /// Builds guides over one model's vocabulary. The parser factory (the vocabulary's trie and
 /// its precomputed slices) is built on first use, so models never asked for a guide pay
@@ -81,14 +106,17 @@ impl Guides {
             .map_err(|e| Error::internal(format!("cannot build the grammar engine: {e}")))
     }
 
-    /// Compiles a guide of `kind` (one of [`GUIDE_TYPES`]) and computes its first mask; a
-    /// guide that does not compile is refused naming the input.
-    pub fn compile(&self, kind: &str, guide: &str) -> Result<Guide> {
-        let bad = |what: String| {
-            Error::invalid(format!(
-                "input 'guided_decoding_guide' ({kind}) is not valid: {what}"
-            ))
-        };
+    /// Compiles a guide of `kind` (one of [`GUIDE_TYPES`]) and computes its first mask, on a
+    /// compiling thread within the bounds the module describes; a guide that does not compile
+    /// or exceeds a bound is refused naming the input.
+    pub fn compile(self: &Arc<Self>, kind: &str, guide: &str) -> Result<Guide> {
+        if !GUIDE_TYPES.contains(&kind) {
+            return Err(Error::invalid(format!(
+                "input 'guided_decoding_guide_type' is '{kind}'; supported: {}",
+                GUIDE_TYPES.join(", ")
+            )));
+        }
+        let bad = |what: String| invalid_guide(kind, what);
         if guide.len() > MAX_GUIDE_BYTES {
             return Err(bad(format!(
                 "it is {} bytes, more than {MAX_GUIDE_BYTES}",
@@ -103,17 +131,61 @@ impl Guides {
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(bad("a JSON schema is an object".into()));
                 }
+                let refs = count_refs(&schema);
+                if refs > MAX_GUIDE_RULES {
+                    return Err(bad(format!(
+                        "it has {refs} '$ref's, more than {MAX_GUIDE_RULES}"
+                    )));
+                }
                 json_grammar(schema)
             }
             "regex" => TopLevelGrammar::from_regex(guide),
-            "lark" => TopLevelGrammar::from_lark(guide.to_owned()),
-            other => {
-                return Err(Error::invalid(format!(
-                    "input 'guided_decoding_guide_type' is '{other}'; supported: {}",
-                    GUIDE_TYPES.join(", ")
-                )))
+            _ => {
+                let rules = count_lark_rules(guide);
+                if rules > MAX_GUIDE_RULES {
+                    return Err(bad(format!(
+                        "it has {rules} rules, more than {MAX_GUIDE_RULES}"
+                    )));
+                }
+                TopLevelGrammar::from_lark(guide.to_owned())
             }
         };
+        let started = Instant::now();
+        let Some(turn) = compilers().take(COMPILE_BUDGET) else {
+            return Err(Error::unavailable(format!(
+                "input 'guided_decoding_guide' ({kind}): the server is busy compiling other \
+                 guides ({COMPILERS} at once); retry later"
+            )));
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let this = self.clone();
+        let owned_kind = kind.to_owned();
+        std::thread::Builder::new()
+            .name("guide-compile".into())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn(move || {
+                // The turn is held until compiling ends, also past the budget: a slow guide
+                // keeps its turn, so at most COMPILERS of them ever run.
+                let _turn = turn;
+                let _ = tx.send(this.compile_here(&owned_kind, grammar));
+            })
+            .map_err(|e| Error::internal(format!("cannot start compiling the guide: {e}")))?;
+        let left = COMPILE_BUDGET.saturating_sub(started.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(result) => result,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(bad(format!(
+                "compiling it took longer than {} s",
+                COMPILE_BUDGET.as_secs()
+            ))),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(bad("the grammar engine failed on it".into()))
+            }
+        }
+    }
+
+    /// Compiles `grammar` on this thread (one with a compiling thread's stack).
+    fn compile_here(&self, kind: &str, grammar: TopLevelGrammar) -> Result<Guide> {
+        let bad = |what: String| invalid_guide(kind, what);
         let factory = self.factory()?;
         // The engine is third-party code fed request text: a panic in it fails this request.
         let matcher = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -135,6 +207,95 @@ impl Guides {
             None => Err(bad("no mask".into())),
         }
     }
+}
+
+fn invalid_guide(kind: &str, what: String) -> Error {
+    Error::invalid(format!(
+        "input 'guided_decoding_guide' ({kind}) is not valid: {what}"
+    ))
+}
+
+/// The turns to compile guides, server-wide.
+fn compilers() -> &'static Turns {
+    static TURNS: OnceLock<Turns> = OnceLock::new();
+    TURNS.get_or_init(|| Turns {
+        free: Mutex::new(COMPILERS),
+        freed: Condvar::new(),
+    })
+}
+
+/// A counting semaphore for threads (the compiling threads are not async).
+struct Turns {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// A turn taken from [`Turns`]; dropping it gives it back.
+struct Turn(&'static Turns);
+
+impl Turns {
+    /// Waits up to `wait` for a turn.
+    fn take(&'static self, wait: Duration) -> Option<Turn> {
+        let until = Instant::now() + wait;
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            let left = until.checked_duration_since(Instant::now())?;
+            free = self
+                .freed
+                .wait_timeout(free, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        *free -= 1;
+        Some(Turn(self))
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// How many `$ref`s a schema holds (walked without recursion: the schema is client data).
+fn count_refs(schema: &serde_json::Value) -> usize {
+    let mut refs = 0;
+    let mut stack = vec![schema];
+    while let Some(v) = stack.pop() {
+        match v {
+            serde_json::Value::Object(map) => {
+                refs += usize::from(map.contains_key("$ref"));
+                stack.extend(map.values());
+            }
+            serde_json::Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    refs
+}
+
+/// How many rules and terminals a Lark grammar defines: lines that start with a name (after
+/// `?` or `!`, with an optional `.priority`) and a colon.
+fn count_lark_rules(grammar: &str) -> usize {
+    grammar
+        .lines()
+        .filter(|line| {
+            let line = line.trim_start().trim_start_matches(['?', '!']);
+            let name = line
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(line.len());
+            if name == 0 || line.as_bytes()[0].is_ascii_digit() {
+                return false;
+            }
+            let rest = line[name..].trim_start();
+            let rest = match rest.strip_prefix('.') {
+                Some(p) => p.trim_start_matches(|c: char| c.is_ascii_digit() || c == '-'),
+                None => rest,
+            };
+            rest.trim_start().starts_with(':')
+        })
+        .count()
 }
 
 /// The grammar engine's message for a client: the first lines, without the backtrace it adds
@@ -247,14 +408,14 @@ impl Guide {
 mod tests {
     use super::*;
 
-    fn guides() -> Guides {
+    fn guides() -> Arc<Guides> {
         let spellings = [
             "{", "}", "\"", "a", "b", ":", " ", ", ", "1", "2", "true", "false", "\"a\"", "<end>",
             "x", "[", "]", ": ",
         ];
         let mut text = TokenBytes::from_spellings(&spellings);
         text.clear(13);
-        Guides::new(Arc::new(text), spellings.len(), &[13])
+        Arc::new(Guides::new(Arc::new(text), spellings.len(), &[13]))
     }
 
     #[test]
@@ -315,5 +476,62 @@ mod tests {
         if let Some(e) = e {
             assert!(!e.message.contains("backtrace"), "{}", e.message);
         }
+    }
+
+    /// A chain of `n` Lark rules, each calling the next.
+    fn lark_chain(n: usize) -> String {
+        let mut g = String::from("start: r0\n");
+        for i in 0..n {
+            g.push_str(&format!("r{i}: \"a\" r{} | \"b\"\n", i + 1));
+        }
+        g + &format!("r{n}: \"x\"\n")
+    }
+
+    /// A schema whose `$ref`s chain through `n` definitions.
+    fn ref_chain(n: usize) -> String {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            let next = format!("#/$defs/{}", i + 1);
+            defs.insert(
+                i.to_string(),
+                serde_json::json!({"properties": {"a": {"$ref": next}}}),
+            );
+        }
+        defs.insert(n.to_string(), serde_json::json!({"type": "integer"}));
+        serde_json::json!({"$defs": defs, "$ref": "#/$defs/0"}).to_string()
+    }
+
+    #[test]
+    fn recursive_guides_are_bounded_then_compiled_on_a_deep_stack() {
+        let g = guides();
+        // At the bound: compiled (on this test thread's small stack it would overflow).
+        let chain = lark_chain(MAX_GUIDE_RULES - 2);
+        assert_eq!(count_lark_rules(&chain), MAX_GUIDE_RULES);
+        g.compile("lark", &chain).unwrap();
+        let e = g.compile("lark", &lark_chain(MAX_GUIDE_RULES)).unwrap_err();
+        assert!(
+            e.message.contains("guided_decoding_guide")
+                && e.message.contains("1002 rules, more than 1000"),
+            "{}",
+            e.message
+        );
+        let schema = ref_chain(MAX_GUIDE_RULES - 1);
+        assert!(schema.len() < MAX_GUIDE_BYTES);
+        g.compile("json_schema", &schema).unwrap();
+        let e = g
+            .compile("json_schema", &ref_chain(MAX_GUIDE_RULES + 1))
+            .unwrap_err();
+        assert!(
+            e.message.contains("1002 '$ref's, more than 1000"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn lark_rules_are_counted_by_their_definitions() {
+        let grammar = "?start: item+\n!item.2: NAME \":\" VALUE\n  | \"x\"\n\
+                       NAME: /[a-z]+/\n%import common.WS\n// a: comment\n";
+        assert_eq!(count_lark_rules(grammar), 3);
     }
 }

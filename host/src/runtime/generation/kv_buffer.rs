@@ -122,7 +122,9 @@ impl<T: CacheElement> KvBuffer<T> {
     }
 
     /// Runs the decoder over every row: `ids` `[rows, width]` (right-padded) and the mask
-    /// `[rows, total]` of each row's tokens, cached and new. Answers the logits.
+    /// `[rows, total]` of each row's tokens, cached and new. Answers the logits. `memory`
+    /// says whether the arena gives its free memory back at the end of the run, and whether
+    /// the logits are written into memory of their own.
     pub fn run(
         &mut self,
         session: &mut Session,
@@ -130,6 +132,7 @@ impl<T: CacheElement> KvBuffer<T> {
         width: usize,
         mask: Vec<i64>,
         all_logits: Option<bool>,
+        memory: RunMemory,
     ) -> Result<DynValue> {
         let total = mask.len() / self.rows.max(1);
         if total > self.columns {
@@ -151,7 +154,19 @@ impl<T: CacheElement> KvBuffer<T> {
                 .bind_input("all_logits", &switch(all)?)
                 .map_err(run_error)?;
         }
-        let mut outputs = session.run_binding(&self.binding).map_err(run_error)?;
+        if let Some(vocab) = memory.own_logits {
+            let logits = OrtTensor::<f32>::new(&Allocator::default(), [self.rows, width, vocab])
+                .map_err(run_error)?;
+            self.binding
+                .bind_output("logits", logits)
+                .map_err(run_error)?;
+        }
+        let options = memory.shrink.then(shrinking).transpose()?;
+        let mut outputs = match &options {
+            Some(options) => session.run_binding_with_options(&self.binding, options),
+            None => session.run_binding(&self.binding),
+        }
+        .map_err(run_error)?;
         outputs
             .remove("logits")
             .ok_or_else(|| run_error("no output 'logits'"))
@@ -308,8 +323,9 @@ impl AnyBuffer {
         width: usize,
         mask: Vec<i64>,
         all_logits: Option<bool>,
+        memory: RunMemory,
     ) -> Result<DynValue> {
-        each!(self, b => b.run(session, ids, width, mask, all_logits))
+        each!(self, b => b.run(session, ids, width, mask, all_logits, memory))
     }
 
     /// See [`KvBuffer::copy_row`]; buffers of different types are refused.
@@ -366,6 +382,27 @@ pub fn mask(lens: &[usize], total: usize) -> Vec<i64> {
 /// The decoder's `all_logits` input: 1 answers every position's logits, 0 the last one's.
 pub fn switch(all: bool) -> Result<OrtTensor<i64>> {
     OrtTensor::from_array((Vec::<i64>::new(), vec![i64::from(all)])).map_err(run_error)
+}
+
+/// Where a run's large memory goes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunMemory {
+    /// The arena gives its free chunks back at the end of the run ([`shrinking`]).
+    pub shrink: bool,
+    /// The logits are written into a tensor of their own, `[rows, width, vocab]` of this
+    /// vocabulary, freed with the logits (not kept by the arena).
+    pub own_logits: Option<usize>,
+}
+
+/// Run options under which ONNX Runtime's CPU arena gives its free chunks back at the end of
+/// the run: for a run whose activations dwarf a decode step's (a prompt scored whole, every
+/// position's logits), and the run after it, which frees those logits' chunk.
+pub fn shrinking() -> Result<ort::session::RunOptions> {
+    let mut options = ort::session::RunOptions::new().map_err(run_error)?;
+    options
+        .set("memory.enable_memory_arena_shrinkage", "cpu:0")
+        .map_err(run_error)?;
+    Ok(options)
 }
 
 #[cfg(test)]

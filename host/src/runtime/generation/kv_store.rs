@@ -20,7 +20,7 @@ use ort::{
 };
 
 use super::{
-    kv_buffer::{self, AnyBuffer, CacheNames},
+    kv_buffer::{self, AnyBuffer, CacheNames, RunMemory},
     kv_cache::{self, RowSource, Source},
     prefix_cache::{self, Hit, Values},
 };
@@ -45,6 +45,8 @@ pub struct CacheShape {
     pub all_logits: bool,
     /// Rows the batch holds at most.
     pub max_rows: usize,
+    /// The logits' width, when the decoder's signature fixes it.
+    pub vocab: Option<usize>,
 }
 
 /// A sequence of the batch as the store needs it.
@@ -222,6 +224,7 @@ impl KvStore {
                     mask,
                     &past,
                     all,
+                    all,
                 )?;
                 Ok(Prefilled {
                     logits,
@@ -247,8 +250,20 @@ impl KvStore {
                     buffer.write_row(0, &h.entry.values, h.entry.len(), past_len)?;
                 }
                 let mask = kv_buffer::mask(&lens, columns);
-                let logits =
-                    buffer.run(session, ids, width, mask, shape.all_logits.then_some(all))?;
+                // Every position's logits (a scored prompt: `[1, tokens, vocab]`, hundreds of
+                // MiB) go to memory of their own, freed with them, not to the arena.
+                let own_logits = shape.vocab.filter(|_| all && shape.all_logits);
+                let logits = buffer.run(
+                    session,
+                    ids,
+                    width,
+                    mask,
+                    shape.all_logits.then_some(all),
+                    RunMemory {
+                        shrink: all,
+                        own_logits,
+                    },
+                )?;
                 Ok(Prefilled {
                     logits,
                     part: Part::Shared(Box::new(buffer)),
@@ -468,11 +483,14 @@ impl KvStore {
 
     /// One token further for each of `seqs` (`next` is its token not yet in the cache).
     /// Answers logits `[rows, 1, vocab]` by slot.
+    /// One step for every row; with `shrink`, ONNX Runtime's arena gives its free memory back
+    /// at the end of the step (after a scored prompt, see [`kv_buffer::shrinking`]).
     pub fn decode(
         &mut self,
         session: &mut Session,
         seqs: &[(Seq, i64)],
         pad_id: i64,
+        shrink: bool,
     ) -> Result<DynValue> {
         match self {
             KvStore::Growing {
@@ -497,6 +515,7 @@ impl KvStore {
                     mask,
                     &past,
                     false,
+                    shrink,
                 )?;
                 drop(past);
                 *cache = presents;
@@ -516,7 +535,17 @@ impl KvStore {
                 }
                 let total = lens.iter().copied().max().unwrap_or(1).max(1);
                 let mask = kv_buffer::mask(&lens, total);
-                buffer.run(session, ids, 1, mask, shape.all_logits.then_some(false))
+                buffer.run(
+                    session,
+                    ids,
+                    1,
+                    mask,
+                    shape.all_logits.then_some(false),
+                    RunMemory {
+                        shrink,
+                        own_logits: None,
+                    },
+                )
             }
         }
     }
@@ -591,6 +620,7 @@ fn run_growing(
     mask: Vec<i64>,
     past: &[DynValue],
     all: bool,
+    shrink: bool,
 ) -> Result<(DynValue, Vec<DynValue>)> {
     let mask_shape = [dims[0], mask.len() / dims[0].max(1)];
     let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = vec![
@@ -621,7 +651,12 @@ fn run_growing(
     for (name, value) in names.inputs.iter().zip(past) {
         inputs.push((name.as_str().into(), value.into()));
     }
-    let mut outputs = session.run(inputs).map_err(run_error)?;
+    let options = shrink.then(kv_buffer::shrinking).transpose()?;
+    let mut outputs = match &options {
+        Some(options) => session.run_with_options(inputs, options),
+        None => session.run(inputs),
+    }
+    .map_err(run_error)?;
     let logits = outputs
         .remove("logits")
         .ok_or_else(|| run_error("no output 'logits'"))?;

@@ -26,10 +26,7 @@ pub mod token_rules;
 
 use std::{
     path::Path,
-    sync::{
-        atomic::{AtomicBool, Ordering::Relaxed},
-        mpsc, Arc,
-    },
+    sync::{mpsc, Arc},
     time::{Duration, Instant},
 };
 
@@ -37,7 +34,7 @@ use bytes::Bytes;
 use ort::{session::Session, value::ValueType};
 
 use self::{
-    engine::{DecoderSpec, Engine, EngineLimits, Finish, Submission},
+    engine::{DecoderSpec, Engine, EngineLimits, Finish, Party, Submission},
     guided::Guides,
     request::{parse, timeout_of, Settings},
     sampling::PromptLogProbs,
@@ -327,12 +324,13 @@ fn decoder_spec(
             prompt_logits: all_logits || logits_shape.get(1).is_some_and(|&d| d != 1),
             shared_buffer,
             half,
+            vocab,
         },
         vocab,
     ))
 }
 
-/// Loads a generation model: its decoder session and the loop that runs it, and one instance
+/// Loads a generation model: its decoder session and the loop that runs it, and two instances
 /// per sequence of the batch (each waits for its own sequence).
 pub fn load(
     mut config: ModelConfig,
@@ -518,7 +516,9 @@ pub fn load(
         prompt_logits,
     });
     let decoupled = super::is_decoupled(&config);
-    let instances = (0..rows)
+    // Twice the rows: each instance waits for one sequence, and a request that waits for a
+    // row (while the engine preempts a party over its share) must get into the engine.
+    let instances = (0..rows * 2)
         .map(|_| {
             Box::new(GenerationInstance {
                 engine: engine.clone(),
@@ -706,7 +706,8 @@ impl ModelInstance for GenerationInstance {
         let started = Instant::now();
         let parsed = parse(request, &self.settings)?;
         let (steps_tx, steps) = mpsc::channel();
-        let cancelled = Arc::new(AtomicBool::new(false));
+        // The sequence's own: cancelled with the request, or by this instance giving up.
+        let cancel = request.cancel.child();
         let stop = match (&self.settings.text, parsed.stop.is_empty()) {
             (Some(text), false) => Some(StopStrings::new(parsed.stop, text.clone())),
             _ => None,
@@ -752,7 +753,20 @@ impl ModelInstance for GenerationInstance {
                 .unwrap_or_default()
                 .to_owned(),
         };
+        // The engine shares its rows among tenants, and without tenants among client requests
+        // (every sequence of one request, its `n` choices included, is one party).
+        let party = match request.callers.first() {
+            Some(crate::tenancy::Caller::Tenant(t)) => Party {
+                key: format!("tenant {}", t.name),
+                weight: t.weight(),
+            },
+            _ => Party {
+                key: format!("request {}", request.cancel.root()),
+                weight: 1.0,
+            },
+        };
         self.engine.submit(Submission {
+            party,
             rules,
             guide,
             namespace,
@@ -765,7 +779,7 @@ impl ModelInstance for GenerationInstance {
             end_ids: parsed.end_ids,
             stop,
             steps: steps_tx,
-            cancelled: cancelled.clone(),
+            cancel: cancel.clone(),
             arrived: started,
             deadline: timeout_of(request)
                 .map(|t| started + t)
@@ -773,14 +787,9 @@ impl ModelInstance for GenerationInstance {
                 .chain(request.deadline)
                 .min(),
         })?;
-        // Cancels the sequence however this returns (an error, the client gone).
-        struct CancelOnDrop(Arc<AtomicBool>);
-        impl Drop for CancelOnDrop {
-            fn drop(&mut self) {
-                self.0.store(true, Relaxed);
-            }
-        }
-        let _cancel = CancelOnDrop(cancelled);
+        // Cancels the sequence however this returns (an error, the client gone); once it
+        // finished, cancelling it is a no-op.
+        let _cancel = cancel.cancel_on_drop();
         let sink = request
             .responses
             .as_ref()
@@ -791,15 +800,19 @@ impl ModelInstance for GenerationInstance {
         let mut scored: Option<PromptLogProbs> = None;
         let text = self.settings.text.as_deref();
         let top_k = parsed.top_log_probs;
+        let gone = || {
+            request.cancel.is_cancelled()
+                || request.responses.as_ref().is_some_and(|s| s.is_closed())
+        };
         loop {
+            // Looked at before every step, not only while waiting: a sequence whose client
+            // left stops within a step, even while tokens keep coming.
+            if gone() {
+                return Err(Error::new(Code::Cancelled, "the client has gone away"));
+            }
             let step = match steps.recv_timeout(Duration::from_millis(50)) {
                 Ok(step) => step?,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if request.responses.as_ref().is_some_and(|s| s.is_closed()) {
-                        return Err(Error::new(Code::Cancelled, "the client has gone away"));
-                    }
-                    continue;
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(Error::unavailable(format!(
                         "model '{}': the generation loop stopped",

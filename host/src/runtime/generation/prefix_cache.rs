@@ -7,7 +7,10 @@
 //! is never a collision. Entries live in a namespace: the tenant's name when the model keeps
 //! tenants apart (`prefix_cache_scope: tenant`, the default), one shared namespace otherwise,
 //! so by default a tenant's timing can only reveal its own earlier prompts. The budget is in
-//! tokens (`prefix_cache_max_tokens`); the least recently used entries go first.
+//! tokens (`prefix_cache_max_tokens`), shared fairly among the namespaces that hold entries:
+//! a namespace at or over its share makes room by dropping its own least recently used
+//! entries, never another's, so one tenant can neither evict another's prompts nor, by
+//! watching its own entries go, learn when another tenant is busy.
 
 use std::sync::Arc;
 
@@ -126,8 +129,59 @@ impl PrefixCache {
                 .any(|(e, _)| e.namespace == namespace && e.tokens.starts_with(prompt))
     }
 
-    /// Keeps `prompt`'s cache; entries it extends are dropped, then the least recently used
-    /// until it fits.
+    /// Tokens `namespace` holds.
+    fn held_by(&self, namespace: &str) -> usize {
+        (self.entries.iter())
+            .filter(|(e, _)| e.namespace == namespace)
+            .map(|(e, _)| e.len())
+            .sum()
+    }
+
+    /// Each namespace's share of the budget: the budget divided by the namespaces that hold
+    /// entries, `namespace` counted.
+    fn share(&self, namespace: &str) -> usize {
+        let mut names: Vec<&str> = self
+            .entries
+            .iter()
+            .map(|(e, _)| e.namespace.as_str())
+            .collect();
+        names.push(namespace);
+        names.sort_unstable();
+        names.dedup();
+        self.capacity / names.len()
+    }
+
+    /// The least recently used entry to drop to make room for `namespace`: its own while it
+    /// is at or over its share, else one of the namespace most over its share.
+    fn victim(&self, namespace: &str, adding: usize) -> Option<usize> {
+        let share = self.share(namespace);
+        let oldest_of = |name: &str| {
+            (self.entries.iter().enumerate())
+                .filter(|(_, (e, _))| e.namespace == name)
+                .min_by_key(|(_, (_, last_used))| *last_used)
+                .map(|(i, _)| i)
+        };
+        if self.held_by(namespace) + adding > share {
+            return oldest_of(namespace);
+        }
+        let mut names: Vec<&str> = self
+            .entries
+            .iter()
+            .map(|(e, _)| e.namespace.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let most_over = names
+            .into_iter()
+            .map(|name| (self.held_by(name), name))
+            .filter(|(held, _)| *held > share)
+            .max_by_key(|(held, _)| *held)?;
+        oldest_of(most_over.1)
+    }
+
+    /// Keeps `prompt`'s cache; entries it extends are dropped, then least recently used ones
+    /// (see [`PrefixCache::victim`]) until it fits. A prompt longer than its namespace's share
+    /// is not kept.
     pub fn insert(&mut self, namespace: &str, prompt: &[i64], values: Values) {
         if !self.wants(namespace, prompt) {
             return;
@@ -141,15 +195,12 @@ impl PrefixCache {
             !extended
         });
         self.used = used;
+        if prompt.len() > self.share(namespace) {
+            return;
+        }
         while self.used + prompt.len() > self.capacity {
-            let Some(oldest) = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, (_, last_used))| *last_used)
-                .map(|(i, _)| i)
-            else {
-                break;
+            let Some(oldest) = self.victim(namespace, prompt.len()) else {
+                return;
             };
             let (gone, _) = self.entries.swap_remove(oldest);
             self.used -= gone.len();
@@ -239,6 +290,32 @@ mod tests {
         // Off, or longer than the budget: nothing kept.
         assert!(!PrefixCache::new(0).wants("", &prompt(50, 0)));
         assert!(!cache.wants("", &prompt(300, 5000)));
+    }
+
+    #[test]
+    fn each_tenant_keeps_its_share_of_the_budget() {
+        let mut cache = PrefixCache::new(400);
+        // Tenant a alone may use all of it.
+        for i in 0..4 {
+            cache.insert("a", &prompt(100, i * 1000), Values::F32(vec![]));
+        }
+        assert_eq!(cache.held_by("a"), 400);
+        // b arrives: a is over its half, so a's oldest go, not b's.
+        cache.insert("b", &prompt(100, 50_000), Values::F32(vec![]));
+        cache.insert("b", &prompt(100, 60_000), Values::F32(vec![]));
+        assert_eq!((cache.held_by("a"), cache.held_by("b")), (200, 200));
+        assert!(cache.lookup("a", &prompt(100, 0)).is_none());
+        // a's flood of new prompts now only turns over a's own half.
+        for i in 10..30 {
+            cache.insert("a", &prompt(100, i * 1000), Values::F32(vec![]));
+        }
+        assert_eq!(cache.held_by("b"), 200);
+        assert!(cache.lookup("b", &prompt(100, 50_000)).is_some());
+        assert!(cache.lookup("b", &prompt(100, 60_000)).is_some());
+        // A prompt longer than a tenant's share is not kept.
+        assert!(cache.wants("c", &prompt(150, 90_000)));
+        cache.insert("c", &prompt(150, 90_000), Values::F32(vec![]));
+        assert_eq!(cache.held_by("c"), 0);
     }
 
     #[test]

@@ -128,15 +128,13 @@ fn scalar(request: &InferRequest, name: &str) -> Result<Option<f64>> {
 const MAX_WORDS: usize = 32;
 const MAX_WORD_BYTES: usize = 256;
 
-/// `words` when within [`MAX_WORDS`] and [`MAX_WORD_BYTES`], else an error naming the field.
-fn bounded(model: &str, name: &str, words: Vec<String>) -> Result<Vec<String>> {
-    if words.len() > MAX_WORDS {
+/// `words` (of `total` sent) when within [`MAX_WORDS`] and [`MAX_WORD_BYTES`], else an error
+/// naming the field.
+fn bounded(model: &str, name: &str, (words, total): (Vec<String>, usize)) -> Result<Vec<String>> {
+    if total > MAX_WORDS {
         return Err(invalid(
             model,
-            format!(
-                "'{name}' holds {} strings; at most {MAX_WORDS}",
-                words.len()
-            ),
+            format!("'{name}' holds {total} strings; at most {MAX_WORDS}"),
         ));
     }
     if let Some(long) = words.iter().find(|w| w.len() > MAX_WORD_BYTES) {
@@ -161,10 +159,12 @@ fn scalar_of(request: &InferRequest, names: &[&str]) -> Result<Option<f64>> {
     Ok(None)
 }
 
-/// The strings of a BYTES input, or of the request parameter of the same name; empty strings
-/// are left out (TensorRT-LLM's clients send `[[""]]` for none).
-fn strings(request: &InferRequest, name: &str) -> Result<Vec<String>> {
+/// The strings of a BYTES input, or of the request parameter of the same name, and how many
+/// there were; empty strings are left out (TensorRT-LLM's clients send `[[""]]` for none), and
+/// only the first [`MAX_WORDS`] + 1 are kept (more are refused, counted).
+fn strings(request: &InferRequest, name: &str) -> Result<(Vec<String>, usize)> {
     let mut out = Vec::new();
+    let mut total = 0;
     if let Some(t) = request.inputs.iter().find(|t| t.name == name) {
         if t.datatype != DataType::Bytes {
             return Err(invalid(
@@ -175,7 +175,11 @@ fn strings(request: &InferRequest, name: &str) -> Result<Vec<String>> {
                 ),
             ));
         }
-        for s in bytes_elements(&t.data) {
+        for s in bytes_elements(&t.data).filter(|s| !s.is_empty()) {
+            total += 1;
+            if out.len() > MAX_WORDS {
+                continue;
+            }
             out.push(String::from_utf8(s.to_vec()).map_err(|_| {
                 invalid(
                     &request.model_name,
@@ -184,10 +188,12 @@ fn strings(request: &InferRequest, name: &str) -> Result<Vec<String>> {
             })?);
         }
     } else if let Some(ParamValue::String(s)) = request.parameters.get(name) {
-        out.push(s.clone());
+        if !s.is_empty() {
+            out.push(s.clone());
+            total = 1;
+        }
     }
-    out.retain(|s| !s.is_empty());
-    Ok(out)
+    Ok((out, total))
 }
 
 /// TensorRT-LLM's fields that ask for more than one sequence or for something not computed
@@ -215,7 +221,7 @@ fn refuse_unserved(request: &InferRequest) -> Result<()> {
             return Err(invalid(model, format!("'{name}' is not supported")));
         }
     }
-    if !strings(request, "embedding_bias_words")?.is_empty() {
+    if strings(request, "embedding_bias_words")?.1 > 0 {
         return Err(invalid(
             model,
             "'embedding_bias_words' is not supported".into(),
@@ -415,10 +421,11 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
     };
     // OpenAI's `stop` and TensorRT-LLM's `stop_words` both end the text (without the stop
     // string itself).
-    let mut stop = strings(request, "stop")?;
-    stop.extend(strings(request, "stop_words")?);
-    stop.retain(|s| !s.is_empty());
-    let stop = bounded(model, "stop", stop)?;
+    let (mut stop, mut total) = strings(request, "stop")?;
+    let (more, more_total) = strings(request, "stop_words")?;
+    stop.extend(more);
+    total += more_total;
+    let stop = bounded(model, "stop", (stop, total))?;
     if !stop.is_empty() && settings.text.is_none() {
         return Err(invalid(
             model,
@@ -476,7 +483,7 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
 fn guide(request: &InferRequest, settings: &Settings) -> Result<Option<(String, String)>> {
     let model = request.model_name.as_str();
     let first =
-        |name: &str| -> Result<Option<String>> { Ok(strings(request, name)?.into_iter().next()) };
+        |name: &str| -> Result<Option<String>> { Ok(strings(request, name)?.0.into_iter().next()) };
     let kind = first("guided_decoding_guide_type")?.filter(|k| !k.is_empty());
     let text = first("guided_decoding_guide")?.unwrap_or_default();
     let Some(kind) = kind else {

@@ -87,6 +87,8 @@ pub struct GenerationStats {
     pub finished_length: AtomicU64,
     /// Requests whose client went away.
     pub finished_cancelled: AtomicU64,
+    /// Sequences taken out of the batch for a party below its share of the rows.
+    pub preemptions: AtomicU64,
     /// Sequences in the running batch.
     pub running: AtomicI64,
     /// Requests admitted by the scheduler but waiting for room in the cache.
@@ -115,6 +117,7 @@ impl GenerationStats {
             finished_stop: AtomicU64::new(0),
             finished_length: AtomicU64::new(0),
             finished_cancelled: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
             running: AtomicI64::new(0),
             waiting: AtomicI64::new(0),
             cache_used_tokens: AtomicI64::new(0),

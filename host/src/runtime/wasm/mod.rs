@@ -22,6 +22,7 @@ use super::{
     RuntimeOptions,
 };
 use crate::{
+    cancellation::Cancellation,
     error::{Code, Error, Result},
     inference::{InferRequest, ParamValue, RequestedOutput, Trace},
     proto::inference::ModelConfig,
@@ -40,6 +41,18 @@ mod bindings {
 }
 
 use bindings::wasmtron::stage::{host as wit_host, types as wit};
+
+/// Why the epoch callback stopped a guest whose batch was cancelled (told apart from a crash).
+#[derive(Debug)]
+struct StageCancelled;
+
+impl std::fmt::Display for StageCancelled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cancelled: nobody waits for the answer")
+    }
+}
+
+impl std::error::Error for StageCancelled {}
 
 /// Default file name of a stage inside a version directory.
 pub const DEFAULT_MODEL_FILENAME: &str = "model.wasm";
@@ -203,6 +216,11 @@ impl wit_host::Host for StageState {
             callers: self.callers.clone(),
             from_stage: true,
             trace,
+            // Cancelled with the batch that makes the call.
+            cancel: self
+                .cancel
+                .as_ref()
+                .map_or_else(Default::default, Cancellation::child),
         };
         caller
             .infer(request)
@@ -235,19 +253,32 @@ struct StageModel {
 type Live = (Store<StageState>, bindings::Stage);
 
 impl StageModel {
-    /// Starts the clock of one `init` or `execute` call: the epoch deadline that interrupts
-    /// the guest, and the wall-clock deadline that calls into other models inherit.
+    /// Starts the clock of one `init` or `execute` call: the deadline at which the epoch
+    /// callback interrupts the guest, and the wall-clock deadline that calls into other
+    /// models inherit. Calls end a little earlier (a tenth of the timeout, at most 100 ms),
+    /// so that a stage whose call timed out can still answer with that error.
     fn arm_deadline(&self, store: &mut Store<StageState>) {
-        let tick = engine::EPOCH_TICK.as_millis() as u64;
-        store.set_epoch_deadline(self.limits.execution_timeout_ms.div_ceil(tick).max(1));
-        store.data_mut().call_deadline = Some(
-            std::time::Instant::now()
-                + std::time::Duration::from_millis(self.limits.execution_timeout_ms),
-        );
+        let timeout = std::time::Duration::from_millis(self.limits.execution_timeout_ms);
+        let ends = std::time::Instant::now() + timeout;
+        let margin = (timeout / 10).min(std::time::Duration::from_millis(100));
+        store.data_mut().execution_ends = ends;
+        store.data_mut().call_deadline = Some(ends - margin);
+        store.set_epoch_deadline(1);
     }
 
-    /// Counts the crash and explains it: deadline, memory cap, or what the stage printed.
+    /// Counts the crash and explains it: deadline, memory cap, or what the stage printed. A
+    /// stage interrupted because nobody waits for it any more did not crash.
     fn trap_error(&self, store: &Store<StageState>, err: &wasmtime::Error, during: &str) -> Error {
+        if err.downcast_ref::<StageCancelled>().is_some() {
+            return Error::new(
+                Code::Cancelled,
+                format!(
+                    "stage '{}' was interrupted during {during}: nobody waits for its answer \
+                     any more; the instance was discarded",
+                    self.name
+                ),
+            );
+        }
         self.health.record_crash();
         let printed = store.data().printed();
         let detail = if printed.is_empty() {
@@ -281,6 +312,22 @@ impl StageModel {
             StageState::new(&self.name, &self.limits, self.caller.clone(), &self.files)?,
         );
         store.limiter(|s| &mut s.limits);
+        // Every epoch tick the guest is interrupted if its batch was cancelled or its time is
+        // up: a stage whose client left stops within a tick, not at its deadline.
+        store.epoch_deadline_callback(|store| {
+            let state = store.data();
+            if state
+                .cancel
+                .as_ref()
+                .is_some_and(Cancellation::is_cancelled)
+            {
+                return Err(wasmtime::Error::new(StageCancelled));
+            }
+            if std::time::Instant::now() >= state.execution_ends {
+                return Err(Trap::Interrupt.into());
+            }
+            Ok(wasmtime::UpdateDeadline::Continue(1))
+        });
         store.data_mut().single_instance = self.single_instance;
         self.arm_deadline(&mut store);
         let stage = self
@@ -464,6 +511,9 @@ impl ModelInstance for StageInstance {
         let mut callers: Vec<_> = requests.iter().flat_map(|r| r.callers.clone()).collect();
         callers.dedup();
         store.data_mut().callers = callers;
+        store.data_mut().cancel = Some(Cancellation::child_of_all(
+            requests.iter().map(|r| r.cancel.clone()),
+        ));
         store.data_mut().batch_inputs = Some(requests.iter().map(|r| r.inputs.clone()).collect());
         let prepared = std::time::Instant::now();
         let result = stage
@@ -472,6 +522,7 @@ impl ModelInstance for StageInstance {
         let ran = std::time::Instant::now();
         // Dropping the senders lets each response stream end once its request is answered.
         store.data_mut().respond = None;
+        store.data_mut().cancel = None;
         store.data_mut().callers.clear();
         store.data_mut().batch_inputs = None;
         let refused_call = store.data_mut().refused_call.take();

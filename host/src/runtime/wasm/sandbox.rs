@@ -214,6 +214,12 @@ pub struct StageState {
     /// When the current `init` or `execute` call runs out of time; calls into other models
     /// carry it, so they neither outlive the caller nor leave work behind.
     pub call_deadline: Option<std::time::Instant>,
+    /// When the current call exceeds the stage's own `execution_timeout_ms` (the epoch
+    /// callback interrupts it then).
+    pub execution_ends: std::time::Instant,
+    /// During `execute`: cancelled once every request of the batch is (nobody waits for the
+    /// answer); the epoch callback then interrupts the stage, and calls it makes carry it.
+    pub cancel: Option<crate::cancellation::Cancellation>,
     /// The model has one instance, so a call into itself could never be served.
     pub single_instance: bool,
     /// Decoupled models, during `execute`: sends one response to the request at an index.
@@ -273,6 +279,8 @@ impl StageState {
             model: model.to_owned(),
             caller,
             call_deadline: None,
+            execution_ends: std::time::Instant::now(),
+            cancel: None,
             single_instance: false,
             respond: None,
             callers: Vec::new(),

@@ -2,6 +2,8 @@
 //! extension (`Inference-Header-Content-Length`, `binary_data_size`, BYTES length prefixes,
 //! `binary_data_output`), in both directions.
 
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, value::RawValue, Map, Value};
@@ -18,6 +20,10 @@ use crate::{
 use super::json_data::json_to_bytes;
 pub use super::json_data::{json_tensor, tensor_json_data};
 
+/// Request parameters as sent: each value stays its JSON text until it is known to be a
+/// scalar (a parameter that is a large list must not become a `Value` tree first).
+pub type RawParameters<'a> = BTreeMap<String, &'a RawValue>;
+
 /// Header giving the length of the JSON part of a binary request or response.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
@@ -25,12 +31,12 @@ pub const HEADER_LENGTH: &str = "inference-header-content-length";
 struct JsonRequest<'a> {
     #[serde(default)]
     id: Option<String>,
-    #[serde(default)]
-    parameters: Option<Map<String, Value>>,
+    #[serde(default, borrow)]
+    parameters: Option<RawParameters<'a>>,
     #[serde(borrow)]
     inputs: Vec<JsonInput<'a>>,
-    #[serde(default)]
-    outputs: Option<Vec<JsonOutput>>,
+    #[serde(default, borrow)]
+    outputs: Option<Vec<JsonOutput<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -38,8 +44,8 @@ struct JsonInput<'a> {
     name: String,
     shape: Vec<i64>,
     datatype: String,
-    #[serde(default)]
-    parameters: Option<Map<String, Value>>,
+    #[serde(default, borrow)]
+    parameters: Option<RawParameters<'a>>,
     /// Left as text and decoded straight into tensor bytes once the datatype and shape are
     /// known: a `serde_json::Value` per element would take ~16x the body's size in memory.
     #[serde(default, borrow)]
@@ -47,37 +53,45 @@ struct JsonInput<'a> {
 }
 
 #[derive(Deserialize)]
-struct JsonOutput {
+struct JsonOutput<'a> {
     name: String,
-    #[serde(default)]
-    parameters: Option<Map<String, Value>>,
+    #[serde(default, borrow)]
+    parameters: Option<RawParameters<'a>>,
 }
 
-/// Converts JSON parameters; `what` names their owner in errors.
-pub fn parameters_from_json(map: Option<Map<String, Value>>, what: &str) -> Result<Parameters> {
-    let mut out = Parameters::new();
-    for (key, value) in map.unwrap_or_default() {
-        let v = match value {
-            Value::Bool(b) => ParamValue::Bool(b),
-            Value::String(s) => ParamValue::String(s),
-            Value::Number(n) => {
-                if let Some(i) = n.as_i64() {
-                    ParamValue::Int(i)
-                } else if let Some(u) = n.as_u64() {
-                    ParamValue::Uint(u)
-                } else {
-                    ParamValue::Double(n.as_f64().unwrap_or_default())
-                }
-            }
-            other => {
-                return Err(Error::invalid(format!(
-                    "parameter '{key}' of {what} must be a bool, number or string, got {other}"
-                )))
-            }
-        };
-        out.insert(key, v);
+/// Converts parameters as sent; `what` names their owner in errors.
+pub fn parameters_from_raw(map: Option<RawParameters<'_>>, what: &str) -> Result<Parameters> {
+    map.unwrap_or_default()
+        .into_iter()
+        .map(|(key, raw)| Ok((key.clone(), parameter_from_raw(&key, raw, what)?)))
+        .collect()
+}
+
+/// One parameter: a bool, number or string, read only once its text shows it is one.
+pub fn parameter_from_raw(key: &str, raw: &RawValue, what: &str) -> Result<ParamValue> {
+    let text = raw.get();
+    let refuse = || {
+        let shown: String = text.chars().take(64).collect();
+        let more = if shown.len() < text.len() { "…" } else { "" };
+        Error::invalid(format!(
+            "parameter '{key}' of {what} must be a bool, number or string, got {shown}{more}"
+        ))
+    };
+    if text.starts_with(['[', '{']) || text == "null" {
+        return Err(refuse());
     }
-    Ok(out)
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| Error::invalid(format!("parameter '{key}' of {what}: {e}")))?;
+    Ok(match value {
+        Value::Bool(b) => ParamValue::Bool(b),
+        Value::String(s) => ParamValue::String(s),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => ParamValue::Int(i),
+            (None, Some(u)) => ParamValue::Uint(u),
+            _ => ParamValue::Double(n.as_f64().unwrap_or_default()),
+        },
+        _ => return Err(refuse()),
+    })
 }
 
 fn parameters_to_json(params: &Parameters) -> Map<String, Value> {
@@ -126,7 +140,7 @@ pub fn decode_request(
     let mut offset = 0usize;
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
     for input in parsed.inputs {
-        let params = parameters_from_json(input.parameters, &format!("input '{}'", input.name))?;
+        let params = parameters_from_raw(input.parameters, &format!("input '{}'", input.name))?;
         let datatype = DataType::from_wire(&input.datatype).ok_or_else(|| {
             Error::invalid(format!(
                 "input '{}' has unknown datatype '{}' (expected one of BOOL, UINT8..UINT64, INT8..INT64, FP16, FP32, FP64, BF16, BYTES)",
@@ -202,7 +216,7 @@ pub fn decode_request(
     let mut outputs = Vec::new();
     for output in parsed.outputs.unwrap_or_default() {
         let parameters =
-            parameters_from_json(output.parameters, &format!("output '{}'", output.name))?;
+            parameters_from_raw(output.parameters, &format!("output '{}'", output.name))?;
         outputs.push(RequestedOutput {
             name: output.name,
             parameters,
@@ -210,7 +224,7 @@ pub fn decode_request(
     }
     Ok(InferRequest::new(model_name, model_version)
         .with_id(parsed.id.unwrap_or_default())
-        .with_parameters(parameters_from_json(parsed.parameters, "the request")?)
+        .with_parameters(parameters_from_raw(parsed.parameters, "the request")?)
         .with_inputs(inputs)
         .with_outputs(outputs))
 }

@@ -4,12 +4,14 @@
 //! field become request parameters. Each response is one flat object: `model_name`,
 //! `model_version` and one field per output (a single element unwrapped).
 
-use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
-use super::codec;
+use serde_json::{value::RawValue, Map, Value};
+
+use super::{codec, json_data::json_to_bytes};
 use crate::{
     error::{Error, Result},
-    inference::{InferRequest, InferResponse, ParamValue},
+    inference::{InferRequest, InferResponse, ParamValue, Parameters},
     proto::inference::ModelConfig,
     tensor::{DataType, Tensor},
 };
@@ -41,54 +43,82 @@ fn shape_for(name: &str, dims: &[i64], batching: bool, count: usize) -> Result<V
     Ok(shape)
 }
 
-/// Builds an inference request from a generate request object.
+/// Builds an inference request from a generate request body, read straight from its bytes:
+/// each field stays the text it was sent as until it is decoded into its input's tensor (no
+/// `Value` tree of the whole body).
 pub fn to_request(
     config: &ModelConfig,
     model: &str,
     version: Option<i64>,
-    body: Value,
+    body: &[u8],
 ) -> Result<InferRequest> {
-    let Value::Object(fields) = body else {
-        return Err(Error::invalid(
-            "generate: the request body must be a JSON object",
-        ));
-    };
-    let mut parameters = Map::new();
+    let fields: BTreeMap<String, &RawValue> = serde_json::from_slice(body).map_err(|e| {
+        Error::invalid(format!(
+            "generate: the request body must be a JSON object: {e}"
+        ))
+    })?;
+    let mut parameters = Parameters::new();
     let mut inputs = Vec::new();
     for (key, value) in fields {
         if key == "parameters" {
-            match value {
-                Value::Object(p) => parameters.extend(p),
-                _ => {
-                    return Err(Error::invalid(
-                        "generate: 'parameters' must be a JSON object",
-                    ))
-                }
+            let nested: BTreeMap<String, &RawValue> = serde_json::from_str(value.get())
+                .map_err(|_| Error::invalid("generate: 'parameters' must be a JSON object"))?;
+            for (key, value) in nested {
+                let v = codec::parameter_from_raw(&key, value, "the generate request")?;
+                parameters.insert(key, v);
             }
             continue;
         }
         let Some(input) = config.input.iter().find(|i| i.name == key) else {
             // Not an input: a request parameter, as Triton does.
-            parameters.insert(key, value);
+            let v = codec::parameter_from_raw(&key, value, "the generate request")?;
+            parameters.insert(key, v);
             continue;
         };
         let datatype = DataType::from_config_value(input.data_type).ok_or_else(|| {
             Error::invalid(format!("generate: input '{key}' has no valid datatype"))
         })?;
-        let count = match &value {
-            Value::Array(items) => items.len(),
-            _ => 1,
-        };
-        let shape = shape_for(&key, &input.dims, config.max_batch_size > 0, count)?;
-        let tensor = codec::json_tensor(&key, datatype, shape, &value)?;
-        inputs.push(tensor);
+        let shape = shape_for(
+            &key,
+            &input.dims,
+            config.max_batch_size > 0,
+            top_level_count(value),
+        )?;
+        let data = json_to_bytes(&key, datatype, &shape, value.get())?;
+        inputs.push(Tensor {
+            name: key,
+            datatype,
+            shape,
+            data,
+        });
     }
     Ok(InferRequest::new(model, version)
-        .with_parameters(codec::parameters_from_json(
-            Some(parameters),
-            "the generate request",
-        )?)
+        .with_parameters(parameters)
         .with_inputs(inputs))
+}
+
+/// How many elements a field holds at its top level: a list's length (counted without
+/// keeping anything), else 1.
+fn top_level_count(raw: &RawValue) -> usize {
+    struct Count;
+    impl<'de> serde::de::Visitor<'de> for Count {
+        type Value = usize;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+            let mut n = 0;
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                n += 1;
+            }
+            Ok(n)
+        }
+    }
+    if !raw.get().starts_with('[') {
+        return 1;
+    }
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    serde::Deserializer::deserialize_seq(&mut de, Count).unwrap_or(1)
 }
 
 /// For `…/generate`, which answers once: a model that takes a BOOL `stream` input (a

@@ -17,7 +17,7 @@ use crate::{
     error::{Code, Error},
     frontends::{
         http::{
-            body::{header_text, read_body},
+            body::{header_text, off_runtime, read_request_body},
             compression::{accepted_encoding, compress, encoders, PartsBody, LARGE_RESPONSE_BYTES},
             error::ApiResult,
             state::HttpState,
@@ -108,7 +108,10 @@ async fn run_infer(
     let (model, version) = path_parts(p);
     caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
-    let body = read_body(st, headers, body).await?;
+    // An unknown model is named before the body is read (Triton's order), and the body is
+    // admitted under the caller's quotas before anything in it is decoded.
+    let target = st.server.models().get(&model, version)?;
+    let body = read_request_body(st, caller, headers, body).await?;
     let _admission = caller.admit(body.len())?;
     let json_length = match headers.get(codec::HEADER_LENGTH) {
         None => None,
@@ -121,21 +124,29 @@ async fn run_infer(
                 })?,
         ),
     };
-    // An unknown model is named before anything in the body is (Triton's order).
-    let target = st.server.models().get(&model, version)?;
-    let config = (json_length == Some(0)).then_some(&target.config);
-    let reader = st.shared_memory.reader(caller, st.max_input_size);
-    let shared = |input: &str, params: &Parameters| reader.input(input, params);
-    let mut request = codec::decode_request(
-        &model,
-        version,
-        body,
-        json_length,
-        config,
-        st.server.limits(),
-        &shared,
-    )?;
+    let config = (json_length == Some(0)).then(|| target.config.clone());
     drop(target);
+    let (memory, who, max, limits) = (
+        st.shared_memory.clone(),
+        caller.clone(),
+        st.max_input_size,
+        *st.server.limits(),
+    );
+    let name = model.clone();
+    let mut request = off_runtime(body.len(), move || {
+        let reader = memory.reader(&who, max);
+        let shared = |input: &str, params: &Parameters| reader.input(input, params);
+        codec::decode_request(
+            &name,
+            version,
+            body,
+            json_length,
+            config.as_ref(),
+            &limits,
+            &shared,
+        )
+    })
+    .await??;
     on_behalf_of(caller, &mut request);
     request.trace = st
         .tracing
@@ -185,12 +196,15 @@ async fn generate_request(
     let (model, version) = path_parts(p);
     caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
-    let body = read_body(st, headers, body).await?;
-    let admission = caller.admit(body.len())?;
+    // As for `infer`: the model and the quotas before the body is decoded.
     let config = st.server.models().get(&model, version)?.config.clone();
-    let json: Value = serde_json::from_slice(&body)
-        .map_err(|e| Error::invalid(format!("generate: the body is not valid JSON: {e}")))?;
-    let mut request = generate::to_request(&config, &model, version, json)?;
+    let body = read_request_body(st, caller, headers, body).await?;
+    let admission = caller.admit(body.len())?;
+    let (for_request, name) = (config.clone(), model.clone());
+    let mut request = off_runtime(body.len(), move || {
+        generate::to_request(&for_request, &name, version, &body)
+    })
+    .await??;
     if one_response {
         generate::ask_for_one_response(&config, &mut request);
     }

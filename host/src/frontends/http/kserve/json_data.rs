@@ -9,14 +9,9 @@ use crate::{
     tensor::{bytes_elements, element_count, push_bytes_element, shape_string, DataType, Tensor},
 };
 
-/// A tensor from JSON data (nested or flat) of the given datatype and shape.
-pub fn json_tensor(
-    name: &str,
-    datatype: DataType,
-    shape: Vec<i64>,
-    value: &Value,
-) -> Result<Tensor> {
-    let data = json_to_bytes(name, datatype, &shape, &value.to_string())?;
+/// A tensor from JSON tensor data (nested or flat, as text) of the given datatype and shape.
+pub fn json_tensor(name: &str, datatype: DataType, shape: Vec<i64>, json: &str) -> Result<Tensor> {
+    let data = json_to_bytes(name, datatype, &shape, json)?;
     Ok(Tensor {
         name: name.to_owned(),
         datatype,

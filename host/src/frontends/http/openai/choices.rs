@@ -195,7 +195,8 @@ pub fn piece(response: &InferResponse) -> Piece {
 }
 
 /// The responses of every choice's sequence on one channel, tagged by choice index. Dropping
-/// the receiver drops every sequence's (which cancels them).
+/// the receiver drops every sequence's at once (which cancels them), also while none of them
+/// has anything to send (a long answer that is not streamed).
 pub fn merge(
     streams: Vec<mpsc::Receiver<Result<InferResponse>>>,
 ) -> mpsc::Receiver<(usize, Result<InferResponse>)> {
@@ -203,9 +204,15 @@ pub fn merge(
     for (index, mut items) in streams.into_iter().enumerate() {
         let tx = tx.clone();
         tokio::spawn(async move {
-            while let Some(item) = items.recv().await {
-                if tx.send((index, item)).await.is_err() {
-                    break;
+            loop {
+                tokio::select! {
+                    item = items.recv() => {
+                        let Some(item) = item else { break };
+                        if tx.send((index, item)).await.is_err() {
+                            break;
+                        }
+                    }
+                    () = tx.closed() => break,
                 }
             }
         });

@@ -7,12 +7,12 @@
 
 use base64::Engine as _;
 use bytes::Bytes;
-use serde_json::Value;
 
 use super::{
+    decode,
     request::Invalid,
     types::{
-        Embedding, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector,
+        Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector, TextsOrIds,
     },
 };
 use crate::{
@@ -112,26 +112,25 @@ fn field(param: &str, message: String) -> Invalid {
     }
 }
 
-/// Checks the body and builds the model's requests; `lookup` gives the named model's config.
+/// Checks the body (its bytes, read once into the wire type) and builds the model's requests;
+/// `lookup` gives the named model's config, asked before the body is decoded.
 pub fn parse(
-    body: &Value,
+    body: &[u8],
     lookup: impl Fn(&str) -> Result<ModelConfig, Error>,
 ) -> Result<Parsed, Invalid> {
-    let Value::Object(fields) = body else {
-        return Err(Error::invalid("the request body must be a JSON object").into());
-    };
-    if let Some(key) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+    let head = decode::head(body)?;
+    if let Some(key) = head.fields.iter().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(field(
             key,
             format!("Unrecognized request argument supplied: {key}"),
         ));
     }
-    let req: EmbeddingRequest = super::request::read(body)?;
-    let model = match req.model {
+    let model = match head.model {
         Some(m) if !m.is_empty() => m,
-        _ => return Err(field("model", "'model' is required".into())),
+        _ => return Err(field("model", "'model' is required (a string)".into())),
     };
     let config = lookup(&model)?;
+    let req: EmbeddingRequest = decode::read(body)?;
     let signature = embedding_model(&config).ok_or_else(|| {
         Error::not_found(format!(
             "model '{model}' does not embed text (it needs one BYTES input of dims [1] and an \
@@ -139,16 +138,28 @@ pub fn parse(
         ))
     })?;
     let texts = match req.input {
-        Some(EmbeddingInput::One(text)) => vec![text],
-        Some(EmbeddingInput::Many(texts)) => texts,
-        Some(EmbeddingInput::Other(Value::Array(_))) => {
+        Some(TextsOrIds::Text(text)) => vec![text],
+        Some(TextsOrIds::Texts(texts)) if texts.total > MAX_INPUTS => {
+            return Err(field(
+                "input",
+                format!("'input' holds {} texts; at most {MAX_INPUTS}", texts.total),
+            ))
+        }
+        Some(TextsOrIds::Texts(texts)) => texts.kept,
+        Some(TextsOrIds::Ids(_) | TextsOrIds::IdLists(_)) => {
             return Err(field(
                 "input",
                 "'input' must be a string or a list of strings (token ids are not supported)"
                     .into(),
             ))
         }
-        Some(EmbeddingInput::Other(other)) => {
+        Some(TextsOrIds::Mixed { at, found, .. }) => {
+            return Err(field(
+                "input",
+                format!("'input' must be a string or a list of strings: item {at} is {found}"),
+            ))
+        }
+        Some(TextsOrIds::Other(other)) => {
             return Err(field(
                 "input",
                 format!("'input' must be a string or a list of strings, got {other}"),
@@ -158,12 +169,6 @@ pub fn parse(
     };
     if texts.is_empty() {
         return Err(field("input", "'input' is empty".into()));
-    }
-    if texts.len() > MAX_INPUTS {
-        return Err(field(
-            "input",
-            format!("'input' holds {} texts; at most {MAX_INPUTS}", texts.len()),
-        ));
     }
     if let Some(i) = texts.iter().position(String::is_empty) {
         return Err(field(

@@ -9,6 +9,7 @@
 //! "param", "code"}}`); tenants' API keys are the OpenAI client's `api_key`.
 
 mod choices;
+pub mod decode;
 pub mod embeddings;
 mod errors;
 mod prompts;
@@ -30,7 +31,6 @@ use axum::{
     Extension, Json,
 };
 use futures::{StreamExt, TryStreamExt};
-use serde_json::Value;
 
 pub use self::errors::{error_response, render_error};
 use self::{
@@ -40,10 +40,13 @@ use self::{
     request::Kind,
     types::{ModelCard, ModelList, Usage},
 };
-use super::{body::read_body, state::HttpState};
+use super::{
+    body::{off_runtime, read_request_body},
+    state::HttpState,
+};
 use crate::{
     error::Error,
-    tenancy::{Caller, ModelAction},
+    tenancy::{Admission, Caller, ModelAction},
 };
 
 /// The OpenAI routes.
@@ -57,16 +60,17 @@ pub(crate) fn routes() -> axum::Router<HttpState> {
         .route("/v1/embeddings", post(embeddings))
 }
 
-/// The request body (its size counts against the caller's quota) and its JSON.
-async fn read_json(
+/// The request body within the caller's size quota, admitted under its quotas before
+/// anything in it is decoded.
+async fn read_admitted(
     st: &HttpState,
+    caller: &Caller,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(bytes::Bytes, Value), Error> {
-    let body = read_body(st, headers, body).await?;
-    let json = serde_json::from_slice(&body)
-        .map_err(|e| Error::invalid(format!("the request body is not valid JSON: {e}")))?;
-    Ok((body, json))
+) -> Result<(bytes::Bytes, Admission), Error> {
+    let body = read_request_body(st, caller, headers, body).await?;
+    let admission = caller.admit(body.len())?;
+    Ok((body, admission))
 }
 
 fn now() -> u64 {
@@ -160,21 +164,19 @@ pub async fn embeddings(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (body, json) = match read_json(&st, &headers, body).await {
+    let (body, _admission) = match read_admitted(&st, &caller, &headers, body).await {
         Ok(read) => read,
         Err(e) => return error_response(&e, None),
     };
-    let lookup = |model: &str| {
-        caller.require(ModelAction::Infer, model)?;
-        Ok(st.server.models().get(model, None)?.config.clone())
+    let (server, who) = (st.server.clone(), caller.clone());
+    let lookup = move |model: &str| {
+        who.require(ModelAction::Infer, model)?;
+        Ok(server.models().get(model, None)?.config.clone())
     };
-    let parsed = match embeddings::parse(&json, lookup) {
+    let parsed = off_runtime(body.len(), move || embeddings::parse(&body, lookup)).await;
+    let parsed = match parsed.map_err(Into::into).and_then(|p| p) {
         Ok(p) => p,
         Err(e) => return invalid_response(e),
-    };
-    let _admission = match caller.admit(body.len()) {
-        Ok(a) => a,
-        Err(e) => return error_response(&e, None),
     };
     let track = crate::frontends::track(&st.server, &caller, &parsed.model);
     let runs = parsed.requests.iter().cloned().map(|mut request| {
@@ -200,13 +202,14 @@ async fn complete(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (body, json) = match read_json(&st, &headers, body).await {
+    let (body, mut admission) = match read_admitted(&st, &caller, &headers, body).await {
         Ok(read) => read,
         Err(e) => return error_response(&e, None),
     };
-    let lookup = |model: &str| {
-        caller.require(ModelAction::Infer, model)?;
-        let config = st.server.models().get(model, None)?.config.clone();
+    let (server, who) = (st.server.clone(), caller.clone());
+    let lookup = move |model: &str| {
+        who.require(ModelAction::Infer, model)?;
+        let config = server.models().get(model, None)?.config.clone();
         if !request::generates_text(&config) {
             return Err(Error::not_found(format!(
                 "model '{model}' does not generate text (it needs input 'text_input' or \
@@ -215,14 +218,15 @@ async fn complete(
         }
         Ok(config)
     };
-    let mut parsed = match request::parse(kind, &json, lookup) {
+    let parsed = off_runtime(body.len(), move || request::parse(kind, &body, lookup)).await;
+    let mut parsed = match parsed.map_err(Into::into).and_then(|p| p) {
         Ok(p) => p,
         Err(e) => return invalid_response(e),
     };
-    let admission = match caller.admit(body.len()) {
-        Ok(a) => a,
-        Err(e) => return error_response(&e, None),
-    };
+    // Each sequence the request starts counts against the tenant's concurrency quota.
+    if let Err(e) = admission.widen(parsed.choices()) {
+        return error_response(&e, None);
+    }
     let track = crate::frontends::track(&st.server, &caller, &parsed.model);
     crate::frontends::on_behalf_of(&caller, &mut parsed.request);
     // One sequence per choice (`n` per prompt), side by side in the running batch.

@@ -3,9 +3,12 @@
 //! before a choice's text.
 
 use bytes::Bytes;
-use serde_json::Value;
 
-use super::{request::Invalid, types::Prompt};
+use super::{
+    decode::{TokenIds, MAX_TOKEN_IDS},
+    request::Invalid,
+    types::Prompt,
+};
 use crate::tensor::{push_bytes_element, DataType, Tensor};
 
 /// The most prompts one completions request may list.
@@ -82,27 +85,30 @@ pub fn parse(prompt: Option<Prompt>) -> Result<Vec<PromptInput>, Invalid> {
         Some(Prompt::Text(s)) if !s.is_empty() => Ok(vec![PromptInput::Text(s)]),
         Some(Prompt::Text(_)) => Err(bad("'prompt' is empty".into())),
         Some(Prompt::Texts(items)) => {
-            listed(items.len())?;
-            if let Some(i) = items.iter().position(String::is_empty) {
+            listed(items.total)?;
+            if let Some(i) = items.kept.iter().position(String::is_empty) {
                 return Err(bad(format!("'prompt' item {i} is empty")));
             }
-            Ok(items.into_iter().map(PromptInput::Text).collect())
+            Ok(items.kept.into_iter().map(PromptInput::Text).collect())
         }
-        Some(Prompt::Other(Value::Array(items))) => {
-            if items.first().is_some_and(Value::is_array) {
-                listed(items.len())?;
-                items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, item)| match item {
-                        Value::Array(ids) => token_ids(ids, &format!("'prompt' item {i}")),
-                        _ => Err(bad(format!("'prompt' item {i} is not a list of token ids"))),
-                    })
-                    .collect()
-            } else {
-                Ok(vec![token_ids(&items, "'prompt'")?])
-            }
+        Some(Prompt::IdLists(lists)) => {
+            listed(lists.total)?;
+            lists
+                .kept
+                .into_iter()
+                .enumerate()
+                .map(|(i, ids)| token_ids(ids, &format!("'prompt' item {i}")))
+                .collect()
         }
+        Some(Prompt::Ids(ids)) => Ok(vec![token_ids(ids, "'prompt'")?]),
+        Some(Prompt::Mixed {
+            at,
+            found,
+            expected,
+        }) => Err(bad(format!(
+            "'prompt' item {at} is {found}, not {expected}: a list of prompts holds only \
+             strings or only token-id lists"
+        ))),
         None => Err(bad("'prompt' is required".into())),
         Some(Prompt::Other(other)) => Err(bad(format!(
             "'prompt' must be a string, a list of strings or token ids, got {other}"
@@ -111,26 +117,19 @@ pub fn parse(prompt: Option<Prompt>) -> Result<Vec<PromptInput>, Invalid> {
 }
 
 /// A list of token ids (whole numbers from 0 to 2^31 - 1; the model checks its vocabulary).
-fn token_ids(items: &[Value], what: &str) -> Result<PromptInput, Invalid> {
-    if items.is_empty() {
-        return Err(Invalid::field("prompt", format!("{what} is empty")));
+fn token_ids(ids: TokenIds, what: &str) -> Result<PromptInput, Invalid> {
+    match ids {
+        TokenIds::Ids(ids) if ids.is_empty() => {
+            Err(Invalid::field("prompt", format!("{what} is empty")))
+        }
+        TokenIds::Ids(ids) => Ok(PromptInput::Ids(ids)),
+        TokenIds::Bad(j, v) => Err(Invalid::field(
+            "prompt",
+            format!("{what} must be strings or token ids: element {j} is {v}, not a token id"),
+        )),
+        TokenIds::TooMany(n) => Err(Invalid::field(
+            "prompt",
+            format!("{what} holds {n} token ids; at most {MAX_TOKEN_IDS}"),
+        )),
     }
-    items
-        .iter()
-        .enumerate()
-        .map(|(j, v)| {
-            v.as_u64()
-                .and_then(|id| i32::try_from(id).ok())
-                .ok_or_else(|| {
-                    Invalid::field(
-                        "prompt",
-                        format!(
-                            "{what} must be strings or token ids: element {j} is {v}, not a \
-                             token id"
-                        ),
-                    )
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(PromptInput::Ids)
 }

@@ -6,9 +6,13 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::{
+    decode,
     prompts::{self, Echo, PromptInput},
     structured::{self, Shape, CALL_CLOSE, CALL_OPEN},
-    types::{CompletionRequest, Content, Logprobs, Message, Role, Stop, TemplateMessage, ToolCall},
+    types::{
+        CompletionRequest, Content, Listed, Logprobs, Message, Role, Stop, TemplateMessage,
+        ToolCall,
+    },
 };
 use crate::{
     error::Error,
@@ -223,7 +227,7 @@ fn content_text(i: usize, content: Option<Content>) -> Result<String, Invalid> {
         Some(Content::Text(s)) => Ok(s),
         Some(Content::Parts(parts)) => {
             let mut text = String::new();
-            for part in parts {
+            for part in parts.kept {
                 match (part.kind.as_str(), part.text) {
                     ("text", Some(t)) => text.push_str(&t),
                     _ => {
@@ -259,11 +263,21 @@ fn calls_text(calls: &[ToolCall]) -> String {
 
 /// The chat's messages as the JSON list the chat-template stage reads; `system` (the tools'
 /// description) ends the system message, or becomes one.
-fn messages(list: Option<Vec<Message>>, system: Option<String>) -> Result<String, Invalid> {
+fn messages(list: Option<Listed<Message>>, system: Option<String>) -> Result<String, Invalid> {
     let Some(list) = list else {
         return Err(Invalid::field(
             "messages",
             "'messages' is required: a list of {\"role\", \"content\"} objects".into(),
+        ));
+    };
+    let total = list.total;
+    let Some(list) = list.whole() else {
+        return Err(Invalid::field(
+            "messages",
+            format!(
+                "'messages' holds {total} messages; at most {}",
+                decode::LIST_KEPT
+            ),
         ));
     };
     if list.is_empty() {
@@ -276,7 +290,7 @@ fn messages(list: Option<Vec<Message>>, system: Option<String>) -> Result<String
             role => role,
         };
         let mut content = content_text(i, m.content)?;
-        if let Some(calls) = m.tool_calls.filter(|c| !c.is_empty()) {
+        if let Some(calls) = m.tool_calls.map(|c| c.kept).filter(|c| !c.is_empty()) {
             if !content.is_empty() {
                 content.push('\n');
             }
@@ -313,8 +327,8 @@ fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, Invalid> {
     match stop {
         None => Ok(Vec::new()),
         Some(Stop::One(s)) => Ok(vec![s]),
-        Some(Stop::Many(items)) if items.len() <= 4 => Ok(items),
-        Some(Stop::Many(_) | Stop::Other(Value::Array(_))) => Err(Invalid::field(
+        Some(Stop::Many(items)) if items.total <= 4 => Ok(items.kept),
+        Some(Stop::Many(_)) => Err(Invalid::field(
             "stop",
             "'stop' must be a string or a list of up to 4 strings".into(),
         )),
@@ -325,44 +339,36 @@ fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, Invalid> {
     }
 }
 
-/// Reads the body into a wire type; a value of the wrong type is refused naming its field.
-pub(super) fn read<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, Invalid> {
-    serde_path_to_error::deserialize(body).map_err(|e| {
-        let path = e.path().to_string();
-        let param = match e.path().iter().next() {
-            Some(serde_path_to_error::Segment::Map { key }) => Some(key.clone()),
-            _ => None,
-        };
-        Invalid {
-            error: Error::invalid(format!("'{path}': {}", e.inner())),
-            param,
-        }
-    })
-}
-
-/// Checks an OpenAI request body and builds the model's request; `lookup` gives the named
-/// model's config (or the reason the caller cannot use it).
-pub fn parse(
-    kind: Kind,
-    body: &Value,
-    lookup: impl Fn(&str) -> Result<ModelConfig, Error>,
-) -> Result<Parsed, Invalid> {
-    let Value::Object(fields) = body else {
-        return Err(Error::invalid("the request body must be a JSON object").into());
-    };
-    if let Some(key) = fields.keys().find(|k| !allowed(kind, k)) {
+/// The model a body names, once its fields are known to be the endpoint's: read without
+/// decoding the rest, so that an unknown field or model is refused before anything large is.
+pub fn model_named(kind: Kind, head: &decode::Head) -> Result<String, Invalid> {
+    if let Some(key) = head.fields.iter().find(|k| !allowed(kind, k)) {
         return Err(Invalid::field(
             key,
             format!("Unrecognized request argument supplied: {key}"),
         ));
     }
-    let mut req: CompletionRequest = read(body)?;
-    let structure = structured::structure(&mut req)?;
-    let model = match req.model {
-        Some(m) if !m.is_empty() => m,
-        _ => return Err(Invalid::field("model", "'model' is required".into())),
-    };
+    match &head.model {
+        Some(m) if !m.is_empty() => Ok(m.clone()),
+        _ if head.fields.iter().any(|f| f == "model") && head.model.is_none() => {
+            Err(Invalid::field("model", "'model' must be a string".into()))
+        }
+        _ => Err(Invalid::field("model", "'model' is required".into())),
+    }
+}
+
+/// Checks an OpenAI request body (the bytes, read once into the wire type) and builds the
+/// model's request; `lookup` gives the named model's config (or the reason the caller cannot
+/// use it), asked before the body is decoded.
+pub fn parse(
+    kind: Kind,
+    body: &[u8],
+    lookup: impl Fn(&str) -> Result<ModelConfig, Error>,
+) -> Result<Parsed, Invalid> {
+    let model = model_named(kind, &decode::head(body)?)?;
     let config = lookup(&model)?;
+    let mut req: CompletionRequest = decode::read(body)?;
+    let structure = structured::structure(&mut req)?;
     let n = within("n", req.n, 1, MAX_CHOICES)?.unwrap_or(1);
     // best_of picks the best n of more candidates; equal to n it picks them all.
     match req.best_of {
@@ -717,7 +723,7 @@ mod tests {
     }
 
     fn refusal(kind: Kind, body: Value) -> (Option<String>, String) {
-        match parse(kind, &body, |_| Ok(config())) {
+        match parse(kind, body.to_string().as_bytes(), |_| Ok(config())) {
             Ok(_) => panic!("accepted {body}"),
             Err(e) => (e.param, e.error.message),
         }
@@ -729,7 +735,7 @@ mod tests {
             {"role": "developer", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Hi"}], "name": "ann"}],
             "max_tokens": 3, "stop": "x", "top_p": 0.5});
-        let parsed = parse(Kind::Chat, &body, |_| Ok(config())).unwrap();
+        let parsed = parse(Kind::Chat, body.to_string().as_bytes(), |_| Ok(config())).unwrap();
         let names: Vec<_> = parsed
             .request
             .inputs
@@ -796,9 +802,12 @@ mod tests {
                 "does not take token-id prompts (input 'prompt_ids')",
             ),
             (json!([[1, 2], []]), "'prompt' item 1 is empty"),
-            (json!([[1, 2], "a"]), "item 1 is not a list of token ids"),
+            (
+                json!([[1, 2], "a"]),
+                "item 1 is \"a\", not a list of token ids",
+            ),
             (json!([1, -2]), "element 1 is -2, not a token id"),
-            (json!(["a", 7]), "element 0 is \"a\""),
+            (json!(["a", 7]), "item 1 is 7, not a string"),
             (json!(["a", ""]), "item 1 is empty"),
             (json!([]), "lists 0 prompts"),
             (json!(many), "lists 33 prompts"),
@@ -829,7 +838,10 @@ mod tests {
             ..Default::default()
         });
         let body = json!({"model": "m", "prompt": "p", "n": 3, "seed": 40});
-        let parsed = parse(Kind::Completion, &body, |_| Ok(c.clone())).unwrap();
+        let parsed = parse(Kind::Completion, body.to_string().as_bytes(), |_| {
+            Ok(c.clone())
+        })
+        .unwrap();
         assert_eq!(parsed.n, 3);
         let seed = |i| {
             let r = parsed.request_for(i);
@@ -853,7 +865,10 @@ mod tests {
         });
         let body = json!({"model": "m", "prompt": ["one", "two", "three"], "n": 2,
                           "seed": 7, "echo": true});
-        let parsed = parse(Kind::Completion, &body, |_| Ok(c.clone())).unwrap();
+        let parsed = parse(Kind::Completion, body.to_string().as_bytes(), |_| {
+            Ok(c.clone())
+        })
+        .unwrap();
         assert_eq!(parsed.choices(), 6);
         let text = |i| {
             let r = parsed.request_for(i);
@@ -886,7 +901,10 @@ mod tests {
                 }
             }));
         let body = json!({"model": "m", "prompt": [[5, 6], [7]], "echo": true});
-        let parsed = parse(Kind::Completion, &body, |_| Ok(c.clone())).unwrap();
+        let parsed = parse(Kind::Completion, body.to_string().as_bytes(), |_| {
+            Ok(c.clone())
+        })
+        .unwrap();
         assert!(parsed.scored_prompt);
         let r = parsed.request_for(1);
         assert!(!r.inputs.iter().any(|t| t.name == "text_input"));
@@ -902,7 +920,10 @@ mod tests {
     fn options_that_ask_for_nothing_are_accepted() {
         let body = json!({"model": "m", "prompt": "p", "echo": false,
                           "suffix": "", "n": 1, "best_of": null});
-        assert!(parse(Kind::Completion, &body, |_| Ok(config())).is_ok());
+        assert!(parse(Kind::Completion, body.to_string().as_bytes(), |_| Ok(
+            config()
+        ))
+        .is_ok());
         let (param, _) = refusal(
             Kind::Completion,
             json!({"model": "m", "prompt": "p", "logprobs": 2}),

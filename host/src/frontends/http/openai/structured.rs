@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde_json::{json, Value};
+use serde_json::{json, value::RawValue, Value};
 
 use super::{
     request::Invalid,
@@ -21,6 +21,7 @@ use super::{
         ToolCallDelta, ToolChoice,
     },
 };
+use crate::runtime::generation::guided::MAX_GUIDE_BYTES;
 
 /// Opens a call in the model's text.
 pub const CALL_OPEN: &str = "<tool_call>";
@@ -70,8 +71,21 @@ fn text_of(value: &Value) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
 
-/// A schema given as an object, or as text holding one (vLLM takes both for `guided_json`).
-fn schema_of(param: &str, value: Value) -> Result<Value, Invalid> {
+/// A schema given as an object, or as text holding one (vLLM takes both for `guided_json`),
+/// read once its size is known to fit a guide.
+fn schema_of(param: &str, raw: &RawValue) -> Result<Value, Invalid> {
+    let text = raw.get();
+    if text.len() > MAX_GUIDE_BYTES {
+        return Err(field(
+            param,
+            format!(
+                "'{param}' is a schema of {} bytes, more than {MAX_GUIDE_BYTES}",
+                text.len()
+            ),
+        ));
+    }
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| field(param, format!("'{param}' is not a JSON schema: {e}")))?;
     let value = match value {
         Value::String(text) => serde_json::from_str(&text)
             .map_err(|e| field(param, format!("'{param}' is not a JSON schema: {e}")))?,
@@ -103,27 +117,46 @@ fn regex_literal(text: &str) -> String {
 fn format_guide(req: &mut CompletionRequest) -> Result<Option<(&'static str, String)>, Invalid> {
     let mut asked: Vec<(&str, (&'static str, String))> = Vec::new();
     match req.response_format.take() {
-        None | Some(ResponseFormat::Text) => {}
-        Some(ResponseFormat::JsonObject) => asked.push((
+        None => {}
+        Some(ResponseFormat { kind, .. }) if kind == "text" => {}
+        Some(ResponseFormat { kind, .. }) if kind == "json_object" => asked.push((
             "response_format",
             ("json_schema", text_of(&json!({"type": "object"}))),
         )),
-        Some(ResponseFormat::JsonSchema { json_schema }) => {
+        Some(ResponseFormat {
+            kind,
+            json_schema: Some(json_schema),
+        }) if kind == "json_schema" => {
             if json_schema.name.is_empty() {
                 return Err(field(
                     "response_format",
                     "'response_format.json_schema.name' is empty".into(),
                 ));
             }
-            let schema = match json_schema.schema {
+            let schema = match &json_schema.schema {
                 Some(s) => schema_of("response_format", s)?,
                 None => json!({}),
             };
             asked.push(("response_format", ("json_schema", text_of(&schema))));
         }
+        Some(ResponseFormat { kind, .. }) if kind == "json_schema" => {
+            return Err(field(
+                "response_format",
+                "'response_format' of type 'json_schema' needs 'json_schema'".into(),
+            ))
+        }
+        Some(ResponseFormat { kind, .. }) => {
+            return Err(field(
+                "response_format",
+                format!(
+                    "'response_format.type' is '{kind}'; expected 'text', 'json_object' or \
+                     'json_schema'"
+                ),
+            ))
+        }
     }
     if let Some(schema) = req.guided_json.take() {
-        let schema = schema_of("guided_json", schema)?;
+        let schema = schema_of("guided_json", &schema)?;
         asked.push(("guided_json", ("json_schema", text_of(&schema))));
     }
     if let Some(regex) = req.guided_regex.take() {
@@ -191,10 +224,13 @@ fn check_tools(tools: &[Tool]) -> Result<(), Invalid> {
             ));
         }
         if let Some(p) = &tool.function.parameters {
-            if !p.is_object() {
+            if p.get().len() > MAX_GUIDE_BYTES || !p.get().trim_start().starts_with('{') {
                 return Err(field(
                     "tools",
-                    format!("tools[{i}].function.parameters must be a JSON schema object"),
+                    format!(
+                        "tools[{i}].function.parameters must be a JSON schema object of at \
+                         most {MAX_GUIDE_BYTES} bytes"
+                    ),
                 ));
             }
         }
@@ -202,10 +238,12 @@ fn check_tools(tools: &[Tool]) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// A tool's parameters schema (checked by [`check_tools`]), or an object of anything.
 fn parameters(tool: &Tool) -> Value {
     tool.function
         .parameters
-        .clone()
+        .as_ref()
+        .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or_else(|| json!({"type": "object"}))
 }
 
@@ -540,10 +578,10 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frontends::http::openai::request::read;
+    use crate::frontends::http::openai::decode::read;
 
     fn request(body: Value) -> CompletionRequest {
-        read(&body).unwrap()
+        read(body.to_string().as_bytes()).unwrap()
     }
 
     fn weather() -> Value {

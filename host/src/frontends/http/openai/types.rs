@@ -3,11 +3,15 @@
 //! `request.rs` checks the values and turns them into a model's request.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{value::RawValue, Value};
+
+pub use super::decode::{Listed, Shape, StringOrList, TextsOrIds};
 
 /// A `/v1/completions` or `/v1/chat/completions` body. One type serves both endpoints: which
 /// fields an endpoint takes is checked by name before the body is read into this, so a field
-/// of the other endpoint never gets here.
+/// of the other endpoint never gets here. Read straight from the body's bytes
+/// ([`super::decode`]): lists keep at most what is served, and schemas stay as their text
+/// until their size is checked.
 #[derive(Debug, Default, Deserialize)]
 pub struct CompletionRequest {
     /// The model to run.
@@ -15,7 +19,7 @@ pub struct CompletionRequest {
     /// Completions: the prompt.
     pub prompt: Option<Prompt>,
     /// Chat: the conversation so far.
-    pub messages: Option<Vec<Message>>,
+    pub messages: Option<Listed<Message>>,
     /// The most tokens to generate.
     pub max_tokens: Option<i64>,
     /// Chat: the newer name of `max_tokens` (wins when both are given).
@@ -67,26 +71,25 @@ pub struct CompletionRequest {
     /// Chat: several calls in one answer (always allowed here).
     pub parallel_tool_calls: Option<bool>,
     /// vLLM's extension: JSON valid under this schema (an object, or the schema as a string).
-    pub guided_json: Option<Value>,
+    pub guided_json: Option<Box<RawValue>>,
     /// vLLM's extension: text matching this regular expression.
     pub guided_regex: Option<String>,
     /// vLLM's extension: exactly one of these strings.
     pub guided_choice: Option<Vec<String>>,
 }
 
-/// `response_format`.
+/// `response_format`: `{"type": "text"}` (the default), `{"type": "json_object"}` (any JSON
+/// object) or `{"type": "json_schema", "json_schema": {...}}` (JSON valid under its schema).
+/// A struct rather than a tagged enum: serde buffers a tagged enum's whole content first.
 #[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ResponseFormat {
-    /// Free text (the default).
-    Text,
-    /// Any JSON object.
-    JsonObject,
-    /// JSON valid under `json_schema.schema`.
-    JsonSchema {
-        /// The schema and its name.
-        json_schema: JsonSchemaFormat,
-    },
+#[serde(deny_unknown_fields)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// With `json_schema`: the schema and its name.
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaFormat>,
 }
 
 /// `response_format.json_schema`.
@@ -97,9 +100,9 @@ pub struct JsonSchemaFormat {
     /// What it is for.
     #[serde(default)]
     pub description: Option<String>,
-    /// The JSON schema (any JSON when absent).
+    /// The JSON schema (any JSON when absent), as sent.
     #[serde(default)]
-    pub schema: Option<Value>,
+    pub schema: Option<Box<RawValue>>,
     /// Follow the schema exactly (constrained decoding always does).
     #[serde(default)]
     pub strict: Option<bool>,
@@ -123,9 +126,9 @@ pub struct FunctionDef {
     /// What it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// The JSON schema of its arguments (an object of anything when absent).
+    /// The JSON schema of its arguments (an object of anything when absent), as sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<Value>,
+    pub parameters: Option<Box<RawValue>>,
     /// Follow the schema exactly (constrained decoding always does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
@@ -200,18 +203,8 @@ pub struct FunctionCallDelta {
     pub arguments: String,
 }
 
-/// A completion's `prompt`. Only one text is served; the other shapes OpenAI allows are read
-/// so that they can be refused by name.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Prompt {
-    /// One text.
-    Text(String),
-    /// A list of texts.
-    Texts(Vec<String>),
-    /// Token ids, or anything else.
-    Other(Value),
-}
+/// A completion's `prompt`: a text, a list of texts, token ids or a list of token-id lists.
+pub type Prompt = TextsOrIds;
 
 /// `logprobs`: chat's flag or completions' count of alternatives.
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -234,16 +227,7 @@ impl Logprobs {
 }
 
 /// `stop`: one string or a list.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Stop {
-    /// One stop string.
-    One(String),
-    /// Several.
-    Many(Vec<String>),
-    /// Anything else, refused by name.
-    Other(Value),
-}
+pub type Stop = StringOrList;
 
 /// `stream_options`.
 #[derive(Debug, Default, Deserialize)]
@@ -279,19 +263,18 @@ pub struct Message {
     pub content: Option<Content>,
     /// An assistant message's calls, sent back with the tools' answers.
     #[serde(default)]
-    pub tool_calls: Option<Vec<ToolCall>>,
+    pub tool_calls: Option<Listed<ToolCall>>,
 }
 
-/// A message's `content`: a string or a list of parts.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// A message's `content`: a string or a list of parts (read by [`super::decode`]).
+#[derive(Debug)]
 pub enum Content {
     /// Plain text.
     Text(String),
     /// Typed parts, of which only text ones are served.
-    Parts(Vec<ContentPart>),
+    Parts(Listed<ContentPart>),
     /// Anything else, refused by name.
-    Other(Value),
+    Other(Shape),
 }
 
 /// One part of a message's content.
@@ -472,26 +455,14 @@ impl Usage {
 pub struct EmbeddingRequest {
     /// The embedding model.
     pub model: Option<String>,
-    /// The text, or texts, to embed.
-    pub input: Option<EmbeddingInput>,
+    /// The text, or texts, to embed (token ids are read to be refused by name).
+    pub input: Option<TextsOrIds>,
     /// `float` (default) or `base64`.
     pub encoding_format: Option<String>,
     /// The vectors' length, where the model allows it.
     pub dimensions: Option<i64>,
     /// The end user, for the caller's own records.
     pub user: Option<String>,
-}
-
-/// `/v1/embeddings`' `input`: one text or a list; token ids are read to be refused by name.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum EmbeddingInput {
-    /// One text.
-    One(String),
-    /// Several.
-    Many(Vec<String>),
-    /// Token ids, or anything else.
-    Other(Value),
 }
 
 /// The `/v1/embeddings` answer.
