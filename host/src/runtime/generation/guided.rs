@@ -147,6 +147,13 @@ impl Guides {
                         "it has {rules} rules, more than {MAX_GUIDE_RULES}"
                     )));
                 }
+                // A grammar may embed JSON schemas (`%json { ... }`): their `$ref`s count too.
+                let refs = guide.matches("\"$ref\"").count();
+                if refs > MAX_GUIDE_RULES {
+                    return Err(bad(format!(
+                        "it has {refs} '$ref's, more than {MAX_GUIDE_RULES}"
+                    )));
+                }
                 TopLevelGrammar::from_lark(guide.to_owned())
             }
         };
@@ -523,6 +530,19 @@ mod tests {
             .unwrap_err();
         assert!(
             e.message.contains("1002 '$ref's, more than 1000"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn schemas_embedded_in_a_lark_grammar_are_bounded_too() {
+        let g = guides();
+        let chain = ref_chain(MAX_GUIDE_RULES + 1);
+        let grammar = format!("start: %json {chain}\n");
+        let e = g.compile("lark", &grammar).unwrap_err();
+        assert!(
+            e.message.contains("'$ref's, more than 1000"),
             "{}",
             e.message
         );
