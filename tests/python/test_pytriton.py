@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 import sys
 import time
 import urllib.request
@@ -40,10 +41,10 @@ def ported(source, tmp_path, name):
     return str(path)
 
 
-def wait_ready(port, process, timeout=240):
+def wait_ready(port, process, output, timeout=240):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        assert process.poll() is None, process.stdout.read().decode(errors="replace")
+        assert process.poll() is None, output()
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as r:
                 if r.status == 200:
@@ -65,7 +66,12 @@ class Serving:
                    PYTRITON_TRITON_CONFIG_GRPC_ADDRESS="127.0.0.1")
         self.process = subprocess.Popen([python, script], env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT)
-        wait_ready(self.http, self.process)
+        # Drained all along: a server whose log fills the pipe would block writing it and
+        # never get ready or stop.
+        self.output = bytearray()
+        threading.Thread(target=lambda: [self.output.extend(line) for line in self.process.stdout],
+                         daemon=True).start()
+        wait_ready(self.http, self.process, lambda: self.output.decode(errors="replace"))
         # Bound models load after the listeners: wait until the last one answers ready.
         deadline = time.time() + 120
         while True:
@@ -82,7 +88,10 @@ class Serving:
     def stop(self):
         self.process.send_signal(2)  # SIGINT, as Ctrl-C stops serve()
         try:
-            return self.process.wait(timeout=60)
+            return self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the server did not stop; its output ends:\n"
+                                 + self.output.decode(errors="replace")[-4000:]) from None
         finally:
             if self.process.poll() is None:
                 self.process.kill()

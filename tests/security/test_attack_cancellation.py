@@ -240,13 +240,15 @@ def test_a_client_that_never_reads_does_not_pin_the_decoder(llm):
 
 
 def test_a_stream_nobody_reads_is_cancelled_at_the_stall_deadline(light):
-    # Eight streams nobody reads, as many as the tiny decoder has instances (two per row):
-    # each instance waits on a full stream, and only the stall deadline (2 s here) frees it,
-    # so that the next request is served at all.
+    # As many streams nobody reads as the tiny decoder has instances (two per row and one
+    # request's most sequences: 2 x 4 + 64): each instance waits on a full stream, and only the
+    # stall deadline (2 s here) frees it, so that the next request is served at all.
+    instances = 2 * 4 + 64
     close = stalled_streams(light, "/v2/models/tiny/generate_stream",
-                            {"input_ids": [5, 6, 7], "max_tokens": 60, "end_id": -1}, 8)
+                            {"input_ids": [5, 6, 7], "max_tokens": 60, "end_id": -1}, instances)
     try:
-        assert wait_for(lambda: metric(light, "vllm:generation_tokens_total", "tiny") >= 8 * 60)
+        assert wait_for(lambda: metric(light, "vllm:generation_tokens_total", "tiny")
+                        >= instances * 60)
         status, answer = post(light, "/v2/models/tiny/generate",
                               {"input_ids": [5, 6, 7], "max_tokens": 4, "end_id": -1}, timeout=120)
         assert status == 200 and answer["output_ids"], answer

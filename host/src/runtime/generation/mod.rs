@@ -330,8 +330,12 @@ fn decoder_spec(
     ))
 }
 
-/// Loads a generation model: its decoder session and the loop that runs it, and two instances
-/// per sequence of the batch (each waits for its own sequence).
+/// The most sequences one client request may start (OpenAI's `n` choices of each of its
+/// prompts): the frontends refuse more.
+pub const MAX_SEQUENCES_PER_REQUEST: usize = 64;
+
+/// Loads a generation model: its decoder session and the loop that runs it, and instances
+/// that each wait for one sequence: two per row of the batch, and one request's most beyond.
 pub fn load(
     mut config: ModelConfig,
     version_dir: &Path,
@@ -516,9 +520,11 @@ pub fn load(
         prompt_logits,
     });
     let decoupled = super::is_decoupled(&config);
-    // Twice the rows: each instance waits for one sequence, and a request that waits for a
-    // row (while the engine preempts a party over its share) must get into the engine.
-    let instances = (0..rows * 2)
+    // Each instance waits for one sequence. A request must reach the engine to claim its share
+    // of the rows (the engine preempts a party over its share), so there are more instances
+    // than rows: a batch's worth waiting, and one request of the most sequences on top, which
+    // can thus never take every instance.
+    let instances = (0..rows * 2 + MAX_SEQUENCES_PER_REQUEST)
         .map(|_| {
             Box::new(GenerationInstance {
                 engine: engine.clone(),

@@ -88,7 +88,7 @@ pub struct Parsed {
 pub const MAX_CHOICES: i64 = 16;
 
 /// The most sequences (prompts × `n`) one request may start.
-pub const MAX_SEQUENCES: usize = 64;
+pub const MAX_SEQUENCES: usize = crate::runtime::generation::MAX_SEQUENCES_PER_REQUEST;
 
 impl Parsed {
     /// How many choices the answer holds: `n` per prompt.
