@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -64,8 +65,12 @@ class Serving:
                    PYTRITON_TRITON_CONFIG_METRICS_PORT=str(self.metrics),
                    PYTRITON_TRITON_CONFIG_HTTP_ADDRESS="127.0.0.1",
                    PYTRITON_TRITON_CONFIG_GRPC_ADDRESS="127.0.0.1")
-        self.process = subprocess.Popen([python, script], env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT)
+        # SIGINT as Ctrl-C delivers it, even when this suite runs as a background job (which
+        # starts with SIGINT ignored, and a Python child would then never see its
+        # KeyboardInterrupt).
+        self.process = subprocess.Popen(
+            [python, script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         # Drained all along: a server whose log fills the pipe would block writing it and
         # never get ready or stop.
         self.output = bytearray()

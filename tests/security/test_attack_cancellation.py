@@ -297,3 +297,28 @@ def test_a_stage_whose_client_left_stops_with_the_calls_it_made(light, model):
                           {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2],
                                        "data": [1.0, 2.0]}]})
     assert status == 200 and answer["outputs"][0]["data"] == [1.0, 2.0], answer
+
+
+def test_a_preempted_sequence_answers_as_if_it_had_never_left(llm):
+    # Greedy choices of one prompt are all the same text; preempting one of them (tenant
+    # other claims its share meanwhile) and prefilling it again must not change a token.
+    preempted = metric(llm, "vllm:num_preemptions_total", "smollm2_decoder")
+    answers = {}
+
+    def big():
+        answers["big"] = post(llm, "/v1/completions",
+                              {"model": "smollm2", "prompt": ["The sea is", "My garden has"],
+                               "n": 16, "max_tokens": 40, "temperature": 0, "ignore_eos": True},
+                              auth("big"))
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    assert wait_for(lambda: running(llm, "smollm2_decoder") == 32), llm.metrics_text()
+    still_generates(llm, auth("other"))
+    thread.join(600)
+    assert metric(llm, "vllm:num_preemptions_total", "smollm2_decoder") > preempted
+    status, answer = answers["big"]
+    assert status == 200, answer
+    texts = [c["text"] for c in sorted(answer["choices"], key=lambda c: c["index"])]
+    assert len(set(texts[:16])) == 1 and len(set(texts[16:])) == 1, texts
+    assert answer["usage"]["completion_tokens"] == 32 * 40
