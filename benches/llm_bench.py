@@ -256,6 +256,8 @@ def main():
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary for C")
     ap.add_argument("--llama-python", default=os.path.join(ROOT, ".venv-llama", "bin", "python"),
                     help="a python with llama-cpp-python[server] for C")
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "wasmtron"),
+                    help="the wasmtron binary for B/J/O/P (e.g. another commit's, side by side)")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     only = set(args.only.split(","))
@@ -279,7 +281,7 @@ def main():
                 with open(os.path.join(repo, "smollm2_decoder", "config.pbtxt"), "a") as f:
                     f.write('parameters { key: "max_prefill_tokens" value { string_value: "%d" } }\n'
                             % args.max_prefill_tokens)
-            proc, port = start(os.path.join(ROOT, "target", "release", "wasmtron"), repo)
+            proc, port = start(args.binary, repo)
             body = {"text_input": text, "max_tokens": args.tokens, "end_id": -1}
             guided = dict(body, guided_decoding_guide_type="json_schema",
                           guided_decoding_guide=json.dumps(PEOPLE))
