@@ -18,8 +18,12 @@ async fn client(s: &TestServer) -> Client {
 }
 
 fn server() -> (TempDir, TestServer) {
+    server_with(&[])
+}
+
+fn server_with(flags: &[&str]) -> (TempDir, TestServer) {
     let repo = temp_repository(&["simple", "identity_bytes"]);
-    let server = TestServer::start(repo.path(), &[]);
+    let server = TestServer::start(repo.path(), flags);
     (repo, server)
 }
 
@@ -220,7 +224,7 @@ async fn infer_with_typed_and_raw_contents() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_map_to_grpc_codes() {
-    let (_repo, s) = server();
+    let (_repo, s) = server_with(&["--allow-client-shm=true"]);
     let mut c = client(&s).await;
     let mut unknown = typed_simple_request();
     unknown.model_name = "ghost".into();
@@ -397,4 +401,41 @@ async fn responses_are_gzipped_only_when_the_server_is_told_to() {
             (2..18).collect::<Vec<_>>()
         );
     }
+}
+
+#[tokio::test]
+async fn client_shared_memory_is_refused_unless_allowed() {
+    // Triton's default since 2026: clients may register shared memory only with
+    // --allow-client-shm=true.
+    let (_repo, s) = server();
+    let mut c = client(&s).await;
+    let err = c
+        .system_shared_memory_register(SystemSharedMemoryRegisterRequest {
+            name: "r".into(),
+            key: "/wasmtron_no_such_key".into(),
+            offset: 0,
+            byte_size: 8,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(
+        err.message().contains("--allow-client-shm=true"),
+        "{}",
+        err.message()
+    );
+    let url = s.url("/v2/systemsharedmemory/region/r/register");
+    let body = serde_json::json!({"key": "/k", "byte_size": 8});
+    let (status, text) = tokio::task::spawn_blocking(move || {
+        let r = reqwest::blocking::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("--allow-client-shm=true"), "{text}");
 }

@@ -584,7 +584,8 @@ fn statistics_and_metrics_follow_inferences() {
 
 #[test]
 fn unsupported_extensions_say_so() {
-    let (_repo, s) = server();
+    let repo = temp_repository(&["simple"]);
+    let s = TestServer::start(repo.path(), &["--allow-client-shm=true"]);
     // CUDA shared memory needs a GPU build and a GPU: without them registering says which is
     // missing (this suite runs in a GPU build on a CPU-only host as well as without one).
     let handle = base64::engine::general_purpose::STANDARD.encode([0u8; 64]);

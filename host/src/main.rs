@@ -3,8 +3,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use anyhow::{bail, Context};
-use clap::{ArgAction, Parser};
+use anyhow::bail;
 use wasmtron::{
     frontends::{
         connections::ConnectionLimits,
@@ -14,209 +13,16 @@ use wasmtron::{
     limits::RequestLimits,
     repository::remote::open_repositories,
     runtime::RuntimeOptions,
-    scheduling::server::{ControlMode, Server, ServerOptions},
+    scheduling::server::{Server, ServerOptions},
     tenancy::Tenancy,
 };
 
+use crate::command_line::{BackendSettings, Cli, Command, CompressionLevel, StageCommand};
+
+mod command_line;
+mod log_lines;
 mod stage_cli;
 mod trace_export;
-
-/// A Triton-compatible inference server with sandboxed WebAssembly stages.
-#[derive(Parser, Debug)]
-#[command(name = "wasmtron", version, subcommand_negates_reqs = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-    /// Model repository: a directory, or object storage (`s3://bucket/path`,
-    /// `s3://host:port/bucket/path`, `gs://bucket/path`, `as://account/container/path`, with
-    /// the cloud's usual credential variables); repeat for several.
-    #[arg(long = "model-repository", alias = "model-store", required = true)]
-    model_repository: Vec<String>,
-    /// HTTP port (0 picks a free one).
-    #[arg(long, default_value_t = 8000)]
-    http_port: u16,
-    /// gRPC port (0 picks a free one).
-    #[arg(long, default_value_t = 8001)]
-    grpc_port: u16,
-    /// Metrics port (0 picks a free one).
-    #[arg(long, default_value_t = 8002)]
-    metrics_port: u16,
-    /// Address the HTTP service binds.
-    #[arg(long, default_value = "0.0.0.0")]
-    http_address: String,
-    /// Address the gRPC service binds.
-    #[arg(long, default_value = "0.0.0.0")]
-    grpc_address: String,
-    /// Address the metrics service binds.
-    #[arg(long, default_value = "0.0.0.0")]
-    metrics_address: String,
-    /// Serve HTTP.
-    #[arg(long, default_value_t = true, action = ArgAction::Set)]
-    allow_http: bool,
-    /// Serve gRPC.
-    #[arg(long, default_value_t = true, action = ArgAction::Set)]
-    allow_grpc: bool,
-    /// Serve metrics.
-    #[arg(long, default_value_t = true, action = ArgAction::Set)]
-    allow_metrics: bool,
-    /// How models are loaded and unloaded.
-    #[arg(long, value_enum, default_value_t = ControlMode::None)]
-    model_control_mode: ControlMode,
-    /// Model to load at start in explicit mode (`*` for all); repeatable.
-    #[arg(long = "load-model")]
-    load_model: Vec<String>,
-    /// Seconds between repository scans in poll mode.
-    #[arg(long, default_value_t = 15)]
-    repository_poll_secs: u64,
-    /// Seconds to wait for in-flight requests on shutdown.
-    #[arg(long, default_value_t = 30)]
-    exit_timeout_secs: u64,
-    /// Seconds to keep serving new requests after SIGTERM, with readiness already false, so
-    /// that load balancers stop sending before requests are refused.
-    #[arg(long, default_value_t = 0)]
-    drain_delay_secs: u64,
-    /// Verbose logging level (0 = off).
-    #[arg(long, default_value_t = 0)]
-    log_verbose: u32,
-    /// Ready only when every model is ready.
-    #[arg(long, default_value_t = true, action = ArgAction::Set)]
-    strict_readiness: bool,
-    /// Do not fill inputs, outputs and max_batch_size from the model file.
-    #[arg(long, alias = "strict-model-config", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    disable_auto_complete_config: bool,
-    /// Backend settings, e.g. `default-max-batch-size=4` or `onnxruntime,default-max-batch-size=4`.
-    #[arg(long = "backend-config")]
-    backend_config: Vec<String>,
-    /// Largest HTTP request body in bytes (before and after decompression).
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
-    http_max_input_size: usize,
-    /// Largest gRPC request message in bytes (larger ones are refused with OUT_OF_RANGE).
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
-    grpc_max_message_size: usize,
-    /// Seconds a new connection (HTTP, gRPC or metrics) has to send its first request's
-    /// headers before it is closed.
-    #[arg(long, default_value_t = ConnectionLimits::default().header_timeout.as_secs())]
-    http_header_timeout_secs: u64,
-    /// Seconds a connection with no request in flight stays open.
-    #[arg(long, default_value_t = ConnectionLimits::default().idle_timeout.as_secs())]
-    http_idle_timeout_secs: u64,
-    /// Most connections open at once over all listeners; at the cap the longest-idle one makes
-    /// room (default 0: three quarters of the open-files limit, which is raised to its hard
-    /// limit at start).
-    #[arg(long, default_value_t = 0)]
-    max_connections: usize,
-    /// Most dimensions a request tensor may have.
-    #[arg(long, default_value_t = RequestLimits::default().max_rank)]
-    max_tensor_rank: usize,
-    /// Most elements one request tensor may have.
-    #[arg(long, default_value_t = RequestLimits::default().max_elements)]
-    max_tensor_elements: usize,
-    /// Longest element of a BYTES request tensor, in bytes.
-    #[arg(long, default_value_t = RequestLimits::default().max_string_bytes)]
-    max_string_bytes: usize,
-    /// Deepest nesting of arrays and objects in an HTTP request's JSON.
-    #[arg(long, default_value_t = RequestLimits::default().max_json_depth)]
-    max_json_depth: usize,
-    /// Executions that run at once, server-wide, while several tenants are active: each gets
-    /// its part by weight (at least one), a tenant alone is not held back (default: the number
-    /// of cores; 0: no share). Only with --config.
-    #[arg(long)]
-    execution_slots: Option<usize>,
-    /// Requests each model version may queue before answering UNAVAILABLE.
-    #[arg(long, default_value_t = 1024)]
-    model_queue_capacity: usize,
-    /// Seconds a streamed response (server-sent events, a gRPC stream) waits for a client
-    /// that reads nothing before its request is cancelled and its resources freed.
-    #[arg(long, default_value_t = ServerOptions::default().response_stall_timeout.as_secs())]
-    response_stall_timeout_secs: u64,
-    /// Compress gRPC inference responses (gzip) for clients that accept it. Off by default,
-    /// as in Triton: stock clients always offer gzip, and compressing large tensors costs more
-    /// CPU than loopback or LAN transfer saves. low, medium and high all mean gzip here.
-    #[arg(long, value_enum, default_value_t = CompressionLevel::None)]
-    grpc_infer_response_compression_level: CompressionLevel,
-    /// Preallocate slots for this many Wasm stage instances (wasmtime's pooling allocator:
-    /// cheaper instantiation, e.g. with `fresh_instance_per_request`); 0 allocates on demand.
-    #[arg(long, default_value_t = 0)]
-    wasm_pooling_instances: u32,
-    /// Directory for compiled Wasm stages (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
-    #[arg(long)]
-    wasm_cache_dir: Option<PathBuf>,
-    /// Keep that directory under this many MiB, removing the least recently used compiled
-    /// stages first (default 2048; the stage just compiled always stays).
-    #[arg(long)]
-    wasm_cache_max_mb: Option<u64>,
-    /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
-    #[arg(long)]
-    onnxruntime_library: Option<PathBuf>,
-    /// Restrict HTTP API groups to requests with a header: `<api>,<api>,...:<key>=<value>`
-    /// (APIs: health, metadata, inference, shared-memory, model-config, model-repository,
-    /// statistics, trace, logging); repeatable.
-    #[arg(long = "http-restricted-api")]
-    http_restricted_api: Vec<String>,
-    /// Restrict gRPC protocol groups the same way; the header is
-    /// `triton-grpc-protocol-<key>`; repeatable.
-    #[arg(long = "grpc-restricted-protocol")]
-    grpc_restricted_protocol: Vec<String>,
-    /// Server config file (TOML) naming the tenants, their hashed API keys and the models each
-    /// may use; without one the server serves everyone.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Request tracing, as in Triton: `mode=opentelemetry`, `level=TIMESTAMPS|OFF`, `rate=N`
-    /// (one request in N), `count=N`, `opentelemetry,url=HOST:PORT/v1/traces`,
-    /// `opentelemetry,resource=KEY=VALUE`; repeatable. Needs a build with `--features otel`.
-    #[arg(long = "trace-config")]
-    trace_config: Vec<String>,
-}
-
-/// `--grpc-infer-response-compression-level`, Triton's values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum CompressionLevel {
-    None,
-    Low,
-    Medium,
-    High,
-}
-
-/// Tools besides serving.
-#[derive(clap::Subcommand, Debug)]
-enum Command {
-    /// Work with WebAssembly stages.
-    #[command(subcommand)]
-    Stage(StageCommand),
-    /// Print the line to store in the server config file for an API key (read from standard
-    /// input when not given, so that it stays out of the shell history).
-    HashKey {
-        /// The key.
-        key: Option<String>,
-    },
-}
-
-#[derive(clap::Subcommand, Debug)]
-enum StageCommand {
-    /// Execute a stage once, without a server, and print its outputs as JSON.
-    Run(stage_cli::run::RunArgs),
-    /// Write a new stage, ready to build: source, config.pbtxt, a test input and the SDK.
-    New(stage_cli::new::NewArgs),
-    /// Build a stage with its language's toolchain into DIR/1/model.wasm.
-    Build(stage_cli::build::BuildArgs),
-}
-
-fn default_max_batch_size(settings: &[String]) -> anyhow::Result<i32> {
-    let mut value = 4;
-    for setting in settings {
-        let kv = setting.rsplit(',').next().unwrap_or(setting);
-        if let Some(v) = kv.strip_prefix("default-max-batch-size=") {
-            value = v.parse().with_context(|| {
-                format!("--backend-config {setting}: default-max-batch-size must be an integer")
-            })?;
-        } else {
-            bail!(
-                "--backend-config {setting}: unknown setting (supported: default-max-batch-size=N)"
-            );
-        }
-    }
-    Ok(value)
-}
 
 /// Registers SIGTERM and SIGINT now and returns what waits for the first of them. Called
 /// before the listeners start: a signal that came after the server said it was ready, but
@@ -299,15 +105,24 @@ fn tune_malloc() {
 
 fn main() -> anyhow::Result<()> {
     tune_malloc();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(serve())
+    let (cli, notes) = match command_line::parse(std::env::args_os()) {
+        Ok(parsed) => parsed,
+        Err(e) => match e.downcast::<clap::Error>() {
+            // clap's own (help, version, a flag it does not know) exit as clap exits.
+            Ok(clap_error) => clap_error.exit(),
+            Err(e) => return Err(e),
+        },
+    };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = cli.http_thread_count.filter(|&n| n > 0) {
+        runtime.worker_threads(threads);
+    }
+    runtime.enable_all().build()?.block_on(serve(cli, notes))
 }
 
-/// The binary: a subcommand, or the named steps of serving.
-async fn serve() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// The binary: a subcommand, or the named steps of serving; `notes` are the flags accepted
+/// with no effect, logged once logging runs.
+async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Stage(StageCommand::New(args))) => {
             if let Err(e) = stage_cli::new::new(args) {
@@ -348,12 +163,21 @@ async fn serve() -> anyhow::Result<()> {
     }
     let tenancy = load_tenants(&cli)?;
     let (tracing_settings, trace_exporter) = start_tracing(&cli)?;
+    let (backend, backend_notes) = BackendSettings::parse(&cli.backend_config)?;
+    for note in notes.iter().chain(&backend_notes) {
+        tracing::info!("{note}");
+    }
+    let threads = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!(
+        threads,
+        "HTTP, gRPC and metrics are served by the async runtime's threads"
+    );
     let listening = listener_options(&cli, tenancy.clone(), tracing_settings)?;
     wasmtron::runtime::wasm::engine::configure(wasmtron::runtime::wasm::engine::EngineOptions {
         pooling_instances: cli.wasm_pooling_instances,
     })
     .map_err(|e| anyhow::anyhow!(e.message))?;
-    let options = server_options(&cli, tenancy.clone()).await?;
+    let options = server_options(&cli, &backend, tenancy.clone()).await?;
     #[cfg(unix)]
     if let (Some(tenancy), Some(path)) = (&tenancy, &cli.config) {
         reload_tenants_on_sighup(tenancy.clone(), path.clone())?;
@@ -361,9 +185,29 @@ async fn serve() -> anyhow::Result<()> {
     let server = Server::start(options)
         .await
         .map_err(|e| anyhow::anyhow!(e.message))?;
+    let mut failed = Vec::new();
     for entry in server.models().index(false) {
         let version = entry.version.map(|v| v.to_string()).unwrap_or_default();
         tracing::info!(model = %entry.name, version = %version, state = entry.state.as_str(), reason = %entry.reason, "model status");
+        if entry.state == wasmtron::scheduling::model_manager::ModelState::Unavailable
+            && !entry.reason.is_empty()
+        {
+            failed.push(format!("'{}': {}", entry.name, entry.reason));
+        }
+    }
+    // Triton's --exit-on-error (on by default): a model that failed at start-up stops the
+    // server, naming it, instead of leaving one that is silently not ready.
+    if cli.exit_on_error && !failed.is_empty() {
+        server.drain(Duration::from_secs(5)).await;
+        bail!(
+            "failed to load {} (--exit-on-error=false serves the models that loaded): {}",
+            if failed.len() == 1 {
+                "a model"
+            } else {
+                "models"
+            },
+            failed.join("; ")
+        );
     }
     // Before the first listener: from the moment a client can see the server, a signal drains.
     let shutdown = shutdown_signal()?;
@@ -397,7 +241,15 @@ fn start_tracing(
 )> {
     let level = if cli.log_verbose > 0 { "debug" } else { "info" };
     let trace_options = trace_export::parse(&cli.trace_config)?;
-    let (tracing_settings, trace_exporter) = trace_export::init(level, &trace_options)?;
+    let log = log_lines::LogOptions {
+        verbose: cli.log_verbose,
+        info: cli.log_info,
+        warning: cli.log_warning,
+        error: cli.log_error,
+        format: cli.log_format,
+        file: cli.log_file.clone(),
+    };
+    let (tracing_settings, trace_exporter) = trace_export::init(level, &log, &trace_options)?;
     for (key, value) in &trace_options.settings {
         tracing_settings
             .configure(key, value)
@@ -407,7 +259,11 @@ fn start_tracing(
 }
 
 /// The server core's options from the command line, on top of [`ServerOptions::default`].
-async fn server_options(cli: &Cli, tenancy: Option<Arc<Tenancy>>) -> anyhow::Result<ServerOptions> {
+async fn server_options(
+    cli: &Cli,
+    backend: &BackendSettings,
+    tenancy: Option<Arc<Tenancy>>,
+) -> anyhow::Result<ServerOptions> {
     let defaults = ServerOptions::default();
     let (remote_repositories, model_repositories) =
         open_repositories(&cli.model_repository, &std::env::temp_dir()).await?;
@@ -420,7 +276,7 @@ async fn server_options(cli: &Cli, tenancy: Option<Arc<Tenancy>>) -> anyhow::Res
         runtime: RuntimeOptions {
             onnxruntime_library: cli.onnxruntime_library.clone(),
             disable_auto_complete: cli.disable_auto_complete_config,
-            default_max_batch_size: default_max_batch_size(&cli.backend_config)?,
+            default_max_batch_size: backend.default_max_batch_size,
             wasm_cache_dir: cli
                 .wasm_cache_dir
                 .clone()
@@ -437,6 +293,7 @@ async fn server_options(cli: &Cli, tenancy: Option<Arc<Tenancy>>) -> anyhow::Res
             max_json_depth: cli.max_json_depth,
         },
         response_stall_timeout: Duration::from_secs(cli.response_stall_timeout_secs.max(1)),
+        server_id: cli.id.clone(),
         ..ServerOptions::default()
     }
     .with_tenancy(tenancy, cli.execution_slots))
@@ -471,6 +328,11 @@ fn listener_options(
         http_restrictions,
         grpc_restrictions,
         tracing,
+        allow_client_shm: cli.allow_client_shm,
+        grpc_keepalive: Some((
+            Duration::from_millis(cli.grpc_keepalive_time.max(1)),
+            Duration::from_millis(cli.grpc_keepalive_timeout.max(1)),
+        )),
         connections: ConnectionLimits {
             header_timeout: Duration::from_secs(cli.http_header_timeout_secs.max(1)),
             idle_timeout: Duration::from_secs(cli.http_idle_timeout_secs.max(1)),

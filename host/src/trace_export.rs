@@ -3,7 +3,7 @@
 //! `--trace-config mode=opentelemetry`, request spans exported over OTLP/HTTP).
 
 use anyhow::{bail, Context};
-use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt, Layer};
+use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
 use wasmtron::{frontends::trace::Tracing, inference::TRACE_TARGET};
 
 /// What `--trace-config` asked for.
@@ -88,16 +88,17 @@ impl Exporter {
 }
 
 /// Installs the subscriber: the log at `level` (`RUST_LOG` overrides) without the request
-/// spans, and the OTLP exporter for them when asked. Returns the request tracing settings and
+/// spans, shaped by the log flags, and the OTLP exporter for them when asked. Returns the request tracing settings and
 /// the exporter to shut down at exit.
-pub fn init(level: &str, options: &TraceOptions) -> anyhow::Result<(Tracing, Option<Exporter>)> {
+pub fn init(
+    level: &str,
+    log: &crate::log_lines::LogOptions,
+    options: &TraceOptions,
+) -> anyhow::Result<(Tracing, Option<Exporter>)> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| format!("{level},ort=warn").into())
         .add_directive(format!("{TRACE_TARGET}=off").parse()?);
-    let log = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(filter);
+    let log = crate::log_lines::layer(log, filter)?;
     let registry = tracing_subscriber::registry().with(log);
     if !options.opentelemetry {
         registry.init();
@@ -108,6 +109,7 @@ pub fn init(level: &str, options: &TraceOptions) -> anyhow::Result<(Tracing, Opt
         use opentelemetry::trace::TracerProvider;
         use opentelemetry_otlp::WithExportConfig;
         use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
+        use tracing_subscriber::Layer;
 
         let url = options
             .url

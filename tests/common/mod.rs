@@ -145,6 +145,9 @@ impl TestServer {
             ])
             .args(["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"])
             .args(["--metrics-address", "127.0.0.1"])
+            // Repositories with models meant to fail keep the others serving, unless a test
+            // asks for Triton's default itself (the last value of a flag wins).
+            .arg("--exit-on-error=false")
             .args(extra)
             // Compiled stages are shared by all tests (keyed by content), never written to $HOME.
             .env(

@@ -21,9 +21,11 @@ class Server:
         self.log = []
         repository = [] if repo is None else ["--model-repository", repo]
         self.proc = subprocess.Popen(
+            # Tests load repositories with models meant to fail: they keep the others serving
+            # unless a test asks for Triton's default (--exit-on-error=true) itself.
             [binary or BINARY, *repository, "--http-port", "0", "--grpc-port", "0",
              "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-             "--metrics-address", "127.0.0.1", *extra],
+             "--metrics-address", "127.0.0.1", "--exit-on-error=false", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.addresses = {}
         found = threading.Event()

@@ -18,7 +18,7 @@ BYTES = 16 * 4  # one [1, 16] INT32 tensor
 
 @pytest.fixture(scope="module")
 def shm_server(tmp_path_factory):
-    yield from serving(tmp_path_factory, "shm", ["simple"])
+    yield from serving(tmp_path_factory, "shm", ["simple"], "--allow-client-shm=true")
 
 
 @pytest.fixture(params=["http", "grpc"])

@@ -65,7 +65,7 @@ def server(tmp_path_factory):
     config = repo / "wasmtron.toml"
     config.write_text(config_text())
     s = Server(str(repo), "--config", str(config), "--model-control-mode", "explicit",
-               "--load-model", "*")
+               "--load-model", "*", "--allow-client-shm=true")
     yield s
     s.stop()
 

@@ -22,7 +22,7 @@ LIMIT = 1 << 20
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("shm")
     copy_models(str(repo), ["simple"])
-    s = Server(str(repo), "--http-max-input-size", str(LIMIT))
+    s = Server(str(repo), "--http-max-input-size", str(LIMIT), "--allow-client-shm=true")
     yield s
     s.stop()
 
@@ -177,7 +177,7 @@ def test_many_regions_do_not_use_up_the_servers_descriptors(tmp_path, key):
     repo = tmp_path / "repo"
     repo.mkdir()
     copy_models(str(repo), ["simple"])
-    server = Server(str(repo), binary=ulimit_binary(tmp_path, 256))
+    server = Server(str(repo), "--allow-client-shm=true", binary=ulimit_binary(tmp_path, 256))
     handle = shm.create_shared_memory_region("many", f"/{name}", 64)
     try:
         for i in range(300):

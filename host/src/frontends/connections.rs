@@ -345,11 +345,13 @@ pub enum Protocol {
 }
 
 /// Serves `app` on `listener` under the table's rules until `stop` is cancelled, then lets
-/// open connections finish their requests.
+/// open connections finish their requests. HTTP/2 connections get keepalive pings at
+/// `keepalive`'s interval, closed when one goes unanswered for its timeout.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     protocol: Protocol,
+    keepalive: Option<(Duration, Duration)>,
     table: Arc<ConnectionTable>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
@@ -379,7 +381,7 @@ pub async fn serve(
         }
         let (app, table, stop) = (app.clone(), table.clone(), stop.clone());
         tasks.spawn(async move {
-            serve_connection(stream, app, protocol, &table, &conn, stop).await;
+            serve_connection(stream, app, protocol, keepalive, &table, &conn, stop).await;
             table.remove(&conn);
         });
     }
@@ -392,6 +394,7 @@ async fn serve_connection(
     stream: tokio::net::TcpStream,
     app: Router,
     protocol: Protocol,
+    keepalive: Option<(Duration, Duration)>,
     table: &ConnectionTable,
     conn: &Arc<Connection>,
     stop: CancellationToken,
@@ -446,6 +449,12 @@ async fn serve_connection(
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    if let Some((interval, timeout)) = keepalive {
+        builder
+            .http2()
+            .keep_alive_interval(interval)
+            .keep_alive_timeout(timeout);
+    }
     if protocol == Protocol::Grpc {
         builder = builder.http2_only();
     }

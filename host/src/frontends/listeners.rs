@@ -67,6 +67,12 @@ pub struct ListenerOptions {
     pub tracing: Arc<Tracing>,
     /// Timeouts and the cap on open connections, over all listeners.
     pub connections: ConnectionLimits,
+    /// Whether clients may register shared memory (`--allow-client-shm`; Triton's default,
+    /// since 2026, is off).
+    pub allow_client_shm: bool,
+    /// The gRPC listener's keepalive pings on idle connections: (interval, time to wait for
+    /// the acknowledgement) (`--grpc-keepalive-time`, `--grpc-keepalive-timeout`).
+    pub grpc_keepalive: Option<(std::time::Duration, std::time::Duration)>,
 }
 
 impl Default for ListenerOptions {
@@ -84,6 +90,8 @@ impl Default for ListenerOptions {
             grpc_restrictions: Restrictions::default(),
             tracing: Arc::new(Tracing::default()),
             connections: ConnectionLimits::default(),
+            allow_client_shm: false,
+            grpc_keepalive: None,
         }
     }
 }
@@ -149,17 +157,22 @@ impl Listeners {
             idle_timeout = ?options.connections.idle_timeout,
             "connection limits"
         );
-        let shared_memory = Arc::new(SystemSharedMemory::new());
+        let shared_memory = Arc::new(SystemSharedMemory::allowing(options.allow_client_shm));
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status("", tonic_health::ServingStatus::Serving)
             .await;
         // Every listener accepts under the same connection table and stops together.
         let spawn = |listener, app, protocol| {
+            let keepalive = match protocol {
+                Protocol::Grpc => options.grpc_keepalive,
+                Protocol::Http => None,
+            };
             tokio::spawn(connections::serve(
                 listener,
                 app,
                 protocol,
+                keepalive,
                 table.clone(),
                 stop.clone(),
             ))

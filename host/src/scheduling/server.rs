@@ -69,6 +69,8 @@ pub struct ServerOptions {
     /// How long a streamed response waits for a reader that takes nothing before its request
     /// is cancelled (`--response-stall-timeout-secs`).
     pub response_stall_timeout: Duration,
+    /// The server's identifier: the `name` of its metadata (Triton's `--id`).
+    pub server_id: String,
 }
 
 impl Default for ServerOptions {
@@ -94,6 +96,7 @@ impl Default for ServerOptions {
             limits: RequestLimits::default(),
             execution_slots: 0,
             response_stall_timeout: Duration::from_secs(10),
+            server_id: "wasmtron".to_owned(),
         }
     }
 }
@@ -258,6 +261,11 @@ impl Server {
             });
         }
         Ok(server)
+    }
+
+    /// The server's identifier (`--id`): the `name` its metadata answers.
+    pub fn id(&self) -> &str {
+        &self.options.server_id
     }
 
     /// The request limits every frontend applies.

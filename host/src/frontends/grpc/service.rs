@@ -7,7 +7,7 @@ use crate::frontends::{
     check_load, check_unload, model_config, model_metadata, model_statistics, parse_version,
     restricted::ApiGroup,
     shared_memory::{Kind as MemoryKind, Location},
-    EXTENSIONS, SERVER_NAME, SERVER_VERSION,
+    EXTENSIONS, SERVER_VERSION,
 };
 use crate::{
     names::ModelName,
@@ -68,7 +68,7 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<ServerMetadataResponse>, Status> {
         self.caller(&r, ApiGroup::Metadata)?;
         Ok(Response::new(ServerMetadataResponse {
-            name: SERVER_NAME.to_owned(),
+            name: self.server.id().to_owned(),
             version: SERVER_VERSION.to_owned(),
             extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
         }))

@@ -202,9 +202,19 @@ impl Region {
 type Key = (Option<String>, String);
 
 /// The regions registered with this server.
-#[derive(Default)]
 pub struct SystemSharedMemory {
     regions: Mutex<BTreeMap<Key, Arc<Region>>>,
+    /// Whether clients may register regions at all (`--allow-client-shm`).
+    allowed: bool,
+}
+
+impl Default for SystemSharedMemory {
+    fn default() -> Self {
+        Self {
+            regions: Mutex::default(),
+            allowed: true,
+        }
+    }
 }
 
 fn owner(caller: &Caller) -> Option<String> {
@@ -263,9 +273,19 @@ fn open_object(key: &str, name: &str) -> Result<(File, ObjectId, u64)> {
 }
 
 impl SystemSharedMemory {
-    /// An empty registry.
+    /// An empty registry that takes regions.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty registry that takes regions only when `allowed` (Triton's
+    /// `--allow-client-shm`, off by default): otherwise every registration is refused, naming
+    /// the flag.
+    pub fn allowing(allowed: bool) -> Self {
+        Self {
+            allowed,
+            ..Self::default()
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, Arc<Region>>> {
@@ -320,6 +340,16 @@ impl SystemSharedMemory {
     /// The caller may register a region of `kind` named `name` (checked again on insert).
     fn new_region(&self, caller: &Caller, kind: Kind, name: &str) -> Result<Key> {
         caller.require_admin(kind.api())?;
+        if !self.allowed {
+            return Err(Error::unavailable(format!(
+                "{} shared memory is not allowed on this server: start it with \
+                 --allow-client-shm=true",
+                match kind {
+                    Kind::System => "system",
+                    Kind::Cuda => "CUDA",
+                }
+            )));
+        }
         if name.is_empty() {
             return Err(Error::invalid("a shared memory region needs a name"));
         }

@@ -13,8 +13,7 @@ use super::{health, path_parts};
 use crate::{
     frontends::{
         http::{error::ApiResult, state::HttpState},
-        model_config, model_metadata, model_statistics, parse_version, EXTENSIONS, SERVER_NAME,
-        SERVER_VERSION,
+        model_config, model_metadata, model_statistics, parse_version, EXTENSIONS, SERVER_VERSION,
     },
     proto::inference::{ModelStatistics, StatisticDuration},
     repository::config::to_json,
@@ -29,8 +28,8 @@ pub(crate) async fn ready(State(st): State<HttpState>) -> StatusCode {
     health(st.server.is_ready())
 }
 
-pub(crate) async fn server_metadata() -> Json<Value> {
-    Json(json!({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}))
+pub(crate) async fn server_metadata(State(st): State<HttpState>) -> Json<Value> {
+    Json(json!({"name": st.server.id(), "version": SERVER_VERSION, "extensions": EXTENSIONS}))
 }
 
 pub(crate) async fn metadata(

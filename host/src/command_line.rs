@@ -1,0 +1,686 @@
+//! The command line, as `tritonserver` reads it. Every Triton flag is honoured with Triton's
+//! meaning, or refused at start naming the flag and why, or, where it configures something
+//! this server does not have (a pinned-memory pool, a directory of backend libraries), accepted
+//! with one log line saying it has no effect here. [`Cli`] holds the flags this server acts
+//! on; [`TRITON_ONLY`] decides for the others, before the rest is parsed. Values take Triton's
+//! spellings: `--flag=value` or `--flag value`, repeated flags, booleans as `true`, `false`,
+//! `1`, `0`, `on` or `off`, `--backend-config=<backend>,<setting>=<value>`.
+
+use std::{ffi::OsString, path::PathBuf};
+
+use anyhow::{bail, Context};
+use clap::{ArgAction, Parser};
+use wasmtron::{
+    frontends::connections::ConnectionLimits,
+    limits::RequestLimits,
+    scheduling::server::{ControlMode, ServerOptions},
+};
+
+use crate::stage_cli;
+
+/// The `name` server metadata answers unless `--id` says otherwise.
+pub const SERVER_ID: &str = "wasmtron";
+
+/// A boolean as Triton spells it.
+pub fn triton_bool(value: &str) -> Result<bool, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "on" | "1" => Ok(true),
+        "false" | "off" | "0" => Ok(false),
+        _ => Err(format!(
+            "'{value}' is not a boolean (true, false, 1, 0, on or off)"
+        )),
+    }
+}
+
+/// `--log-format`, Triton's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `I1127 06:35:03.744354 <pid> <file>:<line>] <message>`.
+    Default,
+    /// `2026-11-27T06:35:03Z I <pid> <file>:<line>] <message>`.
+    #[value(name = "ISO8601", alias = "iso8601")]
+    Iso8601,
+}
+
+/// A Triton-compatible inference server with sandboxed WebAssembly stages.
+#[derive(Parser, Debug)]
+// A flag given twice takes its last value, as Triton's getopt parser does.
+#[command(
+    name = "wasmtron",
+    version,
+    subcommand_negates_reqs = true,
+    args_override_self = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Model repository: a directory, or object storage (`s3://bucket/path`,
+    /// `s3://host:port/bucket/path`, `gs://bucket/path`, `as://account/container/path`, with
+    /// the cloud's usual credential variables); repeat for several.
+    #[arg(long = "model-repository", alias = "model-store", required = true)]
+    pub model_repository: Vec<String>,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    pub http_port: u16,
+    /// gRPC port (0 picks a free one).
+    #[arg(long, default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Metrics port (0 picks a free one).
+    #[arg(long, default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// Address the HTTP service binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub http_address: String,
+    /// Address the gRPC service binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub grpc_address: String,
+    /// Address the metrics service binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub metrics_address: String,
+    /// Serve HTTP.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
+    pub allow_http: bool,
+    /// Serve gRPC.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
+    pub allow_grpc: bool,
+    /// Serve metrics.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
+    pub allow_metrics: bool,
+    /// How models are loaded and unloaded.
+    #[arg(long, value_enum, default_value_t = ControlMode::None)]
+    pub model_control_mode: ControlMode,
+    /// Model to load at start in explicit mode (`*` for all); repeatable.
+    #[arg(long = "load-model")]
+    pub load_model: Vec<String>,
+    /// Seconds between repository scans in poll mode.
+    #[arg(long, default_value_t = 15)]
+    pub repository_poll_secs: u64,
+    /// Seconds to wait for in-flight requests on shutdown.
+    #[arg(long, default_value_t = 30)]
+    pub exit_timeout_secs: u64,
+    /// Seconds to keep serving new requests after SIGTERM, with readiness already false, so
+    /// that load balancers stop sending before requests are refused.
+    #[arg(long, default_value_t = 0)]
+    pub drain_delay_secs: u64,
+    /// Verbose logging level (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub log_verbose: u32,
+    /// Ready only when every model is ready.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
+    pub strict_readiness: bool,
+    /// Do not fill inputs, outputs and max_batch_size from the model file.
+    #[arg(long, alias = "strict-model-config", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub disable_auto_complete_config: bool,
+    /// Backend settings, e.g. `default-max-batch-size=4` or `onnxruntime,default-max-batch-size=4`.
+    #[arg(long = "backend-config")]
+    pub backend_config: Vec<String>,
+    /// Largest HTTP request body in bytes (before and after decompression).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub http_max_input_size: usize,
+    /// Largest gRPC request message in bytes (larger ones are refused with OUT_OF_RANGE).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub grpc_max_message_size: usize,
+    /// Seconds a new connection (HTTP, gRPC or metrics) has to send its first request's
+    /// headers before it is closed.
+    #[arg(long, default_value_t = ConnectionLimits::default().header_timeout.as_secs())]
+    pub http_header_timeout_secs: u64,
+    /// Seconds a connection with no request in flight stays open.
+    #[arg(long, default_value_t = ConnectionLimits::default().idle_timeout.as_secs())]
+    pub http_idle_timeout_secs: u64,
+    /// Most connections open at once over all listeners; at the cap the longest-idle one makes
+    /// room (default 0: three quarters of the open-files limit, which is raised to its hard
+    /// limit at start).
+    #[arg(long, default_value_t = 0)]
+    pub max_connections: usize,
+    /// Most dimensions a request tensor may have.
+    #[arg(long, default_value_t = RequestLimits::default().max_rank)]
+    pub max_tensor_rank: usize,
+    /// Most elements one request tensor may have.
+    #[arg(long, default_value_t = RequestLimits::default().max_elements)]
+    pub max_tensor_elements: usize,
+    /// Longest element of a BYTES request tensor, in bytes.
+    #[arg(long, default_value_t = RequestLimits::default().max_string_bytes)]
+    pub max_string_bytes: usize,
+    /// Deepest nesting of arrays and objects in an HTTP request's JSON.
+    #[arg(long, default_value_t = RequestLimits::default().max_json_depth)]
+    pub max_json_depth: usize,
+    /// Executions that run at once, server-wide, while several tenants are active: each gets
+    /// its part by weight (at least one), a tenant alone is not held back (default: the number
+    /// of cores; 0: no share). Only with --config.
+    #[arg(long)]
+    pub execution_slots: Option<usize>,
+    /// Requests each model version may queue before answering UNAVAILABLE.
+    #[arg(long, default_value_t = 1024)]
+    pub model_queue_capacity: usize,
+    /// Seconds a streamed response (server-sent events, a gRPC stream) waits for a client
+    /// that reads nothing before its request is cancelled and its resources freed.
+    #[arg(long, default_value_t = ServerOptions::default().response_stall_timeout.as_secs())]
+    pub response_stall_timeout_secs: u64,
+    /// Compress gRPC inference responses (gzip) for clients that accept it. Off by default,
+    /// as in Triton: stock clients always offer gzip, and compressing large tensors costs more
+    /// CPU than loopback or LAN transfer saves. low, medium and high all mean gzip here.
+    #[arg(long, value_enum, default_value_t = CompressionLevel::None)]
+    pub grpc_infer_response_compression_level: CompressionLevel,
+    /// Preallocate slots for this many Wasm stage instances (wasmtime's pooling allocator:
+    /// cheaper instantiation, e.g. with `fresh_instance_per_request`); 0 allocates on demand.
+    #[arg(long, default_value_t = 0)]
+    pub wasm_pooling_instances: u32,
+    /// Directory for compiled Wasm stages (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
+    #[arg(long)]
+    pub wasm_cache_dir: Option<PathBuf>,
+    /// Keep that directory under this many MiB, removing the least recently used compiled
+    /// stages first (default 2048; the stage just compiled always stays).
+    #[arg(long)]
+    pub wasm_cache_max_mb: Option<u64>,
+    /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
+    #[arg(long)]
+    pub onnxruntime_library: Option<PathBuf>,
+    /// Restrict HTTP API groups to requests with a header: `<api>,<api>,...:<key>=<value>`
+    /// (APIs: health, metadata, inference, shared-memory, model-config, model-repository,
+    /// statistics, trace, logging); repeatable.
+    #[arg(long = "http-restricted-api")]
+    pub http_restricted_api: Vec<String>,
+    /// Restrict gRPC protocol groups the same way; the header is
+    /// `triton-grpc-protocol-<key>`; repeatable.
+    #[arg(long = "grpc-restricted-protocol")]
+    pub grpc_restricted_protocol: Vec<String>,
+    /// Server config file (TOML) naming the tenants, their hashed API keys and the models each
+    /// may use; without one the server serves everyone.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Request tracing, as in Triton: `mode=opentelemetry`, `level=TIMESTAMPS|OFF`, `rate=N`
+    /// (one request in N), `count=N`, `opentelemetry,url=HOST:PORT/v1/traces`,
+    /// `opentelemetry,resource=KEY=VALUE`; repeatable. Needs a build with `--features otel`.
+    #[arg(long = "trace-config")]
+    pub trace_config: Vec<String>,
+    /// Identifier of this server: the `name` its metadata answers (Triton's `--id`).
+    #[arg(long = "id", default_value = crate::command_line::SERVER_ID)]
+    pub id: String,
+    /// Write the log to this file (appended) instead of the standard error.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    /// Log lines as Triton writes them: `default` (`I1127 06:35:03.744354 <pid> <file>:<line>]
+    /// <message>`) or `ISO8601` (`2026-11-27T06:35:03Z I <pid> <file>:<line>] <message>`);
+    /// without it, the server's own structured lines.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log info-level lines.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
+    pub log_info: bool,
+    /// Log warnings.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
+    pub log_warning: bool,
+    /// Log errors.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
+    pub log_error: bool,
+    /// Exit if a model fails to load at start-up, naming it (Triton's default); false serves
+    /// the models that loaded, not ready under strict readiness.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
+    pub exit_on_error: bool,
+    /// Threads of the async runtime that serves HTTP, gRPC and metrics (default: one per core).
+    #[arg(long)]
+    pub http_thread_count: Option<usize>,
+    /// Milliseconds between the keepalive pings the gRPC listener sends on an idle connection
+    /// (Triton: 7,200,000).
+    #[arg(long, default_value_t = 7_200_000)]
+    pub grpc_keepalive_time: u64,
+    /// Milliseconds a keepalive ping waits for its acknowledgement before the connection is
+    /// closed.
+    #[arg(long, default_value_t = 20_000)]
+    pub grpc_keepalive_timeout: u64,
+    /// Allow clients to register system and CUDA shared memory (Triton's default, since
+    /// 2026: off).
+    #[arg(long, default_value_t = false, action = ArgAction::Set, value_parser = triton_bool)]
+    pub allow_client_shm: bool,
+}
+
+/// `--grpc-infer-response-compression-level`, Triton's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompressionLevel {
+    None,
+    Low,
+    Medium,
+    High,
+}
+
+/// Tools besides serving.
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Work with WebAssembly stages.
+    #[command(subcommand)]
+    Stage(StageCommand),
+    /// Print the line to store in the server config file for an API key (read from standard
+    /// input when not given, so that it stays out of the shell history).
+    HashKey {
+        /// The key.
+        key: Option<String>,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum StageCommand {
+    /// Execute a stage once, without a server, and print its outputs as JSON.
+    Run(stage_cli::run::RunArgs),
+    /// Write a new stage, ready to build: source, config.pbtxt, a test input and the SDK.
+    New(stage_cli::new::NewArgs),
+    /// Build a stage with its language's toolchain into DIR/1/model.wasm.
+    Build(stage_cli::build::BuildArgs),
+}
+
+/// What the server does with a Triton flag it has no setting of its own for.
+#[derive(Debug, Clone, Copy)]
+pub enum Treatment {
+    /// Accepted, with one log line saying it has no effect here, and why.
+    NoEffect(&'static str),
+    /// Accepted when its value is one of these (Triton's default, or what it means here);
+    /// refused at start otherwise, naming the flag and why.
+    Only(&'static [&'static str], &'static str),
+}
+
+const NO_TLS: &str = "TLS is not served yet: terminate TLS in front of the server";
+const NO_SAGEMAKER: &str = "the SageMaker endpoint is not served";
+const NO_VERTEX: &str = "the Vertex AI endpoint is not served";
+const NO_CACHE: &str = "the response cache is not served yet";
+const NO_RATE_LIMITER: &str =
+    "the rate limiter is not served yet (with tenants, --execution-slots shares executions)";
+const NO_GPU_POOLS: &str =
+    "no memory pools of its own: ONNX Runtime's execution providers allocate what they need";
+const NO_TRITON_TRACE: &str =
+    "Triton's trace files are not written; request traces are exported with --trace-config \
+     mode=opentelemetry";
+
+/// Triton's flags that [`Cli`] does not hold, and what each does here.
+pub const TRITON_ONLY: &[(&str, Treatment)] = &[
+    (
+        "model-load-thread-count",
+        Treatment::NoEffect("models load one at a time here"),
+    ),
+    (
+        "model-load-retry-count",
+        Treatment::Only(&["0"], "a failed load is not retried"),
+    ),
+    (
+        "model-namespacing",
+        Treatment::Only(
+            &["false"],
+            "model names are unique across repositories here",
+        ),
+    ),
+    (
+        "reuse-http-port",
+        Treatment::Only(&["false"], "a port is never shared with another server"),
+    ),
+    (
+        "reuse-grpc-port",
+        Treatment::Only(&["false"], "a port is never shared with another server"),
+    ),
+    (
+        "http-header-forward-pattern",
+        Treatment::Only(
+            &[],
+            "request headers are not forwarded to models as parameters",
+        ),
+    ),
+    (
+        "grpc-header-forward-pattern",
+        Treatment::Only(
+            &[],
+            "request metadata is not forwarded to models as parameters",
+        ),
+    ),
+    (
+        "grpc-infer-allocation-pool-size",
+        Treatment::NoEffect("gRPC requests are not drawn from a pool of preallocated objects"),
+    ),
+    ("grpc-use-ssl", Treatment::Only(&["false"], NO_TLS)),
+    ("grpc-use-ssl-mutual", Treatment::Only(&["false"], NO_TLS)),
+    ("grpc-server-cert", Treatment::Only(&[], NO_TLS)),
+    ("grpc-server-key", Treatment::Only(&[], NO_TLS)),
+    ("grpc-root-cert", Treatment::Only(&[], NO_TLS)),
+    (
+        "grpc-keepalive-permit-without-calls",
+        Treatment::NoEffect("keepalive pings go to every idle connection, calls in flight or not"),
+    ),
+    (
+        "grpc-http2-max-pings-without-data",
+        Treatment::NoEffect("the pings a client sends are not counted"),
+    ),
+    (
+        "grpc-http2-min-recv-ping-interval-without-data",
+        Treatment::NoEffect("the pings a client sends are not counted"),
+    ),
+    (
+        "grpc-http2-max-ping-strikes",
+        Treatment::NoEffect("the pings a client sends are not counted"),
+    ),
+    (
+        "grpc-max-connection-age",
+        Treatment::NoEffect("connections end when idle (--http-idle-timeout-secs), not by age"),
+    ),
+    (
+        "grpc-max-connection-age-grace",
+        Treatment::NoEffect("connections end when idle (--http-idle-timeout-secs), not by age"),
+    ),
+    ("allow-sagemaker", Treatment::Only(&["false"], NO_SAGEMAKER)),
+    ("sagemaker-port", Treatment::NoEffect(NO_SAGEMAKER)),
+    (
+        "sagemaker-safe-port-range",
+        Treatment::NoEffect(NO_SAGEMAKER),
+    ),
+    ("sagemaker-thread-count", Treatment::NoEffect(NO_SAGEMAKER)),
+    ("allow-vertex-ai", Treatment::Only(&["false"], NO_VERTEX)),
+    ("vertex-ai-port", Treatment::NoEffect(NO_VERTEX)),
+    ("vertex-ai-thread-count", Treatment::NoEffect(NO_VERTEX)),
+    ("vertex-ai-default-model", Treatment::NoEffect(NO_VERTEX)),
+    (
+        "allow-gpu-metrics",
+        Treatment::NoEffect("GPU metrics are not collected yet"),
+    ),
+    (
+        "allow-cpu-metrics",
+        Treatment::NoEffect("CPU metrics are not collected yet"),
+    ),
+    (
+        "metrics-interval-ms",
+        Treatment::NoEffect("metrics are read when they are scraped"),
+    ),
+    (
+        "metrics-config",
+        Treatment::Only(
+            &["counter_latencies=true", "summary_latencies=false"],
+            "latency summaries and other metrics settings are not served yet",
+        ),
+    ),
+    ("cache-config", Treatment::Only(&[], NO_CACHE)),
+    (
+        "cache-directory",
+        Treatment::NoEffect("caches are built into the server"),
+    ),
+    (
+        "response-cache-byte-size",
+        Treatment::Only(&["0"], NO_CACHE),
+    ),
+    ("rate-limit", Treatment::Only(&["off"], NO_RATE_LIMITER)),
+    ("rate-limit-resource", Treatment::Only(&[], NO_RATE_LIMITER)),
+    (
+        "pinned-memory-pool-byte-size",
+        Treatment::NoEffect(NO_GPU_POOLS),
+    ),
+    (
+        "cuda-memory-pool-byte-size",
+        Treatment::NoEffect(NO_GPU_POOLS),
+    ),
+    (
+        "cuda-virtual-address-size",
+        Treatment::NoEffect("implicit state is not kept in growable CUDA memory"),
+    ),
+    (
+        "min-supported-compute-capability",
+        Treatment::NoEffect("GPUs are chosen by instance_group and the execution providers"),
+    ),
+    (
+        "buffer-manager-thread-count",
+        Treatment::NoEffect("tensors are copied on the request's own thread"),
+    ),
+    (
+        "host-policy",
+        Treatment::NoEffect("instances are not pinned to NUMA nodes or cores"),
+    ),
+    (
+        "model-load-gpu-limit",
+        Treatment::NoEffect("GPU memory is not checked before a load"),
+    ),
+    (
+        "backend-directory",
+        Treatment::NoEffect("backends are built into the server"),
+    ),
+    (
+        "repoagent-directory",
+        Treatment::NoEffect("repository agents are built into the server"),
+    ),
+    ("trace-file", Treatment::Only(&[], NO_TRITON_TRACE)),
+    ("trace-level", Treatment::Only(&["off"], NO_TRITON_TRACE)),
+    ("trace-rate", Treatment::NoEffect(NO_TRITON_TRACE)),
+    ("trace-count", Treatment::NoEffect(NO_TRITON_TRACE)),
+    ("trace-log-frequency", Treatment::NoEffect(NO_TRITON_TRACE)),
+];
+
+/// A value as the table compares it: lower case, booleans as `true` / `false`.
+fn normalized(value: &str) -> String {
+    match triton_bool(value) {
+        Ok(b) => b.to_string(),
+        Err(_) => value.to_ascii_lowercase(),
+    }
+}
+
+/// Parses the command line: Triton's flags of [`TRITON_ONLY`] are taken out and judged (a
+/// refusal is an error naming the flag), the rest is [`Cli`]'s. Returns the flags accepted
+/// with no effect, as lines to log once logging runs.
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<(Cli, Vec<String>)> {
+    let mut args = args.into_iter();
+    let mut kept: Vec<OsString> = args.next().into_iter().collect();
+    let mut notes = Vec::new();
+    while let Some(arg) = args.next() {
+        let Some(text) = arg.to_str().and_then(|a| a.strip_prefix("--")) else {
+            kept.push(arg);
+            continue;
+        };
+        let (name, inline) = match text.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_owned())),
+            None => (text, None),
+        };
+        let Some((flag, treatment)) = TRITON_ONLY.iter().find(|(f, _)| *f == name) else {
+            kept.push(arg);
+            continue;
+        };
+        let value = match inline {
+            Some(v) => v,
+            None => args
+                .next()
+                .and_then(|v| v.into_string().ok())
+                .with_context(|| format!("--{flag} needs a value"))?,
+        };
+        match treatment {
+            Treatment::NoEffect(why) => {
+                notes.push(format!("--{flag}={value} has no effect here: {why}"));
+            }
+            Treatment::Only(allowed, why) => {
+                if !allowed.iter().any(|a| normalized(a) == normalized(&value)) {
+                    bail!("--{flag}={value} is refused: {why}");
+                }
+                notes.push(format!("--{flag}={value} is what this server does anyway"));
+            }
+        }
+    }
+    Ok((Cli::try_parse_from(kept)?, notes))
+}
+
+/// `--backend-config` settings, as Triton spells them (`<backend>,<setting>=<value>`, or
+/// `<setting>=<value>` for every backend).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendSettings {
+    /// `default-max-batch-size`: the `max_batch_size` auto-completed models get.
+    pub default_max_batch_size: i32,
+}
+
+/// The backends this server runs models with, by the names `--backend-config` may use.
+const SERVED_BACKENDS: &[&str] = &["onnxruntime", "wasm", "generation"];
+
+/// Backends of Triton's this server does not run: their settings have no effect.
+const OTHER_BACKENDS: &[&str] = &[
+    "python",
+    "pytorch",
+    "tensorflow",
+    "tensorrt",
+    "tensorrtllm",
+    "openvino",
+    "dali",
+    "fil",
+    "vllm",
+    "identity",
+    "repeat",
+    "square",
+];
+
+impl BackendSettings {
+    /// Reads the settings; a setting this server does not know for a backend it runs is
+    /// refused by name. Returns the settings and lines to log for those without effect.
+    pub fn parse(values: &[String]) -> anyhow::Result<(Self, Vec<String>)> {
+        let mut settings = Self {
+            default_max_batch_size: 4,
+        };
+        let mut notes = Vec::new();
+        for value in values {
+            let (backend, setting) = match value.split_once(',') {
+                Some((backend, setting)) => (Some(backend.trim()), setting),
+                None => (None, value.as_str()),
+            };
+            let Some((key, v)) = setting.split_once('=') else {
+                bail!("--backend-config={value}: expected <backend>,<setting>=<value> or <setting>=<value>");
+            };
+            match backend {
+                Some(b) if OTHER_BACKENDS.contains(&b) => {
+                    notes.push(format!(
+                        "--backend-config={value} has no effect here: backend '{b}' is not served"
+                    ));
+                    continue;
+                }
+                Some(b) if !SERVED_BACKENDS.contains(&b) => bail!(
+                    "--backend-config={value}: unknown backend '{b}' (served: {})",
+                    SERVED_BACKENDS.join(", ")
+                ),
+                _ => {}
+            }
+            match (backend, key) {
+                (_, "default-max-batch-size") => {
+                    settings.default_max_batch_size = v.parse().with_context(|| {
+                        format!(
+                            "--backend-config={value}: default-max-batch-size must be an integer"
+                        )
+                    })?;
+                }
+                (
+                    Some("onnxruntime"),
+                    "enable-global-threadpool" | "intra_op_thread_count" | "inter_op_thread_count",
+                ) => {
+                    notes.push(format!(
+                        "--backend-config={value} has no effect here: each ONNX Runtime session \
+                         has its own threads (parameters intra_op_thread_count / \
+                         inter_op_thread_count in config.pbtxt)"
+                    ));
+                }
+                _ => bail!(
+                    "--backend-config={value}: unknown setting '{key}'{} (known: \
+                     default-max-batch-size; for onnxruntime also enable-global-threadpool, \
+                     intra_op_thread_count, inter_op_thread_count)",
+                    backend
+                        .map(|b| format!(" for backend '{b}'"))
+                        .unwrap_or_default()
+                ),
+            }
+        }
+        Ok((settings, notes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<OsString> {
+        std::iter::once("wasmtron")
+            .chain(line.split_whitespace())
+            .map(OsString::from)
+            .collect()
+    }
+
+    #[test]
+    fn a_production_command_line_parses_with_tritons_spellings() {
+        let (cli, notes) = parse(args(
+            "--model-repository=/models --strict-model-config=false --log-verbose=1 \
+             --log-info=1 --log-warning on --log-error=true --exit-on-error=0 \
+             --model-load-thread-count=8 --http-thread-count=16 --allow-gpu-metrics=false \
+             --metrics-interval-ms=2000 --pinned-memory-pool-byte-size=268435456 \
+             --cuda-memory-pool-byte-size=0:67108864 --backend-directory=/opt/tritonserver/backends \
+             --backend-config=python,shm-default-byte-size=10485760 \
+             --backend-config=onnxruntime,default-max-batch-size=8 --id=prod-1 \
+             --grpc-keepalive-time=10000 --rate-limit=off --allow-grpc 1",
+        ))
+        .unwrap();
+        assert_eq!(cli.model_repository, ["/models"]);
+        assert!(!cli.disable_auto_complete_config && !cli.exit_on_error && cli.log_warning);
+        assert_eq!(
+            (cli.id.as_str(), cli.http_thread_count),
+            ("prod-1", Some(16))
+        );
+        assert_eq!(cli.grpc_keepalive_time, 10_000);
+        assert!(notes
+            .iter()
+            .any(|n| n.contains("--model-load-thread-count=8 has no effect")));
+        assert!(notes
+            .iter()
+            .any(|n| n.contains("--rate-limit=off is what this server does")));
+        let (backend, notes) = BackendSettings::parse(&cli.backend_config).unwrap();
+        assert_eq!(backend.default_max_batch_size, 8);
+        assert!(notes[0].contains("backend 'python' is not served"));
+    }
+
+    #[test]
+    fn flags_for_what_is_not_served_are_refused_by_name() {
+        for (line, says) in [
+            (
+                "--grpc-use-ssl=true",
+                "--grpc-use-ssl=true is refused: TLS is not served",
+            ),
+            (
+                "--cache-config=local,size=1048576",
+                "--cache-config=local,size=1048576 is refused",
+            ),
+            (
+                "--rate-limit execution_count",
+                "--rate-limit=execution_count is refused",
+            ),
+            ("--http-header-forward-pattern=.*", "not forwarded"),
+        ] {
+            let e = parse(args(&format!("--model-repository=/m {line}")))
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains(says), "{e}");
+        }
+        assert!(parse(args("--model-repository=/m --allow-http=maybe")).is_err());
+        assert!(parse(args("--model-repository=/m --grpc-use-ssl")).is_err());
+        let e = BackendSettings::parse(&["onnxruntime,bogus=1".into()]).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("unknown setting 'bogus' for backend 'onnxruntime'"));
+        let e = BackendSettings::parse(&["nosuch,x=1".into()]).unwrap_err();
+        assert!(e.to_string().contains("unknown backend 'nosuch'"));
+    }
+
+    #[test]
+    fn the_readme_says_what_each_triton_only_flag_does() {
+        let readme = include_str!("../../README.md");
+        for (flag, _) in TRITON_ONLY {
+            assert!(
+                readme.contains(&format!("`--{flag}")),
+                "README.md lacks --{flag}"
+            );
+        }
+    }
+
+    #[test]
+    fn booleans_take_tritons_spellings() {
+        for (v, b) in [
+            ("true", true),
+            ("ON", true),
+            ("1", true),
+            ("False", false),
+            ("off", false),
+            ("0", false),
+        ] {
+            assert_eq!(triton_bool(v), Ok(b));
+        }
+        assert!(triton_bool("yes").is_err());
+    }
+}

@@ -1,0 +1,125 @@
+"""`tritonserver`'s command line starts `wasmtron` unchanged: Triton's flags and spellings
+(`--flag=value`, repeated flags, booleans as true/false/1/0/on/off, per-backend
+`--backend-config`) are honoured, refused at start naming the flag and why, or logged as having
+no effect here; `--exit-on-error` (on by default, as in Triton) stops a server whose model fails
+to load, naming it."""
+import os
+import re
+import subprocess
+import urllib.request
+
+import pytest
+
+from conftest import BINARY, ROOT, Server, copy_models
+
+# A launch line as production deployments write it (options from Triton's docs and the
+# tritonserver examples that users copy).
+PRODUCTION = [
+    "--strict-model-config=false", "--log-verbose=0", "--log-info=1", "--log-warning=true",
+    "--log-error=on", "--model-control-mode=explicit", "--load-model=*",
+    "--model-load-thread-count=4", "--http-thread-count=3", "--allow-gpu-metrics=false",
+    "--allow-cpu-metrics=true", "--metrics-interval-ms=2000",
+    "--pinned-memory-pool-byte-size=268435456", "--cuda-memory-pool-byte-size=0:67108864",
+    "--backend-directory=/opt/tritonserver/backends",
+    "--backend-config=python,shm-default-byte-size=10485760",
+    "--backend-config=onnxruntime,default-max-batch-size=8", "--id=prod-replica-1",
+    "--grpc-keepalive-time=10000", "--grpc-keepalive-timeout=5000",
+    "--grpc-keepalive-permit-without-calls=1", "--rate-limit=off", "--exit-timeout-secs=30",
+    "--strict-readiness=1",
+]
+TRITON_LINE = re.compile(r'^[IWEV]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ [\w.]+:\d+\] ".*"')
+ISO_LINE = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWEV] \d+ [\w.]+:\d+\] ".*"')
+
+
+@pytest.fixture
+def repo(tmp_path):
+    path = tmp_path / "repo"
+    path.mkdir()
+    copy_models(str(path), ["simple", "identity_fp32"])
+    return path
+
+
+def test_a_production_command_line_starts_and_each_flag_does_what_it_says(repo, tmp_path):
+    log = tmp_path / "server.log"
+    s = Server(str(repo), *PRODUCTION, "--log-format=default", f"--log-file={log}")
+    try:
+        with urllib.request.urlopen(f"http://{s.http}/v2", timeout=60) as r:
+            metadata = r.read().decode()
+        assert '"name":"prod-replica-1"' in metadata, metadata
+        with urllib.request.urlopen(f"http://{s.http}/v2/models/simple/ready", timeout=60) as r:
+            assert r.status == 200
+        text = log.read_text()
+        lines = [line for line in text.splitlines() if line]
+        assert lines and all(TRITON_LINE.match(line) for line in lines), lines[:5]
+        assert any("async runtime's threads" in line and "threads=3" in line for line in lines)
+        for flag in ("--pinned-memory-pool-byte-size=268435456", "--backend-directory",
+                     "--allow-cpu-metrics=true", "--model-load-thread-count=4",
+                     "--backend-config=python,shm-default-byte-size=10485760"):
+            assert any(flag in line and "no effect" in line for line in lines), flag
+        # Nothing of the log went to the standard error but what the harness reads.
+        assert not any("no effect" in line for line in s.log)
+    finally:
+        s.stop()
+
+
+def test_log_levels_and_the_iso8601_format(repo, tmp_path):
+    log = tmp_path / "iso.log"
+    s = Server(str(repo), "--log-format=ISO8601", f"--log-file={log}",
+               "--pinned-memory-pool-byte-size=1")
+    s.stop()
+    lines = [line for line in log.read_text().splitlines() if line]
+    assert lines and all(ISO_LINE.match(line) for line in lines), lines[:5]
+    assert any("--pinned-memory-pool-byte-size=1 has no effect" in line for line in lines)
+    # Info lines off: the same start logs none of them.
+    quiet = tmp_path / "quiet.log"
+    s = Server(str(repo), "--log-format=ISO8601", f"--log-file={quiet}", "--log-info=off",
+               "--pinned-memory-pool-byte-size=1")
+    s.stop()
+    assert not any(line.split()[1] == "I" for line in quiet.read_text().splitlines() if line)
+
+
+@pytest.mark.parametrize("flag,says", [
+    ("--grpc-use-ssl=true", "--grpc-use-ssl=true is refused: TLS is not served yet"),
+    ("--cache-config=local,size=1048576", "--cache-config=local,size=1048576 is refused"),
+    ("--rate-limit=execution_count", "--rate-limit=execution_count is refused"),
+    ("--allow-sagemaker=1", "--allow-sagemaker=1 is refused"),
+    ("--backend-config=onnxruntime,no-such-setting=1", "unknown setting 'no-such-setting'"),
+    ("--allow-http=maybe", "'maybe' is not a boolean"),
+])
+def test_flags_for_what_is_not_served_stop_the_start_naming_the_flag(repo, flag, says):
+    out = subprocess.run([BINARY, "--model-repository", str(repo), "--http-port", "0",
+                          "--grpc-port", "0", "--metrics-port", "0", flag],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert says in out.stderr, out.stderr
+
+
+def test_a_model_that_fails_at_start_stops_the_server_naming_it(repo):
+    broken = repo / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 0\n')
+    command = [BINARY, "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+               "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address",
+               "127.0.0.1", "--metrics-address", "127.0.0.1"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "failed to load a model" in out.stderr and "'broken'" in out.stderr, out.stderr[-2000:]
+    assert "Started HTTPService" not in out.stderr
+    # --exit-on-error=false serves the models that loaded, not ready under strict readiness.
+    s = Server(str(repo), "--exit-on-error=false")
+    try:
+        with urllib.request.urlopen(f"http://{s.http}/v2/models/simple/ready", timeout=60) as r:
+            assert r.status == 200
+    finally:
+        s.stop()
+
+
+def test_the_readme_lists_every_triton_flag_and_what_it_does(repo):
+    # The flags the server takes for compatibility are in the README's table, each with its
+    # treatment, so that a user can look up what a launch line does before running it.
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    out = subprocess.run([BINARY, "--help"], capture_output=True, text=True, timeout=60)
+    flags = set(re.findall(r"^\s+(--[a-z0-9-]+)", out.stdout, re.M)) - {"--help", "--version"}
+    missing = sorted(f for f in flags if f"`{f}" not in readme)
+    assert not missing, missing
