@@ -387,3 +387,58 @@ ensemble_scheduling { step [ { model_name: "simple" model_version: -1
     assert_eq!(s.metric("nv_inference_exec_count", "simple"), 1.0);
     assert_eq!(s.metric("nv_inference_count", "twice"), 4.0);
 }
+
+#[test]
+fn max_inflight_requests_lets_that_many_ensemble_requests_into_a_step_at_once() {
+    // The same batching model as above, waiting up to 0.3 s for a batch of 4; through an
+    // ensemble that lets one request at a time into the step, it never sees two rows at once.
+    let repo = TempDir::new();
+    let config = std::fs::read_to_string(example_repository().join("simple/config.pbtxt")).unwrap()
+        + "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 300000 }";
+    add_model(repo.path(), "simple", "simple", &config);
+    add_ensemble_dir(repo.path(), "one_at_a_time");
+    std::fs::write(
+        repo.path().join("one_at_a_time/config.pbtxt"),
+        r#"platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A", data_type: TYPE_INT32, dims: [ 16 ] }, { name: "B", data_type: TYPE_INT32, dims: [ 16 ] } ]
+output [ { name: "SUM", data_type: TYPE_INT32, dims: [ 16 ] } ]
+ensemble_scheduling {
+  step [ { model_name: "simple" model_version: -1
+    input_map [ { key: "INPUT0" value: "A" }, { key: "INPUT1" value: "B" } ]
+    output_map { key: "OUTPUT0" value: "SUM" } } ]
+  max_inflight_requests: 1
+}
+"#,
+    )
+    .unwrap();
+    let s = TestServer::start(repo.path(), &[]);
+    let config: Value = http()
+        .get(s.url("/v2/models/one_at_a_time/config"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        config["ensemble_scheduling"]["max_inflight_requests"], 1,
+        "{config}"
+    );
+    std::thread::scope(|scope| {
+        for k in 0..4 {
+            let s = &s;
+            scope.spawn(move || {
+                let (status, out) = infer(
+                    s,
+                    "one_at_a_time",
+                    &json!({"inputs": [
+                        {"name": "A", "shape": [1, 16], "datatype": "INT32", "data": vec![k; 16]},
+                        {"name": "B", "shape": [1, 16], "datatype": "INT32", "data": vec![1; 16]}]}),
+                );
+                assert_eq!(status, 200, "{out}");
+                assert_eq!(out["outputs"][0]["data"], json!(vec![k + 1; 16]));
+            });
+        }
+    });
+    assert_eq!(s.metric("nv_inference_count", "simple"), 4.0);
+    assert_eq!(s.metric("nv_inference_exec_count", "simple"), 4.0);
+}

@@ -347,7 +347,7 @@ async fn bad_requests_map_to_grpc_codes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streaming_answers_in_order_with_in_band_errors() {
+async fn streaming_answers_every_request_with_in_band_errors() {
     let (_repo, s) = server();
     let mut c = client(&s).await;
     let mut bad = typed_simple_request();
@@ -361,20 +361,110 @@ async fn streaming_answers_in_order_with_in_band_errors() {
         .await
         .unwrap()
         .into_inner();
-    let mut got = Vec::new();
+    let mut got = std::collections::BTreeMap::new();
     while let Some(item) = stream.message().await.unwrap() {
-        got.push(item);
+        let id = item.infer_response.as_ref().unwrap().id.clone();
+        assert!(got.insert(id, item.error_message).is_none());
     }
-    assert_eq!(got.len(), 3);
-    assert_eq!(got[0].error_message, "");
-    assert_eq!(got[0].infer_response.as_ref().unwrap().id, "g1");
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got["g1"], "");
+    assert_eq!(got["g2"], "");
     assert!(
-        got[1].error_message.contains("missing input 'INPUT1'"),
+        got["bad"].contains("missing input 'INPUT1'"),
         "{}",
-        got[1].error_message
+        got["bad"]
     );
-    assert_eq!(got[1].infer_response.as_ref().unwrap().id, "bad");
-    assert_eq!(got[2].infer_response.as_ref().unwrap().id, "g2");
+}
+
+/// One request of sequence 7 to `accumulate` (OUTPUT = running sum, starting at 100).
+fn accumulate_step(id: &str, value: i32, start: bool, end: bool) -> ModelInferRequest {
+    let param = |choice| InferParameter {
+        parameter_choice: Some(choice),
+    };
+    use infer_parameter::ParameterChoice::{BoolParam, Int64Param};
+    ModelInferRequest {
+        model_name: "accumulate".into(),
+        id: id.into(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT".into(),
+            datatype: "INT32".into(),
+            shape: vec![1, 1],
+            parameters: Default::default(),
+            contents: Some(InferTensorContents {
+                int_contents: vec![value],
+                ..Default::default()
+            }),
+        }],
+        outputs: vec![model_infer_request::InferRequestedOutputTensor {
+            name: "OUTPUT".into(),
+            ..Default::default()
+        }],
+        parameters: [
+            ("sequence_id".to_owned(), param(Int64Param(7))),
+            ("sequence_start".to_owned(), param(BoolParam(start))),
+            ("sequence_end".to_owned(), param(BoolParam(end))),
+        ]
+        .into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_one_stream_run_at_once_and_a_sequence_keeps_its_order() {
+    let repo = temp_repository(&["simple", "slow", "accumulate"]);
+    let s = TestServer::start(repo.path(), &[]);
+    let mut c = client(&s).await;
+    // Long requests first (1,024 rows through 100 chained 512x512 MatMuls on one thread),
+    // then short ones: as on Triton they do not wait behind it. The sequence's requests,
+    // sent back to back, still run in the order sent, each on the state the last one left.
+    let rows = 1024;
+    let slow = |id: &str| ModelInferRequest {
+        model_name: "slow".into(),
+        id: id.into(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            shape: vec![rows, 512],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![vec![0u8; rows as usize * 512 * 4].into()],
+        ..Default::default()
+    };
+    let mut fast = typed_simple_request();
+    fast.id = "fast".into();
+    // Two long ones, which the model's one instance runs one after the other.
+    let requests = vec![
+        slow("slow-a"),
+        slow("slow-b"),
+        accumulate_step("s1", 1, true, false),
+        fast,
+        accumulate_step("s2", 2, false, false),
+        accumulate_step("s3", 3, false, true),
+    ];
+    let mut stream = c
+        .model_stream_infer(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut order = Vec::new();
+    let mut sums = std::collections::BTreeMap::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        assert_eq!(item.error_message, "");
+        let response = item.infer_response.unwrap();
+        if response.model_name == "accumulate" {
+            sums.insert(response.id.clone(), i32s(&response.raw_output_contents[0]));
+        }
+        order.push(response.id);
+    }
+    assert_eq!(order.len(), 6, "{order:?}");
+    assert_eq!(
+        order.last().map(String::as_str),
+        Some("slow-b"),
+        "{order:?}"
+    );
+    assert_eq!(sums["s1"], [101]);
+    assert_eq!(sums["s2"], [103]);
+    assert_eq!(sums["s3"], [106]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,8 +11,10 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
+// One instance: warm-up runs once per instance, and the counts below are one instance's.
 const SIMPLE_IO: &str = r#"
 max_batch_size: 8
+instance_group [ { count: 1, kind: KIND_CPU } ]
 input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 16 ] },
         { name: "INPUT1", data_type: TYPE_INT32, dims: [ 16 ] } ]
 output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 16 ] },

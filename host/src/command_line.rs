@@ -117,8 +117,9 @@ pub struct Cli {
     /// Largest HTTP request body in bytes (before and after decompression).
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub http_max_input_size: usize,
-    /// Largest gRPC request message in bytes (larger ones are refused with OUT_OF_RANGE).
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    /// Largest gRPC request message in bytes (larger ones are refused with OUT_OF_RANGE);
+    /// 2 GiB as in Triton. A tenant's max_request_bytes bounds its messages as they arrive.
+    #[arg(long, default_value_t = wasmtron::frontends::grpc::MAX_MESSAGE_SIZE)]
     pub grpc_max_message_size: usize,
     /// Seconds a new connection (HTTP, gRPC or metrics) has to send its first request's
     /// headers before it is closed.
@@ -149,8 +150,13 @@ pub struct Cli {
     /// of cores; 0: no share). Only with --config.
     #[arg(long)]
     pub execution_slots: Option<usize>,
-    /// Requests each model version may queue before answering UNAVAILABLE.
-    #[arg(long, default_value_t = 1024)]
+    /// Models loaded at once at start-up (as Triton's model-load threads); ensembles and
+    /// stages that call other models load after those.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub model_load_thread_count: u32,
+    /// Requests each model version may queue before answering UNAVAILABLE (0: no cap, as in
+    /// Triton; a `max_queue_size` in the model's queue policy still applies).
+    #[arg(long, default_value_t = 0)]
     pub model_queue_capacity: usize,
     /// Seconds a streamed response (server-sent events, a gRPC stream) waits for a client
     /// that reads nothing before its request is cancelled and its resources freed.
@@ -291,10 +297,6 @@ const NO_TRITON_TRACE: &str =
 
 /// Triton's flags that [`Cli`] does not hold, and what each does here.
 pub const TRITON_ONLY: &[(&str, Treatment)] = &[
-    (
-        "model-load-thread-count",
-        Treatment::NoEffect("models load one at a time here"),
-    ),
     (
         "model-load-retry-count",
         Treatment::Only(&["0"], "a failed load is not retried"),
@@ -614,9 +616,7 @@ mod tests {
             ("prod-1", Some(16))
         );
         assert_eq!(cli.grpc_keepalive_time, 10_000);
-        assert!(notes
-            .iter()
-            .any(|n| n.contains("--model-load-thread-count=8 has no effect")));
+        assert_eq!(cli.model_load_thread_count, 8);
         assert!(notes
             .iter()
             .any(|n| n.contains("--rate-limit=off is what this server does")));

@@ -13,7 +13,7 @@ use wasmtron::{
     limits::RequestLimits,
     repository::remote::open_repositories,
     runtime::RuntimeOptions,
-    scheduling::server::{Server, ServerOptions},
+    scheduling::server::{ControlMode, Server, ServerOptions},
     tenancy::Tenancy,
 };
 
@@ -167,6 +167,18 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
     for note in notes.iter().chain(&backend_notes) {
         tracing::info!("{note}");
     }
+    let mode = match cli.model_control_mode {
+        ControlMode::None => Some("none"),
+        ControlMode::Poll => Some("poll"),
+        ControlMode::Explicit => None,
+    };
+    if let Some(mode) = mode.filter(|_| !cli.load_model.is_empty()) {
+        // As in Triton: the flag only takes effect in explicit mode.
+        tracing::info!(
+            "--load-model has no effect with --model-control-mode={mode}: every model of the \
+             repository loads"
+        );
+    }
     let threads = tokio::runtime::Handle::current().metrics().num_workers();
     tracing::info!(
         threads,
@@ -285,6 +297,7 @@ async fn server_options(
             ..defaults.runtime
         },
         queue_capacity: cli.model_queue_capacity,
+        load_threads: cli.model_load_thread_count as usize,
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),
         limits: RequestLimits {
             max_rank: cli.max_tensor_rank,

@@ -140,7 +140,7 @@ impl CoreServer {
     /// loads at start ("*" for all); `config`: the server config file (TOML: tenants, keys,
     /// quotas), as the binary's `--config`.
     #[new]
-    #[pyo3(signature = (model_repository, model_control_mode="none", load_models=Vec::new(), strict_readiness=true, onnxruntime_library=None, config=None))]
+    #[pyo3(signature = (model_repository, model_control_mode="none", load_models=Vec::new(), strict_readiness=true, onnxruntime_library=None, config=None, load_threads=4))]
     fn new(
         model_repository: Vec<String>,
         model_control_mode: &str,
@@ -148,6 +148,7 @@ impl CoreServer {
         strict_readiness: bool,
         onnxruntime_library: Option<String>,
         config: Option<String>,
+        load_threads: usize,
     ) -> PyResult<Self> {
         let control_mode = match model_control_mode {
             "none" => ControlMode::None,
@@ -181,6 +182,7 @@ impl CoreServer {
             control_mode,
             load_models,
             strict_readiness,
+            load_threads: load_threads.max(1),
             runtime: RuntimeOptions {
                 onnxruntime_library: onnxruntime_library.map(Into::into),
                 ..defaults.runtime

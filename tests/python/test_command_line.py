@@ -3,8 +3,10 @@
 `--backend-config`) are honoured, refused at start naming the flag and why, or logged as having
 no effect here; `--exit-on-error` (on by default, as in Triton) stops a server whose model fails
 to load, naming it."""
+import json
 import os
 import re
+import shutil
 import subprocess
 import urllib.request
 
@@ -41,6 +43,13 @@ def repo(tmp_path):
 
 def test_a_production_command_line_starts_and_each_flag_does_what_it_says(repo, tmp_path):
     log = tmp_path / "server.log"
+    # A model whose configuration names only its backend: auto-complete gives it the
+    # --backend-config batch size and, as Triton's ONNX Runtime backend does, the dynamic batcher.
+    auto = repo / "identity_auto"
+    (auto / "1").mkdir(parents=True)
+    onnx = os.path.join(ROOT, "model_repository", "identity_fp32", "1", "model.onnx")
+    shutil.copy(onnx, auto / "1" / "model.onnx")
+    (auto / "config.pbtxt").write_text('backend: "onnxruntime"\n')
     s = Server(str(repo), *PRODUCTION, "--log-format=default", f"--log-file={log}")
     try:
         with urllib.request.urlopen(f"http://{s.http}/v2", timeout=60) as r:
@@ -48,12 +57,18 @@ def test_a_production_command_line_starts_and_each_flag_does_what_it_says(repo, 
         assert '"name":"prod-replica-1"' in metadata, metadata
         with urllib.request.urlopen(f"http://{s.http}/v2/models/simple/ready", timeout=60) as r:
             assert r.status == 200
+        url = f"http://{s.http}/v2/models/identity_auto/config"
+        with urllib.request.urlopen(url, timeout=60) as r:
+            config = json.loads(r.read())
+        assert config["max_batch_size"] == 8, config
+        assert "dynamic_batching" in config, config
+        assert config["input"][0]["dims"] == [-1], config
         text = log.read_text()
         lines = [line for line in text.splitlines() if line]
         assert lines and all(TRITON_LINE.match(line) for line in lines), lines[:5]
         assert any("async runtime's threads" in line and "threads=3" in line for line in lines)
         for flag in ("--pinned-memory-pool-byte-size=268435456", "--backend-directory",
-                     "--allow-cpu-metrics=true", "--model-load-thread-count=4",
+                     "--allow-cpu-metrics=true",
                      "--backend-config=python,shm-default-byte-size=10485760"):
             assert any(flag in line and "no effect" in line for line in lines), flag
         # Nothing of the log went to the standard error but what the harness reads.
@@ -110,6 +125,24 @@ def test_a_model_that_fails_at_start_stops_the_server_naming_it(repo):
     try:
         with urllib.request.urlopen(f"http://{s.http}/v2/models/simple/ready", timeout=60) as r:
             assert r.status == 200
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_model_load_threads_load_that_many_models_at_once(repo, threads):
+    copy_models(str(repo), ["identity_bytes"])
+    s = Server(str(repo), f"--model-load-thread-count={threads}")
+    try:
+        with urllib.request.urlopen(f"http://{s.http}/v2/health/ready", timeout=60) as r:
+            assert r.status == 200
+        events = [("start" if "loading model" in line else "end", line) for line in s.log
+                  if "loading model" in line or "model loaded" in line]
+        assert len(events) == 6, s.log
+        kinds = [kind for kind, _ in events]
+        # One thread: each load ends before the next starts; three: the three start together.
+        want = ["start", "end"] * 3 if threads == 1 else ["start"] * 3 + ["end"] * 3
+        assert kinds == want, events
     finally:
         s.stop()
 

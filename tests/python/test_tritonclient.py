@@ -115,7 +115,8 @@ def test_async_infer_and_stream(server):
     for k in range(3):
         g.async_stream_infer("simple", simple_inputs(grpcclient), request_id=str(k))
     g.stop_stream()
-    assert [r.get_response().id for r, e in results] == ["0", "1", "2"]
+    # Requests on one stream run at once, as on Triton: answers come as they finish.
+    assert sorted(r.get_response().id for r, e in results) == ["0", "1", "2"]
     assert all(e is None for _, e in results)
 
 
@@ -259,6 +260,15 @@ def test_the_words_example_streams_words_to_the_stock_client(streaming_server):
         words.append((result.as_numpy("WORD")[0].decode(), int(result.as_numpy("POSITION")[0])))
     g.stop_stream()
     assert words == [("one", 0), ("response", 1), ("per", 2), ("word", 3)]
+    # Each response index of the decoupled model is counted, as Triton's response_stats.
+    h = httpclient.InferenceServerClient(streaming_server.http)
+    stats = h.get_inference_statistics("words")["model_stats"][0]["response_stats"]
+    for index in ("0", "1", "2", "3"):
+        assert stats[index]["success"]["count"] >= 1, stats
+        assert stats[index]["compute_infer"]["ns"] > 0, stats
+        assert stats[index]["fail"]["count"] == 0, stats
+    grpc_stats = g.get_inference_statistics("words").model_stats[0].response_stats
+    assert grpc_stats["3"].success.count == stats["3"]["success"]["count"]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -177,6 +177,27 @@ def test_a_tenants_quota_refuses_a_body_before_it_is_read(server):
     still_generates(server)
 
 
+def test_a_tenants_quota_refuses_a_grpc_message_before_it_is_buffered(server):
+    # 96 MiB in one gRPC message against a quota of 1 MiB, while the server takes messages up
+    # to 2 GiB (Triton's default): refused by the message's length prefix, nothing buffered.
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(server.grpc)
+    big = [grpcclient.InferInput(name, [12 * MIB, 1], "INT32") for name in ("INPUT0", "INPUT1")]
+    for tensor in big:
+        tensor.set_data_from_numpy(np.zeros((12 * MIB, 1), dtype=np.int32))
+    grown = memory(server)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("simple", big, headers={"authorization": f"Bearer {KEYS['small']}"})
+    assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED", refused.value
+    text = refused.value.message()
+    assert "tenant 'small'" in text and "quotas.max_request_bytes = 1048576" in text, text
+    assert grown() < 16, f"+{grown():.0f} MiB for a refused message of 96 MiB"
+    still_generates(server)
+
+
 @pytest.mark.parametrize("encoding,compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
 def test_a_compressed_bomb_is_refused_at_the_size_limit(server, encoding, compress):
     # 256 MiB of zeros in a few hundred KiB: inflated (off the async runtime) only up to the

@@ -83,7 +83,7 @@ impl Default for ListenerOptions {
             grpc: Some(Endpoint::new("127.0.0.1", 0)),
             metrics: Some(Endpoint::new("127.0.0.1", 0)),
             http_max_input_size: 64 * 1024 * 1024,
-            grpc_max_message_size: 64 * 1024 * 1024,
+            grpc_max_message_size: super::grpc::MAX_MESSAGE_SIZE,
             grpc_compress_responses: false,
             tenancy: None,
             http_restrictions: Restrictions::default(),
@@ -202,6 +202,7 @@ impl Listeners {
                 .add_service(health_service)
                 .prepare()
                 .into_axum_router();
+            let app = super::grpc::with_message_limits(app, options.tenancy.clone());
             tasks.push(spawn(listener, app, Protocol::Grpc));
         }
         if let Some(listener) = http {

@@ -259,7 +259,52 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
     families.extend(load.collect());
     families.extend(padded.collect());
     families.extend(warmup.collect());
+    add_metric_tags(server, &mut families);
     families
+}
+
+/// A model's `metric_tags` as extra labels on each of its metrics, as Triton reports them
+/// (names checked at load: valid label names that are not the metrics' own).
+fn add_metric_tags(server: &Server, families: &mut [MetricFamily]) {
+    let tags: std::collections::HashMap<String, Vec<(String, String)>> = server
+        .models()
+        .loaded()
+        .iter()
+        .filter(|m| !m.config.metric_tags.is_empty())
+        .map(|m| {
+            let mut pairs: Vec<(String, String)> = m
+                .config
+                .metric_tags
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            pairs.sort();
+            (m.name.clone(), pairs)
+        })
+        .collect();
+    if tags.is_empty() {
+        return;
+    }
+    for family in families.iter_mut() {
+        for metric in family.mut_metric() {
+            let model = metric
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "model")
+                .map(|l| l.value().to_owned());
+            let Some(pairs) = model.and_then(|m| tags.get(&m)) else {
+                continue;
+            };
+            let mut labels = metric.take_label();
+            for (name, value) in pairs {
+                let mut pair = prometheus::proto::LabelPair::default();
+                pair.set_name(name.clone());
+                pair.set_value(value.clone());
+                labels.push(pair);
+            }
+            metric.set_label(labels);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@ use crate::{
     error::{Error, Result},
     names::ModelName,
     proto::inference::{
-        model_metadata_response::TensorMetadata, InferBatchStatistics, InferStatistics,
-        ModelConfig, ModelMetadataResponse, ModelStatistics, StatisticDuration,
+        model_metadata_response::TensorMetadata, InferBatchStatistics, InferResponseStatistics,
+        InferStatistics, ModelConfig, ModelMetadataResponse, ModelStatistics, StatisticDuration,
     },
     scheduling::{model_manager::LoadOverride, server::Server, stats::DurationStat},
     tenancy::{Caller, ModelAction, Tracked},
@@ -214,8 +214,32 @@ pub fn model_statistics(
                         }),
                     })
                     .collect(),
+                // Triton reports the GPU memory a model's load took; CPU models report none
+                // there either.
                 memory_usage: vec![],
-                response_stats: Default::default(),
+                response_stats: s
+                    .response_stats()
+                    .into_iter()
+                    .map(|(index, r)| {
+                        let d = |t: crate::scheduling::stats::Tally| {
+                            Some(StatisticDuration {
+                                count: t.count,
+                                ns: t.ns,
+                            })
+                        };
+                        (
+                            index.to_string(),
+                            InferResponseStatistics {
+                                compute_infer: d(r.compute_infer),
+                                compute_output: d(r.compute_output),
+                                success: d(r.success),
+                                fail: d(r.fail),
+                                empty_response: d(r.empty_response),
+                                cancel: d(r.cancel),
+                            },
+                        )
+                    })
+                    .collect(),
             }
         })
         .collect())

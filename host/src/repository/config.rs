@@ -36,7 +36,7 @@ pub enum ConfigError {
     },
 }
 
-fn model_config_descriptor() -> &'static MessageDescriptor {
+pub(super) fn model_config_descriptor() -> &'static MessageDescriptor {
     static DESCRIPTOR: OnceLock<MessageDescriptor> = OnceLock::new();
     DESCRIPTOR.get_or_init(|| {
         // The descriptor set is produced by our own build script from our own protos; failing to

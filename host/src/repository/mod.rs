@@ -2,7 +2,9 @@
 //! version policy that picks which versions to serve, and the checks on a configuration that do
 //! not need the model file.
 
+pub mod checksum;
 pub mod config;
+pub mod config_fields;
 pub mod remote;
 pub mod sequence;
 pub mod validate;
@@ -68,10 +70,18 @@ impl ModelSource {
     /// Reads and parses `config.pbtxt`; a missing file gives an empty configuration for the
     /// backend to auto-complete.
     pub fn read_config(&self) -> Result<ModelConfig, ConfigError> {
+        self.read_config_and_text().map(|(config, _)| config)
+    }
+
+    /// [`Self::read_config`], with the file's text (`None` when there is no file), for
+    /// messages that name a line.
+    pub fn read_config_and_text(&self) -> Result<(ModelConfig, Option<String>), ConfigError> {
         let path = self.config_path();
         match std::fs::read_to_string(&path) {
-            Ok(text) => config::parse_text(&text, &path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
+            Ok(text) => config::parse_text(&text, &path).map(|c| (c, Some(text))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok((ModelConfig::default(), None))
+            }
             Err(e) => Err(ConfigError::Invalid {
                 file: path.display().to_string(),
                 message: format!("cannot read: {e}"),

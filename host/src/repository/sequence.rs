@@ -82,8 +82,12 @@ pub struct SequenceSpec {
     pub states: Vec<State>,
     /// How long a request may wait for requests of other sequences to batch with.
     pub max_queue_delay: Duration,
-    /// Preferred batch sizes (`oldest` strategy).
+    /// Preferred batch sizes (`oldest` strategy; with `direct`, every size from
+    /// `minimum_slot_utilization` x `max_batch_size` up).
     pub preferred_batch_sizes: Vec<i32>,
+    /// Sequences live at once (`oldest.max_candidate_sequences`; 0: no limit): a new
+    /// sequence's START waits, in arrival order, until one ends or is released.
+    pub max_candidates: usize,
 }
 
 impl SequenceSpec {
@@ -157,8 +161,25 @@ pub fn sequence_spec(config: &ModelConfig) -> Result<Option<SequenceSpec>, Strin
             w[0]
         ));
     }
-    let (max_queue_delay, preferred_batch_sizes) = match &sb.strategy_choice {
-        Some(StrategyChoice::Direct(d)) => (d.max_queue_delay_microseconds, Vec::new()),
+    let (max_queue_delay, preferred_batch_sizes, max_candidates) = match &sb.strategy_choice {
+        Some(StrategyChoice::Direct(d)) => {
+            let util = d.minimum_slot_utilization;
+            if !(0.0..=1.0).contains(&util) {
+                return Err(format!(
+                    "field 'sequence_batching.direct.minimum_slot_utilization': {util} is not \
+                     between 0 and 1"
+                ));
+            }
+            // A batch runs before the delay ends once this share of its rows is ready, as
+            // Triton's direct strategy does once that share of its slots is.
+            let ready = (f64::from(util) * f64::from(config.max_batch_size)).ceil() as i32;
+            let preferred = if util > 0.0 && config.max_batch_size > 0 {
+                (ready.max(1)..=config.max_batch_size).collect()
+            } else {
+                Vec::new()
+            };
+            (d.max_queue_delay_microseconds, preferred, 0)
+        }
         Some(StrategyChoice::Oldest(o)) => {
             if let Some(size) = o
                 .preferred_batch_size
@@ -174,9 +195,10 @@ pub fn sequence_spec(config: &ModelConfig) -> Result<Option<SequenceSpec>, Strin
             (
                 o.max_queue_delay_microseconds,
                 o.preferred_batch_size.clone(),
+                o.max_candidate_sequences.max(0) as usize,
             )
         }
-        None => (0, Vec::new()),
+        None => (0, Vec::new(), 0),
     };
     Ok(Some(SequenceSpec {
         max_idle: idle_limit(sb),
@@ -184,6 +206,7 @@ pub fn sequence_spec(config: &ModelConfig) -> Result<Option<SequenceSpec>, Strin
         states,
         max_queue_delay: Duration::from_micros(max_queue_delay),
         preferred_batch_sizes,
+        max_candidates,
     }))
 }
 

@@ -65,10 +65,36 @@ pub fn validate(config: &mut ModelConfig, model_name: &str, file: &str) -> Resul
             )));
         }
     }
+    for name in config.metric_tags.keys() {
+        check_metric_tag(name).map_err(&invalid)?;
+    }
     if let Some(SchedulingChoice::DynamicBatching(db)) = &config.scheduling_choice {
         check_dynamic_batching(db, config.max_batch_size).map_err(&invalid)?;
     }
     super::sequence::sequence_spec(config).map_err(&invalid)?;
+    Ok(())
+}
+
+/// A `metric_tags` key becomes a label of the model's metrics: a valid Prometheus label name
+/// that is not one of the metrics' own.
+fn check_metric_tag(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with("__");
+    if !valid {
+        return Err(format!(
+            "field 'metric_tags': '{name}' is not a metric label name (letters, digits and '_', \
+             not starting with a digit or '__')"
+        ));
+    }
+    if ["model", "version", "reason"].contains(&name) {
+        return Err(format!(
+            "field 'metric_tags': '{name}' is a label the model's metrics already carry"
+        ));
+    }
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 
 use crate::{
     error::{Error, Result},
-    proto::inference::{model_instance_group::Kind, ModelConfig},
+    proto::inference::{model_instance_group::Kind, ModelConfig, ModelInstanceGroup},
 };
 
 /// Where one model instance runs.
@@ -15,6 +15,48 @@ pub enum Placement {
     Cpu,
     /// On the GPU with this CUDA device id.
     Gpu(i32),
+}
+
+/// The instances an ONNX Runtime instance group gets on the CPU when its `count` is unset:
+/// Triton's default for this backend (one per GPU on a GPU).
+pub const DEFAULT_CPU_INSTANCE_COUNT: i32 = 2;
+
+/// Writes Triton's defaults into the instance groups, so that the configuration the server
+/// reports is the one it runs: no group means one named after the model, `KIND_AUTO` becomes
+/// `KIND_GPU` (every visible GPU) or `KIND_CPU`, an unset name `<model>_<index>` and an unset
+/// `count` 1 per GPU or `default_cpu_count` on the CPU. A `KIND_GPU` group on a host without a
+/// GPU is left as it is for [`placements`] to refuse by name.
+pub fn normalize_instance_groups(config: &mut ModelConfig, default_cpu_count: i32) {
+    let visible = device_count().unwrap_or(0) as i32;
+    if config.instance_group.is_empty() {
+        config.instance_group.push(ModelInstanceGroup {
+            name: config.name.clone(),
+            kind: Kind::Auto as i32,
+            ..Default::default()
+        });
+    }
+    for (i, group) in config.instance_group.iter_mut().enumerate() {
+        if group.name.is_empty() {
+            group.name = format!("{}_{i}", config.name);
+        }
+        if group.kind == Kind::Auto as i32 {
+            group.kind = if !group.gpus.is_empty() || visible > 0 {
+                Kind::Gpu as i32
+            } else {
+                Kind::Cpu as i32
+            };
+        }
+        if group.kind == Kind::Gpu as i32 && group.gpus.is_empty() && visible > 0 {
+            group.gpus = (0..visible).collect();
+        }
+        if group.count < 1 {
+            group.count = if group.kind == Kind::Cpu as i32 {
+                default_cpu_count
+            } else {
+                1
+            };
+        }
+    }
 }
 
 /// One placement per instance, as Triton places them: a `KIND_CPU` group gives `count`
@@ -72,9 +114,19 @@ pub fn placements(config: &ModelConfig) -> Result<Vec<Placement>> {
                 )))
             }
         };
+        // A passive group is loaded on Triton but never scheduled: here it is not started.
+        if group.passive {
+            continue;
+        }
         for device in devices {
             out.extend(std::iter::repeat_n(device, count));
         }
+    }
+    if out.is_empty() {
+        return Err(Error::invalid(format!(
+            "model '{name}': every instance_group is passive, so no instance would take \
+             requests; set passive: false on at least one"
+        )));
     }
     Ok(out)
 }
@@ -141,7 +193,7 @@ pub struct Accelerators {
 }
 
 /// CUDA options Triton's ONNX Runtime backend also takes as model `parameters` (its older form).
-const CUDA_MODEL_PARAMETERS: [&str; 4] = [
+pub(crate) const CUDA_MODEL_PARAMETERS: [&str; 4] = [
     "cudnn_conv_algo_search",
     "gpu_mem_limit",
     "arena_extend_strategy",
@@ -389,6 +441,44 @@ mod tests {
         assert_eq!(placements(&config).unwrap(), vec![Placement::Cpu]);
         config.instance_group = vec![group(Kind::Cpu, 2, vec![]), group(Kind::Cpu, 0, vec![])];
         assert_eq!(placements(&config).unwrap(), vec![Placement::Cpu; 3]);
+    }
+
+    #[test]
+    fn unset_groups_names_and_counts_get_tritons_defaults() {
+        let mut config = ModelConfig {
+            name: "m".into(),
+            ..Default::default()
+        };
+        normalize_instance_groups(&mut config, DEFAULT_CPU_INSTANCE_COUNT);
+        let [only] = config.instance_group.as_slice() else {
+            panic!("{:?}", config.instance_group);
+        };
+        assert_eq!(only.name, "m");
+        if device_count().unwrap_or(0) == 0 {
+            assert_eq!((only.kind, only.count), (Kind::Cpu as i32, 2));
+            assert_eq!(placements(&config).unwrap(), vec![Placement::Cpu; 2]);
+        }
+        let mut config = ModelConfig {
+            name: "m".into(),
+            instance_group: vec![group(Kind::Cpu, 0, vec![]), group(Kind::Cpu, 3, vec![])],
+            ..Default::default()
+        };
+        normalize_instance_groups(&mut config, DEFAULT_CPU_INSTANCE_COUNT);
+        let named: Vec<_> = config
+            .instance_group
+            .iter()
+            .map(|g| (g.name.as_str(), g.count))
+            .collect();
+        assert_eq!(named, [("m_0", 2), ("m_1", 3)]);
+        // A GPU group stays a GPU group, for placements to refuse by name on a CPU host.
+        let mut config = ModelConfig {
+            name: "m".into(),
+            instance_group: vec![group(Kind::Gpu, 0, vec![])],
+            ..Default::default()
+        };
+        normalize_instance_groups(&mut config, DEFAULT_CPU_INSTANCE_COUNT);
+        assert_eq!(config.instance_group[0].kind, Kind::Gpu as i32);
+        assert_eq!(config.instance_group[0].count, 1);
     }
 
     #[test]

@@ -136,7 +136,9 @@ pub fn parameter<T: std::str::FromStr>(
         .transpose()
 }
 
-/// Total instances over all instance groups (a group's count of 0 means 1); 1 without groups.
+/// Instances that take requests over all instance groups (a group's count of 0 means 1;
+/// `passive` groups, which Triton loads but never schedules, are not started); 1 without
+/// groups, 0 when every group is passive.
 pub fn instance_count(config: &ModelConfig) -> usize {
     if config.instance_group.is_empty() {
         return 1;
@@ -144,6 +146,7 @@ pub fn instance_count(config: &ModelConfig) -> usize {
     config
         .instance_group
         .iter()
+        .filter(|g| !g.passive)
         .map(|g| g.count.max(1) as usize)
         .sum()
 }
@@ -239,6 +242,17 @@ pub fn is_decoupled(config: &ModelConfig) -> bool {
         .model_transaction_policy
         .as_ref()
         .is_some_and(|p| p.decoupled)
+}
+
+/// How the field table reads a configuration of the backend it names (ONNX Runtime when it
+/// names none; a backend this server lacks is refused at load, so any reading does).
+pub fn family(config: &ModelConfig) -> crate::repository::config_fields::Family {
+    use crate::repository::config_fields::Family;
+    match backend_name(config).as_deref() {
+        Some(wasm::BACKEND) => Family::Stage,
+        Some(generation::BACKEND) => Family::Generation,
+        _ => Family::Onnx,
+    }
 }
 
 /// Loads one version of a model with the backend its configuration names.

@@ -9,7 +9,7 @@
 
 use ort::{
     memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType},
-    session::Session,
+    session::{RunOptions, Session},
     value::DynValue,
 };
 
@@ -74,6 +74,7 @@ impl Staging {
         session: &mut Session,
         inputs: Vec<(&str, DynValue)>,
         outputs: &[String],
+        options: Option<&RunOptions>,
     ) -> Result<Vec<DynValue>> {
         let failed =
             |e: ort::Error| Error::internal(format!("ONNX Runtime failed to run the model: {e}"));
@@ -92,7 +93,11 @@ impl Staging {
                     Error::internal(format!("cannot bind output '{name}' to ONNX Runtime: {e}"))
                 })?;
         }
-        let mut results = session.run_binding(&binding).map_err(failed)?;
+        let mut results = match options {
+            Some(options) => session.run_binding_with_options(&binding, options),
+            None => session.run_binding(&binding),
+        }
+        .map_err(failed)?;
         outputs
             .iter()
             .map(|name| {

@@ -8,9 +8,11 @@ use std::{
     collections::{HashMap, HashSet},
     future::Future,
     pin::Pin,
+    sync::Arc,
 };
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
     error::{Error, Result},
@@ -61,6 +63,9 @@ struct Step {
     inputs: Vec<(String, String)>,
     /// (composing model tensor, ensemble tensor)
     outputs: Vec<(String, String)>,
+    /// `max_inflight_requests`: how many of the ensemble's requests may be in this step at
+    /// once (shared by all of them); a request waits for a turn before the step starts.
+    inflight: Option<Arc<Semaphore>>,
 }
 
 /// A validated ensemble, ready to run.
@@ -236,6 +241,8 @@ impl Ensemble {
                 version,
                 inputs,
                 outputs,
+                inflight: (sched.max_inflight_requests > 0)
+                    .then(|| Arc::new(Semaphore::new(sched.max_inflight_requests as usize))),
             });
             composing.push(model);
         }
@@ -417,7 +424,10 @@ impl Ensemble {
             }
         };
         let last = {
-            let step = runner.run_step(step_request);
+            let step = async {
+                let _turn = self.turn(d).await;
+                runner.run_step(step_request).await
+            };
             tokio::pin!(step);
             loop {
                 tokio::select! {
@@ -434,6 +444,13 @@ impl Ensemble {
             answer(last.outputs).await?;
         }
         Ok(Vec::new())
+    }
+
+    /// Waits for a turn in step `i` under `max_inflight_requests`; `None` without a limit.
+    async fn turn(&self, i: usize) -> Option<OwnedSemaphorePermit> {
+        let limit = self.steps[i].inflight.clone()?;
+        // The semaphore is never closed, so this waits for a permit and gets one.
+        limit.acquire_owned().await.ok()
     }
 
     /// The steps that read, directly or not, what step `d` writes.
@@ -577,7 +594,10 @@ impl Ensemble {
             waiting = still;
             for i in ready {
                 let step_request = self.step_request(i, request, tensors, durations);
-                running.push(async move { (i, runner.run_step(step_request).await) });
+                running.push(async move {
+                    let _turn = self.turn(i).await;
+                    (i, runner.run_step(step_request).await)
+                });
             }
             let Some((i, result)) = running.next().await else {
                 break;

@@ -23,8 +23,8 @@ use crate::{
     private_dir::ScratchDir,
     proto::inference::ModelConfig,
     repository::{
-        config, select_versions, sequence::sequence_spec, validate::validate, ModelRepository,
-        ModelSource, RepositoryError,
+        checksum, config, config_fields, select_versions, sequence::sequence_spec,
+        validate::validate, ModelRepository, ModelSource, RepositoryError,
     },
     runtime::{self, RuntimeOptions},
 };
@@ -164,6 +164,9 @@ pub struct ManagerOptions {
     pub queue_capacity: usize,
     /// The server's executions, shared among tenants.
     pub execution_share: Arc<ExecutionShare>,
+    /// Models loaded at once when several load together (start-up, poll): Triton's
+    /// `--model-load-thread-count`.
+    pub load_threads: usize,
 }
 
 /// The table of models and the operations that change it.
@@ -173,6 +176,15 @@ pub struct ModelManager {
     models: RwLock<HashMap<String, ModelEntry>>,
     // Loads and unloads run one at a time so that a reload never races another.
     lifecycle: tokio::sync::Mutex<()>,
+}
+
+/// How the field table reads `config`: as an ensemble, or as its backend's model.
+fn family(config: &ModelConfig) -> config_fields::Family {
+    if ensemble::is_ensemble(config) {
+        config_fields::Family::Ensemble
+    } else {
+        runtime::family(config)
+    }
 }
 
 fn repo_error(err: RepositoryError) -> Error {
@@ -456,6 +468,7 @@ impl ModelManager {
                 entry.state = ModelState::Loading;
             }
         }
+        tracing::info!(model = name, "loading model");
         let this = self.clone();
         let model = name.to_owned();
         let (fingerprint, outcome) =
@@ -542,14 +555,36 @@ impl ModelManager {
     ) -> Result<BTreeMap<i64, Arc<ModelVersion>>> {
         let config_file = source.config_path();
         let config_file = config_file.display().to_string();
-        let mut config = match &overrides.config_json {
-            Some(json) => config::parse_json(json)
-                .map_err(|e| Error::invalid(format!("model '{name}': {e}")))?,
+        let (mut config, text) = match &overrides.config_json {
+            Some(json) => (
+                config::parse_json(json)
+                    .map_err(|e| Error::invalid(format!("model '{name}': {e}")))?,
+                None,
+            ),
             None => source
-                .read_config()
+                .read_config_and_text()
                 .map_err(|e| Error::invalid(e.to_string()))?,
         };
+        // Every field set is honoured, refused by name, or logged as having no effect here.
+        let described = match &overrides.config_json {
+            Some(_) => format!("the configuration given for '{name}'"),
+            None => config_file.clone(),
+        };
+        let quiet = config_fields::check(&config, family(&config), text.as_deref(), &described)
+            .map_err(|e| Error::invalid(format!("model '{name}': {e}")))?;
+        for field in quiet {
+            tracing::warn!(
+                model = name,
+                "{}: field '{}' has no effect here: {}",
+                field.at,
+                field.path,
+                field.why
+            );
+        }
         validate(&mut config, name, &config_file).map_err(|e| Error::invalid(e.to_string()))?;
+        // The checksum agent runs before anything of the model is read, as on Triton.
+        checksum::verify(&config, &source.dir)
+            .map_err(|e| Error::invalid(format!("model '{name}': {config_file}: {e}")))?;
         let available = source.available_versions();
         let chosen = select_versions(config.version_policy.as_ref(), &available);
         if chosen.is_empty() {
@@ -727,11 +762,23 @@ impl ModelManager {
         Ok(())
     }
 
-    /// Loads the named models; failures are recorded in the index.
+    /// Loads the named models, up to `load_threads` at once (as Triton's model-load threads):
+    /// first those that call no other model, then the ensembles and stages that call some,
+    /// each after what it calls. Failures are recorded in the index.
     pub async fn load_many(self: &Arc<Self>, names: &[String]) {
+        use futures::stream::StreamExt;
         let _guard = self.lifecycle.lock().await;
-        let mut done = HashSet::new();
-        for name in names {
+        let (standalone, calling): (Vec<&String>, Vec<&String>) = names.iter().partition(|name| {
+            self.composing_of(name, &LoadOverride::default())
+                .is_ok_and(|calls| calls.is_empty())
+        });
+        futures::stream::iter(&standalone)
+            .for_each_concurrent(self.options.load_threads.max(1), |name| async move {
+                let _ = self.load_locked(name, LoadOverride::default()).await;
+            })
+            .await;
+        let mut done: HashSet<String> = standalone.into_iter().cloned().collect();
+        for name in calling {
             if !done.contains(name) {
                 let _ = self
                     .load_with_composing(name, LoadOverride::default(), &mut done)

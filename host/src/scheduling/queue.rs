@@ -304,7 +304,8 @@ pub struct RequestQueue<J> {
 }
 
 impl<J: Batchable> RequestQueue<J> {
-    /// An empty queue with one level per policy, holding at most `capacity` requests.
+    /// An empty queue with one level per policy, holding at most `capacity` requests (0: no
+    /// cap but each level's `max_queue_size`, as in Triton).
     pub fn new(policies: &[QueuePolicy], capacity: usize) -> Self {
         Self {
             levels: policies
@@ -318,7 +319,7 @@ impl<J: Batchable> RequestQueue<J> {
                 })
                 .collect(),
             len: 0,
-            capacity: capacity.max(1),
+            capacity: if capacity == 0 { usize::MAX } else { capacity },
         }
     }
 

@@ -179,7 +179,7 @@ impl Scheduler {
         self.shared.work.notify_all();
     }
 
-    /// Starts one worker thread per instance behind a queue of at most `queue_capacity`
+    /// Starts one worker thread per instance behind a queue of at most `queue_capacity` (0: none)
     /// requests, scheduling by `policy`; executions for tenants wait for their part of `share`.
     pub fn start(
         model: &str,

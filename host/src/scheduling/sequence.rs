@@ -137,6 +137,8 @@ struct Sequence {
     last_used: Mutex<Instant>,
     /// Taken by one request at a time, in arrival order (tokio's mutex is fair).
     carried: tokio::sync::Mutex<Carried>,
+    /// Its place among `max_candidate_sequences`, given back when the sequence is dropped.
+    _candidate: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Sequence {
@@ -206,6 +208,8 @@ pub struct SequenceBatcher {
     scheduler: Scheduler,
     stats: Arc<ModelStats>,
     table: Mutex<Table>,
+    /// `max_candidate_sequences`: places for live sequences, taken in arrival order.
+    candidates: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl SequenceBatcher {
@@ -225,8 +229,11 @@ impl SequenceBatcher {
             .iter()
             .map(|state| initial_state(model, state, batching, model_dir))
             .collect::<Result<Vec<_>>>()?;
+        let candidates = (spec.max_candidates > 0)
+            .then(|| Arc::new(tokio::sync::Semaphore::new(spec.max_candidates)));
         Ok(Self {
             model: model.to_owned(),
+            candidates,
             spec,
             batching,
             initial,
@@ -284,7 +291,11 @@ impl SequenceBatcher {
                 flags.id, self.model
             ))));
         }
-        let sequence = self.enter(&flags).map_err(refused)?;
+        let candidate = match &self.candidates {
+            Some(places) if flags.start && !self.is_live(&flags) => self.place(places).await,
+            _ => None,
+        };
+        let sequence = self.enter(&flags, candidate).map_err(refused)?;
         let busy = Busy(sequence);
         let mut carried = busy.0.carried.lock().await;
         if flags.start {
@@ -342,9 +353,42 @@ impl SequenceBatcher {
         result.map_err(|e| (e, false))
     }
 
-    /// Finds (or with START, creates) the sequence of a request and counts the request as
-    /// holding it; releases idle sequences on the way.
-    fn enter(&self, flags: &SequenceFlags) -> Result<Arc<Sequence>> {
+    fn is_live(&self, flags: &SequenceFlags) -> bool {
+        lock(&self.table).sequences.contains_key(&flags.key())
+    }
+
+    /// Waits for a place among `max_candidate_sequences` for a new sequence, in arrival order
+    /// (tokio's semaphore is fair), as Triton's oldest strategy keeps later sequences in its
+    /// backlog. Idle sequences hold their place until released, so they are released while
+    /// this waits.
+    async fn place(
+        &self,
+        places: &Arc<tokio::sync::Semaphore>,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let tick = (self.spec.max_idle / 2).clamp(
+            std::time::Duration::from_millis(10),
+            std::time::Duration::from_secs(1),
+        );
+        let turn = places.clone().acquire_owned();
+        tokio::pin!(turn);
+        loop {
+            tokio::select! {
+                // The semaphore is never closed.
+                permit = &mut turn => return permit.ok(),
+                () = tokio::time::sleep(tick) => {
+                    lock(&self.table).sweep(Instant::now(), self.spec.max_idle);
+                }
+            }
+        }
+    }
+
+    /// Finds (or with START, creates, holding `candidate`) the sequence of a request and
+    /// counts the request as holding it; releases idle sequences on the way.
+    fn enter(
+        &self,
+        flags: &SequenceFlags,
+        candidate: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<Arc<Sequence>> {
         let now = Instant::now();
         let max_idle = self.spec.max_idle;
         let mut table = lock(&self.table);
@@ -380,6 +424,7 @@ impl SequenceBatcher {
                         states: None,
                         ended: false,
                     }),
+                    _candidate: candidate,
                 });
                 table.sequences.insert(flags.key(), s.clone());
                 s

@@ -16,7 +16,7 @@ use super::{
     ensemble::StepRunner,
     execution_share::ExecutionShare,
     model_manager::{ManagerOptions, ModelManager, Runner},
-    stats::FailureReason,
+    stats::{FailureReason, ModelStats, ResponseOutcome},
 };
 use crate::{
     error::{Error, Result},
@@ -57,8 +57,10 @@ pub struct ServerOptions {
     pub strict_readiness: bool,
     /// Backend settings.
     pub runtime: RuntimeOptions,
-    /// Queue capacity per model version.
+    /// Queue capacity per model version (0: no cap).
     pub queue_capacity: usize,
+    /// Models loaded at once at start-up and on each poll (`--model-load-thread-count`).
+    pub load_threads: usize,
     /// Poll interval in poll mode.
     pub poll_interval: Duration,
     /// What one request may ask for (rank, elements, string length, JSON depth).
@@ -91,7 +93,8 @@ impl Default for ServerOptions {
                 wasm_cache_dir: crate::runtime::wasm::engine::default_cache_dir(),
                 ..Default::default()
             },
-            queue_capacity: 1024,
+            queue_capacity: 0,
+            load_threads: 4,
             poll_interval: Duration::from_secs(15),
             limits: RequestLimits::default(),
             execution_slots: 0,
@@ -199,6 +202,51 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// Times the responses of one request to a decoupled model, for its `response_stats`.
+struct ResponseClock {
+    stats: Arc<ModelStats>,
+    index: u64,
+    since: Instant,
+}
+
+impl ResponseClock {
+    fn new(stats: Arc<ModelStats>) -> Self {
+        Self {
+            stats,
+            index: 0,
+            since: Instant::now(),
+        }
+    }
+
+    /// A response was handed to the stream at `handed`; `sent` false: the client had left.
+    fn sent(&mut self, sent: bool, empty: bool, handed: Instant) {
+        if !sent {
+            self.ended(ResponseOutcome::Cancel);
+            return;
+        }
+        let outcome = if empty {
+            ResponseOutcome::Empty
+        } else {
+            ResponseOutcome::Success
+        };
+        let compute = handed.saturating_duration_since(self.since);
+        self.stats
+            .record_response(self.index, outcome, compute, handed.elapsed());
+        self.index += 1;
+        self.since = Instant::now();
+    }
+
+    /// The request ended at this index without a response.
+    fn ended(&mut self, outcome: ResponseOutcome) {
+        self.stats.record_response(
+            self.index,
+            outcome,
+            self.since.elapsed(),
+            std::time::Duration::ZERO,
+        );
+    }
+}
+
 impl Server {
     /// Creates the server and loads the initial models according to the control mode.
     pub async fn start(options: ServerOptions) -> Result<Arc<Self>> {
@@ -225,6 +273,7 @@ impl Server {
                     runtime: runtime_options,
                     queue_capacity: options.queue_capacity,
                     execution_share: Arc::new(ExecutionShare::new(options.execution_slots)),
+                    load_threads: options.load_threads,
                 },
             ));
             Self {
@@ -438,11 +487,15 @@ impl Server {
         request.responses = Some(sink);
         let server = self.clone();
         tokio::spawn(async move {
-            let version = server
+            let model = server
                 .manager
                 .get(&request.model_name, request.model_version)
-                .map(|m| m.version)
-                .unwrap_or_default();
+                .ok();
+            let version = model.as_ref().map(|m| m.version).unwrap_or_default();
+            // A decoupled model's responses are counted per index, as Triton's response_stats.
+            let mut responses = model
+                .filter(|m| crate::runtime::is_decoupled(&m.config))
+                .map(|m| ResponseClock::new(m.stats.clone()));
             let wrap = |outputs, name: &str, id: &str| InferResponse {
                 model_name: name.to_owned(),
                 model_version: version,
@@ -456,29 +509,58 @@ impl Server {
             // A reader that takes nothing for `stall` is treated as gone: returning drops the
             // request's future, which cancels it.
             let deliver = |item| tokio::time::timeout(stall, out.send(item));
+            let send = async |outputs: Vec<crate::tensor::Tensor>,
+                              clock: &mut Option<ResponseClock>| {
+                let empty = outputs.is_empty();
+                let handed = Instant::now();
+                let sent = matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(())));
+                if let Some(clock) = clock {
+                    clock.sent(sent, empty, handed);
+                }
+                sent
+            };
             let result = loop {
                 tokio::select! {
                     Some(outputs) = produced.recv() => {
-                        if !matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(()))) {
+                        if !send(outputs, &mut responses).await {
                             return; // the client left or stopped reading
                         }
                     }
                     result = &mut final_response => break result,
                     // The client left before anything was sent (a long answer that is not
                     // streamed): dropping the request cancels it.
-                    () = out.closed() => return,
+                    () = out.closed() => {
+                        if let Some(clock) = &mut responses {
+                            clock.ended(ResponseOutcome::Cancel);
+                        }
+                        return;
+                    }
                 }
             };
             // Everything sent during execution is queued ahead of the final response.
             while let Ok(outputs) = produced.try_recv() {
-                if !matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(()))) {
+                if !send(outputs, &mut responses).await {
                     return;
                 }
             }
             match result {
                 Ok(last) if last.outputs.is_empty() => {}
-                other => {
-                    let _ = deliver(other).await;
+                Ok(last) => {
+                    let handed = Instant::now();
+                    let sent = matches!(deliver(Ok(last)).await, Ok(Ok(())));
+                    if let Some(clock) = &mut responses {
+                        clock.sent(sent, false, handed);
+                    }
+                }
+                Err(e) => {
+                    if let Some(clock) = &mut responses {
+                        clock.ended(if e.code == crate::error::Code::Cancelled {
+                            ResponseOutcome::Cancel
+                        } else {
+                            ResponseOutcome::Fail
+                        });
+                    }
+                    let _ = deliver(Err(e)).await;
                 }
             }
         });

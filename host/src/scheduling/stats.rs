@@ -111,6 +111,54 @@ pub struct ModelStats {
     pub warmup: DurationStat,
     failures: [AtomicU64; 4],
     batches: Mutex<BTreeMap<u64, BatchStat>>,
+    responses: Mutex<BTreeMap<u64, ResponseStat>>,
+}
+
+/// A count and total nanoseconds, as one of Triton's `StatisticDuration`s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Occurrences.
+    pub count: u64,
+    /// Their total nanoseconds.
+    pub ns: u64,
+}
+
+impl Tally {
+    fn add(&mut self, d: Duration) {
+        self.count += 1;
+        self.ns += d.as_nanos() as u64;
+    }
+}
+
+/// The responses sent at one index of a decoupled model's requests (the first response of
+/// each request is index 0), as Triton's `response_stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResponseStat {
+    /// Time computing each response (since the request's previous response, or its start).
+    pub compute_infer: Tally,
+    /// Time handing each response's tensors to its stream.
+    pub compute_output: Tally,
+    /// Responses sent with outputs, and their whole time.
+    pub success: Tally,
+    /// Requests that failed at this index.
+    pub fail: Tally,
+    /// Responses sent without outputs.
+    pub empty_response: Tally,
+    /// Requests cancelled at this index (the client left).
+    pub cancel: Tally,
+}
+
+/// How one response of a decoupled model ended, for [`ModelStats::record_response`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseOutcome {
+    /// Sent, with outputs.
+    Success,
+    /// Sent, without outputs.
+    Empty,
+    /// The request failed instead.
+    Fail,
+    /// The request was cancelled instead.
+    Cancel,
 }
 
 impl ModelStats {
@@ -167,6 +215,43 @@ impl ModelStats {
             entry.compute_input_ns += input.as_nanos() as u64;
             entry.compute_infer_ns += infer.as_nanos() as u64;
             entry.compute_output_ns += output.as_nanos() as u64;
+        }
+    }
+
+    /// Per response index of decoupled requests: how the responses went.
+    pub fn response_stats(&self) -> Vec<(u64, ResponseStat)> {
+        self.responses
+            .lock()
+            .map(|r| r.iter().map(|(k, v)| (*k, *v)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Records response `index` of a decoupled model's request: `compute` since its previous
+    /// response (or its start), `output` handing it over.
+    pub fn record_response(
+        &self,
+        index: u64,
+        outcome: ResponseOutcome,
+        compute: Duration,
+        output: Duration,
+    ) {
+        let Ok(mut responses) = self.responses.lock() else {
+            return;
+        };
+        let stat = responses.entry(index).or_default();
+        match outcome {
+            ResponseOutcome::Success => {
+                stat.compute_infer.add(compute);
+                stat.compute_output.add(output);
+                stat.success.add(compute + output);
+            }
+            ResponseOutcome::Empty => {
+                stat.compute_infer.add(compute);
+                stat.compute_output.add(output);
+                stat.empty_response.add(compute + output);
+            }
+            ResponseOutcome::Fail => stat.fail.add(compute),
+            ResponseOutcome::Cancel => stat.cancel.add(compute),
         }
     }
 

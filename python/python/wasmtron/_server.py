@@ -43,11 +43,11 @@ class Options:
     ``startup_models``: what ``EXPLICIT`` loads at start (``"*"``: all). ``log_error`` /
     ``log_warn`` / ``log_info`` / ``log_verbose`` send the server's log to stderr (or
     ``log_file``); without them it logs nothing. ``exit_timeout``: seconds :meth:`Server.stop`
-    waits for accepted requests.
+    waits for accepted requests. ``model_load_thread_count``: models loaded at once at start.
 
     Accepted for compatibility, with no effect here: ``server_id``, ``strict_model_config``
     (configurations are always completed from the model), ``exit_on_error``,
-    ``model_load_thread_count``, ``metrics``, ``gpu_metrics``, ``cpu_metrics``,
+    ``metrics``, ``gpu_metrics``, ``cpu_metrics``,
     ``metrics_interval``, ``log_format``. Wasmtron's own: ``onnxruntime_library`` (the
     ``libonnxruntime.so`` to load when not the one the package was built with) and
     ``config`` (the server config file: tenants, their hashed API keys, models, quotas; it
@@ -144,7 +144,8 @@ class Server:
         return CoreServer([str(r) for r in repositories], options._control_mode(),
                           list(options.startup_models), bool(options.strict_readiness),
                           options.onnxruntime_library,
-                          None if options.config is None else str(options.config))
+                          None if options.config is None else str(options.config),
+                          int(options.model_load_thread_count))
 
     def start(self, wait_until_ready: bool = False, polling_interval: float = 0.1,
               timeout: Optional[float] = None, http_port: Optional[int] = None,

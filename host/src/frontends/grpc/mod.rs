@@ -22,6 +22,7 @@ use crate::{
 pub use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 
 mod codec;
+mod message_limit;
 mod service;
 mod streaming;
 mod unary;
@@ -48,7 +49,7 @@ impl GrpcService {
             restrictions: Restrictions::default(),
             shared_memory: Arc::new(SystemSharedMemory::new()),
             tracing: Arc::new(Tracing::default()),
-            max_message_size: 64 * 1024 * 1024,
+            max_message_size: MAX_MESSAGE_SIZE,
         }
     }
 
@@ -139,6 +140,25 @@ impl GrpcService {
 /// [`Caller::require`] as a gRPC status.
 fn require(caller: &Caller, action: ModelAction, model: &str) -> Result<(), Status> {
     caller.require(action, model).map_err(to_status)
+}
+
+/// The largest gRPC message by default: 2 GiB, as in Triton (a tenant's `max_request_bytes`
+/// bounds its own, checked as the bytes arrive).
+pub const MAX_MESSAGE_SIZE: usize = i32::MAX as usize;
+
+/// The gRPC routes with each tenant's `max_request_bytes` checked on every message's length
+/// before it is read (nothing to check without tenants).
+pub(crate) fn with_message_limits(
+    router: axum::Router,
+    tenancy: Option<Arc<Tenancy>>,
+) -> axum::Router {
+    match tenancy {
+        Some(tenancy) => router.layer(axum::middleware::from_fn_with_state(
+            tenancy,
+            message_limit::limit_messages,
+        )),
+        None => router,
+    }
 }
 
 /// Maps an error to a gRPC status.

@@ -22,7 +22,7 @@ use crate::{
 
 use super::*;
 use super::{
-    streaming::{stream_error, stream_one, StreamResult},
+    streaming::{sequence_key, SequenceOrder, StreamContext, StreamResult, STREAM_IN_FLIGHT},
     unary::infer_one,
 };
 use crate::frontends::track;
@@ -127,58 +127,32 @@ impl GrpcInferenceService for GrpcService {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let tenancy = self.tenancy.clone();
-        let server = self.server.clone();
-        let shm = self.shared_memory.clone();
-        let max_bytes = self.max_message_size;
-        let tracing = self.tracing.clone();
-        let context = TraceContext::of(r.metadata());
-        let incoming = r.into_inner();
-        // Requests on one stream are answered in order, each with all of its responses (0..N
-        // for a decoupled model); errors travel in-band as Triton does.
-        let responses = incoming.flat_map(move |item| match item {
-            Ok(req) => {
-                let caller = match &tenancy {
-                    Some(tenancy) => match tenancy.authenticate(key.as_deref()) {
-                        Ok(caller) => caller,
-                        Err(e) => {
-                            let id = req.id;
-                            return futures::stream::once(async move { Ok(stream_error(id, e)) })
-                                .boxed();
-                        }
-                    },
-                    None => first.clone(),
-                };
-                // Accounted once admitted (or refused); its errors travel in-band.
-                let track = track(&server, &caller, &req.model_name);
-                let admitted = caller
-                    .require(ModelAction::Infer, &req.model_name)
-                    .and_then(|()| caller.admit(prost::Message::encoded_len(&req)));
-                track.finish(admitted.as_ref().map(|_| ()).map_err(|e| e.code));
-                match admitted {
-                    // The admission lives as long as this request's responses.
-                    Ok(admission) => stream_one(
-                        server.clone(),
-                        shm.clone(),
-                        max_bytes,
-                        &tracing,
-                        &context,
-                        &caller,
-                        req,
-                    )
-                    .map(move |item| {
-                        let _held = &admission;
-                        item
-                    })
-                    .boxed(),
-                    Err(e) => {
-                        let id = req.id;
-                        futures::stream::once(async move { Ok(stream_error(id, e)) }).boxed()
-                    }
+        let stream = StreamContext {
+            tenancy: self.tenancy.clone(),
+            key,
+            first,
+            server: self.server.clone(),
+            shm: self.shared_memory.clone(),
+            max_bytes: self.max_message_size,
+            tracing: self.tracing.clone(),
+            context: TraceContext::of(r.metadata()),
+        };
+        let mut order = SequenceOrder::default();
+        // Requests on one stream run at once, as on Triton: each request's responses (0..N
+        // for a decoupled model) come in order, tagged with its id, requests' answers in the
+        // order they finish; a sequence's requests keep the order they were sent in; errors
+        // travel in-band.
+        let responses = r
+            .into_inner()
+            .map(move |item| match item {
+                Ok(req) => {
+                    let stream = stream.clone();
+                    let sequence = sequence_key(&req);
+                    order.start(sequence, move || stream.answer(req))
                 }
-            }
-            Err(status) => futures::stream::once(async { Err(status) }).boxed(),
-        });
+                Err(status) => futures::stream::once(async { Err(status) }).boxed(),
+            })
+            .flatten_unordered(STREAM_IN_FLIGHT);
         Ok(Response::new(Box::pin(responses)))
     }
 

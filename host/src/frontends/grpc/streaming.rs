@@ -1,17 +1,24 @@
-//! `ModelStreamInfer`: the responses of each request on a stream, in order, 0..N per request
-//! for decoupled models, errors in-band as Triton sends them.
+//! `ModelStreamInfer`: the requests of a stream run at once (a sequence's in the order sent),
+//! the responses of each in order, 0..N per request for decoupled models, errors in-band as
+//! Triton sends them.
 
-use std::{pin::Pin, sync::Arc};
+use std::{collections::HashMap, pin::Pin, sync::Arc};
 
-use futures::{Stream, StreamExt};
+use futures::{
+    channel::oneshot,
+    future::{FutureExt, Shared},
+    stream::BoxStream,
+    Stream, StreamExt,
+};
 use tonic::Status;
 
-use crate::frontends::{on_behalf_of, shared_memory::SystemSharedMemory, trace::Tracing};
+use crate::frontends::{on_behalf_of, shared_memory::SystemSharedMemory, trace::Tracing, track};
 use crate::{
     error::Error,
     inference::{ParamValue, Parameters},
+    proto::inference::infer_parameter::ParameterChoice,
     scheduling::server::Server,
-    tenancy::Caller,
+    tenancy::{Caller, ModelAction, Tenancy},
 };
 
 use super::*;
@@ -22,6 +29,133 @@ use super::{
 
 pub(super) type StreamResult =
     Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+/// Requests of one stream in flight at once; the stream's further requests wait (HTTP/2 flow
+/// control holds the client back) until one finishes.
+pub(super) const STREAM_IN_FLIGHT: usize = 128;
+
+type Answers = BoxStream<'static, Result<ModelStreamInferResponse, Status>>;
+
+/// What every request on one stream needs: who sent it and the server's parts.
+#[derive(Clone)]
+pub(super) struct StreamContext {
+    pub(super) tenancy: Option<Arc<Tenancy>>,
+    /// The stream's `authorization` value, checked again for each request.
+    pub(super) key: Option<String>,
+    /// The caller the stream was opened by (without tenants).
+    pub(super) first: Caller,
+    pub(super) server: Arc<Server>,
+    pub(super) shm: Arc<SystemSharedMemory>,
+    pub(super) max_bytes: usize,
+    pub(super) tracing: Arc<Tracing>,
+    pub(super) context: TraceContext,
+}
+
+impl StreamContext {
+    /// The answers to one request of the stream: authenticated, admitted and accounted, its
+    /// refusals in-band.
+    pub(super) fn answer(&self, req: ModelInferRequest) -> Answers {
+        let refuse = |id: String, e: Error| {
+            futures::stream::once(async move { Ok(stream_error(id, e)) }).boxed()
+        };
+        let caller = match &self.tenancy {
+            Some(tenancy) => match tenancy.authenticate(self.key.as_deref()) {
+                Ok(caller) => caller,
+                Err(e) => return refuse(req.id, e),
+            },
+            None => self.first.clone(),
+        };
+        // Accounted once admitted (or refused); its errors travel in-band.
+        let track = track(&self.server, &caller, &req.model_name);
+        let admitted = caller
+            .require(ModelAction::Infer, &req.model_name)
+            .and_then(|()| caller.admit(prost::Message::encoded_len(&req)));
+        track.finish(admitted.as_ref().map(|_| ()).map_err(|e| e.code));
+        match admitted {
+            // The admission lives as long as this request's responses.
+            Ok(admission) => stream_one(
+                self.server.clone(),
+                self.shm.clone(),
+                self.max_bytes,
+                &self.tracing,
+                &self.context,
+                &caller,
+                req,
+            )
+            .map(move |item| {
+                let _held = &admission;
+                item
+            })
+            .boxed(),
+            Err(e) => refuse(req.id, e),
+        }
+    }
+}
+
+/// The sequence a request belongs to on its model (`sequence_id` parameter, non-zero or a
+/// non-empty string), if any.
+pub(super) fn sequence_key(req: &ModelInferRequest) -> Option<(String, String)> {
+    let id = match req
+        .parameters
+        .get("sequence_id")?
+        .parameter_choice
+        .as_ref()?
+    {
+        ParameterChoice::Int64Param(0) | ParameterChoice::Uint64Param(0) => return None,
+        ParameterChoice::Int64Param(n) => n.to_string(),
+        ParameterChoice::Uint64Param(n) => n.to_string(),
+        ParameterChoice::StringParam(s) if !s.is_empty() => format!("'{s}'"),
+        _ => return None,
+    };
+    Some((req.model_name.clone(), id))
+}
+
+/// Keeps each sequence's requests on a stream in the order they were sent: one starts once the
+/// previous request of its sequence has answered (on Triton a sequence's requests run one at
+/// a time too, in its slot). Other requests start at once.
+#[derive(Default)]
+pub(super) struct SequenceOrder {
+    /// Per sequence, resolved when its latest request's answers end.
+    last: HashMap<(String, String), Shared<oneshot::Receiver<()>>>,
+}
+
+impl SequenceOrder {
+    /// Sequences remembered before the finished ones are forgotten.
+    const REMEMBERED: usize = 1024;
+
+    /// The answers `start` gives, started now, or after the sequence's previous request.
+    pub(super) fn start(
+        &mut self,
+        sequence: Option<(String, String)>,
+        start: impl FnOnce() -> Answers + Send + 'static,
+    ) -> Answers {
+        let Some(sequence) = sequence else {
+            return start();
+        };
+        if self.last.len() >= Self::REMEMBERED {
+            // A finished request's sender is gone, so its receiver resolves when polled.
+            self.last
+                .retain(|_, done| done.clone().now_or_never().is_none());
+        }
+        let (finished, done) = oneshot::channel::<()>();
+        let previous = self.last.insert(sequence, done.shared());
+        let answers = async move {
+            if let Some(previous) = previous {
+                // Resolves (as cancelled) when the previous request's answers are dropped.
+                let _ = previous.await;
+            }
+            start()
+        };
+        answers
+            .flatten_stream()
+            .map(move |item| {
+                // Dropped with the answers, which lets the sequence's next request start.
+                let _finished = &finished;
+                item
+            })
+            .boxed()
+    }
+}
 
 pub(super) fn stream_error(id: String, err: Error) -> ModelStreamInferResponse {
     ModelStreamInferResponse {

@@ -334,6 +334,19 @@ fn decoder_spec(
 /// prompts): the frontends refuse more.
 pub const MAX_SEQUENCES_PER_REQUEST: usize = 64;
 
+/// The model `parameters` the generation backend reads; any other is refused at load.
+const PARAMETERS: [&str; 9] = [
+    "max_sequence_length",
+    "kv_cache_max_tokens",
+    "end_ids",
+    "max_prefill_tokens",
+    "default_max_tokens",
+    "prefix_cache_max_tokens",
+    "prefix_cache_scope",
+    "intra_op_thread_count",
+    "past_present_share_buffer",
+];
+
 /// Loads a generation model: its decoder session and the loop that runs it, and instances
 /// that each wait for one sequence: two per row of the batch, and one request's most beyond.
 pub fn load(
@@ -343,6 +356,16 @@ pub fn load(
 ) -> Result<LoadedBackend> {
     let name = config.name.clone();
     complete_config(&mut config)?;
+    if let Some(key) = config
+        .parameters
+        .keys()
+        .find(|k| !PARAMETERS.contains(&k.as_str()))
+    {
+        return Err(Error::invalid(format!(
+            "model '{name}': parameter '{key}' is not one the generation backend takes ({})",
+            PARAMETERS.join(", ")
+        )));
+    }
     if config.max_batch_size <= 0 {
         return Err(Error::invalid(format!(
             "model '{name}': field 'max_batch_size' must be at least 1 for the generation \

@@ -5,7 +5,7 @@
 use crate::runtime::RuntimeOptions;
 use crate::{
     error::{Error, Result},
-    proto::inference::{ModelConfig, ModelInput, ModelOutput},
+    proto::inference::{model_config::SchedulingChoice, ModelConfig, ModelInput, ModelOutput},
     repository::sequence::sequence_spec,
     tensor::{shape_string, DataType},
 };
@@ -58,6 +58,12 @@ pub(super) fn reconcile(
                 .all(|s| s.shape.first() == Some(&-1));
         if batchable {
             config.max_batch_size = options.default_max_batch_size;
+            // As Triton's ONNX Runtime backend does: a model it makes batch gets the dynamic
+            // batcher unless the configuration names a scheduler, so requests batch at all.
+            if config.max_batch_size > 1 && config.scheduling_choice.is_none() {
+                config.scheduling_choice =
+                    Some(SchedulingChoice::DynamicBatching(Default::default()));
+            }
         }
         let skip = usize::from(config.max_batch_size > 0);
         config.input = inputs

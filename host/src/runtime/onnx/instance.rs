@@ -24,6 +24,8 @@ pub(super) struct OnnxInstance {
     pub(super) output_types: Vec<(String, DataType)>,
     pub(super) shapes: Reshapes,
     pub(super) buckets: Option<Arc<ShapeBuckets>>,
+    /// Run options the configuration sets (`memory.enable_memory_arena_shrinkage`).
+    pub(super) run_options: Option<Arc<ort::session::RunOptions>>,
 }
 
 /// The shape one execution runs at: rows padded to a batch bucket, variable dimensions to
@@ -161,7 +163,9 @@ impl OnnxInstance {
             .sessions
             .get_mut(padding.session)
             .ok_or_else(|| Error::internal("no session for this batch size"))?;
-        let results = self.staging.run(session, values, outputs)?;
+        let results = self
+            .staging
+            .run(session, values, outputs, self.run_options.as_deref())?;
         let ran = Instant::now();
         let mut tensors = Vec::with_capacity(outputs.len());
         for (name, value) in outputs.iter().zip(results) {

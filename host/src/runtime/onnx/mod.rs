@@ -40,8 +40,18 @@ pub fn load(
     version_dir: &Path,
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
-    let model_path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
+    let model_path = onnx_file(&config, version_dir)?;
     let env = environment(options)?;
+    gpu::normalize_instance_groups(&mut config, gpu::DEFAULT_CPU_INSTANCE_COUNT);
+    let settings = SessionSettings::of(&config)?;
+    let run_options = settings.run_options(&config.name)?.map(Arc::new);
+    for key in config.parameters.keys().filter(|k| !known_parameter(k)) {
+        tracing::warn!(
+            model = %config.name,
+            "parameter '{key}' has no effect on ONNX Runtime models (Triton's ONNX Runtime \
+             backend ignores it too)"
+        );
+    }
     let placements = gpu::placements(&config)?;
     let accelerators = gpu::accelerators(&config)?;
     let engine_cache = accelerators
@@ -63,6 +73,7 @@ pub fn load(
             &model_path,
             intra,
             inter,
+            &settings,
             placement,
             &providers,
             profile,
@@ -134,6 +145,7 @@ pub fn load(
             output_types: output_types.clone(),
             shapes: shapes.clone(),
             buckets: buckets.clone(),
+            run_options: run_options.clone(),
         }));
     }
     Ok(LoadedBackend {
@@ -144,6 +156,27 @@ pub fn load(
         warmup: None,
         generation: None,
     })
+}
+
+/// The model's file: `default_model_filename` or `model.onnx` in the version folder; when that
+/// is a directory (a model saved with its weights as external data beside it), the
+/// `model.onnx` inside it, as Triton's ONNX Runtime backend reads it. ONNX Runtime then loads
+/// the external data from the file's own directory.
+fn onnx_file(config: &ModelConfig, version_dir: &Path) -> Result<std::path::PathBuf> {
+    let path = model_file(config, version_dir, DEFAULT_MODEL_FILENAME).or_else(|missing| {
+        let named = if config.default_model_filename.is_empty() {
+            DEFAULT_MODEL_FILENAME
+        } else {
+            config.default_model_filename.as_str()
+        };
+        let inside = version_dir.join(named).join(DEFAULT_MODEL_FILENAME);
+        if inside.is_file() {
+            Ok(inside)
+        } else {
+            Err(missing)
+        }
+    })?;
+    Ok(path)
 }
 
 impl AsRef<[u8]> for OutputMemory {

@@ -1,12 +1,20 @@
-//! Building a session: thread counts, execution providers (CPU, CUDA, TensorRT) and the
-//! TensorRT shape profile.
+//! Building a session: thread counts, the session settings a configuration names (graph
+//! optimisation level, execution mode, memory arena and pattern), execution providers (CPU,
+//! CUDA, TensorRT) and the TensorRT shape profile.
 
 use std::path::Path;
 
-use ort::{environment::Environment, session::Session};
+use ort::{
+    environment::Environment,
+    session::{builder::GraphOptimizationLevel, RunOptions, Session},
+};
 
 use crate::runtime::gpu::{self, Placement};
-use crate::{error::Result, proto::inference::ModelConfig, tensor::DataType};
+use crate::{
+    error::{Error, Result},
+    proto::inference::ModelConfig,
+    tensor::DataType,
+};
 
 /// TensorRT's optimisation profile for one batch bucket (`name:BxD1xD2,...`), the minimum,
 /// optimum and maximum alike; `None` when an input has variable dimensions besides the batch
@@ -49,6 +57,125 @@ pub(super) fn thread_counts(config: &ModelConfig, instances: usize) -> Result<(u
     Ok((intra, inter))
 }
 
+/// The model `parameters` ONNX Runtime models take here: Triton's ONNX Runtime backend's own,
+/// and this server's batch buckets. Triton's backend ignores any other key; so does this one,
+/// with a log line.
+pub(super) fn known_parameter(key: &str) -> bool {
+    const KEYS: [&str; 10] = [
+        "intra_op_thread_count",
+        "inter_op_thread_count",
+        "execution_mode",
+        "enable_mem_arena",
+        "enable_mem_pattern",
+        USE_DEVICE_ALLOCATOR,
+        ARENA_SHRINKAGE,
+        crate::runtime::buckets::BATCH_BUCKETS,
+        crate::runtime::buckets::PAD_SEQUENCE,
+        crate::runtime::buckets::SESSION_PER_BUCKET,
+    ];
+    KEYS.contains(&key) || gpu::CUDA_MODEL_PARAMETERS.contains(&key)
+}
+
+const USE_DEVICE_ALLOCATOR: &str = "session.use_device_allocator_for_initializers";
+const ARENA_SHRINKAGE: &str = "memory.enable_memory_arena_shrinkage";
+
+/// The session and run settings a configuration names, read as Triton's ONNX Runtime backend
+/// reads them: `optimization { graph { level } }` (-1 basic, 1 extended, 2 none, anything
+/// else all), and the parameters `execution_mode` (0 sequential, 1 parallel),
+/// `enable_mem_arena`, `enable_mem_pattern`, `session.use_device_allocator_for_initializers`
+/// and `memory.enable_memory_arena_shrinkage` (a run option).
+#[derive(Debug, Clone)]
+pub(super) struct SessionSettings {
+    level: GraphOptimizationLevel,
+    parallel: bool,
+    mem_arena: Option<bool>,
+    mem_pattern: Option<bool>,
+    device_allocator_for_initializers: Option<String>,
+    arena_shrinkage: Option<String>,
+}
+
+impl SessionSettings {
+    pub(super) fn of(config: &ModelConfig) -> Result<Self> {
+        let name = &config.name;
+        let level = match config
+            .optimization
+            .as_ref()
+            .and_then(|o| o.graph.as_ref())
+            .map(|g| g.level)
+        {
+            Some(-1) => GraphOptimizationLevel::Level1,
+            Some(1) => GraphOptimizationLevel::Level2,
+            Some(2) => GraphOptimizationLevel::Disable,
+            _ => GraphOptimizationLevel::All,
+        };
+        let text = |key: &str| config.parameters.get(key).map(|p| p.string_value.trim());
+        let flag = |key: &str| -> Result<Option<bool>> {
+            text(key)
+                .map(|v| {
+                    parse_bool(v).ok_or_else(|| {
+                        Error::invalid(format!(
+                            "model '{name}': parameter '{key}' must be true or false (or 1/0, \
+                             on/off), got \"{v}\""
+                        ))
+                    })
+                })
+                .transpose()
+        };
+        let parallel = match text("execution_mode") {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(other) => {
+                return Err(Error::invalid(format!(
+                    "model '{name}': parameter 'execution_mode' must be 0 (sequential) or 1 \
+                     (parallel), got \"{other}\""
+                )))
+            }
+        };
+        let mem_arena = flag("enable_mem_arena")?;
+        let arena_shrinkage = text(ARENA_SHRINKAGE).map(str::to_owned);
+        if let (Some(false), Some(devices)) = (mem_arena, &arena_shrinkage) {
+            if devices.contains("cpu") {
+                // ONNX Runtime would fail every run saying it has no arena to shrink.
+                return Err(Error::invalid(format!(
+                    "model '{name}': parameter '{ARENA_SHRINKAGE}' shrinks the CPU arena \
+                     (\"{devices}\"), but 'enable_mem_arena' turns that arena off"
+                )));
+            }
+        }
+        Ok(Self {
+            level,
+            parallel,
+            mem_arena,
+            mem_pattern: flag("enable_mem_pattern")?,
+            device_allocator_for_initializers: text(USE_DEVICE_ALLOCATOR).map(str::to_owned),
+            arena_shrinkage,
+        })
+    }
+
+    /// The run options every execution of the model uses, if any are set.
+    pub(super) fn run_options(&self, model: &str) -> Result<Option<RunOptions>> {
+        let Some(devices) = &self.arena_shrinkage else {
+            return Ok(None);
+        };
+        let failed = |e: ort::Error| {
+            Error::invalid(format!(
+                "model '{model}': parameter '{ARENA_SHRINKAGE}' \"{devices}\": {e}"
+            ))
+        };
+        let mut options = RunOptions::new().map_err(failed)?;
+        options.set(ARENA_SHRINKAGE, devices).map_err(failed)?;
+        Ok(Some(options))
+    }
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "on" | "yes" => Some(true),
+        "false" | "0" | "off" | "no" => Some(false),
+        _ => None,
+    }
+}
+
 /// The execution providers of GPU sessions (read only by GPU builds).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(super) struct Providers<'a> {
@@ -57,11 +184,13 @@ pub(super) struct Providers<'a> {
     pub(super) engine_cache: Option<&'a str>,
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn build_session(
     env: &Environment,
     path: &Path,
     intra: usize,
     inter: usize,
+    settings: &SessionSettings,
     placement: Placement,
     providers: &Providers<'_>,
     profile: Option<&str>,
@@ -71,9 +200,32 @@ pub(super) fn build_session(
         .with_intra_threads(intra)
         .map_err(|e| e.to_string())?
         .with_inter_threads(inter)
+        .map_err(|e| e.to_string())?
+        .with_optimization_level(settings.level)
+        .map_err(|e| e.to_string())?
+        .with_parallel_execution(settings.parallel)
         .map_err(|e| e.to_string())?;
+    if let Some(enable) = settings.mem_pattern {
+        builder = builder
+            .with_memory_pattern(enable)
+            .map_err(|e| e.to_string())?;
+    }
+    if let Some(value) = &settings.device_allocator_for_initializers {
+        builder = builder
+            .with_config_entry(USE_DEVICE_ALLOCATOR, value)
+            .map_err(|e| e.to_string())?;
+    }
     if let Placement::Gpu(device) = placement {
         builder = with_gpu(builder, device, providers, profile)?;
+    }
+    if let Some(enable) = settings.mem_arena {
+        // The CPU provider's registration is what turns the CPU memory arena on or off.
+        builder = builder
+            .with_execution_providers([ort::ep::CPU::default()
+                .with_arena_allocator(enable)
+                .build()
+                .error_on_failure()])
+            .map_err(|e| e.to_string())?;
     }
     let session = builder.commit_from_file(path).map_err(|e| e.to_string())?;
     // The file's protobuf and the weights ONNX Runtime repacked are freed by now.

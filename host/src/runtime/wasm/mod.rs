@@ -678,6 +678,12 @@ pub fn load(
     });
     let health = model.health.clone();
     let count = instance_count(&config);
+    if count == 0 {
+        return Err(Error::invalid(format!(
+            "model '{name}': every instance_group is passive, so no instance would take \
+             requests; set passive: false on at least one"
+        )));
+    }
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
     let first = model.instantiate()?;
     instances.push(Box::new(StageInstance {

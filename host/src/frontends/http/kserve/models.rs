@@ -104,7 +104,14 @@ pub fn stats_json(stats: Vec<ModelStatistics>) -> Value {
                     "cache_hit": duration_json(&i.cache_hit),
                     "cache_miss": duration_json(&i.cache_miss),
                 },
-                "response_stats": {},
+                "response_stats": s.response_stats.iter().map(|(index, r)| (index.clone(), json!({
+                    "compute_infer": duration_json(&r.compute_infer),
+                    "compute_output": duration_json(&r.compute_output),
+                    "success": duration_json(&r.success),
+                    "fail": duration_json(&r.fail),
+                    "empty_response": duration_json(&r.empty_response),
+                    "cancel": duration_json(&r.cancel),
+                }))).collect::<serde_json::Map<String, Value>>(),
                 "batch_stats": s.batch_stats.iter().map(|b| json!({
                     "batch_size": b.batch_size,
                     "compute_input": duration_json(&b.compute_input),
