@@ -49,6 +49,9 @@ pub struct CompileCache {
     /// The path it was opened at, for messages only.
     shown: PathBuf,
     max_bytes: u64,
+    /// Held from an entry's rename to the end of the pruning after it: stages compiled at
+    /// once (models load in parallel) would otherwise each prune the other's new entry.
+    storing: Mutex<()>,
 }
 
 /// An entry's file name in the cache directory.
@@ -111,6 +114,7 @@ impl CompileCache {
             dir: fd,
             shown: dir.to_path_buf(),
             max_bytes,
+            storing: Mutex::new(()),
         })
     }
 
@@ -188,6 +192,7 @@ impl CompileCache {
             Mode::from_raw_mode(0o600),
         )?;
         let written = std::fs::File::from(fd).write_all(&bytes);
+        let _storing = self.storing.lock().unwrap_or_else(PoisonError::into_inner);
         if let Err(e) = written.and_then(|()| {
             rustix::fs::renameat(&self.dir, tmp.as_str(), &self.dir, entry.0.as_str())
                 .map_err(io::Error::from)
