@@ -604,9 +604,40 @@ fn unsupported_extensions_say_so() {
         "--features cuda"
     };
     assert!(msg.contains(missing), "{msg}");
+}
+
+#[test]
+fn the_classification_extension_answers_each_rows_top_classes_with_labels() {
+    let repo = temp_repository(&["simple"]);
+    // Triton's quick-start model with a label file for OUTPUT0, as image_client's models have.
+    let config = repo.path().join("simple/config.pbtxt");
+    let text = std::fs::read_to_string(&config).unwrap().replacen(
+        "name: \"OUTPUT0\"",
+        "name: \"OUTPUT0\"\n    label_filename: \"sums.txt\"",
+        1,
+    );
+    std::fs::write(&config, text).unwrap();
+    let labels: Vec<String> = (0..16).map(|i| format!("sum{}", i + 1)).collect();
+    std::fs::write(repo.path().join("simple/sums.txt"), labels.join("\n")).unwrap();
+    let s = TestServer::start(repo.path(), &[]);
     let mut body = simple_request();
     body["outputs"] = json!([{"name": "OUTPUT0", "parameters": {"classification": 2}}]);
+    let answer: Value = post_infer(&s, "simple", &body).json().unwrap();
+    let output = &answer["outputs"][0];
+    assert_eq!(output["datatype"], "BYTES", "{answer}");
+    assert_eq!(output["shape"], json!([1, 2]), "{answer}");
+    // OUTPUT0 = 1..16: the two largest, as "value:index:label", integers written as such.
+    assert_eq!(
+        output["data"],
+        json!(["16:15:sum16", "15:14:sum15"]),
+        "{answer}"
+    );
+    // A count that is not a positive integer is refused naming the output.
+    body["outputs"] = json!([{"name": "OUTPUT0", "parameters": {"classification": 0}}]);
     let (status, msg) = error_of(post_infer(&s, "simple", &body));
-    assert_eq!(status, 501);
-    assert!(msg.contains("classification"), "{msg}");
+    assert_eq!(status, 400);
+    assert!(
+        msg.contains("output 'OUTPUT0': parameter 'classification'"),
+        "{msg}"
+    );
 }

@@ -18,6 +18,7 @@
 #![deny(missing_docs)]
 
 pub mod cancellation;
+pub mod classification;
 pub mod error;
 pub mod frontends;
 pub mod inference;

@@ -11,6 +11,7 @@ import urllib.request
 import numpy as np
 import onnx
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
@@ -137,6 +138,28 @@ def test_the_checksum_agent_refuses_a_model_whose_file_changed(tmp_path):
         assert f"mismatched MD5 hash for file 1/model.onnx, expect: {'0' * 32}, got: {digest}" \
             in e, e
         assert not client.is_model_ready("checked")
+    finally:
+        s.stop()
+
+
+def test_classification_reads_the_label_file_over_both_protocols(tmp_path):
+    repo = tmp_path / "repo"
+    labeled = ADD_CONFIG.replace(
+        'output [ { name: "y", data_type: TYPE_FP32, dims: [ 1024 ] } ]',
+        'output [ { name: "y", data_type: TYPE_FP32, dims: [ 1024 ], label_filename: "classes.txt" } ]')
+    write_model(repo, "labeled", labeled)
+    (repo / "labeled" / "classes.txt").write_text("\n".join(f"class{i}" for i in range(1024)))
+    s = Server(str(repo))
+    try:
+        x = np.zeros((2, 1024), dtype=np.float32)  # y = W = 1..1024 on each row
+        want = [[b"1024.000000:1023:class1023", b"1023.000000:1022:class1022"]] * 2
+        for mod, url in ((httpclient, s.http), (grpcclient, s.grpc)):
+            client = mod.InferenceServerClient(url)
+            given = mod.InferInput("x", [2, 1024], "FP32")
+            given.set_data_from_numpy(x)
+            asked = mod.InferRequestedOutput("y", class_count=2)
+            classes = client.infer("labeled", [given], outputs=[asked]).as_numpy("y")
+            assert classes.tolist() == want, (mod.__name__, classes)
     finally:
         s.stop()
 

@@ -34,6 +34,7 @@ pub const EXTENSIONS: &[&str] = &[
     #[cfg(feature = "cuda")]
     "cuda_shared_memory",
     "binary_tensor_data",
+    "classification",
     "model_configuration",
     "model_repository",
     "model_repository(unload_dependents)",

@@ -146,8 +146,6 @@ const OPS_ELSEWHERE: &str = "custom operator libraries are read by the ONNX Runt
                              TensorFlow backends only, as on Triton";
 const SHAPE_TENSORS: &str = "shape tensors are a TensorRT feature, not supported here";
 const NON_LINEAR: &str = "non-linear I/O formats are a TensorRT feature, not supported here";
-const LABELS: &str = "labels are used by the classification extension (class_count), which this \
-                      server refuses for now";
 const STATE_BUFFERS: &str = "a GPU-state buffer option of Triton's TensorRT and ONNX Runtime \
                              backends; sequence state is kept on the host here";
 const STAGE_RESHAPE: &str = "a stage receives tensors in the shape the client sent; reshape is \
@@ -209,7 +207,7 @@ pub const FIELDS: &[Row] = &[
         Refused(STAGE_RESHAPE),
         Refused(STAGE_RESHAPE),
     ),
-    all("output.label_filename", NoEffect(LABELS)),
+    all("output.label_filename", H),
     all("output.is_shape_tensor", Refused(SHAPE_TENSORS)),
     all("output.is_non_linear_format_io", Refused(NON_LINEAR)),
     all("batch_input", Refused(RAGGED)),
@@ -735,7 +733,7 @@ pub const FIELDS: &[Row] = &[
     all("model_repository_agents.agents.parameters", H),
     all("response_cache", C),
     all("response_cache.enable", Refused(RESPONSE_CACHE)),
-    all("model_metrics", Refused(MODEL_METRICS)),
+    all("model_metrics", C),
     all("model_metrics.metric_control", Refused(MODEL_METRICS)),
     all(
         "model_metrics.metric_control.metric_identifier",

@@ -53,6 +53,8 @@ pub struct ModelVersion {
     pub health: Arc<crate::runtime::InstanceHealth>,
     /// A generation model's counters (tokens, batch, cache).
     pub generation: Option<Arc<crate::runtime::generation::stats::GenerationStats>>,
+    /// Its outputs' labels (`label_filename`), for the classification extension.
+    pub labels: Arc<crate::classification::Labels>,
     /// The files given to the load API, kept while the version lives: its backends may open
     /// them again later (a new stage instance), and nobody else can swap them in between.
     /// Held only to keep the folder; removed with the last version that uses it.
@@ -585,6 +587,9 @@ impl ModelManager {
         // The checksum agent runs before anything of the model is read, as on Triton.
         checksum::verify(&config, &source.dir)
             .map_err(|e| Error::invalid(format!("model '{name}': {config_file}: {e}")))?;
+        let labels = crate::classification::read_labels(&config, &source.dir)
+            .map(Arc::new)
+            .map_err(|e| Error::invalid(format!("model '{name}': {config_file}: {e}")))?;
         let available = source.available_versions();
         let chosen = select_versions(config.version_policy.as_ref(), &available);
         if chosen.is_empty() {
@@ -618,6 +623,7 @@ impl ModelManager {
                         runner: Runner::Ensemble(plan.clone()),
                         health: Default::default(),
                         generation: None,
+                        labels: labels.clone(),
                         _staged: None,
                     }),
                 );
@@ -676,6 +682,7 @@ impl ModelManager {
                     runner,
                     health,
                     generation,
+                    labels: labels.clone(),
                     _staged: staged.clone(),
                 }),
             );
@@ -749,90 +756,10 @@ impl ModelManager {
         entry.reason = UNLOADED.to_owned();
         tracing::info!(model = name, "model unloaded");
     }
-
-    /// Loads every model found in the repositories; failures are recorded, not fatal.
-    pub async fn load_all(self: &Arc<Self>) -> Result<()> {
-        let names: Vec<String> = self
-            .repository
-            .discover()
-            .map_err(repo_error)?
-            .into_keys()
-            .collect();
-        self.load_many(&names).await;
-        Ok(())
-    }
-
-    /// Loads the named models, up to `load_threads` at once (as Triton's model-load threads):
-    /// first those that call no other model, then the ensembles and stages that call some,
-    /// each after what it calls. Failures are recorded in the index.
-    pub async fn load_many(self: &Arc<Self>, names: &[String]) {
-        use futures::stream::StreamExt;
-        let _guard = self.lifecycle.lock().await;
-        let (standalone, calling): (Vec<&String>, Vec<&String>) = names.iter().partition(|name| {
-            self.composing_of(name, &LoadOverride::default())
-                .is_ok_and(|calls| calls.is_empty())
-        });
-        futures::stream::iter(&standalone)
-            .for_each_concurrent(self.options.load_threads.max(1), |name| async move {
-                let _ = self.load_locked(name, LoadOverride::default()).await;
-            })
-            .await;
-        let mut done: HashSet<String> = standalone.into_iter().cloned().collect();
-        for name in calling {
-            if !done.contains(name) {
-                let _ = self
-                    .load_with_composing(name, LoadOverride::default(), &mut done)
-                    .await;
-            }
-        }
-    }
-
-    /// Poll mode: loads new models, reloads changed ones and unloads removed ones.
-    pub async fn poll(self: &Arc<Self>) {
-        self.repository.refresh().await;
-        let Ok(found) = self.repository.discover() else {
-            return;
-        };
-        let known: Vec<(String, u64)> = self
-            .models
-            .read()
-            .map(|m| {
-                m.iter()
-                    .filter(|(_, e)| !e.added)
-                    .map(|(k, e)| (k.clone(), e.fingerprint))
-                    .collect()
-            })
-            .unwrap_or_default();
-        for (name, _) in known.iter().filter(|(n, _)| !found.contains_key(n)) {
-            let _ = self.unload(name, false).await;
-            if let Ok(mut m) = self.models.write() {
-                m.remove(name);
-            }
-        }
-        let added: HashSet<String> = self
-            .models
-            .read()
-            .map(|m| {
-                m.iter()
-                    .filter(|(_, e)| e.added)
-                    .map(|(k, _)| k.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        for (name, source) in found {
-            if added.contains(&name) {
-                tracing::warn!(model = %name, "a model added in-process has this name; the repository's is not loaded");
-                continue;
-            }
-            let previous = known.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
-            if previous != Some(source.fingerprint()) {
-                let _ = self.load_as_is(&name, LoadOverride::default()).await;
-            }
-        }
-    }
 }
 
 mod added;
+mod bulk;
 
 fn poisoned() -> Error {
     Error::internal("model table lock poisoned")

@@ -22,12 +22,14 @@ use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse, StepDurations},
     limits::RequestLimits,
+    proto::inference::ModelConfig,
     repository::ModelRepository,
     runtime::{
         request_check::{check_request, convert_integer_inputs},
         ModelCaller, RuntimeOptions,
     },
     tenancy::ModelAction,
+    tensor::DataType,
 };
 
 /// How the set of loaded models may change (`--model-control-mode`).
@@ -200,6 +202,32 @@ impl Drop for InFlight<'_> {
             self.0.idle.notify_waiters();
         }
     }
+}
+
+/// The outputs asked for classes, checked before anything runs: each must be one whose type
+/// gives classes (numbers); an output the configuration does not list is checked on its
+/// answer.
+fn classifiable(
+    config: &ModelConfig,
+    classes: Vec<(String, usize)>,
+) -> Result<Vec<(String, usize)>> {
+    for (name, _) in &classes {
+        let declared = config
+            .output
+            .iter()
+            .find(|o| o.name == *name)
+            .and_then(|o| DataType::from_config_value(o.data_type));
+        if let Some(
+            datatype @ (DataType::Bytes | DataType::Bool | DataType::Fp16 | DataType::Bf16),
+        ) = declared
+        {
+            return Err(Error::invalid(format!(
+                "output '{name}': class results are not available for type {}",
+                datatype.wire_name()
+            )));
+        }
+    }
+    Ok(classes)
 }
 
 /// Times the responses of one request to a decoupled model, for its `response_stats`.
@@ -423,12 +451,23 @@ impl Server {
                 return Err(err);
             }
         };
+        let classes = match crate::classification::requested(&request)
+            .and_then(|classes| classifiable(&model.config, classes))
+        {
+            Ok(classes) => classes,
+            Err(err) => {
+                model
+                    .stats
+                    .record_failure(FailureReason::Other, received.elapsed());
+                return Err(err);
+            }
+        };
         let outputs: Vec<String> = if request.outputs.is_empty() {
             model.config.output.iter().map(|o| o.name.clone()).collect()
         } else {
             request.outputs.iter().map(|o| o.name.clone()).collect()
         };
-        match &model.runner {
+        let result = match &model.runner {
             Runner::Scheduler(scheduler) => {
                 scheduler
                     .infer(request, outputs, batch_size as u64, received)
@@ -471,7 +510,21 @@ impl Server {
                     }
                 }
             }
+        };
+        if classes.is_empty() {
+            return result;
         }
+        // The classification extension: the outputs asked for classes become them.
+        let batched = model.config.max_batch_size > 0;
+        result.and_then(|mut response| {
+            for (name, count) in &classes {
+                if let Some(tensor) = response.outputs.iter_mut().find(|t| t.name == *name) {
+                    let labels = model.labels.get(name).map(|l| &l[..]);
+                    *tensor = crate::classification::classify(tensor, *count, batched, labels)?;
+                }
+            }
+            Ok(response)
+        })
     }
 
     /// Runs one request with its responses streamed: every response a decoupled model sends,

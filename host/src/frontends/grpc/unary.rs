@@ -31,16 +31,6 @@ pub(super) async fn infer_one(
     on_behalf_of(caller, &mut request);
     request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
     let _trace = request.trace.clone();
-    if let Some(o) = request
-        .outputs
-        .iter()
-        .find(|o| o.parameters.contains_key("classification"))
-    {
-        return Err(Error::unsupported(format!(
-            "output '{}': the classification extension is not supported",
-            o.name
-        )));
-    }
     let requested = request.outputs.clone();
     shm.check_outputs(caller, &requested)?;
     let response = server.infer(request).await?;

@@ -84,6 +84,7 @@ impl ModelManager {
             runner: Runner::Scheduler(scheduler),
             health: Default::default(),
             generation: None,
+            labels: Default::default(),
             _staged: None,
         });
         let mut models = self.models.write().map_err(|_| super::poisoned())?;

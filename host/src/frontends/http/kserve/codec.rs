@@ -345,14 +345,6 @@ pub fn encode_response(
     let mut binary = Vec::new();
     for tensor in &response.outputs {
         let requested = requested_all.iter().find(|o| o.name == tensor.name);
-        if let Some(req) = requested {
-            if req.parameters.contains_key("classification") {
-                return Err(Error::unsupported(format!(
-                    "output '{}': the classification extension is not supported",
-                    tensor.name
-                )));
-            }
-        }
         let as_binary = requested
             .and_then(|o| o.parameters.get("binary_data"))
             .and_then(ParamValue::as_bool)
