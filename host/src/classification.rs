@@ -73,6 +73,32 @@ pub fn requested(request: &InferRequest) -> Result<Vec<(String, usize)>> {
     Ok(asked)
 }
 
+/// The outputs asked for classes, checked before anything runs: each must be one whose type
+/// gives classes (numbers); an output the configuration does not list is checked on its
+/// answer.
+pub fn check_types(
+    config: &ModelConfig,
+    classes: Vec<(String, usize)>,
+) -> Result<Vec<(String, usize)>> {
+    for (name, _) in &classes {
+        let declared = config
+            .output
+            .iter()
+            .find(|o| o.name == *name)
+            .and_then(|o| DataType::from_config_value(o.data_type));
+        if let Some(
+            datatype @ (DataType::Bytes | DataType::Bool | DataType::Fp16 | DataType::Bf16),
+        ) = declared
+        {
+            return Err(Error::invalid(format!(
+                "output '{name}': class results are not available for type {}",
+                datatype.wire_name()
+            )));
+        }
+    }
+    Ok(classes)
+}
+
 /// `tensor` as its `k` top classes per batch row (`batched`: the first dimension is the
 /// batch), with `labels` when the output has them.
 pub fn classify(

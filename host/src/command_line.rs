@@ -154,6 +154,13 @@ pub struct Cli {
     /// stages that call other models load after those.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub model_load_thread_count: u32,
+    /// The response cache, as Triton's: `local,size=<bytes>` keeps that many bytes of answers
+    /// in memory for the models whose configuration says `response_cache { enable: true }`.
+    #[arg(long = "cache-config")]
+    pub cache_config: Vec<String>,
+    /// Triton's older spelling of `--cache-config local,size=<bytes>`.
+    #[arg(long)]
+    pub response_cache_byte_size: Option<usize>,
     /// Requests each model version may queue before answering UNAVAILABLE (0: no cap, as in
     /// Triton; a `max_queue_size` in the model's queue policy still applies).
     #[arg(long, default_value_t = 0)]
@@ -286,7 +293,6 @@ pub enum Treatment {
 const NO_TLS: &str = "TLS is not served yet: terminate TLS in front of the server";
 const NO_SAGEMAKER: &str = "the SageMaker endpoint is not served";
 const NO_VERTEX: &str = "the Vertex AI endpoint is not served";
-const NO_CACHE: &str = "the response cache is not served yet";
 const NO_RATE_LIMITER: &str =
     "the rate limiter is not served yet (with tenants, --execution-slots shares executions)";
 const NO_GPU_POOLS: &str =
@@ -393,14 +399,9 @@ pub const TRITON_ONLY: &[(&str, Treatment)] = &[
             "latency summaries and other metrics settings are not served yet",
         ),
     ),
-    ("cache-config", Treatment::Only(&[], NO_CACHE)),
     (
         "cache-directory",
         Treatment::NoEffect("caches are built into the server"),
-    ),
-    (
-        "response-cache-byte-size",
-        Treatment::Only(&["0"], NO_CACHE),
     ),
     ("rate-limit", Treatment::Only(&["off"], NO_RATE_LIMITER)),
     ("rate-limit-resource", Treatment::Only(&[], NO_RATE_LIMITER)),
@@ -494,7 +495,10 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<(Cli, V
             }
         }
     }
-    Ok((Cli::try_parse_from(kept)?, notes))
+    let cli = Cli::try_parse_from(kept)?;
+    // Refused at start, like Triton's flags this server does not serve.
+    response_cache_bytes(&cli)?;
+    Ok((cli, notes))
 }
 
 /// `--backend-config` settings, as Triton spells them (`<backend>,<setting>=<value>`, or
@@ -523,6 +527,38 @@ const OTHER_BACKENDS: &[&str] = &[
     "repeat",
     "square",
 ];
+
+/// The response cache's size from `--cache-config` (Triton's `<cache>,<key>=<value>` form,
+/// repeatable) and `--response-cache-byte-size`; 0 without a cache. Only the in-memory cache
+/// (`local`) is served.
+pub fn response_cache_bytes(cli: &Cli) -> anyhow::Result<usize> {
+    let mut size = cli.response_cache_byte_size.unwrap_or(0);
+    for value in &cli.cache_config {
+        let (cache, setting) = value.split_once(',').unwrap_or((value.as_str(), ""));
+        match cache.trim() {
+            "local" => {}
+            "redis" => bail!(
+                "--cache-config={value} is refused: the Redis cache is not served yet (use \
+                 --cache-config local,size=<bytes>)"
+            ),
+            other => bail!("--cache-config={value}: unknown cache '{other}' (served: local)"),
+        }
+        for pair in setting.split(',').filter(|p| !p.trim().is_empty()) {
+            match pair.split_once('=') {
+                Some(("size", bytes)) => {
+                    size = bytes.trim().parse().with_context(|| {
+                        format!("--cache-config={value}: size must be a number of bytes")
+                    })?;
+                }
+                _ => bail!(
+                    "--cache-config={value}: unknown setting '{pair}' for the local cache \
+                     (size=<bytes>)"
+                ),
+            }
+        }
+    }
+    Ok(size)
+}
 
 impl BackendSettings {
     /// Reads the settings; a setting this server does not know for a backend it runs is
@@ -633,8 +669,8 @@ mod tests {
                 "--grpc-use-ssl=true is refused: TLS is not served",
             ),
             (
-                "--cache-config=local,size=1048576",
-                "--cache-config=local,size=1048576 is refused",
+                "--cache-config=redis,host=localhost,port=6379",
+                "the Redis cache is not served yet",
             ),
             (
                 "--rate-limit execution_count",

@@ -297,6 +297,7 @@ async fn server_options(
             ..defaults.runtime
         },
         queue_capacity: cli.model_queue_capacity,
+        response_cache_bytes: command_line::response_cache_bytes(cli)?,
         load_threads: cli.model_load_thread_count as usize,
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),
         limits: RequestLimits {

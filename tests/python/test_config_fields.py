@@ -87,7 +87,7 @@ def test_refused_fields_name_the_field_file_and_line_and_the_server_keeps_servin
     ragged = ADD_CONFIG.replace('dims: [ 1024 ] } ]\noutput',
                                 'dims: [ 1024 ]\n          allow_ragged_batch: true } ]\noutput')
     write_model(repo, "ragged", ragged)
-    write_model(repo, "cached", ADD_CONFIG + "response_cache { enable: true }\n")
+    write_model(repo, "custom_ops", ADD_CONFIG + 'model_operations { op_library_filename: "libops.so" }\n')
     write_model(repo, "passive_only", ADD_CONFIG +
                 "instance_group [ { count: 2, kind: KIND_CPU, passive: true } ]\n")
     write_model(repo, "bad_mode", ADD_CONFIG +
@@ -103,8 +103,9 @@ def test_refused_fields_name_the_field_file_and_line_and_the_server_keeps_servin
         e = load_error(client, "ragged")
         assert "ragged/config.pbtxt:4: field 'input.allow_ragged_batch' is not supported for " \
                "onnxruntime models: ragged batching" in e, e
-        e = load_error(client, "cached")
-        assert "cached/config.pbtxt:5: field 'response_cache.enable' is not supported" in e, e
+        e = load_error(client, "custom_ops")
+        assert "custom_ops/config.pbtxt:5: field 'model_operations.op_library_filename' is not " \
+               "supported for onnxruntime models: custom operator libraries" in e, e
         e = load_error(client, "passive_only")
         assert "every instance_group is passive" in e, e
         e = load_error(client, "bad_mode")

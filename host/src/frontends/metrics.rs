@@ -259,8 +259,61 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
     families.extend(load.collect());
     families.extend(padded.collect());
     families.extend(warmup.collect());
+    if server.response_cache().is_some() {
+        families.extend(cache_metrics(server));
+    }
     add_metric_tags(server, &mut families);
     families
+}
+
+/// Triton's per-model response cache metrics (only with a cache, as on Triton).
+fn cache_metrics(server: &Server) -> Vec<MetricFamily> {
+    let mv = ["model", "version"];
+    let (Some(hits), Some(misses), Some(hit_us), Some(miss_us)) = (
+        counter(
+            "nv_cache_num_hits_per_model",
+            "Number of cache hits per model",
+            &mv,
+        ),
+        counter(
+            "nv_cache_num_misses_per_model",
+            "Number of cache misses per model",
+            &mv,
+        ),
+        counter(
+            "nv_cache_hit_duration_per_model",
+            "Total cache hit duration per model, in microseconds",
+            &mv,
+        ),
+        counter(
+            "nv_cache_miss_duration_per_model",
+            "Total cache miss (insert + lookup) duration per model, in microseconds",
+            &mv,
+        ),
+    ) else {
+        return vec![];
+    };
+    for m in server.models().loaded() {
+        if !m.config.response_cache.as_ref().is_some_and(|c| c.enable) {
+            continue;
+        }
+        let version = m.version.to_string();
+        let l = [m.name.as_str(), version.as_str()];
+        hits.with_label_values(&l).inc_by(m.stats.cache_hit.count());
+        misses
+            .with_label_values(&l)
+            .inc_by(m.stats.cache_miss.count());
+        hit_us
+            .with_label_values(&l)
+            .inc_by(m.stats.cache_hit.ns() / 1000);
+        miss_us
+            .with_label_values(&l)
+            .inc_by(m.stats.cache_miss.ns() / 1000);
+    }
+    [hits, misses, hit_us, miss_us]
+        .iter()
+        .flat_map(|c| c.collect())
+        .collect()
 }
 
 /// A model's `metric_tags` as extra labels on each of its metrics, as Triton reports them

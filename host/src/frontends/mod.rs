@@ -192,8 +192,8 @@ pub fn model_statistics(
                     compute_input: duration(&s.compute_input),
                     compute_infer: duration(&s.compute_infer),
                     compute_output: duration(&s.compute_output),
-                    cache_hit: Some(StatisticDuration::default()),
-                    cache_miss: Some(StatisticDuration::default()),
+                    cache_hit: duration(&s.cache_hit),
+                    cache_miss: duration(&s.cache_miss),
                 }),
                 warmup: duration(&s.warmup),
                 batch_stats: s

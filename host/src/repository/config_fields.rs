@@ -138,7 +138,6 @@ const RUNTIME: &str = "selects a backend's shared library or Python runtime on T
                        server's backends are built in";
 const MODEL_METRICS: &str = "per-model metric histograms and buckets are not implemented here \
                              yet";
-const RESPONSE_CACHE: &str = "the response cache is not implemented here yet";
 const NAMESPACE: &str = "reserved by Triton for internal use";
 const CUSTOM_OPS: &str = "custom operator libraries are native code loaded into the server, \
                           outside any sandbox; this server does not load them";
@@ -732,7 +731,7 @@ pub const FIELDS: &[Row] = &[
     all("model_repository_agents.agents.name", H),
     all("model_repository_agents.agents.parameters", H),
     all("response_cache", C),
-    all("response_cache.enable", Refused(RESPONSE_CACHE)),
+    all("response_cache.enable", H),
     all("model_metrics", C),
     all("model_metrics.metric_control", Refused(MODEL_METRICS)),
     all(

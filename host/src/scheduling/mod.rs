@@ -6,6 +6,7 @@ pub mod ensemble;
 pub mod execution_share;
 pub mod model_manager;
 pub mod queue;
+pub mod response_cache;
 pub mod scheduler;
 pub mod sequence;
 pub mod server;

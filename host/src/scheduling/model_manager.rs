@@ -169,6 +169,8 @@ pub struct ManagerOptions {
     /// Models loaded at once when several load together (start-up, poll): Triton's
     /// `--model-load-thread-count`.
     pub load_threads: usize,
+    /// Whether the server has a response cache (`--cache-config`).
+    pub response_cache: bool,
 }
 
 /// The table of models and the operations that change it.
@@ -434,6 +436,37 @@ impl ModelManager {
         Ok(names)
     }
 
+    /// `response_cache { enable: true }`: refused where Triton refuses it (decoupled and
+    /// sequence models); without a server cache it has no effect, as on Triton, and says so.
+    fn check_response_cache(&self, name: &str, config: &ModelConfig, file: &str) -> Result<()> {
+        if !config.response_cache.as_ref().is_some_and(|c| c.enable) {
+            return Ok(());
+        }
+        let refuse = |why: &str| {
+            Err(Error::invalid(format!(
+                "model '{name}': {file}: field 'response_cache.enable': {why}"
+            )))
+        };
+        if runtime::is_decoupled(config) {
+            return refuse(
+                "a decoupled model's answers are not cached (0..N responses per request)",
+            );
+        }
+        if sequence_spec(config).ok().flatten().is_some() {
+            return refuse(
+                "a stateful (sequence) model's answers depend on its state and are not cached",
+            );
+        }
+        if !self.options.response_cache {
+            tracing::warn!(
+                model = name,
+                "{file}: field 'response_cache.enable' has no effect here: the server was \
+                 started without --cache-config (as on Triton)"
+            );
+        }
+        Ok(())
+    }
+
     /// Why a model cannot serve: not in the repositories, or its load error.
     fn unavailable_reason(&self, name: &str, version: Option<i64>) -> Error {
         let reason = self
@@ -587,6 +620,7 @@ impl ModelManager {
         // The checksum agent runs before anything of the model is read, as on Triton.
         checksum::verify(&config, &source.dir)
             .map_err(|e| Error::invalid(format!("model '{name}': {config_file}: {e}")))?;
+        self.check_response_cache(name, &config, &config_file)?;
         let labels = crate::classification::read_labels(&config, &source.dir)
             .map(Arc::new)
             .map_err(|e| Error::invalid(format!("model '{name}': {config_file}: {e}")))?;

@@ -15,21 +15,20 @@ use tokio::sync::Notify;
 use super::{
     ensemble::StepRunner,
     execution_share::ExecutionShare,
-    model_manager::{ManagerOptions, ModelManager, Runner},
-    stats::{FailureReason, ModelStats, ResponseOutcome},
+    model_manager::{ManagerOptions, ModelManager, ModelVersion, Runner},
+    response_cache::{Key, ResponseCache},
+    stats::{FailureReason, ResponseClock, ResponseOutcome},
 };
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse, StepDurations},
     limits::RequestLimits,
-    proto::inference::ModelConfig,
     repository::ModelRepository,
     runtime::{
         request_check::{check_request, convert_integer_inputs},
         ModelCaller, RuntimeOptions,
     },
     tenancy::ModelAction,
-    tensor::DataType,
 };
 
 /// How the set of loaded models may change (`--model-control-mode`).
@@ -61,6 +60,8 @@ pub struct ServerOptions {
     pub runtime: RuntimeOptions,
     /// Queue capacity per model version (0: no cap).
     pub queue_capacity: usize,
+    /// Bytes of answers the response cache keeps (`--cache-config local,size=N`); 0: none.
+    pub response_cache_bytes: usize,
     /// Models loaded at once at start-up and on each poll (`--model-load-thread-count`).
     pub load_threads: usize,
     /// Poll interval in poll mode.
@@ -96,6 +97,7 @@ impl Default for ServerOptions {
                 ..Default::default()
             },
             queue_capacity: 0,
+            response_cache_bytes: 0,
             load_threads: 4,
             poll_interval: Duration::from_secs(15),
             limits: RequestLimits::default(),
@@ -191,6 +193,8 @@ pub struct Server {
     stopping: AtomicBool,
     in_flight: AtomicUsize,
     idle: Notify,
+    /// The response cache (`--cache-config local,size=N`), for models that enable it.
+    cache: Option<Arc<ResponseCache>>,
 }
 
 /// Decrements the in-flight count when a request ends, however it ends.
@@ -201,77 +205,6 @@ impl Drop for InFlight<'_> {
         if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
-    }
-}
-
-/// The outputs asked for classes, checked before anything runs: each must be one whose type
-/// gives classes (numbers); an output the configuration does not list is checked on its
-/// answer.
-fn classifiable(
-    config: &ModelConfig,
-    classes: Vec<(String, usize)>,
-) -> Result<Vec<(String, usize)>> {
-    for (name, _) in &classes {
-        let declared = config
-            .output
-            .iter()
-            .find(|o| o.name == *name)
-            .and_then(|o| DataType::from_config_value(o.data_type));
-        if let Some(
-            datatype @ (DataType::Bytes | DataType::Bool | DataType::Fp16 | DataType::Bf16),
-        ) = declared
-        {
-            return Err(Error::invalid(format!(
-                "output '{name}': class results are not available for type {}",
-                datatype.wire_name()
-            )));
-        }
-    }
-    Ok(classes)
-}
-
-/// Times the responses of one request to a decoupled model, for its `response_stats`.
-struct ResponseClock {
-    stats: Arc<ModelStats>,
-    index: u64,
-    since: Instant,
-}
-
-impl ResponseClock {
-    fn new(stats: Arc<ModelStats>) -> Self {
-        Self {
-            stats,
-            index: 0,
-            since: Instant::now(),
-        }
-    }
-
-    /// A response was handed to the stream at `handed`; `sent` false: the client had left.
-    fn sent(&mut self, sent: bool, empty: bool, handed: Instant) {
-        if !sent {
-            self.ended(ResponseOutcome::Cancel);
-            return;
-        }
-        let outcome = if empty {
-            ResponseOutcome::Empty
-        } else {
-            ResponseOutcome::Success
-        };
-        let compute = handed.saturating_duration_since(self.since);
-        self.stats
-            .record_response(self.index, outcome, compute, handed.elapsed());
-        self.index += 1;
-        self.since = Instant::now();
-    }
-
-    /// The request ended at this index without a response.
-    fn ended(&mut self, outcome: ResponseOutcome) {
-        self.stats.record_response(
-            self.index,
-            outcome,
-            self.since.elapsed(),
-            std::time::Duration::ZERO,
-        );
     }
 }
 
@@ -302,8 +235,11 @@ impl Server {
                     queue_capacity: options.queue_capacity,
                     execution_share: Arc::new(ExecutionShare::new(options.execution_slots)),
                     load_threads: options.load_threads,
+                    response_cache: options.response_cache_bytes > 0,
                 },
             ));
+            let cache = (options.response_cache_bytes > 0)
+                .then(|| Arc::new(ResponseCache::new(options.response_cache_bytes)));
             Self {
                 manager,
                 options,
@@ -312,6 +248,7 @@ impl Server {
                 stopping: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
+                cache,
             }
         });
         let manager = &server.manager;
@@ -452,7 +389,7 @@ impl Server {
             }
         };
         let classes = match crate::classification::requested(&request)
-            .and_then(|classes| classifiable(&model.config, classes))
+            .and_then(|classes| crate::classification::check_types(&model.config, classes))
         {
             Ok(classes) => classes,
             Err(err) => {
@@ -462,6 +399,18 @@ impl Server {
                 return Err(err);
             }
         };
+        let cached = self.cache_key(&model, &request);
+        if let Some((cache, key)) = &cached {
+            let looked = Instant::now();
+            if let Some(mut hit) = cache.get(key) {
+                // As on Triton, a hit counts as a success but not as an inference.
+                hit.id = request.id.clone();
+                model.stats.cache_hit.record(looked.elapsed());
+                model.stats.success.record(received.elapsed());
+                model.stats.touch();
+                return Ok(hit);
+            }
+        }
         let outputs: Vec<String> = if request.outputs.is_empty() {
             model.config.output.iter().map(|o| o.name.clone()).collect()
         } else {
@@ -511,12 +460,9 @@ impl Server {
                 }
             }
         };
-        if classes.is_empty() {
-            return result;
-        }
         // The classification extension: the outputs asked for classes become them.
         let batched = model.config.max_batch_size > 0;
-        result.and_then(|mut response| {
+        let result = result.and_then(|mut response| {
             for (name, count) in &classes {
                 if let Some(tensor) = response.outputs.iter_mut().find(|t| t.name == *name) {
                     let labels = model.labels.get(name).map(|l| &l[..]);
@@ -524,7 +470,46 @@ impl Server {
                 }
             }
             Ok(response)
-        })
+        });
+        if let (Some((cache, key)), Ok(response)) = (&cached, &result) {
+            let storing = Instant::now();
+            cache.insert(*key, response);
+            model.stats.cache_miss.record(storing.elapsed());
+        }
+        result
+    }
+
+    /// The response cache and the key of `request` when `model` caches its answers: it says
+    /// `response_cache { enable: true }`, answers once per request (not decoupled) and keeps
+    /// no sequence state. The key includes the callers' tenants.
+    fn cache_key(
+        &self,
+        model: &ModelVersion,
+        request: &InferRequest,
+    ) -> Option<(Arc<ResponseCache>, Key)> {
+        let cache = self.cache.as_ref()?;
+        let enabled = model
+            .config
+            .response_cache
+            .as_ref()
+            .is_some_and(|c| c.enable)
+            && !crate::runtime::is_decoupled(&model.config)
+            && !matches!(model.runner, Runner::Sequence(_));
+        if !enabled {
+            return None;
+        }
+        let tenants: Vec<String> = request
+            .callers
+            .iter()
+            .filter_map(|c| c.tenant().map(str::to_owned))
+            .collect();
+        let key = ResponseCache::key(&model.name, model.version, request, &tenants);
+        Some((cache.clone(), key))
+    }
+
+    /// The response cache, when the server has one.
+    pub fn response_cache(&self) -> Option<&ResponseCache> {
+        self.cache.as_deref()
     }
 
     /// Runs one request with its responses streamed: every response a decoupled model sends,

@@ -5,9 +5,9 @@ use std::{
     collections::BTreeMap,
     sync::{
         atomic::{AtomicI64, AtomicU64, Ordering::Relaxed},
-        Mutex,
+        Arc, Mutex,
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 /// A count and the total nanoseconds spent over it.
@@ -109,6 +109,11 @@ pub struct ModelStats {
     pub padded_rows: AtomicU64,
     /// Warm-up executions at load and their total time.
     pub warmup: DurationStat,
+    /// Requests answered from the response cache, and the time their lookups took.
+    pub cache_hit: DurationStat,
+    /// Requests the response cache did not hold, and the time their lookups and the
+    /// insertions of their answers took.
+    pub cache_miss: DurationStat,
     failures: [AtomicU64; 4],
     batches: Mutex<BTreeMap<u64, BatchStat>>,
     responses: Mutex<BTreeMap<u64, ResponseStat>>,
@@ -269,5 +274,46 @@ impl ModelStats {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         self.last_inference_ms.store(now, Relaxed);
+    }
+}
+
+/// Times the responses of one request to a decoupled model, for its `response_stats`.
+pub(crate) struct ResponseClock {
+    stats: Arc<ModelStats>,
+    index: u64,
+    since: Instant,
+}
+
+impl ResponseClock {
+    pub(crate) fn new(stats: Arc<ModelStats>) -> Self {
+        Self {
+            stats,
+            index: 0,
+            since: Instant::now(),
+        }
+    }
+
+    /// A response was handed to the stream at `handed`; `sent` false: the client had left.
+    pub(crate) fn sent(&mut self, sent: bool, empty: bool, handed: Instant) {
+        if !sent {
+            self.ended(ResponseOutcome::Cancel);
+            return;
+        }
+        let outcome = if empty {
+            ResponseOutcome::Empty
+        } else {
+            ResponseOutcome::Success
+        };
+        let compute = handed.saturating_duration_since(self.since);
+        self.stats
+            .record_response(self.index, outcome, compute, handed.elapsed());
+        self.index += 1;
+        self.since = Instant::now();
+    }
+
+    /// The request ended at this index without a response.
+    pub(crate) fn ended(&mut self, outcome: ResponseOutcome) {
+        self.stats
+            .record_response(self.index, outcome, self.since.elapsed(), Duration::ZERO);
     }
 }
