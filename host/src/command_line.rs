@@ -241,6 +241,21 @@ pub struct Cli {
     /// closed.
     #[arg(long, default_value_t = 20_000)]
     pub grpc_keepalive_timeout: u64,
+    /// Serve gRPC over TLS with --grpc-server-cert and --grpc-server-key (PEM), as Triton.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub grpc_use_ssl: bool,
+    /// With --grpc-use-ssl: clients must present a certificate that --grpc-root-cert signs.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub grpc_use_ssl_mutual: bool,
+    /// The gRPC listener's certificate chain (PEM).
+    #[arg(long)]
+    pub grpc_server_cert: Option<PathBuf>,
+    /// The gRPC listener's private key (PEM).
+    #[arg(long)]
+    pub grpc_server_key: Option<PathBuf>,
+    /// The certificates that sign clients' certificates (PEM), for --grpc-use-ssl-mutual.
+    #[arg(long)]
+    pub grpc_root_cert: Option<PathBuf>,
     /// Allow clients to register system and CUDA shared memory (Triton's default, since
     /// 2026: off).
     #[arg(long, default_value_t = false, action = ArgAction::Set, value_parser = triton_bool)]
@@ -290,7 +305,6 @@ pub enum Treatment {
     Only(&'static [&'static str], &'static str),
 }
 
-const NO_TLS: &str = "TLS is not served yet: terminate TLS in front of the server";
 const NO_SAGEMAKER: &str = "the SageMaker endpoint is not served";
 const NO_VERTEX: &str = "the Vertex AI endpoint is not served";
 const NO_RATE_LIMITER: &str =
@@ -340,11 +354,6 @@ pub const TRITON_ONLY: &[(&str, Treatment)] = &[
         "grpc-infer-allocation-pool-size",
         Treatment::NoEffect("gRPC requests are not drawn from a pool of preallocated objects"),
     ),
-    ("grpc-use-ssl", Treatment::Only(&["false"], NO_TLS)),
-    ("grpc-use-ssl-mutual", Treatment::Only(&["false"], NO_TLS)),
-    ("grpc-server-cert", Treatment::Only(&[], NO_TLS)),
-    ("grpc-server-key", Treatment::Only(&[], NO_TLS)),
-    ("grpc-root-cert", Treatment::Only(&[], NO_TLS)),
     (
         "grpc-keepalive-permit-without-calls",
         Treatment::NoEffect("keepalive pings go to every idle connection, calls in flight or not"),
@@ -498,6 +507,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<(Cli, V
     let cli = Cli::try_parse_from(kept)?;
     // Refused at start, like Triton's flags this server does not serve.
     response_cache_bytes(&cli)?;
+    grpc_tls(&cli)?;
     Ok((cli, notes))
 }
 
@@ -527,6 +537,26 @@ const OTHER_BACKENDS: &[&str] = &[
     "repeat",
     "square",
 ];
+
+/// The gRPC listener's TLS files, when `--grpc-use-ssl` (or `--grpc-use-ssl-mutual`) asks for
+/// TLS; a missing file is refused by flag.
+pub fn grpc_tls(cli: &Cli) -> anyhow::Result<Option<wasmtron::frontends::tls::TlsFiles>> {
+    if !cli.grpc_use_ssl && !cli.grpc_use_ssl_mutual {
+        return Ok(None);
+    }
+    let (Some(cert), Some(key)) = (&cli.grpc_server_cert, &cli.grpc_server_key) else {
+        bail!("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key (PEM files)");
+    };
+    if cli.grpc_use_ssl_mutual && cli.grpc_root_cert.is_none() {
+        bail!("--grpc-use-ssl-mutual needs --grpc-root-cert (the certificates that sign the clients')");
+    }
+    Ok(Some(wasmtron::frontends::tls::TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        root: cli.grpc_root_cert.clone(),
+        mutual: cli.grpc_use_ssl_mutual,
+    }))
+}
 
 /// The response cache's size from `--cache-config` (Triton's `<cache>,<key>=<value>` form,
 /// repeatable) and `--response-cache-byte-size`; 0 without a cache. Only the in-memory cache
@@ -664,10 +694,6 @@ mod tests {
     #[test]
     fn flags_for_what_is_not_served_are_refused_by_name() {
         for (line, says) in [
-            (
-                "--grpc-use-ssl=true",
-                "--grpc-use-ssl=true is refused: TLS is not served",
-            ),
             (
                 "--cache-config=redis,host=localhost,port=6379",
                 "the Redis cache is not served yet",

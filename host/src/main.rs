@@ -343,6 +343,7 @@ fn listener_options(
         grpc_restrictions,
         tracing,
         allow_client_shm: cli.allow_client_shm,
+        grpc_tls: command_line::grpc_tls(cli)?,
         grpc_keepalive: Some((
             Duration::from_millis(cli.grpc_keepalive_time.max(1)),
             Duration::from_millis(cli.grpc_keepalive_timeout.max(1)),

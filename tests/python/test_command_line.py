@@ -94,7 +94,7 @@ def test_log_levels_and_the_iso8601_format(repo, tmp_path):
 
 
 @pytest.mark.parametrize("flag,says", [
-    ("--grpc-use-ssl=true", "--grpc-use-ssl=true is refused: TLS is not served yet"),
+    ("--grpc-use-ssl=true", "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),
     ("--cache-config=redis,host=127.0.0.1,port=6379", "the Redis cache is not served yet"),
     ("--rate-limit=execution_count", "--rate-limit=execution_count is refused"),
     ("--allow-sagemaker=1", "--allow-sagemaker=1 is refused"),

@@ -39,6 +39,7 @@ use hyper_util::{
     service::TowerToHyperService,
 };
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -276,13 +277,13 @@ impl ConnectionTable {
     }
 }
 
-/// A socket that notes on its connection when it last carried bytes.
-struct ActivityIo {
-    inner: tokio::net::TcpStream,
+/// A socket (plain or TLS) that notes on its connection when it last carried bytes.
+struct ActivityIo<S> {
+    inner: S,
     conn: Arc<Connection>,
 }
 
-impl tokio::io::AsyncRead for ActivityIo {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ActivityIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -297,7 +298,7 @@ impl tokio::io::AsyncRead for ActivityIo {
     }
 }
 
-impl tokio::io::AsyncWrite for ActivityIo {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for ActivityIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -354,6 +355,7 @@ pub async fn serve(
     keepalive: Option<(Duration, Duration)>,
     table: Arc<ConnectionTable>,
     stop: CancellationToken,
+    tls: Option<TlsAcceptor>,
 ) -> std::io::Result<()> {
     let tasks = tokio_util::task::TaskTracker::new();
     loop {
@@ -379,9 +381,30 @@ pub async fn serve(
             // Small messages stall on Nagle + delayed ACK without TCP_NODELAY.
             tracing::debug!("cannot set TCP_NODELAY: {e}");
         }
-        let (app, table, stop) = (app.clone(), table.clone(), stop.clone());
+        let (app, table, stop, tls) = (app.clone(), table.clone(), stop.clone(), tls.clone());
         tasks.spawn(async move {
-            serve_connection(stream, app, protocol, keepalive, &table, &conn, stop).await;
+            let peer = stream.peer_addr().ok();
+            let served = Served {
+                app,
+                protocol,
+                keepalive,
+                peer,
+            };
+            match tls {
+                None => serve_connection(stream, served, &table, &conn, stop).await,
+                Some(acceptor) => {
+                    // The handshake gets the time a request's headers get: a client that
+                    // opens a connection and says nothing holds it no longer.
+                    let limit = table.limits.header_timeout;
+                    match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, served, &table, &conn, stop).await
+                        }
+                        Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                }
+            }
             table.remove(&conn);
         });
     }
@@ -390,18 +413,31 @@ pub async fn serve(
     Ok(())
 }
 
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
+/// What a connection serves, and to whom.
+struct Served {
     app: Router,
     protocol: Protocol,
     keepalive: Option<(Duration, Duration)>,
+    peer: Option<std::net::SocketAddr>,
+}
+
+async fn serve_connection<S>(
+    stream: S,
+    served: Served,
     table: &ConnectionTable,
     conn: &Arc<Connection>,
     stop: CancellationToken,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Served {
+        app,
+        protocol,
+        keepalive,
+        peer,
+    } = served;
     let limits = table.limits;
     let tracked = conn.clone();
-    let peer = stream.peer_addr().ok();
     let service = tower::service_fn(move |mut request: Request<Incoming>| {
         let in_flight = InFlight::start(&tracked);
         // Who is on the other end, for handlers that care (axum's `ConnectInfo`).

@@ -73,6 +73,8 @@ pub struct ListenerOptions {
     /// The gRPC listener's keepalive pings on idle connections: (interval, time to wait for
     /// the acknowledgement) (`--grpc-keepalive-time`, `--grpc-keepalive-timeout`).
     pub grpc_keepalive: Option<(std::time::Duration, std::time::Duration)>,
+    /// TLS on the gRPC listener (`--grpc-use-ssl`), if asked for.
+    pub grpc_tls: Option<super::tls::TlsFiles>,
 }
 
 impl Default for ListenerOptions {
@@ -92,6 +94,7 @@ impl Default for ListenerOptions {
             connections: ConnectionLimits::default(),
             allow_client_shm: false,
             grpc_keepalive: None,
+            grpc_tls: None,
         }
     }
 }
@@ -162,11 +165,16 @@ impl Listeners {
         health
             .set_service_status("", tonic_health::ServingStatus::Serving)
             .await;
+        // Read before any listener accepts: a bad certificate or key stops the start.
+        let grpc_tls = match &options.grpc_tls {
+            Some(files) => Some(super::tls::acceptor(files, &[b"h2"]).map_err(Error::invalid)?),
+            None => None,
+        };
         // Every listener accepts under the same connection table and stops together.
         let spawn = |listener, app, protocol| {
-            let keepalive = match protocol {
-                Protocol::Grpc => options.grpc_keepalive,
-                Protocol::Http => None,
+            let (keepalive, tls) = match protocol {
+                Protocol::Grpc => (options.grpc_keepalive, grpc_tls.clone()),
+                Protocol::Http => (None, None),
             };
             tokio::spawn(connections::serve(
                 listener,
@@ -175,6 +183,7 @@ impl Listeners {
                 keepalive,
                 table.clone(),
                 stop.clone(),
+                tls,
             ))
         };
         let mut addresses = BoundAddresses::default();

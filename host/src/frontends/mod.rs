@@ -11,6 +11,7 @@ pub mod listeners;
 pub mod metrics;
 pub mod restricted;
 pub mod shared_memory;
+pub mod tls;
 pub mod trace;
 
 use crate::{
