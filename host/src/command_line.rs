@@ -241,6 +241,16 @@ pub struct Cli {
     /// closed.
     #[arg(long, default_value_t = 20_000)]
     pub grpc_keepalive_timeout: u64,
+    /// Serve HTTP and metrics over TLS (HTTPS) with this certificate chain (PEM); Triton has
+    /// no such option.
+    #[arg(long)]
+    pub http_ssl_cert: Option<PathBuf>,
+    /// The private key (PEM) of --http-ssl-cert.
+    #[arg(long)]
+    pub http_ssl_key: Option<PathBuf>,
+    /// Report the host's CPU utilization and memory among the metrics, as Triton.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub allow_cpu_metrics: bool,
     /// Serve gRPC over TLS with --grpc-server-cert and --grpc-server-key (PEM), as Triton.
     #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
     pub grpc_use_ssl: bool,
@@ -394,10 +404,6 @@ pub const TRITON_ONLY: &[(&str, Treatment)] = &[
         Treatment::NoEffect("GPU metrics are not collected yet"),
     ),
     (
-        "allow-cpu-metrics",
-        Treatment::NoEffect("CPU metrics are not collected yet"),
-    ),
-    (
         "metrics-interval-ms",
         Treatment::NoEffect("metrics are read when they are scraped"),
     ),
@@ -508,6 +514,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<(Cli, V
     // Refused at start, like Triton's flags this server does not serve.
     response_cache_bytes(&cli)?;
     grpc_tls(&cli)?;
+    http_tls(&cli)?;
     Ok((cli, notes))
 }
 
@@ -555,7 +562,28 @@ pub fn grpc_tls(cli: &Cli) -> anyhow::Result<Option<wasmtron::frontends::tls::Tl
         key: key.clone(),
         root: cli.grpc_root_cert.clone(),
         mutual: cli.grpc_use_ssl_mutual,
+        flags: [
+            "--grpc-server-cert",
+            "--grpc-server-key",
+            "--grpc-root-cert",
+        ],
     }))
+}
+
+/// The HTTP and metrics listeners' TLS files (`--http-ssl-cert` and `--http-ssl-key`, both or
+/// neither).
+pub fn http_tls(cli: &Cli) -> anyhow::Result<Option<wasmtron::frontends::tls::TlsFiles>> {
+    match (&cli.http_ssl_cert, &cli.http_ssl_key) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some(wasmtron::frontends::tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            root: None,
+            mutual: false,
+            flags: ["--http-ssl-cert", "--http-ssl-key", ""],
+        })),
+        _ => bail!("--http-ssl-cert and --http-ssl-key go together (PEM files)"),
+    }
 }
 
 /// The response cache's size from `--cache-config` (Triton's `<cache>,<key>=<value>` form,

@@ -344,6 +344,8 @@ fn listener_options(
         tracing,
         allow_client_shm: cli.allow_client_shm,
         grpc_tls: command_line::grpc_tls(cli)?,
+        http_tls: command_line::http_tls(cli)?,
+        cpu_metrics: cli.allow_cpu_metrics,
         grpc_keepalive: Some((
             Duration::from_millis(cli.grpc_keepalive_time.max(1)),
             Duration::from_millis(cli.grpc_keepalive_timeout.max(1)),

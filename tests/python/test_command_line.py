@@ -67,8 +67,11 @@ def test_a_production_command_line_starts_and_each_flag_does_what_it_says(repo, 
         lines = [line for line in text.splitlines() if line]
         assert lines and all(TRITON_LINE.match(line) for line in lines), lines[:5]
         assert any("async runtime's threads" in line and "threads=3" in line for line in lines)
+        # --allow-cpu-metrics=true: the host's CPU and memory among the metrics, as Triton's.
+        metrics = s.metrics_text()
+        for name in ("nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes"):
+            assert f"\n{name} " in metrics, name
         for flag in ("--pinned-memory-pool-byte-size=268435456", "--backend-directory",
-                     "--allow-cpu-metrics=true",
                      "--backend-config=python,shm-default-byte-size=10485760"):
             assert any(flag in line and "no effect" in line for line in lines), flag
         # Nothing of the log went to the standard error but what the harness reads.

@@ -1,11 +1,15 @@
 """gRPC over TLS and mutual TLS with Triton's flags (`--grpc-use-ssl`, `--grpc-server-cert`,
-`--grpc-server-key`, `--grpc-root-cert`, `--grpc-use-ssl-mutual`; issue 42), checked with the
-stock tritonclient's `ssl=True`: a client that trusts the server's CA is served, a plaintext
-client is not, and under mutual TLS a client without a certificate, or with one another CA
-signed, is refused. Certificates are made here (the `cryptography` package), for 127.0.0.1."""
+`--grpc-server-key`, `--grpc-root-cert`, `--grpc-use-ssl-mutual`; issue 42), and HTTPS on the
+HTTP and metrics ports (`--http-ssl-cert`, `--http-ssl-key`), checked with the stock
+tritonclient's `ssl=True` and Python's TLS client: a client that trusts the server's CA is
+served, a plaintext client is not, and under mutual TLS a client without a certificate, or
+with one another CA signed, is refused. Certificates are made here (the `cryptography` package), for 127.0.0.1."""
 import datetime
 import ipaddress
+import ssl
 import subprocess
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -122,12 +126,32 @@ def test_mutual_tls_refuses_clients_without_a_certificate_the_root_signs(repo, p
         s.stop()
 
 
+def test_https_on_the_http_and_metrics_ports(repo, pki):
+    s = Server(repo, "--http-ssl-cert", pki["server_cert"], "--http-ssl-key", pki["server_key"])
+    try:
+        trusting = ssl.create_default_context(cafile=pki["ca"])
+        with urllib.request.urlopen(f"https://{s.http}/v2/health/ready", context=trusting,
+                                    timeout=60) as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"https://{s.metrics}/metrics", context=trusting,
+                                    timeout=60) as r:
+            assert b"nv_inference_count" in r.read()
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"https://{s.http}/v2/health/ready",
+                                   context=ssl.create_default_context(), timeout=60)
+        # gRPC stays plaintext unless --grpc-use-ssl says otherwise.
+        assert served(s.grpc)
+    finally:
+        s.stop()
+
+
 @pytest.mark.parametrize("flags,says", [
     (["--grpc-use-ssl"], "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),
     (["--grpc-use-ssl-mutual", "--grpc-server-cert", "{server_cert}", "--grpc-server-key",
       "{server_key}"], "--grpc-use-ssl-mutual needs --grpc-root-cert"),
     (["--grpc-use-ssl", "--grpc-server-cert", "{ca}", "--grpc-server-key", "{ca}"],
      "--grpc-server-key"),
+    (["--http-ssl-cert", "{server_cert}"], "--http-ssl-cert and --http-ssl-key go together"),
 ])
 def test_tls_mistakes_stop_the_start_naming_the_flag(repo, pki, flags, says):
     flags = [f.format(**pki) for f in flags]

@@ -75,6 +75,10 @@ pub struct ListenerOptions {
     pub grpc_keepalive: Option<(std::time::Duration, std::time::Duration)>,
     /// TLS on the gRPC listener (`--grpc-use-ssl`), if asked for.
     pub grpc_tls: Option<super::tls::TlsFiles>,
+    /// TLS on the HTTP and metrics listeners (`--http-ssl-cert`), if asked for.
+    pub http_tls: Option<super::tls::TlsFiles>,
+    /// Whether the metrics include the host's CPU and memory (`--allow-cpu-metrics`).
+    pub cpu_metrics: bool,
 }
 
 impl Default for ListenerOptions {
@@ -95,6 +99,8 @@ impl Default for ListenerOptions {
             allow_client_shm: false,
             grpc_keepalive: None,
             grpc_tls: None,
+            http_tls: None,
+            cpu_metrics: true,
         }
     }
 }
@@ -170,11 +176,17 @@ impl Listeners {
             Some(files) => Some(super::tls::acceptor(files, &[b"h2"]).map_err(Error::invalid)?),
             None => None,
         };
+        let http_tls = match &options.http_tls {
+            Some(files) => {
+                Some(super::tls::acceptor(files, &[b"h2", b"http/1.1"]).map_err(Error::invalid)?)
+            }
+            None => None,
+        };
         // Every listener accepts under the same connection table and stops together.
         let spawn = |listener, app, protocol| {
             let (keepalive, tls) = match protocol {
                 Protocol::Grpc => (options.grpc_keepalive, grpc_tls.clone()),
-                Protocol::Http => (None, None),
+                Protocol::Http => (None, http_tls.clone()),
             };
             tokio::spawn(connections::serve(
                 listener,
@@ -232,7 +244,7 @@ impl Listeners {
             let addr = local_addr(&listener, "metrics")?;
             addresses.metrics = Some(addr);
             eprintln!("Started Metrics Service at {addr}");
-            let app = metrics::router(server.clone(), options.tenancy.clone());
+            let app = metrics::router(server.clone(), options.tenancy.clone(), options.cpu_metrics);
             tasks.push(spawn(listener, app, Protocol::Http));
         }
         Ok(Self {

@@ -31,13 +31,19 @@ use crate::{
 struct MetricsState {
     server: Arc<Server>,
     tenancy: Option<Arc<Tenancy>>,
+    /// Whether the host's CPU metrics are reported (`--allow-cpu-metrics`).
+    cpu: bool,
 }
 
 /// Router serving `/metrics`: the models' metrics, and with tenants each tenant's.
-pub fn router(server: Arc<Server>, tenancy: Option<Arc<Tenancy>>) -> Router {
+pub fn router(server: Arc<Server>, tenancy: Option<Arc<Tenancy>>, cpu: bool) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .with_state(MetricsState { server, tenancy })
+        .with_state(MetricsState {
+            server,
+            tenancy,
+            cpu,
+        })
 }
 
 async fn metrics(
@@ -57,6 +63,9 @@ async fn metrics(
         }
     }
     let mut text = render(&st.server);
+    if st.cpu {
+        text.push_str(&super::cpu_metrics::render());
+    }
     if let Some(tenancy) = &st.tenancy {
         text.push_str(&render_tenants(tenancy));
     }

@@ -4,6 +4,7 @@
 //! (metadata, statistics) are built once here in protocol types.
 
 pub mod connections;
+pub mod cpu_metrics;
 pub mod generation_metrics;
 pub mod grpc;
 pub mod http;
