@@ -65,6 +65,39 @@ def test_a_repeated_request_is_answered_from_the_cache(tmp_path):
         s.stop()
 
 
+ENSEMBLE = """platform: "ensemble"
+max_batch_size: 4
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1024 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1024 ] } ]
+ensemble_scheduling { step [ { model_name: "plain", model_version: -1,
+  input_map { key: "x" value: "X" }, output_map { key: "y" value: "Y" } } ] }
+response_cache { enable: true }
+"""
+
+
+def test_an_ensemble_is_cached_at_the_top_level(tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "plain", ADD_CONFIG)
+    (repo / "pipeline" / "1").mkdir(parents=True)
+    (repo / "pipeline" / "config.pbtxt").write_text(ENSEMBLE)
+    s = Server(str(repo), "--cache-config", "local,size=1048576")
+    try:
+        client = httpclient.InferenceServerClient(s.http)
+        for _ in range(3):
+            x = np.full((1, 1024), 5.0, dtype=np.float32)
+            given = httpclient.InferInput("X", [1, 1024], "FP32")
+            given.set_data_from_numpy(x)
+            y = client.infer("pipeline", [given]).as_numpy("Y")
+            np.testing.assert_allclose(y, x + WEIGHTS, rtol=1e-6)
+        pipeline = client.get_inference_statistics("pipeline")["model_stats"][0]
+        step = client.get_inference_statistics("plain")["model_stats"][0]
+        assert pipeline["inference_stats"]["cache_hit"]["count"] == 2, pipeline
+        # The step ran once: the repeats never reached it.
+        assert step["inference_count"] == 1, step
+    finally:
+        s.stop()
+
+
 def test_a_tenant_never_gets_another_tenants_cached_answer(tmp_path):
     repo = tmp_path / "repo"
     write_model(repo, "cached", CACHED)
