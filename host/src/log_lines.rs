@@ -15,11 +15,13 @@ use std::{
 use anyhow::Context;
 use tracing::{field::Field, Event, Level, Subscriber};
 use tracing_subscriber::{
-    filter::{filter_fn, EnvFilter},
+    filter::{dynamic_filter_fn, EnvFilter},
     fmt::{format::Writer, FmtContext, FormatEvent, FormatFields},
     registry::LookupSpan,
     Layer,
 };
+
+use wasmtron::frontends::logging::LogLevels;
 
 use crate::command_line::LogFormat;
 
@@ -49,15 +51,33 @@ pub fn layer<S>(
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    let levels = {
-        let o = options.clone();
-        filter_fn(move |meta| match *meta.level() {
-            Level::ERROR => o.error,
-            Level::WARN => o.warning,
-            Level::INFO => o.info,
-            _ => o.verbose > 0,
-        })
+    // The levels can change at run time through the logging extension: read on every line.
+    let format_name = match options.format {
+        Some(LogFormat::Iso8601) => "ISO8601",
+        _ => "default",
     };
+    let file_name = options
+        .file
+        .as_ref()
+        .map(|f| f.display().to_string())
+        .unwrap_or_default();
+    let settings = LogLevels::new(
+        options.info,
+        options.warning,
+        options.error,
+        options.verbose,
+        &file_name,
+        format_name,
+    )
+    .install();
+    // Asked on every line (a dynamic filter): a plain filter function's answer is cached
+    // per call site.
+    let levels = dynamic_filter_fn(move |meta, _| match *meta.level() {
+        Level::ERROR => settings.error(),
+        Level::WARN => settings.warning(),
+        Level::INFO => settings.info(),
+        _ => settings.verbose() > 0,
+    });
     let file = match &options.file {
         Some(path) => Some(Mutex::new(
             OpenOptions::new()

@@ -132,6 +132,32 @@ def test_a_model_that_fails_at_start_stops_the_server_naming_it(repo):
         s.stop()
 
 
+def test_the_logging_extension_turns_levels_off_at_run_time(repo):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    s = Server(str(repo), "--model-control-mode=explicit", "--log-info=true")
+    try:
+        h = httpclient.InferenceServerClient(s.http)
+        settings = h.get_log_settings()
+        assert settings["log_info"] is True and settings["log_verbose_level"] == 0, settings
+        h.load_model("simple")
+        assert any("loading model" in line and "simple" in line for line in s.log)
+        # Info lines off, as Triton's client asks: the next load writes none.
+        assert h.update_log_settings({"log_info": False})["log_info"] is False
+        h.load_model("identity_fp32")
+        assert not any("loading model" in line and "identity_fp32" in line for line in s.log)
+        g = grpcclient.InferenceServerClient(s.grpc)
+        assert g.get_log_settings(as_json=True)["settings"]["log_info"]["bool_param"] is False
+        # What cannot change at run time is refused by name, and nothing is changed.
+        with pytest.raises(Exception, match="'log_file' is fixed at start"):
+            h.update_log_settings({"log_warning": False, "log_file": "/tmp/elsewhere.log"})
+        assert h.get_log_settings()["log_warning"] is True
+        with pytest.raises(Exception, match="--log-verbose above 0"):
+            g.update_log_settings({"log_verbose_level": 1})
+    finally:
+        s.stop()
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_model_load_threads_load_that_many_models_at_once(repo, threads):
     copy_models(str(repo), ["identity_bytes"])

@@ -9,6 +9,7 @@ pub mod generation_metrics;
 pub mod grpc;
 pub mod http;
 pub mod listeners;
+pub mod logging;
 pub mod metrics;
 pub mod restricted;
 pub mod shared_memory;
@@ -45,6 +46,7 @@ pub const EXTENSIONS: &[&str] = &[
     "statistics",
     "parameters",
     "generate",
+    "logging",
     "system_shared_memory",
 ];
 

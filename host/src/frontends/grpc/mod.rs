@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tonic::{Request, Response, Status};
+use tonic::{Request, Status};
 
 use super::{
     restricted::{ApiGroup, Restrictions},
@@ -176,12 +176,6 @@ pub fn to_status(err: Error) -> Status {
         Code::ResourceExhausted => tonic::Code::ResourceExhausted,
     };
     Status::new(code, err.message)
-}
-
-fn unimplemented<T>(what: &str) -> Result<Response<T>, Status> {
-    Err(Status::unimplemented(format!(
-        "{what} is not supported by this server"
-    )))
 }
 
 /// The W3C trace context a call's metadata carries (`traceparent`, `tracestate`).

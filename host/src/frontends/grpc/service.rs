@@ -394,6 +394,43 @@ impl GrpcInferenceService for GrpcService {
         self.caller(&r, ApiGroup::Logging)?
             .require_admin("the trace and logging APIs")
             .map_err(to_status)?;
-        unimplemented("log settings")
+        use crate::frontends::logging::{self, Setting};
+        use crate::proto::inference::{
+            log_settings_request::setting_value::ParameterChoice as In,
+            log_settings_response::{setting_value::ParameterChoice as Out, SettingValue},
+        };
+        let mut changes = Vec::new();
+        for (name, value) in r.into_inner().settings {
+            let setting = match value.parameter_choice {
+                Some(In::BoolParam(b)) => Setting::Bool(b),
+                Some(In::Uint32Param(n)) => Setting::Uint(n),
+                Some(In::StringParam(t)) => Setting::Text(t),
+                None => {
+                    return Err(Status::invalid_argument(format!(
+                        "log setting '{name}' has no value"
+                    )))
+                }
+            };
+            changes.push((name, setting));
+        }
+        logging::levels().update(&changes).map_err(to_status)?;
+        let settings = logging::levels()
+            .settings()
+            .into_iter()
+            .map(|(name, value)| {
+                let choice = match value {
+                    Setting::Bool(b) => Out::BoolParam(b),
+                    Setting::Uint(n) => Out::Uint32Param(n),
+                    Setting::Text(t) => Out::StringParam(t),
+                };
+                (
+                    name.to_owned(),
+                    SettingValue {
+                        parameter_choice: Some(choice),
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(LogSettingsResponse { settings }))
     }
 }

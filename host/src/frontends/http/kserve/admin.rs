@@ -19,9 +19,10 @@ use crate::{
         check_load, check_unload,
         http::{
             body::{optional_json, read_body},
-            error::{ApiError, ApiResult},
+            error::ApiResult,
             state::HttpState,
         },
+        logging::{self, Setting},
         shared_memory::{Kind as MemoryKind, Location, RegionStatus},
     },
     names::ModelName,
@@ -147,14 +148,67 @@ pub(crate) async fn cuda_register(
     Ok(Json(json!({})))
 }
 
-/// Log settings: for administrators, and not offered yet.
-pub(crate) async fn admin_unsupported(Extension(caller): Extension<Caller>) -> ApiError {
-    match caller.require_admin("the trace and logging APIs") {
-        Err(e) => ApiError(e),
-        Ok(()) => ApiError(Error::unsupported(
-            "this extension (logging) is not supported by this server",
-        )),
+/// `GET /v2/logging`: the log's settings, for administrators.
+pub(crate) async fn log_settings(Extension(caller): Extension<Caller>) -> ApiResult<Json<Value>> {
+    caller.require_admin("the trace and logging APIs")?;
+    Ok(log_json())
+}
+
+/// `POST /v2/logging` with `{"log_info": false, "log_verbose_level": 1, ...}`: changes the
+/// settings given (all or none) and answers with all of them.
+pub(crate) async fn update_log_settings(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    caller.require_admin("the trace and logging APIs")?;
+    let body = read_body(&st, &headers, body).await?;
+    let Value::Object(fields) = optional_json(&body)? else {
+        return Err(Error::invalid("log settings must be a JSON object").into());
+    };
+    let mut changes = Vec::with_capacity(fields.len());
+    for (key, value) in fields {
+        let setting = match value {
+            Value::Bool(b) => Setting::Bool(b),
+            Value::String(s) => Setting::Text(s),
+            Value::Number(n) => match n.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => Setting::Uint(n),
+                None => {
+                    return Err(Error::invalid(format!(
+                        "log setting '{key}': {n} is not an unsigned 32-bit integer"
+                    ))
+                    .into())
+                }
+            },
+            other => {
+                return Err(Error::invalid(format!(
+                    "log setting '{key}': {other} is not a boolean, a number or a string"
+                ))
+                .into())
+            }
+        };
+        changes.push((key, setting));
     }
+    logging::levels().update(&changes)?;
+    Ok(log_json())
+}
+
+fn log_json() -> Json<Value> {
+    Json(Value::Object(
+        logging::levels()
+            .settings()
+            .into_iter()
+            .map(|(name, value)| {
+                let value = match value {
+                    Setting::Bool(b) => json!(b),
+                    Setting::Uint(n) => json!(n),
+                    Setting::Text(t) => json!(t),
+                };
+                (name.to_owned(), value)
+            })
+            .collect(),
+    ))
 }
 
 fn settings_json(settings: std::collections::BTreeMap<String, Vec<String>>) -> Json<Value> {

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use axum::{
     http::StatusCode,
     response::{IntoResponse, Response},
-    routing::{any, get, post},
+    routing::{get, post},
     Json, Router,
 };
 use serde_json::json;
@@ -112,7 +112,7 @@ pub(crate) fn routes() -> Router<HttpState> {
             "/v2/models/{model}/trace/setting",
             get(trace_settings).post(update_trace_settings),
         )
-        .route("/v2/logging", any(admin_unsupported))
+        .route("/v2/logging", get(log_settings).post(update_log_settings))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }
