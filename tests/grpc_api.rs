@@ -49,6 +49,18 @@ fn typed_simple_request() -> ModelInferRequest {
     }
 }
 
+/// Registers system shared memory under a key that names no object: the error it gets.
+async fn register_missing_region(c: &mut Client) -> tonic::Status {
+    c.system_shared_memory_register(SystemSharedMemoryRegisterRequest {
+        name: "r".into(),
+        key: "/wasmtron_no_such_key".into(),
+        offset: 0,
+        byte_size: 8,
+    })
+    .await
+    .unwrap_err()
+}
+
 fn i32s(bytes: &[u8]) -> Vec<i32> {
     bytes
         .chunks_exact(4)
@@ -301,15 +313,7 @@ async fn bad_requests_map_to_grpc_codes() {
     );
 
     // System shared memory is served: an unknown key is named.
-    let err = c
-        .system_shared_memory_register(SystemSharedMemoryRegisterRequest {
-            name: "r".into(),
-            key: "/wasmtron_no_such_key".into(),
-            offset: 0,
-            byte_size: 8,
-        })
-        .await
-        .unwrap_err();
+    let err = register_missing_region(&mut c).await;
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(
         err.message().contains("'/wasmtron_no_such_key'"),
@@ -499,15 +503,7 @@ async fn client_shared_memory_is_refused_unless_allowed() {
     // --allow-client-shm=true.
     let (_repo, s) = server();
     let mut c = client(&s).await;
-    let err = c
-        .system_shared_memory_register(SystemSharedMemoryRegisterRequest {
-            name: "r".into(),
-            key: "/wasmtron_no_such_key".into(),
-            offset: 0,
-            byte_size: 8,
-        })
-        .await
-        .unwrap_err();
+    let err = register_missing_region(&mut c).await;
     assert_eq!(err.code(), Code::Unavailable);
     assert!(
         err.message().contains("--allow-client-shm=true"),

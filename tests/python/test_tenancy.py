@@ -258,6 +258,10 @@ def test_log_and_trace_settings_are_for_administrators(server):
     assert status == 403, body
     status, body, _ = raw(server, "GET", "/v2/logging", "ops")
     assert status == 200 and "log_verbose_level" in body, body
+    # A tenant may not turn the log off either.
+    status, body, _ = raw(server, "POST", "/v2/logging", "alpha", {"log_error": False})
+    assert status == 403 and "for administrators" in body["error"], body
+    assert raw(server, "GET", "/v2/logging", "ops")[1]["log_error"] is True
     refused(lambda: grpc(server).get_log_settings(headers=grpc_headers("alpha")), "PERMISSION_DENIED")
     settings = grpc(server).get_log_settings(headers=grpc_headers("ops"), as_json=True)
     assert "log_info" in settings["settings"], settings

@@ -2,8 +2,8 @@
 common default), with 1,100 TCP connections open that never send a request, the server still
 answers real requests over HTTP and gRPC: it caps its connections below its file limit and sheds
 the longest-idle ones to admit new ones. A connection that sends no complete request (nothing,
-half a header, or only the HTTP/2 preface) is closed after the header timeout, and one with no
-request in flight after the idle timeout. Bounded: at most 1,100 sockets, loopback only."""
+half a header, or only the HTTP/2 preface; on a TLS listener, an unfinished handshake) is closed
+after the header timeout, and one with no request in flight after the idle timeout. Bounded: at most 1,100 sockets, loopback only."""
 import os
 import resource
 import socket
@@ -166,4 +166,39 @@ def test_requests_whose_body_never_comes_do_not_hold_the_server(tmp_path):
     finally:
         for s in stalled:
             s.close()
+        server.stop()
+
+
+def test_tls_handshakes_that_never_finish_are_closed_after_the_header_timeout(tmp_path):
+    # The TLS listener's handshake gets the time a request's headers get: a client that says
+    # nothing, one that sends half a ClientHello and one that sends garbage hold no connection
+    # past it, and clients that finish their handshake are served meanwhile.
+    from test_tls import pki as make_pki
+
+    class Dirs:
+        def mktemp(self, name):
+            path = tmp_path / name
+            path.mkdir()
+            return path
+
+    pki = make_pki.__wrapped__(Dirs())
+    server = start(tmp_path, "--http-header-timeout-secs", "1", "--grpc-use-ssl=true",
+                   "--grpc-server-cert", pki["server_cert"], "--grpc-server-key",
+                   pki["server_key"])
+    try:
+        silent = open_idle(server.grpc, 1)[0]
+        half_hello = open_idle(server.grpc, 1)[0]
+        half_hello.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+        garbage = open_idle(server.grpc, 1)[0]
+        garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        deadline = time.monotonic() + WAIT
+        for name, sock in (("silent", silent), ("half a ClientHello", half_hello),
+                           ("not TLS", garbage)):
+            assert closed_by_server(sock, deadline), f"{name} connection still open"
+            sock.close()
+        g = grpcclient.InferenceServerClient(server.grpc, ssl=True, root_certificates=pki["ca"])
+        r = g.infer("simple", simple_inputs(grpcclient, RANGE, RANGE))
+        assert (r.as_numpy("OUTPUT0") == RANGE + RANGE).all()
+        g.close()
+    finally:
         server.stop()

@@ -303,7 +303,7 @@ fn cache_metrics(server: &Server) -> Vec<MetricFamily> {
         return vec![];
     };
     for m in server.models().loaded() {
-        if !m.config.response_cache.as_ref().is_some_and(|c| c.enable) {
+        if !crate::runtime::caches_responses(&m.config) {
             continue;
         }
         let version = m.version.to_string();

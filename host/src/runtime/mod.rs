@@ -90,6 +90,20 @@ pub trait ModelCaller: Send + Sync + std::fmt::Debug {
     fn infer(&self, request: InferRequest) -> Result<InferResponse>;
 }
 
+/// The name of a version's model file: `default_model_filename`, or the backend's `default`.
+pub fn model_file_name<'a>(config: &'a ModelConfig, default: &'a str) -> &'a str {
+    if config.default_model_filename.is_empty() {
+        default
+    } else {
+        config.default_model_filename.as_str()
+    }
+}
+
+/// Whether the model's answers go to the response cache (`response_cache { enable: true }`).
+pub fn caches_responses(config: &ModelConfig) -> bool {
+    config.response_cache.as_ref().is_some_and(|c| c.enable)
+}
+
 /// The model file of a version: `default_model_filename` from the configuration, or the
 /// backend's default name; an error naming the path when it is missing.
 pub fn model_file(
@@ -97,12 +111,7 @@ pub fn model_file(
     version_dir: &std::path::Path,
     default: &str,
 ) -> Result<PathBuf> {
-    let name = if config.default_model_filename.is_empty() {
-        default
-    } else {
-        config.default_model_filename.as_str()
-    };
-    let path = version_dir.join(name);
+    let path = version_dir.join(model_file_name(config, default));
     if path.is_file() {
         Ok(path)
     } else {

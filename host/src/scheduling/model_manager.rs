@@ -439,7 +439,7 @@ impl ModelManager {
     /// `response_cache { enable: true }`: refused where Triton refuses it (decoupled and
     /// sequence models); without a server cache it has no effect, as on Triton, and says so.
     fn check_response_cache(&self, name: &str, config: &ModelConfig, file: &str) -> Result<()> {
-        if !config.response_cache.as_ref().is_some_and(|c| c.enable) {
+        if !runtime::caches_responses(config) {
             return Ok(());
         }
         let refuse = |why: &str| {

@@ -488,11 +488,7 @@ impl Server {
         request: &InferRequest,
     ) -> Option<(Arc<ResponseCache>, Key)> {
         let cache = self.cache.as_ref()?;
-        let enabled = model
-            .config
-            .response_cache
-            .as_ref()
-            .is_some_and(|c| c.enable)
+        let enabled = crate::runtime::caches_responses(&model.config)
             && !crate::runtime::is_decoupled(&model.config)
             && !matches!(model.runner, Runner::Sequence(_));
         if !enabled {

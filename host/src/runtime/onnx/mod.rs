@@ -163,20 +163,15 @@ pub fn load(
 /// `model.onnx` inside it, as Triton's ONNX Runtime backend reads it. ONNX Runtime then loads
 /// the external data from the file's own directory.
 fn onnx_file(config: &ModelConfig, version_dir: &Path) -> Result<std::path::PathBuf> {
-    let path = model_file(config, version_dir, DEFAULT_MODEL_FILENAME).or_else(|missing| {
-        let named = if config.default_model_filename.is_empty() {
-            DEFAULT_MODEL_FILENAME
-        } else {
-            config.default_model_filename.as_str()
-        };
+    model_file(config, version_dir, DEFAULT_MODEL_FILENAME).or_else(|missing| {
+        let named = super::model_file_name(config, DEFAULT_MODEL_FILENAME);
         let inside = version_dir.join(named).join(DEFAULT_MODEL_FILENAME);
         if inside.is_file() {
             Ok(inside)
         } else {
             Err(missing)
         }
-    })?;
-    Ok(path)
+    })
 }
 
 impl AsRef<[u8]> for OutputMemory {
