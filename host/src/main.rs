@@ -147,6 +147,35 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
             }
             return Ok(());
         }
+        Some(Command::CompilePython {
+            python_runtime,
+            wasm_cache_dir,
+        }) => {
+            let dir =
+                python_runtime.unwrap_or_else(wasmtron::runtime::python::interpreter::default_dir);
+            let cache_dir = wasm_cache_dir
+                .or_else(wasmtron::runtime::wasm::engine::default_cache_dir)
+                .ok_or_else(|| anyhow::anyhow!("no cache directory: set --wasm-cache-dir"))?;
+            std::fs::create_dir_all(&cache_dir)?;
+            let started = std::time::Instant::now();
+            let compiled = tokio::task::spawn_blocking(move || {
+                let cache = wasmtron::runtime::wasm::compile_cache::CompileCache::open(
+                    &cache_dir,
+                    wasmtron::runtime::wasm::compile_cache::DEFAULT_MAX_BYTES,
+                );
+                wasmtron::runtime::python::interpreter::runtime(&dir, cache.as_deref())
+            })
+            .await?;
+            match compiled {
+                Ok(rt) => println!(
+                    "Python interpreter ready ({}) in {:.1} s",
+                    rt.dir.display(),
+                    started.elapsed().as_secs_f64()
+                ),
+                Err(e) => bail!("{}", e.message),
+            }
+            return Ok(());
+        }
         Some(Command::HashKey { key }) => {
             let key = match key {
                 Some(k) => k,
@@ -294,6 +323,7 @@ async fn server_options(
                 .clone()
                 .or(defaults.runtime.wasm_cache_dir),
             wasm_cache_max_bytes: cli.wasm_cache_max_mb.map(|mb| mb.saturating_mul(1 << 20)),
+            python_runtime: cli.python_runtime.clone(),
             ..defaults.runtime
         },
         queue_capacity: cli.model_queue_capacity,

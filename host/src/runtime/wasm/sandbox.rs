@@ -154,6 +154,16 @@ pub struct MemoryCap {
 }
 
 impl MemoryCap {
+    /// A cap of `max_bytes` for linear memory and held arrays together.
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            max_bytes,
+            exceeded: false,
+            linear_bytes: 0,
+            held_bytes: 0,
+        }
+    }
+
     /// Linear memory has grown past three quarters of the cap. Linear memory never shrinks,
     /// and some guest toolchains never free some buffers (componentize-py 0.25.1 keeps what a
     /// stage passes to the host and the bytes it returns), so such an instance is replaced
@@ -194,6 +204,7 @@ impl ResourceLimiter for MemoryCap {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        // The Python backend's interpreter starts with a table of ~47,000 functions.
         Ok(desired <= 1_000_000)
     }
 }
@@ -269,12 +280,7 @@ impl StageState {
         Ok(Self {
             wasi,
             table: ResourceTable::new(),
-            limits: MemoryCap {
-                max_bytes: limits.memory_bytes(),
-                exceeded: false,
-                linear_bytes: 0,
-                held_bytes: 0,
-            },
+            limits: MemoryCap::new(limits.memory_bytes()),
             output,
             model: model.to_owned(),
             caller,

@@ -1,0 +1,371 @@
+//! What the host answers a Python model during one batch ([`BatchDoor`]): the batch's
+//! requests, the model's responses (kept for the backend), streamed responses of decoupled
+//! models, calls into other models (BLS, with the batch's callers' rights), log lines and
+//! cancellation.
+
+use std::{
+    collections::HashMap,
+    sync::{mpsc, Arc},
+    time::{Duration, Instant},
+};
+
+use super::{
+    interpreter::Door,
+    protocol::{self, CallHeader, Frame, FrameWriter, Op, RequestHeader, ResponseHeader},
+    PythonModel,
+};
+use crate::{
+    cancellation::Cancellation,
+    error::{Code, Error, Result},
+    inference::{InferRequest, InferResponse, RequestedOutput, ResponseSink, Trace},
+};
+
+/// The most calls into other models one batch may have in flight with `async_exec`.
+const MAX_STARTED_CALLS: usize = 64;
+
+/// One request of the batch, as far as the door needs it.
+pub struct RequestSlot {
+    /// Where a decoupled model's responses go.
+    pub sink: Option<ResponseSink>,
+    /// Cancelled when nobody waits for the request any more.
+    pub cancel: Cancellation,
+}
+
+/// The door of one turn: `load`, `execute` or `finalize`.
+pub struct BatchDoor {
+    pub(super) model: Arc<PythonModel>,
+    /// The batch frame the guest asks for with [`Op::Batch`].
+    pub batch: Vec<u8>,
+    /// The requests of the batch.
+    pub slots: Vec<RequestSlot>,
+    /// The outputs the batch asks for.
+    pub outputs: Vec<String>,
+    /// The tenants of the batch, on whose behalf calls into other models run.
+    pub callers: Vec<crate::tenancy::Caller>,
+    /// Cancelled once every request of the batch is.
+    pub cancel: Option<Cancellation>,
+    /// When calls into other models must be answered by.
+    pub deadline: Option<Instant>,
+    /// The [`Op::Responses`] frame the guest sent, read after the turn.
+    pub responses: Option<Vec<u8>>,
+    /// What `initialize`, `execute` or `finalize` raised ([`Op::Failed`]).
+    pub failure: Option<String>,
+    /// The first call into another model that the batch's callers may not make: the batch
+    /// fails with it whatever the model answers.
+    pub refused_call: Option<Error>,
+    started: HashMap<u64, mpsc::Receiver<Result<InferResponse>>>,
+    next_handle: u64,
+}
+
+impl BatchDoor {
+    /// A door for a turn with no batch (`load`, `finalize`).
+    pub(super) fn idle(model: Arc<PythonModel>) -> Self {
+        Self {
+            model,
+            batch: Vec::new(),
+            slots: Vec::new(),
+            outputs: Vec::new(),
+            callers: Vec::new(),
+            cancel: None,
+            deadline: None,
+            responses: None,
+            failure: None,
+            refused_call: None,
+            started: HashMap::new(),
+            next_handle: 1,
+        }
+    }
+
+    /// A door for one batch: its frame is written now.
+    pub(super) fn for_batch(
+        model: Arc<PythonModel>,
+        requests: &[&InferRequest],
+        outputs: &[String],
+        deadline: Option<Instant>,
+    ) -> Self {
+        let mut door = Self::idle(model);
+        let mut w = FrameWriter::default();
+        let headers: Vec<RequestHeader> = requests
+            .iter()
+            .map(|r| {
+                let (correlation_id, flags) = sequence_of(r);
+                RequestHeader {
+                    id: r.id.clone(),
+                    correlation_id,
+                    flags,
+                    parameters: protocol::parameters_to_json(&r.parameters),
+                    outputs: outputs.to_vec(),
+                    inputs: r.inputs.iter().map(|t| w.tensor(t)).collect(),
+                }
+            })
+            .collect();
+        door.batch = w.finish(&serde_json::json!({ "requests": headers }));
+        door.slots = requests
+            .iter()
+            .map(|r| RequestSlot {
+                sink: r.responses.clone(),
+                cancel: r.cancel.clone(),
+            })
+            .collect();
+        door.outputs = outputs.to_vec();
+        let mut callers: Vec<_> = requests.iter().flat_map(|r| r.callers.clone()).collect();
+        callers.dedup();
+        door.callers = callers;
+        door.cancel = Some(Cancellation::child_of_all(
+            requests.iter().map(|r| r.cancel.clone()),
+        ));
+        door.deadline = deadline;
+        door
+    }
+
+    fn send(&mut self, body: &[u8]) -> Result<serde_json::Value> {
+        #[derive(serde::Deserialize)]
+        struct SendHeader {
+            index: usize,
+            #[serde(default)]
+            response: Option<ResponseHeader>,
+        }
+        let frame = Frame::<SendHeader>::parse(body)?;
+        let index = frame.header.index;
+        let Some(slot) = self.slots.get(index) else {
+            return Err(Error::invalid(format!(
+                "a response for request {index}, but the batch has {}",
+                self.slots.len()
+            )));
+        };
+        let Some(response) = &frame.header.response else {
+            return Ok(serde_json::Value::Null);
+        };
+        let Some(sink) = slot.sink.clone() else {
+            return Err(Error::invalid(format!(
+                "model '{}': request {index} does not take streamed responses",
+                self.model.name
+            )));
+        };
+        if let Some(e) = &response.error {
+            return Err(protocol::from_triton_code(&e.code, e.message.clone()));
+        }
+        let tensors = response
+            .outputs
+            .iter()
+            .map(|t| frame.tensor(t))
+            .collect::<Result<Vec<_>>>()?;
+        let tensors = self.model.outputs(&self.outputs, tensors)?;
+        sink.send_blocking(tensors, self.deadline)?;
+        Ok(serde_json::Value::Null)
+    }
+
+    /// The request of a call into another model.
+    fn call_request(&self, body: &[u8]) -> Result<InferRequest> {
+        let frame = Frame::<CallHeader>::parse(body)?;
+        let h = &frame.header;
+        if h.model == self.model.name && self.model.single_instance {
+            return Err(Error::invalid(format!(
+                "model '{}' calls itself but has a single instance, which is busy running the \
+                 caller: the call could never be served (give it more instances with \
+                 instance_group, or call another model)",
+                h.model
+            )));
+        }
+        let mut deadline = self.deadline;
+        if h.timeout_us > 0 {
+            let own = Instant::now() + Duration::from_micros(h.timeout_us);
+            deadline = Some(deadline.map_or(own, |d| d.min(own)));
+        }
+        let mut parameters = protocol::parameters_from_json(&h.parameters)?;
+        if let Some(id) = h.correlation_id.as_u64().filter(|id| *id != 0) {
+            parameters.insert("sequence_id".into(), crate::inference::ParamValue::Uint(id));
+        } else if let Some(id) = h.correlation_id.as_str().filter(|id| !id.is_empty()) {
+            parameters.insert(
+                "sequence_id".into(),
+                crate::inference::ParamValue::String(id.to_owned()),
+            );
+        }
+        if h.flags & 1 != 0 {
+            parameters.insert(
+                "sequence_start".into(),
+                crate::inference::ParamValue::Bool(true),
+            );
+        }
+        if h.flags & 2 != 0 {
+            parameters.insert(
+                "sequence_end".into(),
+                crate::inference::ParamValue::Bool(true),
+            );
+        }
+        Ok(InferRequest {
+            model_name: h.model.clone(),
+            model_version: (h.version > 0).then_some(h.version),
+            id: h.id.clone(),
+            parameters,
+            inputs: h
+                .inputs
+                .iter()
+                .map(|t| frame.tensor(t))
+                .collect::<Result<_>>()?,
+            outputs: h
+                .outputs
+                .iter()
+                .map(|name| RequestedOutput {
+                    name: name.clone(),
+                    parameters: Default::default(),
+                })
+                .collect(),
+            deadline,
+            responses: None,
+            step_durations: None,
+            callers: self.callers.clone(),
+            from_stage: true,
+            trace: Trace(crate::trace_span!(
+                parent: &tracing::Span::current(),
+                "python.call",
+                model = %h.model
+            )),
+            cancel: self
+                .cancel
+                .as_ref()
+                .map_or_else(Default::default, Cancellation::child),
+        })
+    }
+
+    fn caller(&self) -> Result<Arc<dyn crate::runtime::ModelCaller>> {
+        self.model.caller.clone().ok_or_else(|| {
+            Error::unsupported("calling other models is not available in this context")
+        })
+    }
+
+    /// The answer to a call: its responses as a frame, or an error response.
+    fn call_answer(&mut self, result: Result<InferResponse>) -> Vec<u8> {
+        let mut w = FrameWriter::default();
+        let response = match result {
+            Ok(r) => ResponseHeader {
+                outputs: r.outputs.iter().map(|t| w.tensor(t)).collect(),
+                error: None,
+                parameters: protocol::parameters_to_json(&r.parameters),
+            },
+            Err(e) => {
+                if e.code == Code::PermissionDenied && self.refused_call.is_none() {
+                    self.refused_call = Some(e.clone());
+                }
+                ResponseHeader {
+                    error: Some(protocol::ErrorHeader {
+                        code: protocol::triton_code(&e).to_owned(),
+                        message: e.message,
+                    }),
+                    ..Default::default()
+                }
+            }
+        };
+        w.finish(&serde_json::json!({ "responses": [response] }))
+    }
+
+    fn infer(&mut self, body: &[u8]) -> Vec<u8> {
+        let result = self
+            .call_request(body)
+            .and_then(|request| self.caller()?.infer(request));
+        self.call_answer(result)
+    }
+
+    fn start(&mut self, body: &[u8]) -> Result<serde_json::Value> {
+        if self.started.len() >= MAX_STARTED_CALLS {
+            return Err(Error::unavailable(format!(
+                "model '{}' has {MAX_STARTED_CALLS} calls in flight already: await some first",
+                self.model.name
+            )));
+        }
+        let request = self.call_request(body)?;
+        let caller = self.caller()?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("python-call".into())
+            .spawn(move || {
+                let _ = tx.send(caller.infer(request));
+            })
+            .map_err(|e| Error::internal(format!("cannot start a call: {e}")))?;
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.started.insert(handle, rx);
+        Ok(serde_json::Value::from(handle))
+    }
+
+    fn wait(&mut self, body: &[u8]) -> Vec<u8> {
+        let handle = serde_json::from_slice::<u64>(body).ok();
+        let Some(rx) = handle.and_then(|h| self.started.remove(&h)) else {
+            return self.call_answer(Err(Error::invalid("no such call in flight")));
+        };
+        let result = rx
+            .recv()
+            .unwrap_or_else(|_| Err(Error::internal("the call ended without an answer")));
+        self.call_answer(result)
+    }
+
+    fn log(&self, body: &[u8]) {
+        let (level, message) = body.split_first().unwrap_or((&0, &[]));
+        let message = String::from_utf8_lossy(message);
+        let model = self.model.name.as_str();
+        match level {
+            2 => tracing::error!(model, "{message}"),
+            1 => tracing::warn!(model, "{message}"),
+            3 => tracing::debug!(model, "{message}"),
+            _ => tracing::info!(model, "{message}"),
+        }
+    }
+
+    fn cancelled(&self, body: &[u8]) -> Result<serde_json::Value> {
+        #[derive(serde::Deserialize)]
+        struct Index {
+            index: usize,
+        }
+        let index = serde_json::from_slice::<Index>(body)
+            .map_err(|e| Error::invalid(format!("bad cancellation query: {e}")))?
+            .index;
+        let slot = self
+            .slots
+            .get(index)
+            .ok_or_else(|| Error::invalid(format!("request {index} is not in the batch")))?;
+        Ok(serde_json::Value::from(slot.cancel.is_cancelled()))
+    }
+}
+
+impl Door for BatchDoor {
+    fn call(&mut self, frame: &[u8]) -> Vec<u8> {
+        let Some((&op, body)) = frame.split_first() else {
+            return protocol::error_answer(&Error::invalid("an empty frame"));
+        };
+        match Op::of(op) {
+            Some(Op::Batch) => self.batch.clone(),
+            Some(Op::Responses) => {
+                self.responses = Some(body.to_vec());
+                Vec::new()
+            }
+            Some(Op::Send) => protocol::answer(self.send(body)),
+            Some(Op::Infer) => self.infer(body),
+            Some(Op::Start) => protocol::answer(self.start(body)),
+            Some(Op::Wait) => self.wait(body),
+            Some(Op::Log) => {
+                self.log(body);
+                Vec::new()
+            }
+            Some(Op::Cancelled) => protocol::answer(self.cancelled(body)),
+            Some(Op::Failed) => {
+                self.failure = Some(String::from_utf8_lossy(body).into_owned());
+                Vec::new()
+            }
+            None => protocol::error_answer(&Error::invalid(format!("unknown op {op}"))),
+        }
+    }
+}
+
+/// A request's sequence as Triton's Python backend gives it: correlation id and flags.
+fn sequence_of(r: &InferRequest) -> (serde_json::Value, u32) {
+    use crate::inference::ParamValue;
+    let id = match r.parameters.get("sequence_id") {
+        Some(ParamValue::Int(i)) => serde_json::Value::from(*i),
+        Some(ParamValue::Uint(u)) => serde_json::Value::from(*u),
+        Some(ParamValue::String(s)) => serde_json::Value::from(s.clone()),
+        _ => serde_json::Value::from(0),
+    };
+    let flag = |key: &str| matches!(r.parameters.get(key), Some(ParamValue::Bool(true)));
+    let flags = u32::from(flag("sequence_start")) | (u32::from(flag("sequence_end")) << 1);
+    (id, flags)
+}

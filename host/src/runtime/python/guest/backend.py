@@ -1,0 +1,277 @@
+"""The guest half of Wasmtron's Python backend: loads a Triton `model.py`, runs its
+`initialize`, `execute` and `finalize`, and talks to the host through `_host.call`.
+
+Run once per interpreter after `triton_python_backend_utils` is registered; the host then
+drives it with one-line turns (`_wasmtron.load(...)`, `_wasmtron.execute()`).
+"""
+
+import asyncio
+import importlib.util
+import inspect
+import json
+import selectors
+import sys
+import threading
+import time
+import traceback
+
+import _host
+import triton_python_backend_utils as pb
+
+
+class _LogStream:
+    """`print` and `sys.stderr` of a model go to the server's log, a line at a time."""
+
+    def __init__(self, level):
+        self._level = level
+        self._buffer = ""
+
+    def write(self, text):
+        self._buffer += text
+        while "\n" in self._buffer:
+            line, self._buffer = self._buffer.split("\n", 1)
+            if line:
+                pb._log(self._level, line)
+        return len(text)
+
+    def flush(self):
+        if self._buffer:
+            pb._log(self._level, self._buffer)
+            self._buffer = ""
+
+    def isatty(self):
+        return False
+
+
+sys.stdout = _LogStream(0)
+sys.stderr = _LogStream(2)
+
+
+# --- modules the sandbox's interpreter does not have, refused with the way around ----------
+
+_FRAMEWORKS = {
+    "torch": "PyTorch", "torchvision": "PyTorch", "tensorflow": "TensorFlow",
+    "onnxruntime": "ONNX Runtime", "tokenizers": "tokenizers", "transformers": "transformers",
+    "cv2": "OpenCV", "cupy": "CuPy", "tensorrt": "TensorRT", "jax": "JAX",
+}
+
+
+class _RefuseFrameworks:
+    """Last on `sys.meta_path`: reached only for a module no other finder has."""
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        what = _FRAMEWORKS.get(top)
+        if what is None:
+            return None
+        raise ModuleNotFoundError(
+            "No module named %r: Wasmtron runs model.py in a WebAssembly sandbox whose "
+            "interpreter has the standard library, numpy, scipy, pandas, Pillow and "
+            "scikit-learn, not %s. Serve the network as an ONNX model and call it from "
+            "model.py with pb_utils.InferenceRequest(...).exec() (BLS), or write the step as "
+            "a Rust stage; --python-runtime names another interpreter build." % (top, what),
+            name=name)
+
+
+sys.meta_path.append(_RefuseFrameworks())
+
+
+# --- asyncio without sockets: `async def execute` and `async_exec` under `asyncio.gather` --
+
+class _IdleSelector(selectors.BaseSelector):
+    """A selector with no files: waiting is sleeping (the host answers calls when asked)."""
+
+    def register(self, fileobj, events, data=None):
+        raise OSError("the Python backend's event loop has no sockets or pipes")
+
+    def unregister(self, fileobj):
+        raise KeyError(fileobj)
+
+    def select(self, timeout=None):
+        if timeout:
+            time.sleep(min(timeout, 1.0))
+        return []
+
+    def close(self):
+        pass
+
+    def get_map(self):
+        return {}
+
+
+class _Loop(asyncio.SelectorEventLoop):
+    def __init__(self):
+        super().__init__(_IdleSelector())
+
+    def _make_self_pipe(self):
+        pass
+
+    def _close_self_pipe(self):
+        pass
+
+    def _write_to_self(self):
+        pass
+
+
+_loop = None
+
+
+def _run(awaitable):
+    global _loop
+    if _loop is None:
+        _loop = _Loop()
+        asyncio.set_event_loop(_loop)
+    return _loop.run_until_complete(awaitable)
+
+
+# --- threads, run cooperatively: the sandbox has one thread ---------------------------------
+# A thread a model starts (Triton's decoupled examples send responses from one) runs when
+# it is joined, or else when `execute` returns, before the batch ends.
+
+_deferred = []
+
+
+def _thread_start(self):
+    if getattr(self, "_wasmtron_state", None) is not None:
+        raise RuntimeError("threads can only be started once")
+    self._wasmtron_state = "pending"
+    _deferred.append(self)
+
+
+def _thread_run(thread):
+    if getattr(thread, "_wasmtron_state", None) != "pending":
+        return
+    thread._wasmtron_state = "running"
+    try:
+        thread.run()
+    except BaseException:
+        pb._log(2, "exception in thread %s:\n%s" % (thread.name, traceback.format_exc()))
+    finally:
+        thread._wasmtron_state = "done"
+
+
+def _thread_join(self, timeout=None):
+    state = getattr(self, "_wasmtron_state", None)
+    if state is None:
+        raise RuntimeError("cannot join thread before it is started")
+    if state == "pending":
+        _deferred.remove(self)
+        _thread_run(self)
+
+
+def _thread_is_alive(self):
+    return getattr(self, "_wasmtron_state", None) in ("pending", "running")
+
+
+threading.Thread.start = _thread_start
+threading.Thread.join = _thread_join
+threading.Thread.is_alive = _thread_is_alive
+
+
+def _drain():
+    while _deferred:
+        _thread_run(_deferred.pop(0))
+
+
+def _failure(e):
+    """An exception as Triton's Python backend reports it: type, message and where."""
+    text = "%s: %s" % (type(e).__name__, e) if not isinstance(e, pb.TritonModelException) else str(e)
+    frames = traceback.extract_tb(e.__traceback__)
+    where = [f for f in frames if not f.filename.startswith("<")]
+    if where:
+        text += "\n\nAt:\n" + "\n".join(
+            "  %s(%d): %s" % (f.filename, f.lineno, f.name) for f in reversed(where[-5:]))
+    return text
+
+
+class _Backend:
+    def __init__(self):
+        self.args = {}
+        self.model_config = {}
+        self.decoupled = False
+        self.senders = {}
+        self.model = None
+
+    def _fail(self, e):
+        _host.call(b"F" + _failure(e).encode("utf-8", "replace"))
+
+    def load(self, args_json, model_file, version_dir):
+        try:
+            self.args = json.loads(args_json)
+            self.model_config = json.loads(self.args["model_config"])
+            self.decoupled = pb.using_decoupled_model_transaction_policy(self.model_config)
+            if version_dir not in sys.path:
+                sys.path.insert(0, version_dir)
+            spec = importlib.util.spec_from_file_location("model", model_file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["model"] = module
+            spec.loader.exec_module(module)
+            cls = getattr(module, "TritonPythonModel", None)
+            if cls is None:
+                raise pb.TritonModelException(
+                    "%s defines no class TritonPythonModel" % model_file)
+            self.model = cls()
+            init = getattr(self.model, "initialize", None)
+            if init is not None:
+                result = init(self.args)
+                if inspect.isawaitable(result):
+                    _run(result)
+            _drain()
+        except BaseException as e:
+            self._fail(e)
+
+    def execute(self):
+        header, blob = pb._read_frame(_host.call(b"B"))
+        requests = []
+        for i, r in enumerate(header["requests"]):
+            req = pb.InferenceRequest(
+                model_name=self.args.get("model_name"),
+                inputs=[pb._tensor_from(t, blob) for t in r["inputs"]],
+                requested_output_names=r["outputs"],
+                correlation_id=r["correlation_id"],
+                request_id=r["id"],
+                flags=r["flags"],
+                parameters=r["parameters"],
+            )
+            req._index = i
+            requests.append(req)
+        self.senders = {}
+        w = pb._Writer()
+        try:
+            result = self.model.execute(requests)
+            if inspect.isawaitable(result):
+                result = _run(result)
+            _drain()
+            if self.decoupled:
+                responses = None
+            else:
+                if not isinstance(result, (list, tuple)):
+                    raise pb.TritonModelException(
+                        "execute must return a list of InferenceResponse, one per request; "
+                        "it returned %s" % type(result).__name__)
+                if len(result) != len(requests):
+                    raise pb.TritonModelException(
+                        "execute returned %d responses for %d requests"
+                        % (len(result), len(requests)))
+                responses = [w.response(r) for r in result]
+        except BaseException as e:
+            _drain()
+            w = pb._Writer()
+            error = {"message": _failure(e), "code": "INTERNAL"}
+            responses = [{"error": error} for _ in requests]
+        _host.call(b"R" + w.finish({"responses": responses}))
+
+    def finalize(self):
+        try:
+            fin = getattr(self.model, "finalize", None)
+            if fin is not None:
+                result = fin()
+                if inspect.isawaitable(result):
+                    _run(result)
+            _drain()
+        except BaseException as e:
+            self._fail(e)
+
+
+_wasmtron = _Backend()
+pb._backend = _wasmtron

@@ -1,0 +1,506 @@
+"""Triton's `triton_python_backend_utils` for Wasmtron's Python backend.
+
+Written from Triton's Python-backend documentation: a `model.py` written for Triton imports
+this module (as `pb_utils`) and runs unchanged inside the server's WebAssembly sandbox. The
+host is reached through one door, `_host.call(frame) -> bytes`; frames are described in
+host/src/runtime/python/protocol.rs. Names starting with `_` are the backend's own.
+"""
+
+import json as _json
+import struct as _struct
+import sys as _sys
+import time as _time
+
+import numpy as _np
+
+try:
+    import _host
+except ImportError:  # outside the sandbox (documentation tools, tests of this file)
+    _host = None
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+# Triton's type names and numpy's, both ways. BF16 has no numpy type.
+_TRITON_TO_NUMPY = {
+    "BOOL": _np.bool_,
+    "UINT8": _np.uint8,
+    "UINT16": _np.uint16,
+    "UINT32": _np.uint32,
+    "UINT64": _np.uint64,
+    "INT8": _np.int8,
+    "INT16": _np.int16,
+    "INT32": _np.int32,
+    "INT64": _np.int64,
+    "FP16": _np.float16,
+    "FP32": _np.float32,
+    "FP64": _np.float64,
+    "BYTES": _np.object_,
+    "STRING": _np.object_,
+}
+
+
+def triton_string_to_numpy(triton_type_string):
+    """The numpy type of a config type name (`TYPE_FP32`) or a protocol name (`FP32`)."""
+    name = triton_type_string[5:] if triton_type_string.startswith("TYPE_") else triton_type_string
+    return _TRITON_TO_NUMPY.get(name)
+
+
+def triton_to_numpy_type(data_type):
+    """The numpy type of a Triton type given by name or by its enum number."""
+    if isinstance(data_type, int):
+        names = [None, "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
+                 "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"]
+        data_type = names[data_type] if 0 <= data_type < len(names) else None
+    return None if data_type is None else triton_string_to_numpy(data_type)
+
+
+def numpy_to_triton_type(data_type):
+    """Triton's name of a numpy type (`np.float32` -> `FP32`); object and bytes: `BYTES`."""
+    dt = _np.dtype(data_type)
+    if dt == _np.object_ or dt.type == _np.bytes_ or dt.type == _np.str_:
+        return "BYTES"
+    for name, t in _TRITON_TO_NUMPY.items():
+        if name != "STRING" and t is not _np.object_ and dt == _np.dtype(t):
+            return name
+    return None
+
+
+def serialize_byte_tensor(input_tensor):
+    """A BYTES array as Triton serializes it: each element's 4-byte length, then its bytes."""
+    if input_tensor.size == 0:
+        return _np.empty([0], dtype=_np.object_)
+    parts = []
+    for obj in _np.nditer(input_tensor, flags=["refs_ok"], order="C"):
+        item = obj.item()
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray)):
+            item = str(item).encode("utf-8")
+        parts.append(_struct.pack("<I", len(item)))
+        parts.append(bytes(item))
+    return _np.frombuffer(b"".join(parts), dtype=_np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor):
+    """A serialized BYTES buffer back as a 1-D numpy object array of bytes."""
+    buf = bytes(encoded_tensor)
+    out = []
+    offset = 0
+    while offset < len(buf):
+        (n,) = _struct.unpack_from("<I", buf, offset)
+        offset += 4
+        out.append(buf[offset:offset + n])
+        offset += n
+    return _np.array(out, dtype=_np.object_)
+
+
+class TritonError:
+    """An error a model returns in a response (`InferenceResponse(error=...)`)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+    _NAMES = ["UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE",
+              "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED"]
+
+    def __init__(self, message, code=INTERNAL):
+        self._message = str(message)
+        self._code = code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+    def __str__(self):
+        return self._message
+
+    def __repr__(self):
+        return "TritonError(%r, %s)" % (self._message, self._code_name())
+
+    def _code_name(self):
+        c = self._code
+        return self._NAMES[c] if isinstance(c, int) and 0 <= c < len(self._NAMES) else "UNKNOWN"
+
+
+class TritonModelException(Exception):
+    """Raised by the utilities (and by models) for an error that fails the request."""
+
+
+class Tensor:
+    """A named tensor: numpy in (`as_numpy`) and out (`Tensor(name, array)`)."""
+
+    def __init__(self, name, data, dtype=None):
+        if not isinstance(data, _np.ndarray):
+            data = _np.asarray(data)
+        if data.dtype.type is _np.str_ or data.dtype.type is _np.bytes_:
+            data = data.astype(_np.object_)
+        self._name = name
+        self._array = data
+        self._dtype = dtype
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+    def triton_dtype(self):
+        return self._dtype or numpy_to_triton_type(self._array.dtype)
+
+    def shape(self):
+        return list(self._array.shape)
+
+    def is_cpu(self):
+        return True
+
+    def to_dlpack(self):
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+    @staticmethod
+    def from_dlpack(name, capsule):
+        return Tensor(name, _np.from_dlpack(capsule))
+
+    def __repr__(self):
+        return "Tensor(%r, %s%s)" % (self._name, self.triton_dtype(), list(self._array.shape))
+
+
+def _request_error(message):
+    raise TritonModelException(message)
+
+
+class InferenceResponse:
+    """A response: output tensors, or an error; optional parameters."""
+
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        if output_tensors is None:
+            output_tensors = []
+        if isinstance(error, str):
+            error = TritonError(error)
+        self._outputs = list(output_tensors)
+        self._error = error
+        if isinstance(parameters, str):
+            parameters = _json.loads(parameters)
+        self._parameters = dict(parameters or {})
+
+    def output_tensors(self):
+        return self._outputs
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+    def parameters(self):
+        return _json.dumps(self._parameters)
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model."""
+
+    def __init__(self, index):
+        self._index = index
+        self._closed = False
+
+    def send(self, response=None, flags=0):
+        if self._closed:
+            raise TritonModelException(
+                "Unable to send response. Response sender has been closed.")
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self._closed = True
+        header = {"index": self._index, "flags": int(flags), "response": None}
+        w = _Writer()
+        if response is not None:
+            header["response"] = w.response(response)
+        _call_checked(b"S", w.finish(header))
+
+    def is_cancelled(self):
+        return _is_cancelled(self._index)
+
+
+class _Writer:
+    """Builds a frame: a JSON header and the tensors' bytes one after another."""
+
+    def __init__(self):
+        self._parts = []
+        self._size = 0
+
+    def tensor(self, t):
+        name = t.name()
+        arr = t.as_numpy()
+        dtype = t.triton_dtype()
+        if arr.dtype == _np.object_ or dtype == "BYTES":
+            data = serialize_byte_tensor(arr).tobytes()
+            dtype = "BYTES"
+        else:
+            if dtype is None:
+                raise TritonModelException(
+                    "output '%s' has numpy type %s, which Triton has no type for" % (name, arr.dtype))
+            data = _np.ascontiguousarray(arr).tobytes()
+        h = {"name": name, "datatype": dtype, "shape": [int(d) for d in arr.shape],
+             "offset": self._size, "size": len(data)}
+        self._parts.append(data)
+        self._size += len(data)
+        return h
+
+    def response(self, r):
+        if not isinstance(r, InferenceResponse):
+            raise TritonModelException(
+                "expected an InferenceResponse, got %s" % type(r).__name__)
+        out = {"outputs": [self.tensor(t) for t in r.output_tensors()], "parameters": r._parameters}
+        if r.has_error():
+            e = r.error()
+            out["error"] = {"message": e.message(), "code": e._code_name()}
+        return out
+
+    def finish(self, header):
+        h = _json.dumps(header).encode()
+        return b"".join([_struct.pack("<I", len(h)), h] + self._parts)
+
+
+def _read_frame(data):
+    (n,) = _struct.unpack_from("<I", data, 0)
+    header = _json.loads(bytes(data[4:4 + n]))
+    return header, memoryview(data)[4 + n:]
+
+
+def _tensor_from(h, blob):
+    dtype = h["datatype"]
+    raw = blob[h["offset"]:h["offset"] + h["size"]]
+    shape = h["shape"]
+    if dtype == "BYTES":
+        arr = deserialize_bytes_tensor(raw).reshape(shape)
+    elif dtype == "BF16":
+        raise TritonModelException("tensor '%s' is BF16, which numpy has no type for" % h["name"])
+    else:
+        arr = _np.frombuffer(raw, dtype=_TRITON_TO_NUMPY[dtype]).reshape(shape)
+    return Tensor(h["name"], arr, dtype)
+
+
+def _answer(data):
+    """A short answer: 0 then JSON, or 1 then an error."""
+    if data[:1] == b"\x00":
+        return _json.loads(bytes(data[1:])) if len(data) > 1 else None
+    err = _json.loads(bytes(data[1:]))
+    raise TritonModelException(err.get("message", "the host refused the call"))
+
+
+def _call_checked(op, body=b""):
+    return _answer(_host.call(op + body))
+
+
+def _is_cancelled(index):
+    return bool(_call_checked(b"C", _json.dumps({"index": index}).encode()))
+
+
+class InferenceRequest:
+    """A request: one the model received, or one it builds to call another model (BLS)."""
+
+    def __init__(self, model_name=None, inputs=None, requested_output_names=None,
+                 model_version=-1, correlation_id=0, request_id="", flags=0, timeout=0,
+                 preferred_memory=None, trace=None, parameters=None, **_ignored):
+        self._model_name = model_name
+        self._inputs = list(inputs or [])
+        self._outputs = list(requested_output_names or [])
+        self._model_version = model_version
+        self._correlation_id = correlation_id
+        self._request_id = request_id
+        self._flags = flags
+        self._timeout = timeout
+        if isinstance(parameters, str):
+            parameters = _json.loads(parameters)
+        self._parameters = dict(parameters or {})
+        self._index = None  # the position in the batch, for received requests
+
+    def inputs(self):
+        return self._inputs
+
+    def request_id(self):
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self):
+        return self._flags
+
+    def model_name(self):
+        return self._model_name
+
+    def timeout(self):
+        return self._timeout
+
+    def requested_output_names(self):
+        return list(self._outputs)
+
+    def parameters(self):
+        return _json.dumps(self._parameters)
+
+    def get_response_sender(self):
+        if self._index is None:
+            raise TritonModelException("only a received request has a response sender")
+        if not _backend.decoupled:
+            raise TritonModelException(
+                "Unable to get response sender: this model is not decoupled "
+                "(model_transaction_policy { decoupled: true })")
+        sender = _backend.senders.get(self._index)
+        if sender is None:
+            sender = _backend.senders[self._index] = InferenceResponseSender(self._index)
+        return sender
+
+    def is_cancelled(self):
+        if self._index is None:
+            return False
+        return _is_cancelled(self._index)
+
+    def set_release_flags(self, flags):
+        pass
+
+    def _call_frame(self, decoupled):
+        w = _Writer()
+        header = {
+            "model": self._model_name if isinstance(self._model_name, str)
+            else bytes(self._model_name).decode(),
+            "version": int(self._model_version),
+            "id": self._request_id,
+            "outputs": self._outputs,
+            "inputs": [w.tensor(t) for t in self._inputs],
+            "parameters": self._parameters,
+            "timeout_us": int(self._timeout or 0),
+            "correlation_id": self._correlation_id,
+            "flags": int(self._flags),
+            "decoupled": bool(decoupled),
+        }
+        return w.finish(header)
+
+    def exec(self, decoupled=False):
+        """Runs the request on its model and returns the response (or, with
+        `decoupled=True`, an iterator over the responses)."""
+        return _responses(_host.call(b"I" + self._call_frame(decoupled)), decoupled)
+
+    def async_exec(self, decoupled=False):
+        """`exec` that can be awaited; several run at once under `asyncio.gather`."""
+        handle = _call_checked(b"A", self._call_frame(decoupled))
+        return _Pending(handle, decoupled)
+
+
+def _responses(data, decoupled):
+    header, blob = _read_frame(data)
+    out = []
+    for r in header["responses"]:
+        error = r.get("error")
+        out.append(InferenceResponse(
+            [_tensor_from(t, blob) for t in r.get("outputs", [])],
+            None if error is None else TritonError(
+                error["message"], TritonError._NAMES.index(error.get("code", "INTERNAL"))
+                if error.get("code") in TritonError._NAMES else TritonError.INTERNAL),
+            r.get("parameters")))
+    if decoupled:
+        return iter(out)
+    return out[0] if out else InferenceResponse(error=TritonError("no response"))
+
+
+class _Pending:
+    """An `async_exec` in flight: awaiting it takes its answer from the host."""
+
+    def __init__(self, handle, decoupled):
+        self._handle = handle
+        self._decoupled = decoupled
+
+    def __await__(self):
+        # Let the other coroutines of a gather start their calls before this one waits.
+        yield None
+        return _responses(_host.call(b"W" + _json.dumps(self._handle).encode()), self._decoupled)
+
+
+class Logger:
+    """Triton's model logger: lines go to the server's log with the model's name."""
+
+    class LogLevel:
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    @staticmethod
+    def log(message, level=0):
+        _log(level, message)
+
+    @staticmethod
+    def log_info(message):
+        _log(0, message)
+
+    @staticmethod
+    def log_warn(message):
+        _log(1, message)
+
+    @staticmethod
+    def log_error(message):
+        _log(2, message)
+
+    @staticmethod
+    def log_verbose(message):
+        _log(3, message)
+
+
+LogLevel = Logger.LogLevel
+
+
+def _log(level, message):
+    if _host is None:
+        print(message, file=_sys.__stderr__)
+        return
+    _host.call(b"L" + bytes([level]) + str(message).encode("utf-8", "replace"))
+
+
+def get_input_tensor_by_name(inference_request, name):
+    for t in inference_request.inputs():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_output_tensor_by_name(inference_response, name):
+    for t in inference_response.output_tensors():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_input_config_by_name(model_config, name):
+    for i in model_config.get("input", []):
+        if i.get("name") == name:
+            return i
+    return None
+
+
+def get_output_config_by_name(model_config, name):
+    for o in model_config.get("output", []):
+        if o.get("name") == name:
+            return o
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config):
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def get_model_dir():
+    return _backend.args.get("model_repository")

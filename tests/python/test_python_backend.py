@@ -1,0 +1,222 @@
+"""Triton Python-backend models (`backend: "python"`, a `model.py` on triton_python_backend_utils
+and numpy) served unchanged inside the Wasm sandbox, driven with the stock tritonclient.
+
+The models: benches/triton/'s four twins (the same model.py files Triton's Python backend runs
+in the side-by-side benches), checked against their Wasm-stage twins from model_repository/,
+and tests/python/python_backend_models/, written in the shapes Triton's own python_backend
+examples take (BLS with the model name from a BYTES input, `async def execute` with two
+`async_exec` under `asyncio.gather`, a decoupled model whose thread sends after `execute`
+returns, errors, and what the sandbox lets a model reach)."""
+import io
+import json
+import os
+import queue
+import shutil
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, Server
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TWINS = ["add_sub", "topk", "mean_pool", "preprocess"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("python_backend")
+    for name in TWINS:
+        # The Python twin under its own name (the BLS models call add_sub), the stage beside it.
+        shutil.copytree(os.path.join(ROOT, "benches", "triton", "model_repository", name),
+                        repo / name)
+        shutil.copytree(os.path.join(ROOT, "model_repository", name), repo / f"{name}_wasm")
+    models = os.path.join(HERE, "python_backend_models")
+    for name in os.listdir(models):
+        shutil.copytree(os.path.join(models, name), repo / name)
+    s = Server(str(repo))
+    yield s
+    s.stop()
+
+
+def client(server):
+    return httpclient.InferenceServerClient(server.http, network_timeout=120)
+
+
+def tensor(mod, name, array, datatype):
+    t = mod.InferInput(name, list(array.shape), datatype)
+    t.set_data_from_numpy(array)
+    return t
+
+
+def infer(server, model, *inputs):
+    return client(server).infer(model, [tensor(httpclient, *i) for i in inputs])
+
+
+def ask_sandbox(server, what):
+    r = infer(server, "sandbox", ("WHAT", np.array([what.encode()], dtype=np.object_), "BYTES"))
+    return r.as_numpy("ANSWER")[0].decode()
+
+
+def test_every_model_loads_from_its_model_py(server):
+    c = client(server)
+    for name in TWINS + os.listdir(os.path.join(HERE, "python_backend_models")):
+        assert c.is_model_ready(name), name
+        assert c.get_model_config(name)["backend"] == "python"
+
+
+def test_add_sub_answers_like_triton(server):
+    a = np.array([1.5, 2, 3, 4], np.float32)
+    b = np.array([10, 20, 30, 40], np.float32)
+    r = infer(server, "add_sub", ("INPUT0", a, "FP32"), ("INPUT1", b, "FP32"))
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+
+
+def test_twins_answer_as_their_wasm_stages_do(server):
+    rng = np.random.default_rng(7)
+    scores = rng.random((3, 4), dtype=np.float32)
+    py = infer(server, "topk", ("SCORES", scores, "FP32"))
+    wasm = infer(server, "topk_wasm", ("SCORES", scores, "FP32"))
+    np.testing.assert_array_equal(py.as_numpy("INDICES"), wasm.as_numpy("INDICES"))
+    np.testing.assert_array_equal(py.as_numpy("LABELS"), wasm.as_numpy("LABELS"))
+
+    hidden = rng.standard_normal((2, 5, 384), dtype=np.float32)
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int64)
+    ins = (("last_hidden_state", hidden, "FP32"), ("attention_mask", mask, "INT64"))
+    py = infer(server, "mean_pool", *ins).as_numpy("EMBEDDING")
+    wasm = infer(server, "mean_pool_wasm", *ins).as_numpy("EMBEDDING")
+    assert py.shape == (2, 384)
+    np.testing.assert_allclose(py, wasm, rtol=1e-5, atol=1e-6)
+
+    from PIL import Image
+    pixels = rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")
+    image = np.array([[png.getvalue()]], dtype=np.object_)
+    py = infer(server, "preprocess", ("IMAGE", image, "BYTES")).as_numpy("PIXELS")
+    wasm = infer(server, "preprocess_wasm", ("IMAGE", image, "BYTES")).as_numpy("PIXELS")
+    assert py.shape == (1, 3, 224, 224)
+    np.testing.assert_allclose(py, wasm, atol=2e-2)
+
+
+def test_bls_exec_calls_the_model_named_in_a_bytes_input(server):
+    a = np.array([1, 2, 3, 4], np.float32)
+    b = np.array([10, 20, 30, 40], np.float32)
+    r = infer(server, "bls_sync", ("MODEL_NAME", np.array([b"add_sub"], dtype=np.object_), "BYTES"),
+              ("INPUT0", a, "FP32"), ("INPUT1", b, "FP32"))
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+    # A model that does not exist: the callee's error reaches the client, the server serves on.
+    with pytest.raises(InferenceServerException, match="no_such_model"):
+        infer(server, "bls_sync", ("MODEL_NAME", np.array([b"no_such_model"], dtype=np.object_), "BYTES"),
+              ("INPUT0", a, "FP32"), ("INPUT1", b, "FP32"))
+
+
+def test_async_execute_gathers_two_async_exec_calls(server):
+    a = np.array([1, 2, 3, 4], np.float32)
+    b = np.array([10, 20, 30, 40], np.float32)
+    r = infer(server, "bls_async", ("INPUT0", a, "FP32"), ("INPUT1", b, "FP32"))
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+
+
+def test_decoupled_thread_streams_then_sends_the_final_flag_alone(server):
+    results = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc)
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        values = np.array([5, 6, 7, 8], np.int32)
+        c.async_stream_infer(
+            "repeat",
+            [tensor(grpcclient, "IN", values, "INT32"),
+             tensor(grpcclient, "DELAY", np.array([5, 5, 5, 5], np.uint32), "UINT32")],
+            enable_empty_final_response=True)
+        got, finals = [], 0
+        while True:
+            result, error = results.get(timeout=120)
+            assert error is None, error
+            response = result.get_response()
+            final = response.parameters.get("triton_final_response")
+            if response.outputs:
+                got.append((int(result.as_numpy("OUT")[0]), int(result.as_numpy("IDX")[0])))
+            if final is not None and final.bool_param:
+                finals += 1
+                # The model sent the flag alone: one empty final response, no outputs.
+                assert not response.outputs
+                break
+        assert got == [(5, 0), (6, 1), (7, 2), (8, 3)]
+        assert finals == 1
+    finally:
+        c.stop_stream()
+
+
+def test_errors_reach_the_client_with_their_message_and_code(server):
+    r = infer(server, "errors", ("X", np.array([[3]], np.int32), "INT32"))
+    # INT64 where config.pbtxt says TYPE_INT32: passed through as Triton's Python backend does.
+    assert r.as_numpy("Y").dtype == np.int64 and r.as_numpy("Y").tolist() == [[6]]
+    with pytest.raises(InferenceServerException) as e:
+        infer(server, "errors", ("X", np.array([[13]], np.int32), "INT32"))
+    assert "13 is unlucky" in str(e.value) and "model.py(" in str(e.value)
+    assert e.value.status() == "500"
+    with pytest.raises(InferenceServerException) as e:
+        infer(server, "errors", ("X", np.array([[-1]], np.int32), "INT32"))
+    assert "negative input" in str(e.value) and e.value.status() == "400"
+    # The instance survived both.
+    assert infer(server, "errors", ("X", np.array([[4]], np.int32), "INT32")).as_numpy("Y").tolist() == [[8]]
+
+
+def test_args_are_tritons(server):
+    args = json.loads(ask_sandbox(server, "args"))
+    assert args["model_name"] == "sandbox"
+    assert args["model_version"] == "1"
+    assert args["model_instance_kind"] == "CPU"
+    assert args["model_repository"].endswith("/sandbox")
+    config = json.loads(args["model_config"])
+    assert config["input"][0]["dims"] == [1]  # integers, not strings
+    assert config["input"][0]["data_type"] == "TYPE_STRING"
+
+
+def test_a_model_reads_its_own_folder_and_nothing_else(server):
+    assert ask_sandbox(server, "helper") == "hello from helper"
+    assert ask_sandbox(server, "own_file") == "labels: cat, dog"
+    assert ask_sandbox(server, "etc_passwd").startswith("refused")
+    assert ask_sandbox(server, "write").startswith("refused")
+    assert ask_sandbox(server, "socket").startswith("refused")
+    assert json.loads(ask_sandbox(server, "environ")) == {}
+    message = ask_sandbox(server, "torch")
+    assert "No module named 'torch'" in message and "BLS" in message
+
+
+def test_a_model_that_spins_is_stopped_and_the_next_request_is_served(server):
+    with pytest.raises(InferenceServerException, match="execution deadline of 3000 ms"):
+        ask_sandbox(server, "spin")
+    # A fresh interpreter took the discarded one's place.
+    assert ask_sandbox(server, "helper") == "hello from helper"
+    a = np.ones(4, np.float32)
+    r = infer(server, "add_sub", ("INPUT0", a, "FP32"), ("INPUT1", a, "FP32"))
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), 2 * a)
+
+
+def test_a_model_py_that_fails_to_load_names_its_error(tmp_path):
+    bad = tmp_path / "broken" / "1"
+    bad.mkdir(parents=True)
+    (tmp_path / "broken" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    (bad / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise ValueError('no weights here')\n")
+    s = Server(str(tmp_path))
+    try:
+        index = client(s).get_model_repository_index()
+        entry = next(m for m in index if m["name"] == "broken")
+        assert entry["state"] == "UNAVAILABLE"
+        assert "ValueError: no weights here" in entry["reason"]
+        assert "model.py(3): initialize" in entry["reason"]
+    finally:
+        s.stop()
