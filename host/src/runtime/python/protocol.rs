@@ -35,6 +35,10 @@ pub enum Op {
     Cancelled,
     /// `model.py` raised during `initialize` or `finalize`: the message.
     Failed,
+    /// The configuration `auto_complete_config` returned, as JSON.
+    Completed,
+    /// A custom metric's registration or update (`pb_utils.MetricFamily`, `Metric`).
+    Metric,
 }
 
 impl Op {
@@ -50,6 +54,8 @@ impl Op {
             b'L' => Self::Log,
             b'C' => Self::Cancelled,
             b'F' => Self::Failed,
+            b'K' => Self::Completed,
+            b'M' => Self::Metric,
             _ => return None,
         })
     }
@@ -141,6 +147,9 @@ pub struct CallHeader {
     /// Sequence flags.
     #[serde(default)]
     pub flags: u32,
+    /// The model called is decoupled: every response it sends is wanted.
+    #[serde(default)]
+    pub decoupled: bool,
 }
 
 /// Builds frames: a JSON header and the tensors' bytes.

@@ -195,21 +195,41 @@ class _Backend:
     def _fail(self, e):
         _host.call(b"F" + _failure(e).encode("utf-8", "replace"))
 
+    def _model_class(self, model_file, version_dir):
+        if version_dir not in sys.path:
+            sys.path.insert(0, version_dir)
+        spec = importlib.util.spec_from_file_location("model", model_file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module
+        spec.loader.exec_module(module)
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            raise pb.TritonModelException("%s defines no class TritonPythonModel" % model_file)
+        return cls
+
+    def auto_complete(self, config_json, model_file, version_dir):
+        """Runs the model's static `auto_complete_config`, if it has one, on the
+        configuration; sends back what it returns."""
+        try:
+            cls = self._model_class(model_file, version_dir)
+            config = pb.ModelConfig(config_json)
+            complete = getattr(cls, "auto_complete_config", None)
+            if complete is not None:
+                returned = complete(config)
+                config = returned if returned is not None else config
+                if not isinstance(config, pb.ModelConfig):
+                    raise pb.TritonModelException(
+                        "auto_complete_config must return the config it was given")
+            _host.call(b"K" + json.dumps(config.as_dict()).encode())
+        except BaseException as e:
+            self._fail(e)
+
     def load(self, args_json, model_file, version_dir):
         try:
             self.args = json.loads(args_json)
             self.model_config = json.loads(self.args["model_config"])
             self.decoupled = pb.using_decoupled_model_transaction_policy(self.model_config)
-            if version_dir not in sys.path:
-                sys.path.insert(0, version_dir)
-            spec = importlib.util.spec_from_file_location("model", model_file)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["model"] = module
-            spec.loader.exec_module(module)
-            cls = getattr(module, "TritonPythonModel", None)
-            if cls is None:
-                raise pb.TritonModelException(
-                    "%s defines no class TritonPythonModel" % model_file)
+            cls = self._model_class(model_file, version_dir)
             self.model = cls()
             init = getattr(self.model, "initialize", None)
             if init is not None:

@@ -470,6 +470,117 @@ def _log(level, message):
     _host.call(b"L" + bytes([level]) + str(message).encode("utf-8", "replace"))
 
 
+class ModelConfig:
+    """What `auto_complete_config(auto_complete_model_config)` receives and returns: the
+    model's configuration, which the static method fills in before the model loads."""
+
+    def __init__(self, model_config):
+        if isinstance(model_config, str):
+            model_config = _json.loads(model_config)
+        self._model_config = model_config
+
+    def as_dict(self):
+        return self._model_config
+
+    def set_max_batch_size(self, max_batch_size):
+        current = int(self._model_config.get("max_batch_size") or 0)
+        if current not in (0, max_batch_size):
+            raise ValueError(
+                "configuration specified max_batch_size %d, but in auto-complete-config "
+                "function for model '%s' specified max_batch_size %d"
+                % (current, self._model_config.get("name"), max_batch_size))
+        self._model_config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self):
+        if not self._model_config.get("dynamic_batching"):
+            self._model_config["dynamic_batching"] = {}
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        if not isinstance(transaction_policy_dict, dict):
+            raise ValueError("model transaction policy must be a dict")
+        self._model_config["model_transaction_policy"] = dict(transaction_policy_dict)
+
+    def _add(self, kind, tensor):
+        if not isinstance(tensor, dict):
+            raise ValueError("model %s must be a dict" % kind)
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise ValueError("model %s '%s' has no '%s'" % (kind, tensor.get("name"), key))
+        existing = self._model_config.setdefault(kind, [])
+        for item in existing:
+            if item.get("name") != tensor["name"]:
+                continue
+            for key in ("data_type", "dims"):
+                have = item.get(key)
+                if have not in (None, "", "TYPE_INVALID", []) and have != tensor[key]:
+                    raise ValueError(
+                        "model %s '%s' has %s %r in the configuration but %r in "
+                        "auto_complete_config" % (kind, tensor["name"], key, have, tensor[key]))
+            item.update(tensor)
+            return
+        existing.append(dict(tensor))
+
+    def add_input(self, input):
+        self._add("input", input)
+
+    def add_output(self, output):
+        self._add("output", output)
+
+
+def _metric_call(request):
+    return _call_checked(b"M", _json.dumps(request).encode())
+
+
+class Metric:
+    """One series of a `MetricFamily`: its labels; instances asking for the same labels
+    share it."""
+
+    def __init__(self, family, labels=None, buckets=None):
+        self._family = family._name
+        self._kind = family._kind
+        self._labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        request = {"op": "metric", "family": self._family, "labels": self._labels}
+        if buckets is not None:
+            request["buckets"] = [float(b) for b in buckets]
+        _metric_call(request)
+
+    def _update(self, op, value=None):
+        request = {"op": op, "family": self._family, "labels": self._labels}
+        if value is not None:
+            request["value"] = float(value)
+        return _metric_call(request)
+
+    def increment(self, value):
+        self._update("increment", value)
+
+    def set(self, value):
+        self._update("set", value)
+
+    def observe(self, value):
+        self._update("observe", value)
+
+    def value(self):
+        return self._update("value")
+
+
+class MetricFamily:
+    """A custom metric family, reported on the server's /metrics."""
+
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+    def __init__(self, name, description, kind):
+        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
+            raise TritonModelException("unknown metric kind %r" % (kind,))
+        self._name = name
+        self._kind = kind
+        _metric_call({"op": "family", "name": name, "description": description, "kind": kind})
+
+    def Metric(self, labels=None, buckets=None):
+        return Metric(self, labels, buckets)
+
+
 def get_input_tensor_by_name(inference_request, name):
     for t in inference_request.inputs():
         if t.name() == name:

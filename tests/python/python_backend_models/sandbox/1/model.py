@@ -41,6 +41,17 @@ class TritonPythonModel:
         if what == "spin":
             while True:
                 pass
+        if what == "nap":
+            import time
+            start = time.monotonic()
+            time.sleep(0.2)
+            return "%.3f" % (time.monotonic() - start)
+        if what == "sleep":
+            import time
+            time.sleep(3600)
+        if what == "select":
+            import select
+            select.select([], [], [], 3600)
         if what == "torch":
             try:
                 import torch  # noqa: F401
