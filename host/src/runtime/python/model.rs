@@ -1,0 +1,294 @@
+//! What every instance of one Python model shares ([`PythonModel`]): its configuration,
+//! limits and interpreter build, and the turns that start an interpreter, load `model.py`, run
+//! `auto_complete_config` and check what it returns.
+
+use std::{
+    path::PathBuf,
+    sync::{mpsc, Arc},
+    time::{Duration, Instant},
+};
+
+use super::{
+    door::BatchDoor,
+    interpreter::{self, Interpreter, Runtime, TurnCancelled},
+    BACKEND,
+};
+use crate::{
+    error::{Code, Error, Result},
+    proto::inference::ModelConfig,
+    runtime::{wasm::sandbox::SandboxLimits, InstanceHealth},
+    tensor::Tensor,
+};
+
+/// Where the guest sees the model's folder (read-only): `/models/<name>`, so that
+/// `args["model_repository"]` and `args["model_version"]` lead to `model.py` and the files
+/// beside it as they do on Triton.
+fn guest_model_dir(name: &str) -> String {
+    format!("/models/{name}")
+}
+
+/// A string as a Python literal (JSON's string syntax is Python's).
+fn json_literal(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// The guest sources, run in every new interpreter.
+const PB_UTILS: &str = include_str!("guest/triton_python_backend_utils.py");
+const BACKEND_PY: &str = include_str!("guest/backend.py");
+
+/// What every instance of one Python model shares.
+pub(crate) struct PythonModel {
+    pub(super) name: String,
+    pub(super) config_json: String,
+    pub(super) limits: SandboxLimits,
+    pub(super) runtime: Arc<Runtime>,
+    /// The model's folder (parent of the version directory), readable by the guest.
+    pub(super) model_dir: PathBuf,
+    pub(super) version: String,
+    pub(super) model_file: String,
+    pub(super) caller: Option<Arc<dyn crate::runtime::ModelCaller>>,
+    pub(super) health: Arc<InstanceHealth>,
+    pub(super) single_instance: bool,
+}
+
+/// Turns that set up an interpreter: the utilities module, then the backend's driver.
+fn setup_source() -> String {
+    let pb = serde_json::to_string(PB_UTILS).unwrap_or_default();
+    format!(
+        "import sys as _s, types as _t\n\
+         _m = _t.ModuleType('triton_python_backend_utils')\n\
+         _m.__file__ = '<wasmtron>/triton_python_backend_utils.py'\n\
+         exec(compile({pb}, _m.__file__, 'exec'), _m.__dict__)\n\
+         _s.modules['triton_python_backend_utils'] = _m\n\
+         del _s, _t, _m\n"
+    )
+}
+
+impl PythonModel {
+    pub(super) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.limits.execution_timeout_ms)
+    }
+
+    /// Triton's `args` for `initialize`: every value a string, the configuration as JSON.
+    fn args(&self, instance: usize) -> String {
+        serde_json::json!({
+            "model_config": self.config_json,
+            "model_instance_kind": "CPU",
+            "model_instance_name": format!("{}_0_{instance}", self.name),
+            "model_instance_device_id": "0",
+            "model_repository": guest_model_dir(&self.name),
+            "model_version": self.version,
+            "model_name": self.name,
+        })
+        .to_string()
+    }
+
+    /// Explains a trap (deadline, memory cap, or what the interpreter printed) and counts
+    /// the crash; an interpreter stopped because nobody waits for its batch did not crash.
+    fn trap_error(
+        &self,
+        interp: Option<&Interpreter>,
+        err: &wasmtime::Error,
+        during: &str,
+    ) -> Error {
+        if err.downcast_ref::<TurnCancelled>().is_some() {
+            return Error::new(
+                Code::Cancelled,
+                format!(
+                    "model '{}' was interrupted during {during}: nobody waits for its answer \
+                     any more; the instance was discarded",
+                    self.name
+                ),
+            );
+        }
+        self.health.record_crash();
+        let printed = interp.map(Interpreter::printed).unwrap_or_default();
+        let detail = if printed.is_empty() {
+            String::new()
+        } else {
+            format!("; output: {printed}")
+        };
+        let reason = if matches!(
+            err.downcast_ref::<wasmtime::Trap>(),
+            Some(wasmtime::Trap::Interrupt)
+        ) {
+            format!(
+                "exceeded its execution deadline of {} ms (parameter execution_timeout_ms)",
+                self.limits.execution_timeout_ms
+            )
+        } else if interp.is_some_and(Interpreter::memory_exceeded) {
+            format!(
+                "exceeded its memory limit of {} MiB (parameter memory_limit_mb)",
+                self.limits.memory_limit_mb
+            )
+        } else {
+            format!("trapped: {}", err.root_cause())
+        };
+        Error::internal(format!(
+            "Python model '{}' {reason} during {during}; the instance was discarded{detail}",
+            self.name
+        ))
+    }
+
+    /// One turn with a door; a trap is an error (the interpreter must be discarded).
+    pub(super) fn turn(
+        self: &Arc<Self>,
+        interp: &mut Interpreter,
+        source: &str,
+        door: BatchDoor,
+        during: &str,
+    ) -> std::result::Result<BatchDoor, Error> {
+        let (tx, rx) = mpsc::channel();
+        let cancel = door.cancel.clone();
+        let boxed = Box::new(Returning {
+            door: Some(door),
+            tx,
+        });
+        match interp.turn(source, boxed, self.timeout(), cancel) {
+            Ok(0) => rx
+                .recv()
+                .map_err(|_| Error::internal("the Python backend lost its door")),
+            Ok(_) => Err(Error::internal(format!(
+                "Python model '{}': the backend's own code failed during {during}: {}",
+                self.name,
+                interp.printed()
+            ))),
+            Err(e) => Err(self.trap_error(Some(interp), &e, during)),
+        }
+    }
+
+    /// The guest paths of `model.py` and of its version directory.
+    fn guest_paths(&self) -> (String, String) {
+        let version_dir = format!("{}/{}", guest_model_dir(&self.name), self.version);
+        (format!("{version_dir}/{}", self.model_file), version_dir)
+    }
+
+    /// A fresh interpreter with `triton_python_backend_utils` and the backend's driver.
+    fn boot(self: &Arc<Self>) -> Result<(Interpreter, BatchDoor)> {
+        let mounts = [(self.model_dir.clone(), guest_model_dir(&self.name))];
+        let mut interp = Interpreter::start(&self.runtime, &mounts, self.limits.memory_bytes())
+            .map_err(|e| self.trap_error(None, &e, "instantiation"))?;
+        let door = BatchDoor::idle(self.clone());
+        let door = self.turn(&mut interp, &setup_source(), door, "set-up")?;
+        let door = self.turn(&mut interp, BACKEND_PY, door, "set-up")?;
+        Ok((interp, door))
+    }
+
+    /// A fresh interpreter with `model.py` loaded and `initialize(args)` run.
+    pub(super) fn start(self: &Arc<Self>, instance: usize) -> Result<Interpreter> {
+        let started = Instant::now();
+        let (mut interp, door) = self.boot()?;
+        let (model_file, version_dir) = self.guest_paths();
+        let load = format!(
+            "_wasmtron.load({}, {}, {})",
+            json_literal(&self.args(instance)),
+            json_literal(&model_file),
+            json_literal(&version_dir),
+        );
+        let door = self.turn(&mut interp, &load, door, "initialize")?;
+        if let Some(failure) = door.failure {
+            return Err(Error::invalid(format!(
+                "Python model '{}' failed to load: {failure}",
+                self.name
+            )));
+        }
+        tracing::debug!(model = %self.name, instance, ms = started.elapsed().as_millis() as u64, "Python instance started");
+        Ok(interp)
+    }
+
+    /// The configuration after `TritonPythonModel.auto_complete_config(config)`, run in an
+    /// interpreter of its own before any instance starts (the model's class need not define it).
+    pub(super) fn auto_complete(self: &Arc<Self>) -> Result<ModelConfig> {
+        let (mut interp, door) = self.boot()?;
+        let (model_file, version_dir) = self.guest_paths();
+        let call = format!(
+            "_wasmtron.auto_complete({}, {}, {})",
+            json_literal(&self.config_json),
+            json_literal(&model_file),
+            json_literal(&version_dir),
+        );
+        let door = self.turn(&mut interp, &call, door, "auto_complete_config")?;
+        if let Some(failure) = door.failure {
+            return Err(Error::invalid(format!(
+                "Python model '{}': auto_complete_config failed: {failure}",
+                self.name
+            )));
+        }
+        let json = door.completed.unwrap_or_default();
+        let mut config = crate::repository::config::parse_json(&String::from_utf8_lossy(&json))
+            .map_err(|e| {
+                Error::invalid(format!(
+                    "Python model '{}': auto_complete_config returned a configuration that \
+                     does not parse: {e}",
+                    self.name
+                ))
+            })?;
+        config.name = self.name.clone();
+        config.backend = BACKEND.to_owned();
+        Ok(config)
+    }
+
+    /// The outputs of one response: the requested ones, in order, each well-formed and
+    /// together within `max_output_mb`. Types and shapes are the model's own, as on Triton
+    /// (which passes what `model.py` returns through unchecked).
+    pub(super) fn outputs(
+        &self,
+        requested: &[String],
+        mut tensors: Vec<Tensor>,
+    ) -> Result<Vec<Tensor>> {
+        let max = usize::try_from(self.limits.max_output_mb.saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX);
+        let mut out = Vec::with_capacity(requested.len());
+        let mut total = 0usize;
+        for name in requested {
+            let i = tensors
+                .iter()
+                .position(|t| &t.name == name)
+                .ok_or_else(|| {
+                    Error::internal(format!(
+                        "Python model '{}' did not return the requested output '{name}'",
+                        self.name
+                    ))
+                })?;
+            let t = tensors.swap_remove(i);
+            t.validate_size().map_err(|e| {
+                Error::internal(format!(
+                    "Python model '{}' returned a malformed output: {}",
+                    self.name, e.message
+                ))
+            })?;
+            total = total.saturating_add(t.data.len());
+            if total > max {
+                return Err(Error::internal(format!(
+                    "Python model '{}' returned more than {} MiB of outputs (parameter max_output_mb)",
+                    self.name, self.limits.max_output_mb
+                )));
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+}
+
+/// Hands the door back after the turn (the interpreter owns it during the turn).
+struct Returning {
+    door: Option<BatchDoor>,
+    tx: mpsc::Sender<BatchDoor>,
+}
+
+impl interpreter::Door for Returning {
+    fn call(&mut self, frame: &[u8]) -> Vec<u8> {
+        match self.door.as_mut() {
+            Some(door) => door.call(frame),
+            None => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        if let Some(door) = self.door.take() {
+            let _ = self.tx.send(door);
+        }
+    }
+}
