@@ -190,6 +190,10 @@ def test_a_model_reads_its_own_folder_and_nothing_else(server):
     assert "No module named 'torch'" in message and "BLS" in message
 
 
+def test_tensors_pass_through_dlpack(server):
+    assert ask_sandbox(server, "dlpack") == "y [0.0, 1.0, 2.0] [0.0, 1.0, 2.0]"
+
+
 def test_time_sleep_sleeps(server):
     # At least as long as asked (Triton's decoupled examples pace their responses with it).
     assert float(ask_sandbox(server, "nap")) >= 0.2

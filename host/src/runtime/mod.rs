@@ -1,7 +1,8 @@
-//! Backends that execute models: ONNX Runtime ([`onnx`]), WebAssembly stages ([`wasm`]) and
-//! text generation ([`generation`]). A backend turns a validated configuration and a version
-//! directory into execution instances; each instance runs whole requests (later, batches) on a
-//! thread the scheduler owns, never on the async runtime.
+//! Backends that execute models: ONNX Runtime ([`onnx`]), WebAssembly stages ([`wasm`]),
+//! Triton Python-backend models in a sandboxed interpreter ([`python`]) and text generation
+//! ([`generation`]). A backend turns a validated configuration and a version directory into
+//! execution instances; each instance runs a request or a batch of them at a time on a thread
+//! the scheduler owns, never on the async runtime.
 
 pub mod batch;
 pub mod buckets;

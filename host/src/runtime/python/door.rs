@@ -400,6 +400,7 @@ impl Door for BatchDoor {
         };
         match Op::of(op) {
             Some(Op::Batch) => self.batch.clone(),
+            Some(Op::Next) => Vec::new(),
             Some(Op::Responses) => {
                 self.responses = Some(body.to_vec());
                 Vec::new()

@@ -14,19 +14,193 @@ use super::{
     protocol::{self, Frame, ResponseHeader},
 };
 use crate::{
+    cancellation::Cancellation,
     error::{Error, Result},
     inference::InferRequest,
     runtime::{ExecTimings, ModelInstance},
     tensor::Tensor,
 };
 
-/// Work for an instance's thread.
-type Job = Box<dyn FnOnce(&mut Option<Interpreter>) + Send>;
+/// A batch for the instance's thread, and where its door goes when the batch is answered.
+struct Job {
+    door: BatchDoor,
+    reply: mpsc::Sender<Result<BatchDoor>>,
+}
+
+/// The door of an interpreter's serving loop (`_wasmtron.serve()`, one long turn): the guest
+/// asks for the next batch ([`Op::Next`](protocol::Op::Next)), which blocks here until one
+/// comes, runs it, and sends its responses; every other frame goes to the batch's own door.
+/// No turn (and no compilation of its source) per batch.
+struct ServeDoor {
+    model: Arc<PythonModel>,
+    jobs: mpsc::Receiver<Job>,
+    /// The batch the guest runs now.
+    current: Option<Job>,
+    /// A batch taken while no interpreter was running, for the next one.
+    pending: Option<Job>,
+    /// Frames outside a batch (`finalize`'s log lines) go here.
+    idle: BatchDoor,
+    /// The instance was dropped: no more batches.
+    closed: bool,
+    /// The interpreter's memory passed 3/4 of its cap: end the loop, start afresh.
+    nearly_full: bool,
+    /// Batches run by this interpreter.
+    served: u64,
+    rearm: Option<(Instant, Option<Cancellation>)>,
+}
+
+impl ServeDoor {
+    /// Waits for a batch when none is pending; false once the instance is dropped.
+    fn wait_for_job(&mut self) -> bool {
+        if self.pending.is_none() {
+            match self.jobs.recv() {
+                Ok(job) => self.pending = Some(job),
+                Err(_) => self.closed = true,
+            }
+        }
+        self.pending.is_some()
+    }
+
+    /// Answers the batch in progress (or the pending one) with an error.
+    fn fail(&mut self, e: Error) {
+        if let Some(job) = self.current.take().or_else(|| self.pending.take()) {
+            let _ = job.reply.send(Err(e));
+        }
+    }
+
+    fn next(&mut self) -> Vec<u8> {
+        if let Some(job) = self.current.take() {
+            let _ = job.reply.send(Err(Error::internal(format!(
+                "Python model '{}' asked for a new batch without answering this one",
+                self.model.name
+            ))));
+        }
+        let restart =
+            self.nearly_full || (self.model.limits.fresh_instance_per_request && self.served > 0);
+        let job = if restart {
+            if self.nearly_full {
+                tracing::debug!(model = %self.model.name, "Python instance replaced: its memory passed 3/4 of memory_limit_mb");
+            }
+            None
+        } else if let Some(job) = self.pending.take() {
+            Some(job)
+        } else {
+            match self.jobs.recv() {
+                Ok(job) => Some(job),
+                Err(_) => {
+                    self.closed = true;
+                    None
+                }
+            }
+        };
+        let Some(job) = job else {
+            // The loop ends and `finalize()` runs, within a deadline of its own.
+            self.rearm = Some((Instant::now() + self.model.timeout(), None));
+            return Vec::new();
+        };
+        let ends = job
+            .door
+            .deadline
+            .unwrap_or_else(|| Instant::now() + self.model.timeout());
+        self.rearm = Some((ends, job.door.cancel.clone()));
+        let frame = job.door.batch.clone();
+        self.current = Some(job);
+        self.served += 1;
+        frame
+    }
+}
+
+impl interpreter::Door for ServeDoor {
+    fn call(&mut self, frame: &[u8]) -> Vec<u8> {
+        match frame.first().copied().and_then(protocol::Op::of) {
+            Some(protocol::Op::Next) => self.next(),
+            Some(protocol::Op::Responses) => {
+                let answer = match self.current.as_mut() {
+                    Some(job) => job.door.call(frame),
+                    None => Vec::new(),
+                };
+                if let Some(job) = self.current.take() {
+                    self.model.health.record_success();
+                    let _ = job.reply.send(Ok(job.door));
+                }
+                answer
+            }
+            _ => match self.current.as_mut() {
+                Some(job) => job.door.call(frame),
+                None => self.idle.call(frame),
+            },
+        }
+    }
+
+    fn memory(&mut self, nearly_full: bool) {
+        self.nearly_full = nearly_full;
+    }
+
+    fn rearm(&mut self) -> Option<(Instant, Option<Cancellation>)> {
+        self.rearm.take()
+    }
+}
+
+/// The instance's thread: interpreters started when a batch waits for one, each serving
+/// batches until it traps, fills its memory or the instance is dropped.
+fn serve(
+    model: Arc<PythonModel>,
+    index: usize,
+    mut live: Option<Interpreter>,
+    jobs: mpsc::Receiver<Job>,
+) {
+    let mut door = ServeDoor {
+        idle: BatchDoor::idle(model.clone()),
+        model: model.clone(),
+        jobs,
+        current: None,
+        pending: None,
+        closed: false,
+        nearly_full: false,
+        served: 0,
+        rearm: None,
+    };
+    loop {
+        let mut interp = match live.take() {
+            Some(interp) => interp,
+            None => {
+                if !door.wait_for_job() {
+                    return;
+                }
+                match model.start(index) {
+                    Ok(interp) => interp,
+                    Err(e) => {
+                        door.fail(e);
+                        continue;
+                    }
+                }
+            }
+        };
+        door.nearly_full = false;
+        door.served = 0;
+        let (result, back) =
+            model.turn_with(&mut interp, "_wasmtron.serve()", door, None, "execute");
+        let Some(back) = back else {
+            tracing::error!(model = %model.name, "the Python backend lost its serving loop");
+            return;
+        };
+        door = back;
+        if let Err(e) = result {
+            // The interpreter is dropped: a trapped instance is never entered again.
+            door.fail(e);
+        }
+        if let Some(f) = door.idle.failure.take() {
+            tracing::warn!(model = %model.name, "finalize raised: {f}");
+        }
+        if door.closed {
+            return;
+        }
+    }
+}
 
 /// One execution instance: a thread that owns the interpreter.
 pub(super) struct PythonInstance {
     model: Arc<PythonModel>,
-    index: usize,
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -42,28 +216,10 @@ impl PythonInstance {
         let thread = std::thread::Builder::new()
             .name(format!("python-{index}"))
             .stack_size(interpreter::THREAD_STACK_BYTES)
-            .spawn(move || {
-                let mut live = live;
-                while let Ok(job) = rx.recv() {
-                    job(&mut live);
-                }
-                // Unloaded: `finalize()` within the deadline, then the interpreter is dropped.
-                if let Some(mut interp) = live.take() {
-                    let door = BatchDoor::idle(owner.clone());
-                    match owner.turn(&mut interp, "_wasmtron.finalize()", door, "finalize") {
-                        Ok(door) => {
-                            if let Some(f) = door.failure {
-                                tracing::warn!(model = %owner.name, "finalize raised: {f}");
-                            }
-                        }
-                        Err(e) => tracing::warn!(model = %owner.name, "{}", e.message),
-                    }
-                }
-            })
+            .spawn(move || serve(owner, index, live, rx))
             .map_err(|e| Error::internal(format!("cannot start a Python instance thread: {e}")))?;
         Ok(Self {
             model,
-            index,
             jobs: Some(tx),
             thread: Some(thread),
         })
@@ -72,6 +228,7 @@ impl PythonInstance {
 
 impl Drop for PythonInstance {
     fn drop(&mut self) {
+        // The serving loop sees the channel close, runs `finalize()` and ends.
         self.jobs = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -114,29 +271,8 @@ impl ModelInstance for PythonInstance {
         let own = start + model.timeout();
         let deadline = Some(deadline.map_or(own, |d| d.min(own)));
         let door = BatchDoor::for_batch(model.clone(), requests, outputs, deadline);
-        let index = self.index;
         let (tx, rx) = mpsc::channel();
-        let job: Job = Box::new(move |live: &mut Option<Interpreter>| {
-            let result = (|| {
-                let mut interp = match live.take() {
-                    Some(i) => i,
-                    None => model.start(index)?,
-                };
-                let door = match model.turn(&mut interp, "_wasmtron.execute()", door, "execute") {
-                    Ok(door) => door,
-                    // The interpreter is dropped: a trapped instance is never entered again.
-                    Err(e) => return Err(e),
-                };
-                if interp.nearly_full() {
-                    tracing::debug!(model = %model.name, "Python instance replaced: its memory passed 3/4 of memory_limit_mb");
-                } else if !model.limits.fresh_instance_per_request {
-                    *live = Some(interp);
-                }
-                model.health.record_success();
-                Ok(door)
-            })();
-            let _ = tx.send(result);
-        });
+        let job = Job { door, reply: tx };
         let sent = self
             .jobs
             .as_ref()

@@ -52,6 +52,15 @@ const DOOR_FAULT: i32 = -2;
 pub trait Door: Send {
     /// Answers one frame the guest sent.
     fn call(&mut self, frame: &[u8]) -> Vec<u8>;
+
+    /// Told before each call whether the interpreter's memory passed 3/4 of its cap.
+    fn memory(&mut self, _nearly_full: bool) {}
+
+    /// A new deadline (and cancellation) for the guest's work from now on, taken after each
+    /// call: a serving loop starts each batch's clock when it hands the batch over.
+    fn rearm(&mut self) -> Option<(Instant, Option<Cancellation>)> {
+        None
+    }
 }
 
 /// The directory an interpreter build is served from when none is named: the one beside the
@@ -88,6 +97,10 @@ fn engine() -> Result<&'static Engine> {
                 .wasm_exceptions(true)
                 .max_wasm_stack(WASM_STACK_BYTES)
                 .async_stack_size(WASM_STACK_BYTES + (1 << 20));
+            // As for stages: `WASMTRON_PERF_MAP=1` names the interpreter's functions for `perf`.
+            if std::env::var_os("WASMTRON_PERF_MAP").is_some_and(|v| v == "1") {
+                config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+            }
             let engine = Engine::new(&config)
                 .map_err(|e| format!("cannot start wasmtime for Python: {e:#}"))?;
             let ticker = engine.clone();
@@ -248,7 +261,13 @@ fn door_call(
     let Some(mut door) = caller.data_mut().door.take() else {
         return Ok(-1);
     };
+    door.memory(caller.data().limits.nearly_full());
     let answer = door.call(&frame);
+    if let Some((ends, cancel)) = door.rearm() {
+        let state = caller.data_mut();
+        state.ends = ends;
+        state.cancel = cancel;
+    }
     caller.data_mut().door = Some(door);
     let Ok(answer_len) = i32::try_from(answer.len()) else {
         return Ok(DOOR_FAULT);

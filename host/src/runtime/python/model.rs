@@ -130,7 +130,36 @@ impl PythonModel {
         ))
     }
 
-    /// One turn with a door; a trap is an error (the interpreter must be discarded).
+    /// One turn with a door, which comes back whatever happened (`None` only if the
+    /// interpreter lost it); a trap is an error (the interpreter must be discarded).
+    pub(super) fn turn_with<D: interpreter::Door + 'static>(
+        self: &Arc<Self>,
+        interp: &mut Interpreter,
+        source: &str,
+        door: D,
+        cancel: Option<crate::cancellation::Cancellation>,
+        during: &str,
+    ) -> (std::result::Result<(), Error>, Option<D>) {
+        let (tx, rx) = mpsc::channel();
+        let boxed = Box::new(Returning {
+            door: Some(door),
+            tx,
+        });
+        let result = interp.turn(source, boxed, self.timeout(), cancel);
+        let door = rx.try_recv().ok();
+        let result = match result {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(Error::internal(format!(
+                "Python model '{}': the backend's own code failed during {during}: {}",
+                self.name,
+                interp.printed()
+            ))),
+            Err(e) => Err(self.trap_error(Some(interp), &e, during)),
+        };
+        (result, door)
+    }
+
+    /// One turn with a batch's door; a trap is an error (the interpreter must be discarded).
     pub(super) fn turn(
         self: &Arc<Self>,
         interp: &mut Interpreter,
@@ -138,22 +167,11 @@ impl PythonModel {
         door: BatchDoor,
         during: &str,
     ) -> std::result::Result<BatchDoor, Error> {
-        let (tx, rx) = mpsc::channel();
         let cancel = door.cancel.clone();
-        let boxed = Box::new(Returning {
-            door: Some(door),
-            tx,
-        });
-        match interp.turn(source, boxed, self.timeout(), cancel) {
-            Ok(0) => rx
-                .recv()
-                .map_err(|_| Error::internal("the Python backend lost its door")),
-            Ok(_) => Err(Error::internal(format!(
-                "Python model '{}': the backend's own code failed during {during}: {}",
-                self.name,
-                interp.printed()
-            ))),
-            Err(e) => Err(self.trap_error(Some(interp), &e, during)),
+        match self.turn_with(interp, source, door, cancel, during) {
+            (Ok(()), Some(door)) => Ok(door),
+            (Ok(()), None) => Err(Error::internal("the Python backend lost its door")),
+            (Err(e), _) => Err(e),
         }
     }
 
@@ -271,21 +289,31 @@ impl PythonModel {
 }
 
 /// Hands the door back after the turn (the interpreter owns it during the turn).
-struct Returning {
-    door: Option<BatchDoor>,
-    tx: mpsc::Sender<BatchDoor>,
+struct Returning<D> {
+    door: Option<D>,
+    tx: mpsc::Sender<D>,
 }
 
-impl interpreter::Door for Returning {
+impl<D: interpreter::Door> interpreter::Door for Returning<D> {
     fn call(&mut self, frame: &[u8]) -> Vec<u8> {
         match self.door.as_mut() {
             Some(door) => door.call(frame),
             None => Vec::new(),
         }
     }
+
+    fn memory(&mut self, nearly_full: bool) {
+        if let Some(door) = self.door.as_mut() {
+            door.memory(nearly_full);
+        }
+    }
+
+    fn rearm(&mut self) -> Option<(Instant, Option<crate::cancellation::Cancellation>)> {
+        self.door.as_mut().and_then(|d| d.rearm())
+    }
 }
 
-impl Drop for Returning {
+impl<D> Drop for Returning<D> {
     fn drop(&mut self) {
         if let Some(door) = self.door.take() {
             let _ = self.tx.send(door);

@@ -19,6 +19,8 @@ use crate::{
 pub enum Op {
     /// The current batch's requests.
     Batch,
+    /// The next batch's requests, once there is one; nothing when the loop is to end.
+    Next,
     /// The answers to the current batch, one per request (or none for a decoupled model).
     Responses,
     /// One response on a decoupled request's stream.
@@ -46,6 +48,7 @@ impl Op {
     pub fn of(byte: u8) -> Option<Self> {
         Some(match byte {
             b'B' => Self::Batch,
+            b'N' => Self::Next,
             b'R' => Self::Responses,
             b'S' => Self::Send,
             b'I' => Self::Infer,

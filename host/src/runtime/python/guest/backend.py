@@ -240,8 +240,19 @@ class _Backend:
         except BaseException as e:
             self._fail(e)
 
-    def execute(self):
-        header, blob = pb._read_frame(_host.call(b"B"))
+    def serve(self):
+        """Runs batches as the host hands them over, until it hands over none."""
+        while True:
+            frame = _host.call(b"N")
+            if not frame:
+                break
+            self.execute(frame)
+        self.finalize()
+
+    def execute(self, frame=None):
+        if frame is None:
+            frame = _host.call(b"B")
+        header, blob = pb._read_frame(frame)
         requests = []
         for i, r in enumerate(header["requests"]):
             req = pb.InferenceRequest(

@@ -58,14 +58,19 @@ def triton_to_numpy_type(data_type):
     return None if data_type is None else triton_string_to_numpy(data_type)
 
 
+_NUMPY_TO_TRITON = {
+    _np.dtype(t): name for name, t in _TRITON_TO_NUMPY.items() if t is not _np.object_
+}
+
+
 def numpy_to_triton_type(data_type):
     """Triton's name of a numpy type (`np.float32` -> `FP32`); object and bytes: `BYTES`."""
-    dt = _np.dtype(data_type)
+    dt = data_type if isinstance(data_type, _np.dtype) else _np.dtype(data_type)
+    name = _NUMPY_TO_TRITON.get(dt)
+    if name is not None:
+        return name
     if dt == _np.object_ or dt.type == _np.bytes_ or dt.type == _np.str_:
         return "BYTES"
-    for name, t in _TRITON_TO_NUMPY.items():
-        if name != "STRING" and t is not _np.object_ and dt == _np.dtype(t):
-            return name
     return None
 
 
@@ -175,14 +180,26 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name, capsule):
+        """A tensor from an object with `__dlpack__` or from a DLPack capsule (host memory)."""
+        if not hasattr(capsule, "__dlpack__"):
+            capsule = _Capsule(capsule)
         return Tensor(name, _np.from_dlpack(capsule))
 
     def __repr__(self):
         return "Tensor(%r, %s%s)" % (self._name, self.triton_dtype(), list(self._array.shape))
 
 
-def _request_error(message):
-    raise TritonModelException(message)
+class _Capsule:
+    """A bare DLPack capsule as numpy's `from_dlpack` takes producers: on the CPU."""
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, **kwargs):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
 
 
 class InferenceResponse:

@@ -41,6 +41,11 @@ class TritonPythonModel:
         if what == "spin":
             while True:
                 pass
+        if what == "dlpack":
+            t = pb_utils.Tensor("x", np.arange(3, dtype=np.float32))
+            back = pb_utils.Tensor.from_dlpack("y", t.to_dlpack())
+            again = pb_utils.Tensor.from_dlpack("z", t)
+            return "%s %s %s" % (back.name(), back.as_numpy().tolist(), again.as_numpy().tolist())
         if what == "nap":
             import time
             start = time.monotonic()
