@@ -168,6 +168,14 @@ def test_errors_reach_the_client_with_their_message_and_code(server):
     assert infer(server, "errors", ("X", np.array([[4]], np.int32), "INT32")).as_numpy("Y").tolist() == [[8]]
 
 
+def test_an_instance_keeps_its_state_unless_asked_to_start_afresh(server):
+    x = ("X", np.array([1], np.int32), "INT32")
+    seen = [int(infer(server, "counter", x).as_numpy("SEEN")[0]) for _ in range(3)]
+    assert seen == [seen[0], seen[0] + 1, seen[0] + 2]
+    fresh = [int(infer(server, "counter_fresh", x).as_numpy("SEEN")[0]) for _ in range(3)]
+    assert fresh == [1, 1, 1]
+
+
 def test_args_are_tritons(server):
     args = json.loads(ask_sandbox(server, "args"))
     assert args["model_name"] == "sandbox"

@@ -1,9 +1,14 @@
-//! One execution instance of a Python model: a thread of its own (the interpreter needs a
-//! deep stack) that owns the interpreter, takes batches as jobs, and runs `finalize()` when the
-//! instance is dropped.
+//! One execution instance of a Python model: an interpreter whose serving loop
+//! (`_wasmtron.serve()`, one long turn on a fiber) waits inside the host for the next batch.
+//! A batch is handed over by resuming that fiber on the scheduler's own thread, and the
+//! fiber suspends again once the guest asks for the batch after it: no thread of its own, no
+//! hand-off between threads, no source compiled per batch.
 
 use std::{
-    sync::{mpsc, Arc},
+    future::Future,
+    pin::Pin,
+    sync::{mpsc, Arc, Mutex, PoisonError},
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -21,27 +26,37 @@ use crate::{
     tensor::Tensor,
 };
 
-/// A batch for the instance's thread, and where its door goes when the batch is answered.
+/// A batch for the guest, and where its door goes when the batch is answered.
 struct Job {
     door: BatchDoor,
     reply: mpsc::Sender<Result<BatchDoor>>,
 }
 
-/// The door of an interpreter's serving loop (`_wasmtron.serve()`, one long turn): the guest
-/// asks for the next batch ([`Op::Next`](protocol::Op::Next)), which blocks here until one
-/// comes, runs it, and sends its responses; every other frame goes to the batch's own door.
-/// No turn (and no compilation of its source) per batch.
+/// What the instance and its serving loop share.
+#[derive(Default)]
+struct Inbox {
+    /// The batch handed over, until the guest takes it.
+    job: Option<Job>,
+    /// The instance is being dropped: the loop ends (and `finalize()` runs).
+    closed: bool,
+    /// The guest waits for a batch and there is none.
+    waiting: bool,
+}
+
+fn lock(inbox: &Mutex<Inbox>) -> std::sync::MutexGuard<'_, Inbox> {
+    inbox.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The door of a serving loop: the guest asks for the next batch ([`Op::Next`]
+/// (protocol::Op::Next)), which waits (the fiber suspended) until the instance hands one over;
+/// every other frame goes to the batch's own door.
 struct ServeDoor {
     model: Arc<PythonModel>,
-    jobs: mpsc::Receiver<Job>,
+    inbox: Arc<Mutex<Inbox>>,
     /// The batch the guest runs now.
     current: Option<Job>,
-    /// A batch taken while no interpreter was running, for the next one.
-    pending: Option<Job>,
     /// Frames outside a batch (`finalize`'s log lines) go here.
     idle: BatchDoor,
-    /// The instance was dropped: no more batches.
-    closed: bool,
     /// The interpreter's memory passed 3/4 of its cap: end the loop, start afresh.
     nearly_full: bool,
     /// Batches run by this interpreter.
@@ -50,22 +65,9 @@ struct ServeDoor {
 }
 
 impl ServeDoor {
-    /// Waits for a batch when none is pending; false once the instance is dropped.
-    fn wait_for_job(&mut self) -> bool {
-        if self.pending.is_none() {
-            match self.jobs.recv() {
-                Ok(job) => self.pending = Some(job),
-                Err(_) => self.closed = true,
-            }
-        }
-        self.pending.is_some()
-    }
-
-    /// Answers the batch in progress (or the pending one) with an error.
-    fn fail(&mut self, e: Error) {
-        if let Some(job) = self.current.take().or_else(|| self.pending.take()) {
-            let _ = job.reply.send(Err(e));
-        }
+    /// Whether this interpreter should take no more batches.
+    fn restart(&self) -> bool {
+        self.nearly_full || (self.model.limits.fresh_instance_per_request && self.served > 0)
     }
 
     fn next(&mut self) -> Vec<u8> {
@@ -75,23 +77,13 @@ impl ServeDoor {
                 self.model.name
             ))));
         }
-        let restart =
-            self.nearly_full || (self.model.limits.fresh_instance_per_request && self.served > 0);
-        let job = if restart {
+        let job = if self.restart() {
             if self.nearly_full {
                 tracing::debug!(model = %self.model.name, "Python instance replaced: its memory passed 3/4 of memory_limit_mb");
             }
             None
-        } else if let Some(job) = self.pending.take() {
-            Some(job)
         } else {
-            match self.jobs.recv() {
-                Ok(job) => Some(job),
-                Err(_) => {
-                    self.closed = true;
-                    None
-                }
-            }
+            lock(&self.inbox).job.take()
         };
         let Some(job) = job else {
             // The loop ends and `finalize()` runs, within a deadline of its own.
@@ -111,6 +103,23 @@ impl ServeDoor {
 }
 
 impl interpreter::Door for ServeDoor {
+    fn poll_ready(&mut self, frame: &[u8], _cx: &mut Context<'_>) -> Poll<()> {
+        if frame.first().copied().and_then(protocol::Op::of) != Some(protocol::Op::Next)
+            || self.restart()
+        {
+            return Poll::Ready(());
+        }
+        let mut inbox = lock(&self.inbox);
+        if inbox.job.is_some() || inbox.closed {
+            inbox.waiting = false;
+            Poll::Ready(())
+        } else {
+            // Resumed by the instance when it hands over a batch or closes.
+            inbox.waiting = true;
+            Poll::Pending
+        }
+    }
+
     fn call(&mut self, frame: &[u8]) -> Vec<u8> {
         match frame.first().copied().and_then(protocol::Op::of) {
             Some(protocol::Op::Next) => self.next(),
@@ -141,68 +150,27 @@ impl interpreter::Door for ServeDoor {
     }
 }
 
-/// The instance's thread: interpreters started when a batch waits for one, each serving
-/// batches until it traps, fills its memory or the instance is dropped.
-fn serve(
-    model: Arc<PythonModel>,
-    index: usize,
-    mut live: Option<Interpreter>,
-    jobs: mpsc::Receiver<Job>,
-) {
-    let mut door = ServeDoor {
-        idle: BatchDoor::idle(model.clone()),
-        model: model.clone(),
-        jobs,
-        current: None,
-        pending: None,
-        closed: false,
-        nearly_full: false,
-        served: 0,
-        rearm: None,
-    };
-    loop {
-        let mut interp = match live.take() {
-            Some(interp) => interp,
-            None => {
-                if !door.wait_for_job() {
-                    return;
-                }
-                match model.start(index) {
-                    Ok(interp) => interp,
-                    Err(e) => {
-                        door.fail(e);
-                        continue;
-                    }
-                }
-            }
-        };
-        door.nearly_full = false;
-        door.served = 0;
-        let (result, back) =
-            model.turn_with(&mut interp, "_wasmtron.serve()", door, None, "execute");
-        let Some(back) = back else {
-            tracing::error!(model = %model.name, "the Python backend lost its serving loop");
-            return;
-        };
-        door = back;
-        if let Err(e) = result {
-            // The interpreter is dropped: a trapped instance is never entered again.
-            door.fail(e);
-        }
-        if let Some(f) = door.idle.failure.take() {
-            tracing::warn!(model = %model.name, "finalize raised: {f}");
-        }
-        if door.closed {
-            return;
-        }
-    }
-}
+/// A serving loop in progress: it ends with the interpreter, the loop's result and its door.
+type Serving = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Interpreter,
+                    std::result::Result<(), Error>,
+                    Option<ServeDoor>,
+                ),
+            > + Send,
+    >,
+>;
 
-/// One execution instance: a thread that owns the interpreter.
+/// One execution instance.
 pub(super) struct PythonInstance {
     model: Arc<PythonModel>,
-    jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    index: usize,
+    inbox: Arc<Mutex<Inbox>>,
+    /// An interpreter that is not serving yet (the one the load started).
+    live: Option<Interpreter>,
+    serving: Option<Serving>,
 }
 
 impl PythonInstance {
@@ -211,27 +179,87 @@ impl PythonInstance {
         index: usize,
         live: Option<Interpreter>,
     ) -> Result<Self> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let owner = model.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("python-{index}"))
-            .stack_size(interpreter::THREAD_STACK_BYTES)
-            .spawn(move || serve(owner, index, live, rx))
-            .map_err(|e| Error::internal(format!("cannot start a Python instance thread: {e}")))?;
         Ok(Self {
             model,
-            jobs: Some(tx),
-            thread: Some(thread),
+            index,
+            inbox: Arc::default(),
+            live,
+            serving: None,
         })
+    }
+
+    /// Starts a serving loop on the live interpreter (or a new one).
+    fn serve(&mut self) -> Result<Serving> {
+        let mut interp = match self.live.take() {
+            Some(interp) => interp,
+            None => self.model.start(self.index)?,
+        };
+        let model = self.model.clone();
+        let door = ServeDoor {
+            idle: BatchDoor::idle(model.clone()),
+            model: model.clone(),
+            inbox: self.inbox.clone(),
+            current: None,
+            nearly_full: false,
+            served: 0,
+            rearm: None,
+        };
+        Ok(Box::pin(async move {
+            let (result, door) = model
+                .turn_with_async(&mut interp, "_wasmtron.serve()", door, None, "execute")
+                .await;
+            (interp, result, door)
+        }))
+    }
+
+    /// Runs the serving loop until the guest waits for a batch again; a loop that ended (a
+    /// trap, a restart, the instance closing) answers the batch it was running, if any.
+    fn drive(&mut self) -> Result<()> {
+        loop {
+            let mut serving = match self.serving.take() {
+                Some(s) => s,
+                None => self.serve()?,
+            };
+            let inbox = self.inbox.clone();
+            match interpreter::drive(&mut serving, || lock(&inbox).waiting) {
+                None => {
+                    self.serving = Some(serving);
+                    return Ok(());
+                }
+                Some((interp, result, door)) => {
+                    // The interpreter is dropped: a trapped or restarting one is never entered
+                    // again.
+                    drop(interp);
+                    let mut door = door.ok_or_else(|| {
+                        Error::internal("the Python backend lost its serving loop")
+                    })?;
+                    if let Some(f) = door.idle.failure.take() {
+                        tracing::warn!(model = %self.model.name, "finalize raised: {f}");
+                    }
+                    if let Err(e) = result {
+                        if let Some(job) = door.current.take() {
+                            let _ = job.reply.send(Err(e));
+                        }
+                    }
+                    let inbox = lock(&self.inbox);
+                    if inbox.closed || inbox.job.is_none() {
+                        return Ok(());
+                    }
+                    // A batch still waits: a fresh interpreter takes it.
+                }
+            }
+        }
     }
 }
 
 impl Drop for PythonInstance {
     fn drop(&mut self) {
-        // The serving loop sees the channel close, runs `finalize()` and ends.
-        self.jobs = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        // The serving loop is told to end: `finalize()` runs and the interpreter goes.
+        lock(&self.inbox).closed = true;
+        if self.serving.is_some() || self.live.is_some() {
+            if let Err(e) = self.drive() {
+                tracing::warn!(model = %self.model.name, "{}", e.message);
+            }
         }
     }
 }
@@ -272,18 +300,12 @@ impl ModelInstance for PythonInstance {
         let deadline = Some(deadline.map_or(own, |d| d.min(own)));
         let door = BatchDoor::for_batch(model.clone(), requests, outputs, deadline);
         let (tx, rx) = mpsc::channel();
-        let job = Job { door, reply: tx };
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send(job).is_ok());
-        if !sent {
-            return (
-                all(Error::internal("the Python instance has stopped")),
-                ExecTimings::default(),
-            );
+        lock(&self.inbox).job = Some(Job { door, reply: tx });
+        if let Err(e) = self.drive() {
+            lock(&self.inbox).job = None;
+            return (all(e), ExecTimings::default());
         }
-        let door = match rx.recv() {
+        let door = match rx.try_recv() {
             Ok(Ok(door)) => door,
             Ok(Err(e)) => return (all(e), ExecTimings::default()),
             Err(_) => {

@@ -38,8 +38,8 @@ const STDLIB_GUEST: &str = "/usr/local/lib";
 /// The interpreter's own stack: CPython recurses deeply (imports, numpy's machinery).
 const WASM_STACK_BYTES: usize = 8 << 20;
 
-/// The native stack of an interpreter's thread: the wasm stack plus the host's frames.
-pub const THREAD_STACK_BYTES: usize = 32 << 20;
+/// The part of a turn's fiber stack left to the host's frames under the guest's.
+const FIBER_HOST_BYTES: usize = 4 << 20;
 
 /// What the guest's C-level stdout/stderr keep (Python's `print` goes to the log instead).
 const OUTPUT_BYTES: usize = 64 << 10;
@@ -52,6 +52,16 @@ const DOOR_FAULT: i32 = -2;
 pub trait Door: Send {
     /// Answers one frame the guest sent.
     fn call(&mut self, frame: &[u8]) -> Vec<u8>;
+
+    /// Whether the door can answer `frame` now; a serving loop's request for the next batch
+    /// waits here (the guest's fiber suspended) until there is one.
+    fn poll_ready(
+        &mut self,
+        _frame: &[u8],
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        std::task::Poll::Ready(())
+    }
 
     /// Told before each call whether the interpreter's memory passed 3/4 of its cap.
     fn memory(&mut self, _nearly_full: bool) {}
@@ -96,7 +106,11 @@ fn engine() -> Result<&'static Engine> {
                 .parallel_compilation(true)
                 .wasm_exceptions(true)
                 .max_wasm_stack(WASM_STACK_BYTES)
-                .async_stack_size(WASM_STACK_BYTES + (1 << 20));
+                // Turns run on fibers (stacks of their own), so that a serving loop can wait
+                // for the next batch without a thread of its own: the host's frames under a
+                // guest call (a BLS call's whole path through the server) get what the wasm
+                // stack leaves.
+                .async_stack_size(WASM_STACK_BYTES + FIBER_HOST_BYTES);
             // As for stages: `WASMTRON_PERF_MAP=1` names the interpreter's functions for `perf`.
             if std::env::var_os("WASMTRON_PERF_MAP").is_some_and(|v| v == "1") {
                 config.profiler(wasmtime::ProfilingStrategy::PerfMap);
@@ -205,7 +219,7 @@ fn compile(dir: &Path, cache: Option<&CompileCache>) -> Result<Runtime> {
         }
     };
     let mut linker = Linker::<PyState>::new(engine);
-    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
+    wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s| &mut s.wasi)
         .map_err(|e| Error::internal(format!("cannot link WASI for Python: {e:#}")))?;
     // WASI's own `poll_oneoff` sleeps in the host, where the epoch deadline cannot reach:
     // `time.sleep(3600)` would hold the instance for an hour. Ours sleeps in slices and ends
@@ -215,7 +229,13 @@ fn compile(dir: &Path, cache: Option<&CompileCache>) -> Result<Runtime> {
         .func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)
         .map_err(|e| Error::internal(format!("cannot link poll_oneoff: {e:#}")))?;
     linker
-        .func_wrap("host", "call", door_call)
+        .func_wrap_async(
+            "host",
+            "call",
+            |caller: Caller<'_, PyState>, (ptr, len, out_ptr, out_len): (i32, i32, i32, i32)| {
+                Box::new(door_call(caller, ptr, len, out_ptr, out_len))
+            },
+        )
         .map_err(|e| Error::internal(format!("cannot link host::call: {e:#}")))?;
     let pre = linker.instantiate_pre(&module).map_err(|e| {
         Error::invalid(format!(
@@ -232,8 +252,9 @@ fn compile(dir: &Path, cache: Option<&CompileCache>) -> Result<Runtime> {
 }
 
 /// `host::call(ptr, len, out_ptr_ptr, out_len_ptr)`: hands the frame to the store's door and
-/// writes the answer into memory the guest allocates.
-fn door_call(
+/// writes the answer into memory the guest allocates. A door may hold the frame back until it
+/// can answer ([`Door::poll_ready`]): the guest's fiber is suspended meanwhile.
+async fn door_call(
     mut caller: Caller<'_, PyState>,
     ptr: i32,
     len: i32,
@@ -258,6 +279,14 @@ fn door_call(
     else {
         return Ok(DOOR_FAULT);
     };
+    if caller.data().door.is_none() {
+        return Ok(-1);
+    }
+    std::future::poll_fn(|cx| match caller.data_mut().door.as_mut() {
+        Some(door) => door.poll_ready(&frame, cx),
+        None => std::task::Poll::Ready(()),
+    })
+    .await;
     let Some(mut door) = caller.data_mut().door.take() else {
         return Ok(-1);
     };
@@ -272,7 +301,7 @@ fn door_call(
     let Ok(answer_len) = i32::try_from(answer.len()) else {
         return Ok(DOOR_FAULT);
     };
-    let at = alloc.call(&mut caller, answer_len)? as u32 as usize;
+    let at = alloc.call_async(&mut caller, answer_len).await? as u32 as usize;
     let data = memory.data_mut(&mut caller);
     let (out_ptr_ptr, out_len_ptr) = (out_ptr_ptr as u32 as usize, out_len_ptr as u32 as usize);
     let fits = |at: usize, n: usize| at != 0 && at.checked_add(n).is_some_and(|e| e <= data.len());
@@ -407,6 +436,48 @@ impl wasmtime_wasi::HostMonotonicClock for GuestClock {
     }
 }
 
+/// Wakes the thread that drives a turn.
+struct ThreadWaker(std::thread::Thread);
+
+impl std::task::Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Polls `future` on this thread until it is ready, or until it is pending and `idle` says
+/// why (a serving loop waiting for its next batch): `None` then. Between polls the thread
+/// parks until woken (or for a tick, as nothing here depends on a wake-up).
+pub fn drive<T>(
+    future: &mut std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>,
+    idle: impl Fn() -> bool,
+) -> Option<T> {
+    let waker = std::task::Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    loop {
+        if let std::task::Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return Some(v);
+        }
+        if idle() {
+            return None;
+        }
+        std::thread::park_timeout(EPOCH_TICK);
+    }
+}
+
+/// Runs a future that only waits on the host (never for a batch) to its end on this thread.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    let waker = std::task::Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(EPOCH_TICK);
+    }
+}
+
 /// What one interpreter's store holds.
 pub struct PyState {
     clock_origin: Instant,
@@ -451,6 +522,9 @@ impl Interpreter {
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(output.clone())
             .stderr(output.clone())
+            // Reads of the standard library's zip and the model's files happen inline, not
+            // on a pool of blocking threads.
+            .allow_blocking_current_thread(true)
             .monotonic_clock(GuestClock {
                 origin: clock_origin,
             });
@@ -485,9 +559,9 @@ impl Interpreter {
             Ok(wasmtime::UpdateDeadline::Continue(1))
         });
         store.set_epoch_deadline(1);
-        let instance = rt.pre.instantiate(&mut store)?;
+        let instance = block_on(rt.pre.instantiate_async(&mut store))?;
         if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
-            init.call(&mut store, ())?;
+            block_on(init.call_async(&mut store, ()))?;
         }
         let memory = instance
             .get_memory(&mut store, "memory")
@@ -512,6 +586,17 @@ impl Interpreter {
         timeout: Duration,
         cancel: Option<Cancellation>,
     ) -> wasmtime::Result<i32> {
+        block_on(self.turn_async(source, door, timeout, cancel))
+    }
+
+    /// [`turn`](Self::turn) as a future: pending while the door holds a frame back.
+    pub async fn turn_async(
+        &mut self,
+        source: &str,
+        door: Box<dyn Door>,
+        timeout: Duration,
+        cancel: Option<Cancellation>,
+    ) -> wasmtime::Result<i32> {
         {
             let state = self.store.data_mut();
             state.door = Some(door);
@@ -519,17 +604,17 @@ impl Interpreter {
             state.cancel = cancel;
         }
         self.store.set_epoch_deadline(1);
-        let result = self.run(source);
+        let result = self.run(source).await;
         let state = self.store.data_mut();
         state.door = None;
         state.cancel = None;
         result
     }
 
-    fn run(&mut self, source: &str) -> wasmtime::Result<i32> {
+    async fn run(&mut self, source: &str) -> wasmtime::Result<i32> {
         let len = i32::try_from(source.len())
             .map_err(|_| wasmtime::Error::msg("a turn's source is too long"))?;
-        let at = self.alloc.call(&mut self.store, len)?;
+        let at = self.alloc.call_async(&mut self.store, len).await?;
         let start = at as u32 as usize;
         let dest = self
             .memory
@@ -538,7 +623,7 @@ impl Interpreter {
             .filter(|_| at != 0)
             .ok_or_else(|| wasmtime::Error::msg("the interpreter is out of memory"))?;
         dest.copy_from_slice(source.as_bytes());
-        self.turn.call(&mut self.store, (at, len))
+        self.turn.call_async(&mut self.store, (at, len)).await
     }
 
     /// What the guest wrote to its C-level stdout/stderr, trimmed.

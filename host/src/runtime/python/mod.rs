@@ -16,7 +16,7 @@ pub mod protocol;
 
 use std::{
     path::{Path, PathBuf},
-    sync::{mpsc, Arc},
+    sync::Arc,
 };
 
 use self::{instance::PythonInstance, interpreter::Runtime, model::PythonModel};
@@ -52,23 +52,6 @@ fn runtime_dir(options: &RuntimeOptions) -> PathBuf {
         .python_runtime
         .clone()
         .unwrap_or_else(interpreter::default_dir)
-}
-
-/// Runs `f` on a thread with the interpreter's deep stack and waits for it.
-fn on_own_thread<T: Send + 'static>(
-    model: Arc<PythonModel>,
-    f: impl FnOnce(&Arc<PythonModel>) -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("python-load".into())
-        .stack_size(interpreter::THREAD_STACK_BYTES)
-        .spawn(move || {
-            let _ = tx.send(f(&model));
-        })
-        .map_err(|e| Error::internal(format!("cannot start a Python load thread: {e}")))?;
-    rx.recv()
-        .map_err(|_| Error::internal("the Python load thread died"))?
 }
 
 /// Loads a Python-backend model: the interpreter (compiled once per process), then one
@@ -158,7 +141,7 @@ pub fn load(
     };
     let mut model = build(&config, runtime.clone());
     if !options.disable_auto_complete {
-        config = on_own_thread(model.clone(), |m| m.auto_complete())?;
+        config = model.auto_complete()?;
         model = build(&config, runtime);
     }
     let count = instance_count(&config);
@@ -167,7 +150,7 @@ pub fn load(
     for index in 0..count {
         // The first starts now, so that a model.py that fails fails the load.
         let first = if index == 0 {
-            Some(on_own_thread(model.clone(), |m| m.start(0))?)
+            Some(model.start(0)?)
         } else {
             None
         };

@@ -146,6 +146,36 @@ impl PythonModel {
             tx,
         });
         let result = interp.turn(source, boxed, self.timeout(), cancel);
+        self.turn_result(interp, rx, result, during)
+    }
+
+    /// [`turn_with`](Self::turn_with) as a future: pending while the door holds a frame back.
+    pub(super) async fn turn_with_async<D: interpreter::Door + 'static>(
+        self: &Arc<Self>,
+        interp: &mut Interpreter,
+        source: &str,
+        door: D,
+        cancel: Option<crate::cancellation::Cancellation>,
+        during: &str,
+    ) -> (std::result::Result<(), Error>, Option<D>) {
+        let (tx, rx) = mpsc::channel();
+        let boxed = Box::new(Returning {
+            door: Some(door),
+            tx,
+        });
+        let result = interp
+            .turn_async(source, boxed, self.timeout(), cancel)
+            .await;
+        self.turn_result(interp, rx, result, during)
+    }
+
+    fn turn_result<D>(
+        &self,
+        interp: &Interpreter,
+        rx: mpsc::Receiver<D>,
+        result: wasmtime::Result<i32>,
+        during: &str,
+    ) -> (std::result::Result<(), Error>, Option<D>) {
         let door = rx.try_recv().ok();
         let result = match result {
             Ok(0) => Ok(()),
@@ -295,6 +325,13 @@ struct Returning<D> {
 }
 
 impl<D: interpreter::Door> interpreter::Door for Returning<D> {
+    fn poll_ready(&mut self, frame: &[u8], cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match self.door.as_mut() {
+            Some(door) => door.poll_ready(frame, cx),
+            None => std::task::Poll::Ready(()),
+        }
+    }
+
     fn call(&mut self, frame: &[u8]) -> Vec<u8> {
         match self.door.as_mut() {
             Some(door) => door.call(frame),

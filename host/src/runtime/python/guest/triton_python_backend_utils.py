@@ -23,6 +23,17 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+
+class PreferredMemory:
+    """Where a BLS call would like its outputs: here they are always in CPU memory."""
+
+    def __init__(self, preferred_memory_type=TRITONSERVER_MEMORY_CPU, preferred_device_id=0):
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
 
 # Triton's type names and numpy's, both ways. BF16 has no numpy type.
 _TRITON_TO_NUMPY = {
