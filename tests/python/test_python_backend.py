@@ -36,6 +36,10 @@ def server(tmp_path_factory):
     models = os.path.join(HERE, "python_backend_models")
     for name in os.listdir(models):
         shutil.copytree(os.path.join(models, name), repo / name)
+    # The counter again, with a fresh interpreter for every batch.
+    shutil.copytree(repo / "counter", repo / "counter_fresh")
+    with open(repo / "counter_fresh" / "config.pbtxt", "a") as f:
+        f.write('parameters [ { key: "fresh_instance_per_request", value: { string_value: "true" } } ]\n')
     s = Server(str(repo))
     yield s
     s.stop()
@@ -62,7 +66,7 @@ def ask_sandbox(server, what):
 
 def test_every_model_loads_from_its_model_py(server):
     c = client(server)
-    for name in TWINS + os.listdir(os.path.join(HERE, "python_backend_models")):
+    for name in TWINS + os.listdir(os.path.join(HERE, "python_backend_models")) + ["counter_fresh"]:
         assert c.is_model_ready(name), name
         assert c.get_model_config(name)["backend"] == "python"
 

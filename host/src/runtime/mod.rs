@@ -84,6 +84,22 @@ pub trait ModelInstance: Send {
     }
 }
 
+/// [`ModelInstance::execute`] for backends whose batches are the primitive: a batch of one.
+pub fn execute_alone<I: ModelInstance + ?Sized>(
+    instance: &mut I,
+    request: &InferRequest,
+    outputs: &[String],
+) -> Result<(Vec<Tensor>, ExecTimings)> {
+    let (mut results, timings) = instance.execute_batch(&[request], outputs);
+    let result = results.pop().unwrap_or_else(|| {
+        Err(Error::internal(format!(
+            "model '{}' gave no result",
+            request.model_name
+        )))
+    });
+    result.map(|tensors| (tensors, timings))
+}
+
 /// How a backend reaches other models (a stage's `infer` import) without knowing the layers
 /// above it: the scheduling layer provides the implementation. Blocking; called from model
 /// worker threads only.

@@ -216,11 +216,7 @@ impl ModelInstance for OnnxInstance {
         request: &InferRequest,
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
-        let (mut results, timings) = self.execute_batch(&[request], outputs);
-        let result = results
-            .pop()
-            .unwrap_or_else(|| Err(Error::internal("no result for the request")));
-        result.map(|tensors| (tensors, timings))
+        crate::runtime::execute_alone(self, request, outputs)
     }
 
     /// Like the default, but each request's inputs are copied once, straight into ONNX

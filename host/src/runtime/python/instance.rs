@@ -277,11 +277,7 @@ impl ModelInstance for PythonInstance {
         request: &InferRequest,
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
-        let (mut results, timings) = self.execute_batch(&[request], outputs);
-        let result = results
-            .pop()
-            .unwrap_or_else(|| Err(Error::internal("the Python model gave no result")));
-        result.map(|t| (t, timings))
+        crate::runtime::execute_alone(self, request, outputs)
     }
 
     /// A batch reaches `execute(requests)` as a list of requests, each with its own shapes,

@@ -26,7 +26,11 @@ use wasmtime_wasi::{p1::WasiP1Ctx, p2::pipe::MemoryOutputPipe, FsPerms, WasiCtxB
 use crate::{
     cancellation::Cancellation,
     error::{Error, Result},
-    runtime::wasm::{compile_cache::CompileCache, engine::EPOCH_TICK, sandbox::MemoryCap},
+    runtime::wasm::{
+        compile_cache::CompileCache,
+        engine::{spawn_epoch_ticker, EPOCH_TICK},
+        sandbox::MemoryCap,
+    },
 };
 
 /// The interpreter module's file name inside a runtime directory.
@@ -117,14 +121,7 @@ fn engine() -> Result<&'static Engine> {
             }
             let engine = Engine::new(&config)
                 .map_err(|e| format!("cannot start wasmtime for Python: {e:#}"))?;
-            let ticker = engine.clone();
-            std::thread::Builder::new()
-                .name("python-epoch".into())
-                .spawn(move || loop {
-                    std::thread::sleep(EPOCH_TICK);
-                    ticker.increment_epoch();
-                })
-                .map_err(|e| format!("cannot start the epoch ticker: {e}"))?;
+            spawn_epoch_ticker(&engine, "python-epoch")?;
             Ok(engine)
         })
         .as_ref()
@@ -448,9 +445,9 @@ impl std::task::Wake for ThreadWaker {
 /// Polls `future` on this thread until it is ready, or until it is pending and `idle` says
 /// why (a serving loop waiting for its next batch): `None` then. Between polls the thread
 /// parks until woken (or for a tick, as nothing here depends on a wake-up).
-pub fn drive<T>(
-    future: &mut std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>,
-    idle: impl Fn() -> bool,
+fn poll_until<T>(
+    mut future: std::pin::Pin<&mut dyn std::future::Future<Output = T>>,
+    idle: &dyn Fn() -> bool,
 ) -> Option<T> {
     let waker = std::task::Waker::from(Arc::new(ThreadWaker(std::thread::current())));
     let mut cx = std::task::Context::from_waker(&waker);
@@ -465,16 +462,21 @@ pub fn drive<T>(
     }
 }
 
+/// [`poll_until`] for a serving loop kept between batches.
+pub fn drive<T>(
+    future: &mut std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>,
+    idle: impl Fn() -> bool,
+) -> Option<T> {
+    poll_until(future.as_mut(), &idle)
+}
+
 /// Runs a future that only waits on the host (never for a batch) to its end on this thread.
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    let waker = std::task::Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
     let mut future = std::pin::pin!(future);
     loop {
-        if let std::task::Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+        if let Some(v) = poll_until(future.as_mut(), &|| false) {
             return v;
         }
-        std::thread::park_timeout(EPOCH_TICK);
     }
 }
 
@@ -576,20 +578,10 @@ impl Interpreter {
         })
     }
 
-    /// Runs `source` as one turn within `timeout`, with `door` answering its `_host.call`s:
-    /// `Ok(status)` with the guest's status (0: ran; 1: raised, traceback on its stderr), an
-    /// error when it trapped (the interpreter must then be discarded).
-    pub fn turn(
-        &mut self,
-        source: &str,
-        door: Box<dyn Door>,
-        timeout: Duration,
-        cancel: Option<Cancellation>,
-    ) -> wasmtime::Result<i32> {
-        block_on(self.turn_async(source, door, timeout, cancel))
-    }
-
-    /// [`turn`](Self::turn) as a future: pending while the door holds a frame back.
+    /// Runs `source` as one turn within `timeout`, with `door` answering its `_host.call`s
+    /// (pending while the door holds a frame back): `Ok(status)` with the guest's status (0:
+    /// ran; 1: raised, traceback on its stderr), an error when it trapped (the interpreter
+    /// must then be discarded).
     pub async fn turn_async(
         &mut self,
         source: &str,

@@ -140,13 +140,7 @@ impl PythonModel {
         cancel: Option<crate::cancellation::Cancellation>,
         during: &str,
     ) -> (std::result::Result<(), Error>, Option<D>) {
-        let (tx, rx) = mpsc::channel();
-        let boxed = Box::new(Returning {
-            door: Some(door),
-            tx,
-        });
-        let result = interp.turn(source, boxed, self.timeout(), cancel);
-        self.turn_result(interp, rx, result, during)
+        interpreter::block_on(self.turn_with_async(interp, source, door, cancel, during))
     }
 
     /// [`turn_with`](Self::turn_with) as a future: pending while the door holds a frame back.

@@ -90,18 +90,24 @@ pub fn engine() -> Result<&'static Engine> {
                 )));
             }
             let engine = Engine::new(&config).map_err(|e| format!("cannot start wasmtime: {e}"))?;
-            let ticker = engine.clone();
-            std::thread::Builder::new()
-                .name("wasm-epoch".into())
-                .spawn(move || loop {
-                    std::thread::sleep(EPOCH_TICK);
-                    ticker.increment_epoch();
-                })
-                .map_err(|e| format!("cannot start the epoch ticker: {e}"))?;
+            spawn_epoch_ticker(&engine, "wasm-epoch")?;
             Ok(engine)
         })
         .as_ref()
         .map_err(|e| Error::internal(e.clone()))
+}
+
+/// Starts the thread that advances `engine`'s epoch every [`EPOCH_TICK`], for its lifetime.
+pub fn spawn_epoch_ticker(engine: &Engine, name: &str) -> std::result::Result<(), String> {
+    let ticker = engine.clone();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || loop {
+            std::thread::sleep(EPOCH_TICK);
+            ticker.increment_epoch();
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the epoch ticker: {e}"))
 }
 
 /// Where compiled components are kept: `WASMTRON_CACHE_DIR`, else `$XDG_CACHE_HOME/wasmtron`,

@@ -458,14 +458,7 @@ impl ModelInstance for StageInstance {
         request: &InferRequest,
         outputs: &[String],
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
-        let (mut results, timings) = self.execute_batch(&[request], outputs);
-        let result = results.pop().unwrap_or_else(|| {
-            Err(Error::internal(format!(
-                "stage '{}' gave no result",
-                self.model.name
-            )))
-        });
-        result.map(|tensors| (tensors, timings))
+        crate::runtime::execute_alone(self, request, outputs)
     }
 
     /// A batch reaches the stage as a list of requests, like Triton's `execute(requests)`:
