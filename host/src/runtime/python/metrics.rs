@@ -2,7 +2,8 @@
 //! server's `/metrics` as Triton exposes them: one family per name (a second registration of
 //! the same name and kind, from another instance or model, shares it), one series per label
 //! set (instances that ask for the same labels share one counter), `# HELP` and `# TYPE`
-//! lines, labels sorted by name.
+//! lines, labels sorted by name. A family goes when the last model version that registered it
+//! is unloaded, as Triton drops a family with the last `MetricFamily` object.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -39,6 +40,23 @@ struct Family {
     description: String,
     kind: Kind,
     series: BTreeMap<Vec<(String, String)>, Series>,
+    /// The loaded model versions ([`owner`]) that registered it.
+    owners: std::collections::BTreeSet<u64>,
+}
+
+/// A number naming one loaded model version, for [`handle`] and [`release`].
+pub fn owner() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Forgets what `owner` registered: families no other loaded version registered go.
+pub fn release(owner: u64) {
+    let mut all = families().lock().unwrap_or_else(PoisonError::into_inner);
+    all.retain(|_, f| {
+        f.owners.remove(&owner);
+        !f.owners.is_empty()
+    });
 }
 
 fn families() -> &'static Mutex<HashMap<String, Family>> {
@@ -131,8 +149,8 @@ fn series<'a>(
     Ok((kind, s))
 }
 
-/// Answers one request: the series' value where there is one.
-pub fn handle(request: Request) -> Result<serde_json::Value> {
+/// Answers one request of the model version `owner`: the series' value where there is one.
+pub fn handle(request: Request, owner: u64) -> Result<serde_json::Value> {
     let mut all = families().lock().unwrap_or_else(PoisonError::into_inner);
     match request {
         Request::Family {
@@ -149,6 +167,7 @@ pub fn handle(request: Request) -> Result<serde_json::Value> {
                 description,
                 kind,
                 series: BTreeMap::new(),
+                owners: Default::default(),
             });
             if f.kind != kind {
                 return Err(Error::invalid(format!(
@@ -156,6 +175,7 @@ pub fn handle(request: Request) -> Result<serde_json::Value> {
                     f.kind
                 )));
             }
+            f.owners.insert(owner);
             Ok(serde_json::Value::Null)
         }
         Request::Metric {

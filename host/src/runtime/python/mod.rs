@@ -137,6 +137,7 @@ pub fn load(
             model_file: model_file.clone(),
             caller: options.model_caller.clone(),
             single_instance: count == 1,
+            metrics_owner: metrics::owner(),
         })
     };
     let mut model = build(&config, runtime.clone());

@@ -49,6 +49,8 @@ pub(crate) struct PythonModel {
     pub(super) caller: Option<Arc<dyn crate::runtime::ModelCaller>>,
     pub(super) health: Arc<InstanceHealth>,
     pub(super) single_instance: bool,
+    /// Names this loaded version's custom metric families, released when it goes.
+    pub(super) metrics_owner: u64,
 }
 
 /// Turns that set up an interpreter: the utilities module, then the backend's driver.
@@ -62,6 +64,12 @@ fn setup_source() -> String {
          _s.modules['triton_python_backend_utils'] = _m\n\
          del _s, _t, _m\n"
     )
+}
+
+impl Drop for PythonModel {
+    fn drop(&mut self) {
+        super::metrics::release(self.metrics_owner);
+    }
 }
 
 impl PythonModel {

@@ -104,21 +104,34 @@ pub struct ResponseHeader {
     pub parameters: BTreeMap<String, serde_json::Value>,
 }
 
-/// One request of a batch, as the guest sees it.
+/// One request of a batch, as the guest sees it (what is empty or zero is left out: the
+/// guest parses this header for every request).
 #[derive(Debug, Serialize)]
 pub struct RequestHeader {
     /// The request's id.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub id: String,
     /// Its sequence's correlation id (0 outside sequences).
+    #[serde(skip_serializing_if = "is_zero")]
     pub correlation_id: serde_json::Value,
     /// Sequence flags: 1 start, 2 end.
+    #[serde(skip_serializing_if = "is_no_flag")]
     pub flags: u32,
     /// Its parameters.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, serde_json::Value>,
     /// The outputs it asks for.
     pub outputs: Vec<String>,
     /// Its inputs.
     pub inputs: Vec<TensorHeader>,
+}
+
+fn is_zero(v: &serde_json::Value) -> bool {
+    v.as_u64() == Some(0)
+}
+
+fn is_no_flag(flags: &u32) -> bool {
+    *flags == 0
 }
 
 /// A call into another model that the guest makes (Triton's BLS `InferenceRequest`).

@@ -259,10 +259,10 @@ class _Backend:
                 model_name=self.args.get("model_name"),
                 inputs=[pb._tensor_from(t, blob) for t in r["inputs"]],
                 requested_output_names=r["outputs"],
-                correlation_id=r["correlation_id"],
-                request_id=r["id"],
-                flags=r["flags"],
-                parameters=r["parameters"],
+                correlation_id=r.get("correlation_id", 0),
+                request_id=r.get("id", ""),
+                flags=r.get("flags", 0),
+                parameters=r.get("parameters"),
             )
             req._index = i
             requests.append(req)
