@@ -224,6 +224,15 @@ def test_tensors_pass_through_dlpack(server):
     assert ask_sandbox(server, "dlpack") == "y [0.0, 1.0, 2.0] [0.0, 1.0, 2.0]"
 
 
+def test_a_model_that_eats_memory_is_stopped_at_its_cap(server):
+    # 2 GiB asked of an instance capped at 512 MiB (memory_limit_mb): the allocation fails
+    # inside the sandbox, the request gets the error, and the instance serves on.
+    with pytest.raises(InferenceServerException) as e:
+        ask_sandbox(server, "hog")
+    assert "MemoryError" in str(e.value) or "memory limit of 512 MiB" in str(e.value), str(e.value)
+    assert ask_sandbox(server, "helper") == "hello from helper"
+
+
 def test_time_sleep_sleeps(server):
     # At least as long as asked (Triton's decoupled examples pace their responses with it).
     assert float(ask_sandbox(server, "nap")) >= 0.2

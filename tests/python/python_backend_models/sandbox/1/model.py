@@ -46,6 +46,9 @@ class TritonPythonModel:
             back = pb_utils.Tensor.from_dlpack("y", t.to_dlpack())
             again = pb_utils.Tensor.from_dlpack("z", t)
             return "%s %s %s" % (back.name(), back.as_numpy().tolist(), again.as_numpy().tolist())
+        if what == "hog":
+            hoard = [np.ones(2**27, dtype=np.uint8) for _ in range(16)]  # 2 GiB in all
+            return str(len(hoard))
         if what == "nap":
             import time
             start = time.monotonic()
