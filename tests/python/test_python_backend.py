@@ -44,6 +44,8 @@ def server(tmp_path_factory):
     cfg = repo / "classify_orientation_wasm" / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace('model_name: "preprocess"', 'model_name: "preprocess_wasm"')
                    .replace('model_name: "topk"', 'model_name: "topk_wasm"'))
+    # The counter once more, asked only by flaky_init's initialize.
+    shutil.copytree(repo / "counter", repo / "counter_for_flaky")
     # The counter again, with a fresh interpreter for every batch.
     shutil.copytree(repo / "counter", repo / "counter_fresh")
     with open(repo / "counter_fresh" / "config.pbtxt", "a") as f:
@@ -75,6 +77,8 @@ def ask_sandbox(server, what):
 def test_every_model_loads_from_its_model_py(server):
     c = client(server)
     for name in TWINS + os.listdir(os.path.join(HERE, "python_backend_models")) + ["counter_fresh"]:
+        if name == "flaky_init":
+            continue  # test_a_model_that_cannot_restart_reports_not_ready owns its state
         assert c.is_model_ready(name), name
         assert c.get_model_config(name)["backend"] == "python"
 
@@ -196,6 +200,19 @@ def test_an_instance_keeps_its_state_unless_asked_to_start_afresh(server):
     assert seen == [seen[0], seen[0] + 1, seen[0] + 2]
     fresh = [int(infer(server, "counter_fresh", x).as_numpy("SEEN")[0]) for _ in range(3)]
     assert fresh == [1, 1, 1]
+
+
+def test_a_model_that_cannot_restart_reports_not_ready(server):
+    what = ("WHAT", np.array([b"hello"], dtype=np.object_), "BYTES")
+    assert infer(server, "flaky_init", what).as_numpy("ANSWER").tolist() == [b"fine"]
+    # A crash (the deadline), then the restart's initialize refuses: two in a row reach its
+    # max_consecutive_failures, and readiness says so, as Triton's misses with a dead stub.
+    with pytest.raises(InferenceServerException, match="execution deadline"):
+        infer(server, "flaky_init", ("WHAT", np.array([b"spin"], dtype=np.object_), "BYTES"))
+    with pytest.raises(InferenceServerException, match="cannot start again"):
+        infer(server, "flaky_init", what)
+    assert not client(server).is_model_ready("flaky_init")
+    assert client(server).is_model_ready("add_sub")
 
 
 def test_args_are_tritons(server):

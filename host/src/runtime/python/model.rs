@@ -237,6 +237,9 @@ impl PythonModel {
         );
         let door = self.turn(&mut interp, &load, door, "initialize")?;
         if let Some(failure) = door.failure {
+            // An instance that cannot start again after a crash is one more crash in a row:
+            // the model reports not ready once they reach max_consecutive_failures.
+            self.health.record_crash();
             return Err(Error::invalid(format!(
                 "Python model '{}' failed to load: {failure}",
                 self.name
