@@ -123,6 +123,19 @@ pub enum Request {
     },
 }
 
+/// Families the process keeps at most, and series over all of them: a model cannot grow the
+/// server's memory or its scrape without bound.
+const MAX_FAMILIES: usize = 1_000;
+const MAX_SERIES: usize = 100_000;
+/// Labels of one series, bytes of one label value and buckets of one histogram, at most.
+const MAX_LABELS: usize = 32;
+const MAX_LABEL_BYTES: usize = 1_024;
+const MAX_BUCKETS: usize = 1_000;
+
+/// Name prefixes of the server's own metrics, which a model may not shadow (two families of
+/// one name would break every scrape).
+const RESERVED_PREFIXES: &[&str] = &["nv_", "wasmtron_"];
+
 /// A metric name as Prometheus allows it.
 fn valid_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -163,6 +176,16 @@ pub fn handle(request: Request, owner: u64) -> Result<serde_json::Value> {
                     "'{name}' is not a valid metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"
                 )));
             }
+            if let Some(p) = RESERVED_PREFIXES.iter().find(|p| name.starts_with(*p)) {
+                return Err(Error::invalid(format!(
+                    "metric name '{name}': the prefix '{p}' is the server's own"
+                )));
+            }
+            if !all.contains_key(&name) && all.len() >= MAX_FAMILIES {
+                return Err(Error::unavailable(format!(
+                    "the server holds {MAX_FAMILIES} custom metric families already"
+                )));
+            }
             let f = all.entry(name.clone()).or_insert_with(|| Family {
                 description,
                 kind,
@@ -183,11 +206,21 @@ pub fn handle(request: Request, owner: u64) -> Result<serde_json::Value> {
             labels,
             buckets,
         } => {
+            let total: usize = all.values().map(|f| f.series.len()).sum();
             let f = all.get_mut(&family).ok_or_else(|| {
                 Error::invalid(format!("metric family '{family}' is not registered"))
             })?;
             if let Some(bad) = labels.keys().find(|k| !valid_name(k) || k.contains(':')) {
                 return Err(Error::invalid(format!("'{bad}' is not a valid label name")));
+            }
+            if labels.len() > MAX_LABELS
+                || labels.values().any(|v| v.len() > MAX_LABEL_BYTES)
+                || buckets.as_ref().is_some_and(|b| b.len() > MAX_BUCKETS)
+            {
+                return Err(Error::invalid(format!(
+                    "metric '{family}': at most {MAX_LABELS} labels of {MAX_LABEL_BYTES} bytes \
+                     and {MAX_BUCKETS} buckets"
+                )));
             }
             let histogram = f.kind == Kind::Histogram;
             let bounds = match (histogram, buckets) {
@@ -199,12 +232,16 @@ pub fn handle(request: Request, owner: u64) -> Result<serde_json::Value> {
                 }
                 (false, _) => Vec::new(),
             };
-            f.series
-                .entry(labels.into_iter().collect())
-                .or_insert_with(|| Series {
-                    buckets: bounds.into_iter().map(|b| (b, 0)).collect(),
-                    ..Default::default()
-                });
+            let key: Vec<(String, String)> = labels.into_iter().collect();
+            if !f.series.contains_key(&key) && total >= MAX_SERIES {
+                return Err(Error::unavailable(format!(
+                    "the server holds {MAX_SERIES} custom metric series already"
+                )));
+            }
+            f.series.entry(key).or_insert_with(|| Series {
+                buckets: bounds.into_iter().map(|b| (b, 0)).collect(),
+                ..Default::default()
+            });
             Ok(serde_json::Value::Null)
         }
         Request::Increment {
