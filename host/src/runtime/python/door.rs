@@ -93,7 +93,7 @@ pub struct RequestSlot {
 /// The door of one turn: `load`, `execute` or `finalize`.
 pub struct BatchDoor {
     pub(super) model: Arc<PythonModel>,
-    /// The batch frame the guest asks for with [`Op::Batch`].
+    /// The batch frame, handed to the guest when it asks for the next batch.
     pub batch: Vec<u8>,
     /// The requests of the batch.
     pub slots: Vec<RequestSlot>,
@@ -399,7 +399,6 @@ impl Door for BatchDoor {
             return protocol::error_answer(&Error::invalid("an empty frame"));
         };
         match Op::of(op) {
-            Some(Op::Batch) => self.batch.clone(),
             Some(Op::Next) => Vec::new(),
             Some(Op::Responses) => {
                 self.responses = Some(body.to_vec());

@@ -629,9 +629,4 @@ impl Interpreter {
     pub fn memory_exceeded(&self) -> bool {
         self.store.data().limits.exceeded
     }
-
-    /// Whether linear memory passed three quarters of the cap (replace between batches).
-    pub fn nearly_full(&self) -> bool {
-        self.store.data().limits.nearly_full()
-    }
 }

@@ -17,8 +17,6 @@ use crate::{
 /// What a guest frame asks for (its first byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
-    /// The current batch's requests.
-    Batch,
     /// The next batch's requests, once there is one; nothing when the loop is to end.
     Next,
     /// The answers to the current batch, one per request (or none for a decoupled model).
@@ -47,7 +45,6 @@ impl Op {
     /// The op of a frame's first byte.
     pub fn of(byte: u8) -> Option<Self> {
         Some(match byte {
-            b'B' => Self::Batch,
             b'N' => Self::Next,
             b'R' => Self::Responses,
             b'S' => Self::Send,

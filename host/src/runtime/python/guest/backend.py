@@ -2,7 +2,8 @@
 `initialize`, `execute` and `finalize`, and talks to the host through `_host.call`.
 
 Run once per interpreter after `triton_python_backend_utils` is registered; the host then
-drives it with one-line turns (`_wasmtron.load(...)`, `_wasmtron.execute()`).
+drives it with one-line turns (`_wasmtron.load(...)`, then `_wasmtron.serve()`, whose loop
+takes each batch from the host).
 """
 
 import asyncio
@@ -249,9 +250,7 @@ class _Backend:
             self.execute(frame)
         self.finalize()
 
-    def execute(self, frame=None):
-        if frame is None:
-            frame = _host.call(b"B")
+    def execute(self, frame):
         header, blob = pb._read_frame(frame)
         requests = []
         for i, r in enumerate(header["requests"]):
