@@ -101,8 +101,8 @@ def test_refused_fields_name_the_field_file_and_line_and_the_server_keeps_servin
     try:
         client = httpclient.InferenceServerClient(s.http)
         e = load_error(client, "ragged")
-        assert "ragged/config.pbtxt:4: field 'input.allow_ragged_batch' is not supported for " \
-               "onnxruntime models: ragged batching" in e, e
+        assert "input 'x' has allow_ragged_batch: true, so the ONNX model must take it with " \
+               "shape [-1]" in e, e
         e = load_error(client, "custom_ops")
         assert "custom_ops/config.pbtxt:5: field 'model_operations.op_library_filename' is not " \
                "supported for onnxruntime models: custom operator libraries" in e, e

@@ -107,8 +107,11 @@ const fn executing(path: &'static str, ensemble_why: &'static str) -> Row {
 
 const TENSORRT: &str = "a TensorRT backend setting; Triton's ONNX Runtime and Python backends \
                         ignore it too";
-const RAGGED: &str = "ragged batching (allow_ragged_batch, batch_input, batch_output) is not \
-                      implemented here yet";
+const STAGE_BATCH_IO: &str = "a stage receives each request's own tensors (a list per batch), so \
+                              there is no concatenated tensor for batch inputs and outputs to \
+                              describe; Triton's Python backend ignores them too";
+const ENSEMBLE_BATCHES: &str = "an ensemble forms no batches of its own (its steps' models do), \
+                                as on Triton";
 const NO_INSTANCES: &str = "an ensemble runs no instances of its own (its steps' models do), as \
                             on Triton";
 const GEN_BATCHES: &str = "the generation backend batches sequences in flight by itself \
@@ -185,7 +188,13 @@ pub const FIELDS: &[Row] = &[
         Refused(STAGE_RESHAPE),
     ),
     all("input.is_shape_tensor", Refused(SHAPE_TENSORS)),
-    all("input.allow_ragged_batch", Refused(RAGGED)),
+    each(
+        "input.allow_ragged_batch",
+        H,
+        H,
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
     all("input.optional", H),
     all("input.is_non_linear_format_io", Refused(NON_LINEAR)),
     all("output", H),
@@ -209,15 +218,69 @@ pub const FIELDS: &[Row] = &[
     all("output.label_filename", H),
     all("output.is_shape_tensor", Refused(SHAPE_TENSORS)),
     all("output.is_non_linear_format_io", Refused(NON_LINEAR)),
-    all("batch_input", Refused(RAGGED)),
-    all("batch_input.kind", Refused(RAGGED)),
-    all("batch_input.target_name", Refused(RAGGED)),
-    all("batch_input.data_type", Refused(RAGGED)),
-    all("batch_input.source_input", Refused(RAGGED)),
-    all("batch_output", Refused(RAGGED)),
-    all("batch_output.target_name", Refused(RAGGED)),
-    all("batch_output.kind", Refused(RAGGED)),
-    all("batch_output.source_input", Refused(RAGGED)),
+    each(
+        "batch_input",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
+    each(
+        "batch_input.kind",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
+    each(
+        "batch_input.target_name",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
+    each(
+        "batch_input.data_type",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
+    each(
+        "batch_input.source_input",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
+    each(
+        "batch_output",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
+    each(
+        "batch_output.target_name",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
+    each(
+        "batch_output.kind",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
+    each(
+        "batch_output.source_input",
+        H,
+        NoEffect(STAGE_BATCH_IO),
+        Refused(GEN_BATCHES),
+        NoEffect(ENSEMBLE_BATCHES),
+    ),
     all("optimization", C),
     all("optimization.graph", C),
     each(
@@ -1013,13 +1076,16 @@ mod tests {
     #[test]
     fn a_refused_field_is_named_with_its_file_and_line() {
         let text = "name: \"m\"\nmax_batch_size: 8\ninput [\n  {\n    name: \"x\"\n    \
-                    data_type: TYPE_FP32\n    dims: [ -1 ]\n    allow_ragged_batch: true\n  }\n]\n";
+                    data_type: TYPE_FP32\n    dims: [ -1 ]\n  }\n]\nmodel_operations {\n  \
+                    op_library_filename: \"libops.so\"\n}\n";
         let config = parse_text(text, Path::new("m/config.pbtxt")).unwrap();
         let e = check(&config, Family::Onnx, Some(text), "m/config.pbtxt")
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("m/config.pbtxt:8: field 'input.allow_ragged_batch' is not supported"),
+            e.starts_with(
+                "m/config.pbtxt:11: field 'model_operations.op_library_filename' is not supported"
+            ),
             "{e}"
         );
     }

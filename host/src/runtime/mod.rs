@@ -11,6 +11,7 @@ pub mod gpu;
 pub mod heap;
 pub mod onnx;
 pub mod python;
+pub mod ragged;
 pub mod request_check;
 mod staging;
 pub mod tensor_ops;

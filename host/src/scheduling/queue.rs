@@ -78,6 +78,17 @@ impl QueuePolicy {
     }
 }
 
+/// The inputs a configuration marks `allow_ragged_batch`, if any.
+fn ragged_inputs(config: &ModelConfig) -> Option<std::sync::Arc<[String]>> {
+    let names: Vec<String> = config
+        .input
+        .iter()
+        .filter(|i| i.allow_ragged_batch)
+        .map(|i| i.name.clone())
+        .collect();
+    (!names.is_empty()).then(|| names.into())
+}
+
 /// Preferred batch sizes as the queue uses them: positive, ascending, each once.
 fn positive_sorted(sizes: &[i32]) -> Vec<usize> {
     let mut sizes: Vec<usize> = sizes
@@ -110,6 +121,8 @@ pub struct BatchPolicy {
     /// The shapes the model's executions are padded to: with sequence padding, requests
     /// batch when their padded shapes agree.
     pub padding: Option<std::sync::Arc<crate::runtime::buckets::ShapeBuckets>>,
+    /// Inputs with `allow_ragged_batch`: requests batch even when these differ in shape.
+    pub ragged_inputs: Option<std::sync::Arc<[String]>>,
 }
 
 impl BatchPolicy {
@@ -124,6 +137,7 @@ impl BatchPolicy {
                 preferred: positive_sorted(&sequences.preferred_batch_sizes),
                 max_queue_delay: sequences.max_queue_delay,
                 batching: config.max_batch_size > 0,
+                ragged_inputs: ragged_inputs(config),
                 ..Self::one_at_a_time()
             };
         }
@@ -149,6 +163,7 @@ impl BatchPolicy {
             levels,
             default_level: (db.default_priority_level.clamp(1, count as u64) - 1) as usize,
             padding: None,
+            ragged_inputs: ragged_inputs(config),
         }
     }
 
@@ -163,6 +178,7 @@ impl BatchPolicy {
             levels: vec![QueuePolicy::default()],
             default_level: 0,
             padding: None,
+            ragged_inputs: None,
         }
     }
 

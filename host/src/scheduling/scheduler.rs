@@ -24,7 +24,7 @@ use super::{
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse},
-    runtime::{batch, buckets::ShapeBuckets, ExecTimings, ModelInstance},
+    runtime::{batch, buckets::ShapeBuckets, ragged, ExecTimings, ModelInstance},
     tenancy::Caller,
     tensor::Tensor,
 };
@@ -38,6 +38,8 @@ struct Job {
     seq: u64,
     /// The model's sequence padding, when requests batch by their padded shapes.
     padding: Option<Arc<ShapeBuckets>>,
+    /// The model's ragged inputs, which may differ in shape within a batch.
+    ragged: Option<Arc<[String]>>,
     reply: oneshot::Sender<Result<InferResponse>>,
 }
 
@@ -47,9 +49,10 @@ impl Batchable for Job {
     }
     fn fits_with(&self, other: &Self) -> bool {
         self.outputs == other.outputs
-            && match &self.padding {
-                Some(p) => p.compatible(&self.request, &other.request),
-                None => batch::compatible(&self.request, &other.request),
+            && match (&self.padding, &self.ragged) {
+                (Some(p), _) => p.compatible(&self.request, &other.request),
+                (None, Some(r)) => ragged::compatible(&self.request, &other.request, r),
+                (None, None) => batch::compatible(&self.request, &other.request),
             }
     }
     fn share(&self) -> Option<Share<'_>> {
@@ -264,6 +267,7 @@ impl Scheduler {
                     .padding
                     .clone()
                     .filter(|p| p.sequence_multiple.is_some()),
+                ragged: s.policy.ragged_inputs.clone(),
             };
             let pushed = state.queue.push(level, job, timeout, Instant::now());
             if pushed.is_ok() {

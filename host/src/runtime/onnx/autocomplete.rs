@@ -32,9 +32,16 @@ pub(super) fn reconcile(
     }
     // Control and state tensors of a sequence model are the server's, not the client's.
     let sequence = sequence_spec(config).map_err(&invalid)?;
+    // So are batch inputs (ragged batching): the server makes them for each batch.
     let injected: Vec<String> = sequence
         .iter()
         .flat_map(|s| s.injected_inputs().map(str::to_owned))
+        .chain(
+            config
+                .batch_input
+                .iter()
+                .flat_map(|b| b.target_name.clone()),
+        )
         .collect();
     let state_outputs: Vec<String> = sequence
         .iter()
@@ -93,6 +100,10 @@ pub(super) fn reconcile(
     }
     let batch = config.max_batch_size;
     for input in &config.input {
+        if input.allow_ragged_batch {
+            check_ragged_input(input, all_inputs).map_err(&invalid)?;
+            continue;
+        }
         // With `reshape`, the model sees the reshaped form.
         let shape = input.reshape.as_ref().map_or(&input.dims, |r| &r.shape);
         check_against_model(
@@ -105,6 +116,11 @@ pub(super) fn reconcile(
         )
         .map_err(&invalid)?;
     }
+    for b in &config.batch_input {
+        for target in &b.target_name {
+            check_batch_input(target, b.data_type, all_inputs).map_err(&invalid)?;
+        }
+    }
     for sig in &inputs {
         if !config.input.iter().any(|i| i.name == sig.name) {
             return Err(invalid(format!(
@@ -115,8 +131,19 @@ pub(super) fn reconcile(
             )));
         }
     }
+    let scattered: Vec<&str> = config
+        .batch_output
+        .iter()
+        .flat_map(|b| b.target_name.iter().map(String::as_str))
+        .collect();
     for output in &config.output {
         let shape = output.reshape.as_ref().map_or(&output.dims, |r| &r.shape);
+        if scattered.contains(&output.name.as_str()) {
+            // A batch output's shape is the batch's, not the configuration's (as on Triton,
+            // only its name and type are checked).
+            check_batch_output(output, model_outputs).map_err(&invalid)?;
+            continue;
+        }
         check_against_model(
             "output",
             &output.name,
@@ -215,6 +242,78 @@ pub(super) fn check_against_model(
                 shape_string(&sig.shape)
             ));
         }
+    }
+    Ok(())
+}
+
+/// A ragged input reaches the model as the 1-D concatenation of every request's elements, so
+/// the model must take shape `[-1]` (Triton's ONNX Runtime backend requires the same).
+fn check_ragged_input(input: &ModelInput, model: &[Signature]) -> std::result::Result<(), String> {
+    let name = &input.name;
+    check_named(
+        "input",
+        name,
+        input.data_type,
+        model,
+        "allow_ragged_batch: true",
+    )?;
+    let sig = model.iter().find(|s| &s.name == name);
+    match sig.map(|s| s.shape.as_slice()) {
+        Some([-1]) => Ok(()),
+        other => Err(format!(
+            "input '{name}' has allow_ragged_batch: true, so the ONNX model must take it with \
+             shape [-1] (every request's elements, concatenated); the model has {}",
+            shape_string(other.unwrap_or_default())
+        )),
+    }
+}
+
+/// A batch input's target must be an input of the model, of the batch input's type.
+fn check_batch_input(
+    target: &str,
+    data_type: i32,
+    model: &[Signature],
+) -> std::result::Result<(), String> {
+    check_named("input", target, data_type, model, "a batch_input target")
+}
+
+/// A batch output's target must be an output of the model, of its configured type.
+fn check_batch_output(
+    output: &ModelOutput,
+    model: &[Signature],
+) -> std::result::Result<(), String> {
+    check_named(
+        "output",
+        &output.name,
+        output.data_type,
+        model,
+        "a batch_output target",
+    )
+}
+
+/// The model has a tensor `name` of `data_type`; `what` says why config.pbtxt names it.
+fn check_named(
+    kind: &str,
+    name: &str,
+    data_type: i32,
+    model: &[Signature],
+    what: &str,
+) -> std::result::Result<(), String> {
+    let Some(sig) = model.iter().find(|s| s.name == name) else {
+        let names: Vec<&str> = model.iter().map(|s| s.name.as_str()).collect();
+        return Err(format!(
+            "{kind} '{name}' ({what}) is not an {kind} of the ONNX model (its {kind}s are: {})",
+            names.join(", ")
+        ));
+    };
+    let declared = DataType::from_config_value(data_type);
+    if declared != sig.datatype {
+        return Err(format!(
+            "{kind} '{name}' ({what}): config.pbtxt says {} but the ONNX model has {}",
+            declared.map_or("TYPE_INVALID", |d| d.config_name()),
+            sig.datatype
+                .map_or("an unsupported type", |d| d.config_name())
+        ));
     }
     Ok(())
 }

@@ -4,7 +4,10 @@ use std::{sync::Arc, time::Instant};
 
 use ort::{session::Session, value::DynValue};
 
-use crate::runtime::{batch, buckets::ShapeBuckets, staging::Staging, ExecTimings, ModelInstance};
+use crate::runtime::{
+    batch, buckets::ShapeBuckets, ragged::RaggedBatching, staging::Staging, ExecTimings,
+    ModelInstance,
+};
 use crate::{
     error::{Error, Result},
     inference::InferRequest,
@@ -24,6 +27,8 @@ pub(super) struct OnnxInstance {
     pub(super) output_types: Vec<(String, DataType)>,
     pub(super) shapes: Reshapes,
     pub(super) buckets: Option<Arc<ShapeBuckets>>,
+    /// Ragged inputs, batch inputs and batch outputs, when the model has them.
+    pub(super) ragged: Option<Arc<RaggedBatching>>,
     /// Run options the configuration sets (`memory.enable_memory_arena_shrinkage`).
     pub(super) run_options: Option<Arc<ort::session::RunOptions>>,
 }
@@ -136,9 +141,25 @@ impl OnnxInstance {
         let Some(first) = requests.first() else {
             return Err(Error::internal("no request to run"));
         };
-        let mut values: Vec<(&str, DynValue)> = Vec::with_capacity(first.inputs.len());
+        // Batch inputs, made for this batch (ragged batching), are handed over with the rest.
+        let made = match &self.ragged {
+            Some(r) => r.make_batch_inputs(requests)?,
+            None => Vec::new(),
+        };
+        let mut values: Vec<(&str, DynValue)> = Vec::with_capacity(first.inputs.len() + made.len());
         for (i, tensor) in first.inputs.iter().enumerate() {
             let parts: Vec<&Tensor> = requests.iter().filter_map(|r| r.inputs.get(i)).collect();
+            if self
+                .ragged
+                .as_ref()
+                .is_some_and(|r| r.is_ragged(&tensor.name))
+            {
+                let whole = RaggedBatching::concatenate(&parts)?;
+                let shape = whole.shape.clone();
+                let value = to_ort_value(&[&whole], shape, None, false, self.staging.allocator())?;
+                values.push((tensor.name.as_str(), value));
+                continue;
+            }
             let mut shape = match &self.buckets {
                 Some(b) => b.padded_shape(&tensor.name, &tensor.shape, padding.sequence),
                 None => tensor.shape.clone(),
@@ -154,6 +175,16 @@ impl OnnxInstance {
                 shape,
                 reshape,
                 self.shapes.batching,
+                self.staging.allocator(),
+            )?;
+            values.push((tensor.name.as_str(), value));
+        }
+        for tensor in &made {
+            let value = to_ort_value(
+                &[tensor],
+                tensor.shape.clone(),
+                None,
+                false,
                 self.staging.allocator(),
             )?;
             values.push((tensor.name.as_str(), value));
@@ -232,10 +263,15 @@ impl ModelInstance for OnnxInstance {
             Ok(ran) => ran,
             Err(e) => return (vec![Err(e); requests.len()], ExecTimings::default()),
         };
-        let parts = if let [_] = requests {
+        let rows: Vec<usize> = requests.iter().map(|r| batch::rows(r)).collect();
+        let parts = if let Some(ragged) = &self.ragged {
+            match ragged.split(&self.name, tensors, requests, &rows) {
+                Ok(parts) => parts,
+                Err(e) => return (vec![Err(e); requests.len()], timings),
+            }
+        } else if let [_] = requests {
             vec![tensors]
         } else {
-            let rows: Vec<usize> = requests.iter().map(|r| batch::rows(r)).collect();
             match batch::split(&self.name, tensors, &rows) {
                 Ok(parts) => parts,
                 Err(e) => return (vec![Err(e); requests.len()], timings),

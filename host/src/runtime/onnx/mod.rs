@@ -9,6 +9,7 @@ use super::{
     buckets::ShapeBuckets,
     gpu::{self, Placement},
     model_file,
+    ragged::RaggedBatching,
     staging::Staging,
     LoadedBackend, ModelInstance, RuntimeOptions,
 };
@@ -99,7 +100,12 @@ pub fn load(
     // Buckets are read once the configuration is complete (auto-completion may set
     // max_batch_size and dims).
     let on_gpu = placements.iter().any(|p| matches!(p, Placement::Gpu(_)));
-    let buckets = ShapeBuckets::from_config(&config, on_gpu)?.map(Arc::new);
+    let ragged = RaggedBatching::from_config(&config)?.map(Arc::new);
+    // A ragged batch is one 1-D run of elements: there are no rows or lengths to pad.
+    let buckets = match ragged {
+        Some(_) => None,
+        None => ShapeBuckets::from_config(&config, on_gpu)?.map(Arc::new),
+    };
     // One session per instance, or one per batch bucket; TensorRT builds each bucket's
     // session for exactly its shape.
     let profiles: Vec<Option<String>> = match &buckets {
@@ -145,6 +151,7 @@ pub fn load(
             output_types: output_types.clone(),
             shapes: shapes.clone(),
             buckets: buckets.clone(),
+            ragged: ragged.clone(),
             run_options: run_options.clone(),
         }));
     }
