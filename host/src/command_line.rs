@@ -158,6 +158,11 @@ pub struct Cli {
     /// in memory for the models whose configuration says `response_cache { enable: true }`.
     #[arg(long = "cache-config")]
     pub cache_config: Vec<String>,
+    /// Latency metrics, as Triton's `--metrics-config <setting>=<value>` (repeatable):
+    /// `counter_latencies` (default true), `histogram_latencies` (the first-response
+    /// histogram), `summary_latencies` (latency summaries), `summary_quantiles=0.5:0.05,…`.
+    #[arg(long = "metrics-config")]
+    pub metrics_config: Vec<String>,
     /// Triton's older spelling of `--cache-config local,size=<bytes>`.
     #[arg(long)]
     pub response_cache_byte_size: Option<usize>,
@@ -423,13 +428,6 @@ pub const TRITON_ONLY: &[(&str, Treatment)] = &[
         Treatment::NoEffect("metrics are read when they are scraped"),
     ),
     (
-        "metrics-config",
-        Treatment::Only(
-            &["counter_latencies=true", "summary_latencies=false"],
-            "latency summaries and other metrics settings are not served yet",
-        ),
-    ),
-    (
         "cache-directory",
         Treatment::NoEffect("caches are built into the server"),
     ),
@@ -608,6 +606,17 @@ pub fn http_tls(cli: &Cli) -> anyhow::Result<Option<wasmtron::frontends::tls::Tl
         })),
         _ => bail!("--http-ssl-cert and --http-ssl-key go together (PEM files)"),
     }
+}
+
+/// The latency metrics `--metrics-config` asks for; an unknown setting is refused by name.
+pub fn latency_metrics(cli: &Cli) -> anyhow::Result<wasmtron::scheduling::latency::LatencyMetrics> {
+    let mut metrics = wasmtron::scheduling::latency::LatencyMetrics::default();
+    for value in &cli.metrics_config {
+        metrics
+            .apply(value)
+            .map_err(|e| anyhow::anyhow!("--metrics-config={value}: {e}"))?;
+    }
+    Ok(metrics)
 }
 
 /// The response cache's size from `--cache-config` (Triton's `<cache>,<key>=<value>` form,

@@ -338,6 +338,7 @@ async fn server_options(
         },
         response_stall_timeout: Duration::from_secs(cli.response_stall_timeout_secs.max(1)),
         server_id: cli.id.clone(),
+        latency_metrics: command_line::latency_metrics(cli)?,
         ..ServerOptions::default()
     }
     .with_tenancy(tenancy, cli.execution_slots))

@@ -259,10 +259,15 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
             .set(i64::from(m.health.is_healthy()));
     }
     let mut families = Vec::new();
-    for c in [
-        &success, &failure, &count, &exec, &req_us, &queue_us, &in_us, &infer_us, &out_us,
-    ] {
+    for c in [&success, &failure, &count, &exec] {
         families.extend(c.collect());
+    }
+    // `--metrics-config counter_latencies=false` leaves the duration counters out, as Triton.
+    let counters = server.latency_metrics().counters;
+    if counters {
+        for c in [&req_us, &queue_us, &in_us, &infer_us, &out_us] {
+            families.extend(c.collect());
+        }
     }
     families.extend(pending.collect());
     families.extend(restarts.collect());
@@ -271,14 +276,16 @@ fn collect(server: &Server) -> Vec<MetricFamily> {
     families.extend(padded.collect());
     families.extend(warmup.collect());
     if server.response_cache().is_some() {
-        families.extend(cache_metrics(server));
+        families.extend(cache_metrics(server, counters));
     }
+    families.extend(super::latency_metrics::families(server));
     add_metric_tags(server, &mut families);
     families
 }
 
-/// Triton's per-model response cache metrics (only with a cache, as on Triton).
-fn cache_metrics(server: &Server) -> Vec<MetricFamily> {
+/// Triton's per-model response cache metrics (only with a cache, as on Triton); the duration
+/// counters only with `counters` (`counter_latencies`).
+fn cache_metrics(server: &Server, counters: bool) -> Vec<MetricFamily> {
     let mv = ["model", "version"];
     let (Some(hits), Some(misses), Some(hit_us), Some(miss_us)) = (
         counter(
@@ -321,10 +328,11 @@ fn cache_metrics(server: &Server) -> Vec<MetricFamily> {
             .with_label_values(&l)
             .inc_by(m.stats.cache_miss.ns() / 1000);
     }
-    [hits, misses, hit_us, miss_us]
-        .iter()
-        .flat_map(|c| c.collect())
-        .collect()
+    let mut kept = vec![hits, misses];
+    if counters {
+        kept.extend([hit_us, miss_us]);
+    }
+    kept.iter().flat_map(|c| c.collect()).collect()
 }
 
 /// A model's `metric_tags` as extra labels on each of its metrics, as Triton reports them

@@ -8,6 +8,7 @@ pub mod cpu_metrics;
 pub mod generation_metrics;
 pub mod grpc;
 pub mod http;
+pub mod latency_metrics;
 pub mod listeners;
 pub mod logging;
 pub mod metrics;

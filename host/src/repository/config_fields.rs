@@ -139,8 +139,6 @@ const CC_FILES: &str = "per-GPU-architecture model files are not supported here;
                         with default_model_filename";
 const RUNTIME: &str = "selects a backend's shared library or Python runtime on Triton; this \
                        server's backends are built in";
-const MODEL_METRICS: &str = "per-model metric histograms and buckets are not implemented here \
-                             yet";
 const NAMESPACE: &str = "reserved by Triton for internal use";
 const CUSTOM_OPS: &str = "custom operator libraries are native code loaded into the server, \
                           outside any sandbox; this server does not load them";
@@ -796,23 +794,11 @@ pub const FIELDS: &[Row] = &[
     all("response_cache", C),
     all("response_cache.enable", H),
     all("model_metrics", C),
-    all("model_metrics.metric_control", Refused(MODEL_METRICS)),
-    all(
-        "model_metrics.metric_control.metric_identifier",
-        Refused(MODEL_METRICS),
-    ),
-    all(
-        "model_metrics.metric_control.metric_identifier.family",
-        Refused(MODEL_METRICS),
-    ),
-    all(
-        "model_metrics.metric_control.histogram_options",
-        Refused(MODEL_METRICS),
-    ),
-    all(
-        "model_metrics.metric_control.histogram_options.buckets",
-        Refused(MODEL_METRICS),
-    ),
+    all("model_metrics.metric_control", H),
+    all("model_metrics.metric_control.metric_identifier", H),
+    all("model_metrics.metric_control.metric_identifier.family", H),
+    all("model_metrics.metric_control.histogram_options", H),
+    all("model_metrics.metric_control.histogram_options.buckets", H),
 ];
 
 /// The row of `path`, if the table has one.

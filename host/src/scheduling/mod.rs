@@ -4,6 +4,7 @@
 
 pub mod ensemble;
 pub mod execution_share;
+pub mod latency;
 pub mod model_manager;
 pub mod queue;
 pub mod response_cache;

@@ -171,6 +171,8 @@ pub struct ManagerOptions {
     pub load_threads: usize,
     /// Whether the server has a response cache (`--cache-config`).
     pub response_cache: bool,
+    /// The latency metrics each model records (`--metrics-config`).
+    pub latency_metrics: super::latency::LatencyMetrics,
 }
 
 /// The table of models and the operations that change it.
@@ -436,6 +438,19 @@ impl ModelManager {
         Ok(names)
     }
 
+    /// Fresh counters for a version of `config`, recording the latency distributions the
+    /// server's `--metrics-config` and the model's `model_metrics` ask for.
+    fn new_stats(&self, config: &ModelConfig) -> Result<Arc<ModelStats>> {
+        let caches = self.options.response_cache && crate::runtime::caches_responses(config);
+        let (latency, notes) =
+            super::latency::ModelLatency::for_model(config, &self.options.latency_metrics, caches)
+                .map_err(|e| Error::invalid(format!("model '{}': {e}", config.name)))?;
+        for note in notes {
+            tracing::warn!(model = %config.name, "{note}");
+        }
+        Ok(Arc::new(ModelStats::with_latency(latency)))
+    }
+
     /// `response_cache { enable: true }`: refused where Triton refuses it (decoupled and
     /// sequence models); without a server cache it has no effect, as on Triton, and says so.
     fn check_response_cache(&self, name: &str, config: &ModelConfig, file: &str) -> Result<()> {
@@ -652,7 +667,7 @@ impl ModelManager {
                         name: name.to_owned(),
                         version,
                         config: config.clone(),
-                        stats: Arc::new(ModelStats::default()),
+                        stats: self.new_stats(&config)?,
                         load_duration: Duration::ZERO,
                         runner: Runner::Ensemble(plan.clone()),
                         health: Default::default(),
@@ -669,7 +684,7 @@ impl ModelManager {
             let dir = source.dir.join(version.to_string());
             let loaded = runtime::load(config.clone(), &dir, &self.options.runtime)
                 .map_err(|e| Error::new(e.code, format!("{} (version {version})", e.message)))?;
-            let stats = Arc::new(ModelStats::default());
+            let stats = self.new_stats(&loaded.config)?;
             if let Some(w) = loaded.warmup {
                 stats.warmup.record_many(w.runs, w.duration);
             }

@@ -76,6 +76,8 @@ pub struct ServerOptions {
     pub response_stall_timeout: Duration,
     /// The server's identifier: the `name` of its metadata (Triton's `--id`).
     pub server_id: String,
+    /// The latency metrics models record (`--metrics-config`).
+    pub latency_metrics: super::latency::LatencyMetrics,
 }
 
 impl Default for ServerOptions {
@@ -104,6 +106,7 @@ impl Default for ServerOptions {
             execution_slots: 0,
             response_stall_timeout: Duration::from_secs(10),
             server_id: "wasmtron".to_owned(),
+            latency_metrics: Default::default(),
         }
     }
 }
@@ -236,6 +239,7 @@ impl Server {
                     execution_share: Arc::new(ExecutionShare::new(options.execution_slots)),
                     load_threads: options.load_threads,
                     response_cache: options.response_cache_bytes > 0,
+                    latency_metrics: options.latency_metrics.clone(),
                 },
             ));
             let cache = (options.response_cache_bytes > 0)
@@ -406,7 +410,12 @@ impl Server {
                 // As on Triton, a hit counts as a success but not as an inference.
                 hit.id = request.id.clone();
                 model.stats.cache_hit.record(looked.elapsed());
+                model.stats.latency.record_cache(true, looked.elapsed());
                 model.stats.success.record(received.elapsed());
+                model
+                    .stats
+                    .latency
+                    .record_first_response(received.elapsed());
                 model.stats.touch();
                 return Ok(hit);
             }
@@ -475,6 +484,7 @@ impl Server {
             let storing = Instant::now();
             cache.insert(*key, response);
             model.stats.cache_miss.record(storing.elapsed());
+            model.stats.latency.record_cache(false, storing.elapsed());
         }
         result
     }
@@ -501,6 +511,11 @@ impl Server {
             .collect();
         let key = ResponseCache::key(&model.name, model.version, request, &tenants);
         Some((cache.clone(), key))
+    }
+
+    /// The latency metrics models record (`--metrics-config`).
+    pub fn latency_metrics(&self) -> &super::latency::LatencyMetrics {
+        &self.options.latency_metrics
     }
 
     /// The response cache, when the server has one.

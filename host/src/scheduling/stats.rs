@@ -114,6 +114,8 @@ pub struct ModelStats {
     /// Requests the response cache did not hold, and the time their lookups and the
     /// insertions of their answers took.
     pub cache_miss: DurationStat,
+    /// The latency histogram and summaries `--metrics-config` turns on.
+    pub latency: super::latency::ModelLatency,
     failures: [AtomicU64; 4],
     batches: Mutex<BTreeMap<u64, BatchStat>>,
     responses: Mutex<BTreeMap<u64, ResponseStat>>,
@@ -167,6 +169,14 @@ pub enum ResponseOutcome {
 }
 
 impl ModelStats {
+    /// Counters that also record the latency distributions in `latency`.
+    pub fn with_latency(latency: super::latency::ModelLatency) -> Self {
+        Self {
+            latency,
+            ..Self::default()
+        }
+    }
+
     /// Records a failed request.
     pub fn record_failure(&self, reason: FailureReason, elapsed: Duration) {
         self.fail.record(elapsed);
@@ -192,6 +202,8 @@ impl ModelStats {
         self.compute_infer.record(infer);
         self.compute_output.record(output);
         self.success.record(elapsed);
+        self.latency
+            .record_success(queue, input, infer, output, elapsed);
         self.touch();
     }
 
@@ -282,6 +294,7 @@ pub(crate) struct ResponseClock {
     stats: Arc<ModelStats>,
     index: u64,
     since: Instant,
+    started: Instant,
 }
 
 impl ResponseClock {
@@ -290,6 +303,7 @@ impl ResponseClock {
             stats,
             index: 0,
             since: Instant::now(),
+            started: Instant::now(),
         }
     }
 
@@ -305,6 +319,11 @@ impl ResponseClock {
             ResponseOutcome::Success
         };
         let compute = handed.saturating_duration_since(self.since);
+        if self.index == 0 {
+            self.stats
+                .latency
+                .record_first_response(handed.saturating_duration_since(self.started));
+        }
         self.stats
             .record_response(self.index, outcome, compute, handed.elapsed());
         self.index += 1;

@@ -10,7 +10,7 @@ use crate::{
     proto::inference::ModelConfig,
     repository::{sequence::sequence_spec, validate::validate},
     runtime::{is_decoupled, ModelInstance},
-    scheduling::{ensemble, queue::BatchPolicy, scheduler::Scheduler, stats::ModelStats},
+    scheduling::{ensemble, queue::BatchPolicy, scheduler::Scheduler},
 };
 
 /// The version an added model serves as.
@@ -65,7 +65,7 @@ impl ModelManager {
                 format!("model '{name}' already exists (loaded, or in the model repository)"),
             ));
         }
-        let stats = Arc::new(ModelStats::default());
+        let stats = self.new_stats(&config)?;
         let scheduler = Scheduler::start(
             &name,
             ADDED_VERSION,
