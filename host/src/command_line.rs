@@ -158,6 +158,16 @@ pub struct Cli {
     /// in memory for the models whose configuration says `response_cache { enable: true }`.
     #[arg(long = "cache-config")]
     pub cache_config: Vec<String>,
+    /// Triton's rate limiter: `execution_count` runs an instance only while it holds the
+    /// resources its `instance_group { rate_limiter }` names, turns shared by priority;
+    /// `off` (default) ignores those settings.
+    #[arg(long, value_enum, default_value_t = RateLimit::Off)]
+    pub rate_limit: RateLimit,
+    /// How much of a rate-limiter resource there is: `<name>:<count>[:<device>]`
+    /// (repeatable; without a device, on every device). Unnamed resources get the most any
+    /// instance asks for.
+    #[arg(long)]
+    pub rate_limit_resource: Vec<String>,
     /// Latency metrics, as Triton's `--metrics-config <setting>=<value>` (repeatable):
     /// `counter_latencies` (default true), `histogram_latencies` (the first-response
     /// histogram), `summary_latencies` (latency summaries), `summary_quantiles=0.5:0.05,…`.
@@ -281,6 +291,31 @@ pub struct Cli {
     pub allow_client_shm: bool,
 }
 
+/// `--rate-limit`, Triton's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RateLimit {
+    /// Settings of the rate limiter are ignored.
+    Off,
+    /// Instances run while they hold their resources.
+    #[value(name = "execution_count")]
+    ExecutionCount,
+}
+
+/// The rate limiter `--rate-limit` and `--rate-limit-resource` ask for.
+pub fn rate_limiter(
+    cli: &Cli,
+) -> anyhow::Result<Option<std::sync::Arc<wasmtron::scheduling::rate_limiter::RateLimiter>>> {
+    if cli.rate_limit == RateLimit::Off {
+        if !cli.rate_limit_resource.is_empty() {
+            bail!("--rate-limit-resource needs --rate-limit=execution_count");
+        }
+        return Ok(None);
+    }
+    let limiter = wasmtron::scheduling::rate_limiter::RateLimiter::new(&cli.rate_limit_resource)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Some(std::sync::Arc::new(limiter)))
+}
+
 /// `--grpc-infer-response-compression-level`, Triton's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CompressionLevel {
@@ -337,8 +372,6 @@ pub enum Treatment {
 
 const NO_SAGEMAKER: &str = "the SageMaker endpoint is not served";
 const NO_VERTEX: &str = "the Vertex AI endpoint is not served";
-const NO_RATE_LIMITER: &str =
-    "the rate limiter is not served yet (with tenants, --execution-slots shares executions)";
 const NO_GPU_POOLS: &str =
     "no memory pools of its own: ONNX Runtime's execution providers allocate what they need";
 const NO_TRITON_TRACE: &str =
@@ -431,8 +464,6 @@ pub const TRITON_ONLY: &[(&str, Treatment)] = &[
         "cache-directory",
         Treatment::NoEffect("caches are built into the server"),
     ),
-    ("rate-limit", Treatment::Only(&["off"], NO_RATE_LIMITER)),
-    ("rate-limit-resource", Treatment::Only(&[], NO_RATE_LIMITER)),
     (
         "pinned-memory-pool-byte-size",
         Treatment::NoEffect(NO_GPU_POOLS),
@@ -525,7 +556,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<(Cli, V
     }
     let cli = Cli::try_parse_from(kept)?;
     // Refused at start, like Triton's flags this server does not serve.
-    response_cache_bytes(&cli)?;
+    response_cache(&cli)?;
     grpc_tls(&cli)?;
     http_tls(&cli)?;
     Ok((cli, notes))
@@ -619,36 +650,58 @@ pub fn latency_metrics(cli: &Cli) -> anyhow::Result<wasmtron::scheduling::latenc
     Ok(metrics)
 }
 
-/// The response cache's size from `--cache-config` (Triton's `<cache>,<key>=<value>` form,
-/// repeatable) and `--response-cache-byte-size`; 0 without a cache. Only the in-memory cache
-/// (`local`) is served.
-pub fn response_cache_bytes(cli: &Cli) -> anyhow::Result<usize> {
+/// The response cache `--cache-config` (Triton's `<cache>,<key>=<value>` form, repeatable)
+/// and `--response-cache-byte-size` ask for: in memory (`local`, its size in bytes; 0
+/// without a cache) or in Redis (`redis`, Triton's Redis cache settings), and lines to log for
+/// settings without effect. One kind of cache at a time, as on Triton.
+pub fn response_cache(
+    cli: &Cli,
+) -> anyhow::Result<(
+    usize,
+    Option<wasmtron::scheduling::redis_cache::RedisSettings>,
+    Vec<String>,
+)> {
     let mut size = cli.response_cache_byte_size.unwrap_or(0);
+    let mut redis: Vec<&str> = Vec::new();
+    let mut local = cli.response_cache_byte_size.is_some();
     for value in &cli.cache_config {
         let (cache, setting) = value.split_once(',').unwrap_or((value.as_str(), ""));
+        let pairs = setting.split(',').filter(|p| !p.trim().is_empty());
         match cache.trim() {
-            "local" => {}
-            "redis" => bail!(
-                "--cache-config={value} is refused: the Redis cache is not served yet (use \
-                 --cache-config local,size=<bytes>)"
-            ),
-            other => bail!("--cache-config={value}: unknown cache '{other}' (served: local)"),
-        }
-        for pair in setting.split(',').filter(|p| !p.trim().is_empty()) {
-            match pair.split_once('=') {
-                Some(("size", bytes)) => {
-                    size = bytes.trim().parse().with_context(|| {
-                        format!("--cache-config={value}: size must be a number of bytes")
-                    })?;
+            "local" => {
+                local = true;
+                for pair in pairs {
+                    match pair.split_once('=') {
+                        Some(("size", bytes)) => {
+                            size = bytes.trim().parse().with_context(|| {
+                                format!("--cache-config={value}: size must be a number of bytes")
+                            })?;
+                        }
+                        _ => bail!(
+                            "--cache-config={value}: unknown setting '{pair}' for the local \
+                             cache (size=<bytes>)"
+                        ),
+                    }
                 }
-                _ => bail!(
-                    "--cache-config={value}: unknown setting '{pair}' for the local cache \
-                     (size=<bytes>)"
-                ),
+            }
+            "redis" => redis.extend(pairs),
+            other => {
+                bail!("--cache-config={value}: unknown cache '{other}' (served: local, redis)")
             }
         }
     }
-    Ok(size)
+    if redis.is_empty() {
+        return Ok((size, None, Vec::new()));
+    }
+    if local {
+        bail!("--cache-config: one cache at a time, as on Triton: local or redis, not both");
+    }
+    let (settings, notes) =
+        wasmtron::scheduling::redis_cache::RedisSettings::parse(redis, |name| {
+            std::env::var(name).ok()
+        })
+        .map_err(|e| anyhow::anyhow!("--cache-config: {e}"))?;
+    Ok((0, Some(settings), notes))
 }
 
 impl BackendSettings {
@@ -733,7 +786,7 @@ mod tests {
 
     #[test]
     fn a_production_command_line_parses_with_tritons_spellings() {
-        let (cli, notes) = parse(args(
+        let (cli, _) = parse(args(
             "--model-repository=/models --strict-model-config=false --log-verbose=1 \
              --log-info=1 --log-warning on --log-error=true --exit-on-error=0 \
              --model-load-thread-count=8 --http-thread-count=16 --allow-gpu-metrics=false \
@@ -752,9 +805,8 @@ mod tests {
         );
         assert_eq!(cli.grpc_keepalive_time, 10_000);
         assert_eq!(cli.model_load_thread_count, 8);
-        assert!(notes
-            .iter()
-            .any(|n| n.contains("--rate-limit=off is what this server does")));
+        assert_eq!(cli.rate_limit, RateLimit::Off);
+        assert!(rate_limiter(&cli).unwrap().is_none());
         let (backend, notes) = BackendSettings::parse(&cli.backend_config).unwrap();
         assert_eq!(backend.default_max_batch_size, 8);
         assert!(notes[0].contains("no stub process"), "{notes:?}");
@@ -764,16 +816,25 @@ mod tests {
     fn flags_for_what_is_not_served_are_refused_by_name() {
         for (line, says) in [
             (
-                "--cache-config=redis,host=localhost,port=6379",
-                "the Redis cache is not served yet",
+                "--cache-config=redis,host=localhost",
+                "the redis cache needs host and port",
             ),
             (
-                "--rate-limit execution_count",
-                "--rate-limit=execution_count is refused",
+                "--cache-config=redis,host=h,port=1 --cache-config=local,size=10",
+                "one cache at a time",
+            ),
+            (
+                "--rate-limit-resource=R:1",
+                "--rate-limit-resource needs --rate-limit=execution_count",
+            ),
+            (
+                "--rate-limit=execution_count --rate-limit-resource=R",
+                "expected <name>:<count>[:<device>]",
             ),
             ("--http-header-forward-pattern=.*", "not forwarded"),
         ] {
             let e = parse(args(&format!("--model-repository=/m {line}")))
+                .and_then(|(cli, _)| rate_limiter(&cli).map(|_| ()))
                 .err()
                 .unwrap()
                 .to_string();

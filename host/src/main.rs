@@ -306,6 +306,10 @@ async fn server_options(
     tenancy: Option<Arc<Tenancy>>,
 ) -> anyhow::Result<ServerOptions> {
     let defaults = ServerOptions::default();
+    let (cache_bytes, redis, notes) = command_line::response_cache(cli)?;
+    for note in notes {
+        tracing::warn!("{note}");
+    }
     let (remote_repositories, model_repositories) =
         open_repositories(&cli.model_repository, &std::env::temp_dir()).await?;
     Ok(ServerOptions {
@@ -327,7 +331,14 @@ async fn server_options(
             ..defaults.runtime
         },
         queue_capacity: cli.model_queue_capacity,
-        response_cache_bytes: command_line::response_cache_bytes(cli)?,
+        response_cache_bytes: cache_bytes,
+        response_cache_redis: match redis {
+            Some(settings) => Some(Arc::new(
+                wasmtron::scheduling::redis_cache::RedisCache::new(settings)
+                    .map_err(|e| anyhow::anyhow!("--cache-config: {e}"))?,
+            )),
+            None => None,
+        },
         load_threads: cli.model_load_thread_count as usize,
         poll_interval: Duration::from_secs(cli.repository_poll_secs.max(1)),
         limits: RequestLimits {
@@ -339,6 +350,7 @@ async fn server_options(
         response_stall_timeout: Duration::from_secs(cli.response_stall_timeout_secs.max(1)),
         server_id: cli.id.clone(),
         latency_metrics: command_line::latency_metrics(cli)?,
+        rate_limiter: command_line::rate_limiter(cli)?,
         ..ServerOptions::default()
     }
     .with_tenancy(tenancy, cli.execution_slots))

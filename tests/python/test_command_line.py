@@ -98,8 +98,8 @@ def test_log_levels_and_the_iso8601_format(repo, tmp_path):
 
 @pytest.mark.parametrize("flag,says", [
     ("--grpc-use-ssl=true", "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),
-    ("--cache-config=redis,host=127.0.0.1,port=6379", "the Redis cache is not served yet"),
-    ("--rate-limit=execution_count", "--rate-limit=execution_count is refused"),
+    ("--cache-config=redis,host=127.0.0.1", "the redis cache needs host and port"),
+    ("--rate-limit-resource=R:1", "--rate-limit-resource needs --rate-limit=execution_count"),
     ("--allow-sagemaker=1", "--allow-sagemaker=1 is refused"),
     ("--backend-config=onnxruntime,no-such-setting=1", "unknown setting 'no-such-setting'"),
     ("--allow-http=maybe", "'maybe' is not a boolean"),

@@ -130,8 +130,6 @@ const PRIORITY: &str = "sets CUDA stream priorities in Triton's TensorRT and Ten
 const PINNED: &str = "GPU instances here always stage inputs and outputs in pinned host memory; \
                       CPU instances copy nothing";
 const GATHER: &str = "a GPU gather-kernel threshold; inputs here are gathered on the host";
-const RATE_LIMITER: &str = "Triton applies it only under --rate-limit=execution_count, and this \
-                            server has no rate limiter yet (the flag is refused)";
 const SECONDARY: &str = "NVDLA cores for TensorRT; Triton's other backends ignore them too";
 const PROFILE: &str = "TensorRT optimisation profiles; Triton's other backends ignore them too";
 const HOST_POLICY: &str = "host policies (--host-policy: NUMA binding) are not supported here";
@@ -714,25 +712,40 @@ pub const FIELDS: &[Row] = &[
         NoEffect(NO_INSTANCES),
     ),
     all("instance_group.rate_limiter", C),
-    all(
+    each(
         "instance_group.rate_limiter.resources",
-        NoEffect(RATE_LIMITER),
+        H,
+        H,
+        Refused(GEN_INSTANCES),
+        NoEffect(NO_INSTANCES),
     ),
-    all(
+    each(
         "instance_group.rate_limiter.resources.name",
-        NoEffect(RATE_LIMITER),
+        H,
+        H,
+        Refused(GEN_INSTANCES),
+        NoEffect(NO_INSTANCES),
     ),
-    all(
+    each(
         "instance_group.rate_limiter.resources.global",
-        NoEffect(RATE_LIMITER),
+        H,
+        H,
+        Refused(GEN_INSTANCES),
+        NoEffect(NO_INSTANCES),
     ),
-    all(
+    each(
         "instance_group.rate_limiter.resources.count",
-        NoEffect(RATE_LIMITER),
+        H,
+        H,
+        Refused(GEN_INSTANCES),
+        NoEffect(NO_INSTANCES),
     ),
-    all(
+    each(
         "instance_group.rate_limiter.priority",
-        NoEffect(RATE_LIMITER),
+        H,
+        H,
+        Refused(GEN_INSTANCES),
+        NoEffect(NO_INSTANCES),
     ),
     each(
         "instance_group.gpus",

@@ -7,6 +7,8 @@ pub mod execution_share;
 pub mod latency;
 pub mod model_manager;
 pub mod queue;
+pub mod rate_limiter;
+pub mod redis_cache;
 pub mod response_cache;
 pub mod scheduler;
 pub mod sequence;

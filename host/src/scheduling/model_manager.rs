@@ -13,7 +13,7 @@ use super::{
     ensemble::{self, Ensemble},
     execution_share::ExecutionShare,
     queue::BatchPolicy,
-    scheduler::Scheduler,
+    scheduler::{ExecutionLimits, Scheduler},
     sequence::SequenceBatcher,
     stats::ModelStats,
 };
@@ -171,6 +171,8 @@ pub struct ManagerOptions {
     pub load_threads: usize,
     /// Whether the server has a response cache (`--cache-config`).
     pub response_cache: bool,
+    /// The rate limiter (`--rate-limit=execution_count`), if on.
+    pub rate_limiter: Option<Arc<super::rate_limiter::RateLimiter>>,
     /// The latency metrics each model records (`--metrics-config`).
     pub latency_metrics: super::latency::LatencyMetrics,
 }
@@ -438,6 +440,36 @@ impl ModelManager {
         Ok(names)
     }
 
+    /// What each of a version's instances needs from the rate limiter (none without
+    /// `--rate-limit=execution_count`, where a `rate_limiter` is logged as having no effect,
+    /// as Triton ignores it then; none for generation models, which batch in one loop).
+    fn rate_limiter_claims(
+        &self,
+        config: &ModelConfig,
+        instances: usize,
+    ) -> Result<Vec<Arc<super::rate_limiter::Claim>>> {
+        let limited = config
+            .instance_group
+            .iter()
+            .any(|g| g.rate_limiter.is_some());
+        match &self.options.rate_limiter {
+            Some(_) if crate::runtime::family(config) == config_fields::Family::Generation => {
+                Ok(Vec::new())
+            }
+            Some(limiter) => limiter.claims(config, instances).map_err(Error::invalid),
+            None => {
+                if limited {
+                    tracing::warn!(
+                        model = %config.name,
+                        "field 'instance_group.rate_limiter' has no effect without \
+                         --rate-limit=execution_count (Triton ignores it then too)"
+                    );
+                }
+                Ok(Vec::new())
+            }
+        }
+    }
+
     /// Fresh counters for a version of `config`, recording the latency distributions the
     /// server's `--metrics-config` and the model's `model_metrics` ask for.
     fn new_stats(&self, config: &ModelConfig) -> Result<Arc<ModelStats>> {
@@ -694,6 +726,7 @@ impl ModelManager {
                 padding: loaded.buckets.clone(),
                 ..BatchPolicy::from_config(&loaded.config)
             };
+            let claims = self.rate_limiter_claims(&loaded.config, loaded.instances.len())?;
             let scheduler = Scheduler::start(
                 name,
                 version,
@@ -703,10 +736,13 @@ impl ModelManager {
                 stats.clone(),
                 // A generation model's sequences all run in its one batch loop: held back by
                 // the share, a tenant would get one sequence at a time instead of the batch.
-                if generation.is_some() {
-                    Arc::new(ExecutionShare::new(0))
-                } else {
-                    self.options.execution_share.clone()
+                ExecutionLimits {
+                    share: if generation.is_some() {
+                        Arc::new(ExecutionShare::new(0))
+                    } else {
+                        self.options.execution_share.clone()
+                    },
+                    claims,
                 },
             )?;
             let runner = match sequence_spec(&loaded.config).map_err(Error::invalid)? {

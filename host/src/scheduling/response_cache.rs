@@ -1,4 +1,5 @@
-//! Triton's response cache, in memory (`--cache-config local,size=N`): a model whose
+//! Triton's response cache, in memory (`--cache-config local,size=N`) or in a Redis that
+//! several servers share (`--cache-config redis,…`, [`super::redis_cache`]): a model whose
 //! configuration says `response_cache { enable: true }` answers a request it has answered
 //! before from the cache, without running. Entries are keyed by a SHA-256 of the model, its
 //! version, the request's inputs (name, datatype, shape, bytes) and the outputs it asks for
@@ -10,7 +11,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     sync::{
         atomic::{AtomicU64, Ordering::Relaxed},
-        Mutex, PoisonError,
+        Arc, Mutex, PoisonError,
     },
 };
 
@@ -21,9 +22,73 @@ use crate::inference::{InferRequest, InferResponse, ParamValue};
 /// A request's identity in the cache.
 pub type Key = [u8; 32];
 
-/// The in-memory response cache shared by the models that enable it.
+/// The response cache shared by the models that enable it.
 #[derive(Debug)]
 pub struct ResponseCache {
+    store: Store,
+}
+
+#[derive(Debug)]
+enum Store {
+    Local(LocalCache),
+    Redis(Arc<super::redis_cache::RedisCache>),
+}
+
+impl ResponseCache {
+    /// An in-memory cache of at most `max_bytes` of answers.
+    pub fn local(max_bytes: usize) -> Self {
+        Self {
+            store: Store::Local(LocalCache::new(max_bytes)),
+        }
+    }
+
+    /// A cache kept in Redis.
+    pub fn redis(cache: Arc<super::redis_cache::RedisCache>) -> Self {
+        Self {
+            store: Store::Redis(cache),
+        }
+    }
+
+    /// The in-memory cache, when that is the store.
+    pub fn as_local(&self) -> Option<&LocalCache> {
+        match &self.store {
+            Store::Local(l) => Some(l),
+            Store::Redis(_) => None,
+        }
+    }
+
+    /// The key of `request` to `model` version `version` for `tenants` (their names, or none).
+    pub fn key(model: &str, version: i64, request: &InferRequest, tenants: &[String]) -> Key {
+        LocalCache::key(model, version, request, tenants)
+    }
+
+    /// The answer cached under `key`, if any. A store that cannot answer (a Redis that is
+    /// down) gives `None`: a miss, never an error.
+    pub async fn get(&self, key: &Key) -> Option<InferResponse> {
+        match &self.store {
+            Store::Local(l) => l.get(key),
+            Store::Redis(r) => r.get(key).await,
+        }
+    }
+
+    /// Keeps `response` under `key`; Redis stores it in the background, so the answer is not
+    /// held back for it.
+    pub fn insert(&self, key: Key, response: &InferResponse) {
+        match &self.store {
+            Store::Local(l) => l.insert(key, response),
+            Store::Redis(r) => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let (r, response) = (r.clone(), response.clone());
+                    runtime.spawn(async move { r.insert(key, &response).await });
+                }
+            }
+        }
+    }
+}
+
+/// The in-memory cache: least recently used answers go first.
+#[derive(Debug)]
+pub struct LocalCache {
     max_bytes: usize,
     inner: Mutex<Inner>,
     /// Answers removed to make room.
@@ -46,7 +111,7 @@ struct Entry {
     used: u64,
 }
 
-impl ResponseCache {
+impl LocalCache {
     /// A cache holding at most `max_bytes` of answers.
     pub fn new(max_bytes: usize) -> Self {
         Self {
@@ -221,7 +286,7 @@ mod tests {
     #[test]
     fn keys_tell_inputs_versions_and_tenants_apart() {
         let k =
-            |v, version, tenants: &[String]| ResponseCache::key("m", version, &request(v), tenants);
+            |v, version, tenants: &[String]| LocalCache::key("m", version, &request(v), tenants);
         assert_eq!(k(1, 1, &[]), k(1, 1, &[]));
         assert_ne!(k(1, 1, &[]), k(2, 1, &[]));
         assert_ne!(k(1, 1, &[]), k(1, 2, &[]));
@@ -232,8 +297,8 @@ mod tests {
     #[test]
     fn the_least_recently_used_answers_go_first_and_oversized_ones_are_not_kept() {
         let one = size_of(&answer(1000));
-        let cache = ResponseCache::new(2 * one + 10);
-        let key = |v| ResponseCache::key("m", 1, &request(v), &[]);
+        let cache = LocalCache::new(2 * one + 10);
+        let key = |v| LocalCache::key("m", 1, &request(v), &[]);
         cache.insert(key(1), &answer(1000));
         cache.insert(key(2), &answer(1000));
         // 1 is used again, so 2 is the least recently used when 3 comes.

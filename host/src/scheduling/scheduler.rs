@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 use super::{
     execution_share::{Execution, ExecutionShare, Wake, ACTIVE_WINDOW},
     queue::{BatchPolicy, Batchable, Decision, Entry, Refusal, RequestQueue, Share},
+    rate_limiter::{Claim, Permit},
     stats::{FailureReason, ModelStats},
 };
 use crate::{
@@ -191,8 +192,9 @@ impl Scheduler {
         policy: BatchPolicy,
         queue_capacity: usize,
         stats: Arc<ModelStats>,
-        share: Arc<ExecutionShare>,
+        limits: ExecutionLimits,
     ) -> Result<Self> {
+        let ExecutionLimits { share, claims } = limits;
         let drain_policy = BatchPolicy {
             max_queue_delay: Duration::ZERO,
             preferred: Vec::new(),
@@ -214,11 +216,13 @@ impl Scheduler {
             share,
             this: this.clone(),
         });
+        let mut claims = claims.into_iter();
         for (index, instance) in instances.into_iter().enumerate() {
             let shared = shared.clone();
+            let claim = claims.next();
             std::thread::Builder::new()
                 .name(format!("{model}-v{version}-{index}"))
-                .spawn(move || shared.work_loop(instance))
+                .spawn(move || shared.work_loop(instance, claim))
                 .map_err(|e| {
                     Error::internal(format!("cannot start a worker for '{model}': {e}"))
                 })?;
@@ -320,6 +324,22 @@ impl Scheduler {
     }
 }
 
+/// What bounds a model's executions beyond its instances: the server's share among tenants,
+/// and each instance's claim on the rate limiter's resources (none without it).
+pub struct ExecutionLimits {
+    /// The server's executions, shared among tenants.
+    pub share: Arc<ExecutionShare>,
+    /// One claim per instance, in instance order; empty without the rate limiter.
+    pub claims: Vec<Arc<Claim>>,
+}
+
+/// A batch a worker took, with what lets it run: its tenant's slot and its resources.
+struct Taken {
+    batch: Vec<Entry<Job>>,
+    execution: Option<Execution>,
+    permit: Option<Permit>,
+}
+
 /// A queued request whose caller is waiting; dropped unanswered, it leaves the queue.
 struct Waiting<'a> {
     shared: &'a Shared,
@@ -343,15 +363,19 @@ impl Drop for Waiting<'_> {
 }
 
 impl Shared {
-    fn work_loop(&self, mut instance: Box<dyn ModelInstance>) {
-        while let Some((batch, execution)) = self.next_batch() {
-            self.run_batch(instance.as_mut(), batch, execution);
+    fn work_loop(&self, mut instance: Box<dyn ModelInstance>, claim: Option<Arc<Claim>>) {
+        while let Some(taken) = self.next_batch(claim.as_ref()) {
+            self.run_batch(instance.as_mut(), taken);
+        }
+        if let Some(claim) = &claim {
+            claim.withdraw();
         }
     }
 
-    /// Waits until the queue says a batch should run and its tenant's part of the server's
-    /// executions allows it, and takes it with its slot; `None` once closed and empty.
-    fn next_batch(&self) -> Option<(Vec<Entry<Job>>, Option<Execution>)> {
+    /// Waits until the queue says a batch should run, its tenant's part of the server's
+    /// executions allows it and (with the rate limiter) the instance's resources are free,
+    /// and takes it with its slot and resources; `None` once closed and empty.
+    fn next_batch(&self, claim: Option<&Arc<Claim>>) -> Option<Taken> {
         let mut state = lock(&self.state);
         loop {
             let now = Instant::now();
@@ -383,17 +407,23 @@ impl Shared {
                     _ => true,
                 };
                 let decision = state.queue.decide_among(policy, now, &mut eligible);
-                let taken = match decision {
-                    Decision::Run(n) => {
+                // With the rate limiter, the instance runs only with its resources.
+                let permit = match (&decision, claim) {
+                    (Decision::Run(_), Some(c)) => c.acquire(self.this.clone()).map(Some),
+                    _ => Some(None),
+                };
+                let taken = match (decision, permit) {
+                    (Decision::Run(_), None) => None,
+                    (Decision::Run(n), Some(permit)) => {
                         let batch = state.queue.take_among(n, &mut eligible);
                         let owner = batch.first().and_then(|e| e.job.slot_owner());
                         let execution = match (&mut gate, owner) {
                             (Some(gate), Some(s)) => Some(gate.start(s.tenant, s.weight)),
                             _ => None,
                         };
-                        Some((batch, execution))
+                        Some((batch, execution, permit))
                     }
-                    Decision::Idle if !state.queue.is_empty() => {
+                    (Decision::Idle, _) if !state.queue.is_empty() => {
                         if let Some(gate) = &mut gate {
                             gate.wait(self.this.clone());
                         }
@@ -404,13 +434,26 @@ impl Shared {
                 (decision, taken)
             };
             match (decision, taken) {
-                (Decision::Run(_), Some((batch, execution))) => {
+                (Decision::Run(_), Some((batch, execution, permit))) => {
                     self.stats.pending.fetch_sub(batch.len() as i64, Relaxed);
                     if !state.queue.is_empty() {
                         // More work: another free worker may take it.
                         self.work.notify_one();
                     }
-                    return Some((batch, execution));
+                    return Some(Taken {
+                        batch,
+                        execution,
+                        permit,
+                    });
+                }
+                _ if state.queue.is_empty() && claim.is_some_and(|c| c.pending()) => {
+                    // No work left for resources it waits for or was given: let others have
+                    // them. Withdrawing wakes other schedulers, so not under this lock.
+                    drop(state);
+                    if let Some(c) = claim {
+                        c.withdraw();
+                    }
+                    state = lock(&self.state);
                 }
                 (Decision::WaitUntil(at), _) => {
                     let wait = at.saturating_duration_since(now);
@@ -445,12 +488,12 @@ impl Shared {
         }
     }
 
-    fn run_batch(
-        &self,
-        instance: &mut dyn ModelInstance,
-        batch: Vec<Entry<Job>>,
-        execution: Option<Execution>,
-    ) {
+    fn run_batch(&self, instance: &mut dyn ModelInstance, taken: Taken) {
+        let Taken {
+            batch,
+            execution,
+            permit,
+        } = taken;
         let started = Instant::now();
         let mut jobs = Vec::with_capacity(batch.len());
         for entry in batch {
@@ -495,8 +538,9 @@ impl Shared {
             ));
             (vec![Err(err); requests.len()], ExecTimings::default())
         });
-        // The slot is free again as soon as the model is done.
+        // The slot and the resources are free again as soon as the model is done.
         drop(execution);
+        drop(permit);
         self.stats
             .padded_rows
             .fetch_add(timings.padded_rows, Relaxed);
@@ -609,6 +653,12 @@ mod tests {
             while tenant == "a" && !s.released {
                 s = released.wait(s).unwrap_or_else(PoisonError::into_inner);
             }
+            if tenant == "b" {
+                // Long enough for executions on other instances to overlap this one.
+                drop(s);
+                std::thread::sleep(Duration::from_millis(20));
+                s = lock(seen);
+            }
             *s.running.entry(tenant).or_default() -= 1;
             Ok((Vec::new(), ExecTimings::default()))
         }
@@ -629,6 +679,15 @@ mod tests {
     /// A model of three probe instances under `share`.
     fn model(share: ExecutionShare) -> (Arc<Scheduler>, Board) {
         let board: Board = Default::default();
+        (model_on(&board, Arc::new(share), Vec::new()), board)
+    }
+
+    /// A model of three probe instances on `board`, with `claims` from a rate limiter.
+    fn model_on(
+        board: &Board,
+        share: Arc<ExecutionShare>,
+        claims: Vec<Arc<Claim>>,
+    ) -> Arc<Scheduler> {
         let instances: Vec<Box<dyn ModelInstance>> = (0..3)
             .map(|_| Box::new(Probe(board.clone())) as Box<dyn ModelInstance>)
             .collect();
@@ -639,10 +698,10 @@ mod tests {
             BatchPolicy::one_at_a_time(),
             100,
             Default::default(),
-            Arc::new(share),
+            ExecutionLimits { share, claims },
         )
         .unwrap();
-        (Arc::new(scheduler), board)
+        Arc::new(scheduler)
     }
 
     fn call(
@@ -725,6 +784,33 @@ mod tests {
             r.await.unwrap().unwrap();
         }
         assert_eq!(most, 3, "alone, a is not held to a part");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_models_sharing_one_resource_never_run_at_once() {
+        use crate::scheduling::rate_limiter::RateLimiter;
+        let (_, b) = tenants();
+        let limiter = Arc::new(RateLimiter::new(&["R:1".into()]).unwrap());
+        let config = crate::repository::config::parse_text(
+            "name: \"m\"\ninstance_group [ { count: 3, kind: KIND_CPU, rate_limiter { \
+             resources [ { name: \"R\", count: 1 } ] } } ]\n",
+            std::path::Path::new("m"),
+        )
+        .unwrap();
+        let board: Board = Default::default();
+        let share = Arc::new(ExecutionShare::new(0));
+        let models: Vec<_> = (0..2)
+            .map(|_| {
+                let claims = limiter.claims(&config, 3).unwrap();
+                model_on(&board, share.clone(), claims)
+            })
+            .collect();
+        let calls: Vec<_> = (0..12).map(|i| call(&models[i % 2], &b)).collect();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        // Six instances with work, one resource: one execution at a time.
+        assert_eq!(lock(&board.0).most["b"], 1);
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub struct ServerOptions {
     pub queue_capacity: usize,
     /// Bytes of answers the response cache keeps (`--cache-config local,size=N`); 0: none.
     pub response_cache_bytes: usize,
+    /// The response cache in Redis (`--cache-config redis,…`), instead of in memory.
+    pub response_cache_redis: Option<Arc<super::redis_cache::RedisCache>>,
     /// Models loaded at once at start-up and on each poll (`--model-load-thread-count`).
     pub load_threads: usize,
     /// Poll interval in poll mode.
@@ -78,6 +80,8 @@ pub struct ServerOptions {
     pub server_id: String,
     /// The latency metrics models record (`--metrics-config`).
     pub latency_metrics: super::latency::LatencyMetrics,
+    /// The rate limiter (`--rate-limit=execution_count`), if on.
+    pub rate_limiter: Option<Arc<super::rate_limiter::RateLimiter>>,
 }
 
 impl Default for ServerOptions {
@@ -100,6 +104,7 @@ impl Default for ServerOptions {
             },
             queue_capacity: 0,
             response_cache_bytes: 0,
+            response_cache_redis: None,
             load_threads: 4,
             poll_interval: Duration::from_secs(15),
             limits: RequestLimits::default(),
@@ -107,6 +112,7 @@ impl Default for ServerOptions {
             response_stall_timeout: Duration::from_secs(10),
             server_id: "wasmtron".to_owned(),
             latency_metrics: Default::default(),
+            rate_limiter: None,
         }
     }
 }
@@ -238,12 +244,17 @@ impl Server {
                     queue_capacity: options.queue_capacity,
                     execution_share: Arc::new(ExecutionShare::new(options.execution_slots)),
                     load_threads: options.load_threads,
-                    response_cache: options.response_cache_bytes > 0,
+                    response_cache: options.response_cache_bytes > 0
+                        || options.response_cache_redis.is_some(),
                     latency_metrics: options.latency_metrics.clone(),
+                    rate_limiter: options.rate_limiter.clone(),
                 },
             ));
-            let cache = (options.response_cache_bytes > 0)
-                .then(|| Arc::new(ResponseCache::new(options.response_cache_bytes)));
+            let cache = match &options.response_cache_redis {
+                Some(redis) => Some(Arc::new(ResponseCache::redis(redis.clone()))),
+                None => (options.response_cache_bytes > 0)
+                    .then(|| Arc::new(ResponseCache::local(options.response_cache_bytes))),
+            };
             Self {
                 manager,
                 options,
@@ -406,9 +417,11 @@ impl Server {
         let cached = self.cache_key(&model, &request);
         if let Some((cache, key)) = &cached {
             let looked = Instant::now();
-            if let Some(mut hit) = cache.get(key) {
+            if let Some(mut hit) = cache.get(key).await {
                 // As on Triton, a hit counts as a success but not as an inference.
                 hit.id = request.id.clone();
+                hit.model_name = model.name.clone();
+                hit.model_version = model.version;
                 model.stats.cache_hit.record(looked.elapsed());
                 model.stats.latency.record_cache(true, looked.elapsed());
                 model.stats.success.record(received.elapsed());

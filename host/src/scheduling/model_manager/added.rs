@@ -10,7 +10,11 @@ use crate::{
     proto::inference::ModelConfig,
     repository::{sequence::sequence_spec, validate::validate},
     runtime::{is_decoupled, ModelInstance},
-    scheduling::{ensemble, queue::BatchPolicy, scheduler::Scheduler},
+    scheduling::{
+        ensemble,
+        queue::BatchPolicy,
+        scheduler::{ExecutionLimits, Scheduler},
+    },
 };
 
 /// The version an added model serves as.
@@ -73,7 +77,10 @@ impl ModelManager {
             BatchPolicy::from_config(&config),
             self.options.queue_capacity,
             stats.clone(),
-            self.options.execution_share.clone(),
+            ExecutionLimits {
+                share: self.options.execution_share.clone(),
+                claims: Vec::new(),
+            },
         )?;
         let version = Arc::new(ModelVersion {
             name: name.clone(),

@@ -1,0 +1,485 @@
+//! Triton's Redis response cache (`--cache-config redis,host=…,port=…`): answers kept in a Redis
+//! that several servers share, so a request answered by one is a hit on the others. Options as
+//! Triton's Redis cache names them; credentials may come from `TRITONCACHE_REDIS_USERNAME` /
+//! `TRITONCACHE_REDIS_PASSWORD`. Redis is a helper, never a dependency of an answer: every call
+//! is bounded by a timeout, a Redis that is down or slow makes lookups misses (and a stored
+//! value that does not decode is a miss too), and the connection is made again in the
+//! background, at most once a second.
+
+use std::{
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use redis::{aio::ConnectionManager, AsyncCommands};
+
+use crate::{
+    inference::{InferResponse, ParamValue, Parameters},
+    tensor::{DataType, Tensor},
+};
+
+/// How long a call waits when the configuration gives no timeout (Triton's `0` waits forever;
+/// here a request never waits on a Redis that went away).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often a lost connection is tried again.
+const RECONNECT_EVERY: Duration = Duration::from_secs(1);
+
+/// Prefix of the cache's keys in Redis.
+const KEY_PREFIX: &str = "wasmtron:response:";
+
+/// `--cache-config redis,<key>=<value>` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// `host` (required).
+    pub host: String,
+    /// `port` (required).
+    pub port: u16,
+    /// `user` (default: Redis' `default` user).
+    pub user: Option<String>,
+    /// `password`.
+    pub password: Option<String>,
+    /// `db` (default 0).
+    pub db: i64,
+    /// `connect_timeout` in ms (0: [`DEFAULT_TIMEOUT`]).
+    pub connect_timeout_ms: u64,
+    /// `socket_timeout` in ms (0: [`DEFAULT_TIMEOUT`]).
+    pub socket_timeout_ms: u64,
+    /// `wait_timeout` in ms: the most a lookup waits for a connection (default 1000).
+    pub wait_timeout_ms: u64,
+}
+
+impl RedisSettings {
+    /// Reads Triton's `redis` settings (`key=value` pairs, each from one `--cache-config`
+    /// value); `env` gives `TRITONCACHE_REDIS_USERNAME` and `_PASSWORD`. Returns the settings
+    /// and lines to log for settings without effect here; an unknown setting, a bad value or
+    /// a missing host or port is refused by name.
+    pub fn parse<'a>(
+        pairs: impl IntoIterator<Item = &'a str>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<(Self, Vec<String>), String> {
+        let (mut host, mut port) = (None, None);
+        let mut settings = Self {
+            host: String::new(),
+            port: 0,
+            user: env("TRITONCACHE_REDIS_USERNAME"),
+            password: env("TRITONCACHE_REDIS_PASSWORD"),
+            db: 0,
+            connect_timeout_ms: 0,
+            socket_timeout_ms: 0,
+            wait_timeout_ms: 1000,
+        };
+        let mut notes = Vec::new();
+        let number = |key: &str, v: &str| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("redis setting '{key}' must be a number, not '{v}'"))
+        };
+        for pair in pairs {
+            let Some((key, value)) = pair.split_once('=') else {
+                return Err(format!("redis setting '{pair}': expected <key>=<value>"));
+            };
+            match key.trim() {
+                "host" => host = Some(value.trim().to_owned()),
+                "port" => {
+                    port = Some(value.trim().parse::<u16>().map_err(|_| {
+                        format!("redis setting 'port' must be a port number, not '{value}'")
+                    })?)
+                }
+                "user" => settings.user = Some(value.to_owned()),
+                "password" => settings.password = Some(value.to_owned()),
+                "db" => settings.db = number(key, value)? as i64,
+                "connect_timeout" => settings.connect_timeout_ms = number(key, value)?,
+                "socket_timeout" => settings.socket_timeout_ms = number(key, value)?,
+                "wait_timeout" => settings.wait_timeout_ms = number(key, value)?,
+                "pool_size" => {
+                    number(key, value)?;
+                    notes.push(
+                        "--cache-config redis,pool_size has no effect here: one multiplexed \
+                         connection carries every lookup"
+                            .to_owned(),
+                    );
+                }
+                k @ ("tls_enabled" | "cert" | "key" | "cacert" | "sni") => {
+                    return Err(format!(
+                        "redis setting '{k}': TLS to Redis is not supported here (use a Redis \
+                         on a trusted network, or a TLS tunnel)"
+                    ))
+                }
+                other => {
+                    return Err(format!(
+                        "unknown redis setting '{other}' (host, port, user, password, db, \
+                         connect_timeout, socket_timeout, pool_size, wait_timeout)"
+                    ))
+                }
+            }
+        }
+        match (host.filter(|h| !h.is_empty()), port) {
+            (Some(h), Some(p)) => {
+                settings.host = h;
+                settings.port = p;
+                Ok((settings, notes))
+            }
+            _ => Err(
+                "the redis cache needs host and port (--cache-config redis,host=<host> \
+                      --cache-config redis,port=<port>)"
+                    .into(),
+            ),
+        }
+    }
+
+    fn timeout(ms: u64) -> Duration {
+        if ms == 0 {
+            DEFAULT_TIMEOUT
+        } else {
+            Duration::from_millis(ms)
+        }
+    }
+}
+
+/// The connection, made when first needed and again after it is lost.
+struct Connection {
+    manager: Option<ConnectionManager>,
+    last_try: Option<Instant>,
+}
+
+/// A response cache kept in Redis.
+pub struct RedisCache {
+    client: redis::Client,
+    settings: RedisSettings,
+    connection: tokio::sync::Mutex<Connection>,
+    /// Calls that failed or timed out (each answered as a miss).
+    errors: std::sync::atomic::AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for RedisCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCache")
+            .field("host", &self.settings.host)
+            .field("port", &self.settings.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisCache {
+    /// A cache on the Redis `settings` name; nothing is connected yet.
+    pub fn new(settings: RedisSettings) -> Result<Self, String> {
+        let info = redis::ConnectionInfo {
+            addr: redis::ConnectionAddr::Tcp(settings.host.clone(), settings.port),
+            redis: redis::RedisConnectionInfo {
+                db: settings.db,
+                username: settings.user.clone(),
+                password: settings.password.clone(),
+                ..Default::default()
+            },
+        };
+        let client = redis::Client::open(info).map_err(|e| format!("redis: {e}"))?;
+        Ok(Self {
+            client,
+            settings,
+            connection: tokio::sync::Mutex::new(Connection {
+                manager: None,
+                last_try: None,
+            }),
+            errors: Default::default(),
+            last_error: Mutex::new(None),
+        })
+    }
+
+    /// Calls to Redis that failed or timed out so far.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn failed(&self, what: &str, e: impl std::fmt::Display) {
+        self.errors
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let message = format!("{what}: {e}");
+        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        // One line per kind of failure, not one per request.
+        if last.as_deref() != Some(message.as_str()) {
+            tracing::warn!(
+                host = %self.settings.host,
+                port = self.settings.port,
+                "response cache in Redis: {message}; lookups are misses until it answers"
+            );
+            *last = Some(message);
+        }
+    }
+
+    /// The connection, or `None` while Redis cannot be reached (tried again at most once a
+    /// second).
+    async fn connection(&self) -> Option<ConnectionManager> {
+        let wait = Duration::from_millis(self.settings.wait_timeout_ms.max(1));
+        let mut conn = tokio::time::timeout(wait, self.connection.lock())
+            .await
+            .ok()?;
+        if let Some(m) = &conn.manager {
+            return Some(m.clone());
+        }
+        if conn.last_try.is_some_and(|t| t.elapsed() < RECONNECT_EVERY) {
+            return None;
+        }
+        conn.last_try = Some(Instant::now());
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(RedisSettings::timeout(self.settings.connect_timeout_ms))
+            .set_response_timeout(RedisSettings::timeout(self.settings.socket_timeout_ms))
+            .set_number_of_retries(1);
+        let connect = ConnectionManager::new_with_config(self.client.clone(), config);
+        let limit = RedisSettings::timeout(self.settings.connect_timeout_ms);
+        match tokio::time::timeout(limit, connect).await {
+            Ok(Ok(m)) => {
+                *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                conn.manager = Some(m.clone());
+                Some(m)
+            }
+            Ok(Err(e)) => {
+                self.failed("cannot connect", e);
+                None
+            }
+            Err(_) => {
+                self.failed("cannot connect", "timed out");
+                None
+            }
+        }
+    }
+
+    fn redis_key(key: &super::response_cache::Key) -> String {
+        let mut out = String::with_capacity(KEY_PREFIX.len() + 64);
+        out.push_str(KEY_PREFIX);
+        for b in key {
+            out.push_str(&format!("{b:02x}"));
+        }
+        out
+    }
+
+    /// The answer stored under `key`, if Redis has one that decodes.
+    pub async fn get(&self, key: &super::response_cache::Key) -> Option<InferResponse> {
+        let mut conn = self.connection().await?;
+        let limit = RedisSettings::timeout(self.settings.socket_timeout_ms);
+        let found: Option<Vec<u8>> =
+            match tokio::time::timeout(limit, conn.get(Self::redis_key(key))).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => {
+                    self.failed("lookup failed", e);
+                    return None;
+                }
+                Err(_) => {
+                    self.failed("lookup failed", "timed out");
+                    return None;
+                }
+            };
+        decode(&found?)
+    }
+
+    /// Stores `response` under `key` (failures are logged, never returned).
+    pub async fn insert(&self, key: super::response_cache::Key, response: &InferResponse) {
+        let Some(mut conn) = self.connection().await else {
+            return;
+        };
+        let limit = RedisSettings::timeout(self.settings.socket_timeout_ms);
+        let value = encode(response);
+        let stored: Result<Result<(), _>, _> =
+            tokio::time::timeout(limit, conn.set(Self::redis_key(&key), value)).await;
+        match stored {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.failed("storing failed", e),
+            Err(_) => self.failed("storing failed", "timed out"),
+        }
+    }
+}
+
+/// Version tag of the stored form.
+const MAGIC: &[u8; 4] = b"WTR1";
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// An answer as stored: its parameters and outputs (the model, version and id come from the
+/// request that finds it).
+fn encode(response: &InferResponse) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        64 + response
+            .outputs
+            .iter()
+            .map(|t| t.data.len() + 64)
+            .sum::<usize>(),
+    );
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(response.parameters.len() as u64).to_le_bytes());
+    for (name, value) in &response.parameters {
+        put_bytes(&mut out, name.as_bytes());
+        match value {
+            ParamValue::Bool(b) => {
+                out.push(0);
+                out.extend_from_slice(&u64::from(*b).to_le_bytes());
+            }
+            ParamValue::Int(i) => {
+                out.push(1);
+                out.extend_from_slice(&i.to_le_bytes());
+            }
+            ParamValue::Uint(u) => {
+                out.push(2);
+                out.extend_from_slice(&u.to_le_bytes());
+            }
+            ParamValue::Double(d) => {
+                out.push(3);
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            ParamValue::String(s) => {
+                out.push(4);
+                put_bytes(&mut out, s.as_bytes());
+            }
+        }
+    }
+    out.extend_from_slice(&(response.outputs.len() as u64).to_le_bytes());
+    for t in &response.outputs {
+        put_bytes(&mut out, t.name.as_bytes());
+        put_bytes(&mut out, t.datatype.wire_name().as_bytes());
+        out.extend_from_slice(&(t.shape.len() as u64).to_le_bytes());
+        for d in &t.shape {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        put_bytes(&mut out, &t.data);
+    }
+    out
+}
+
+/// Reads what [`encode`] wrote; `None` for anything else (another program's value, a
+/// truncated or altered one), which the cache treats as a miss.
+fn decode(bytes: &[u8]) -> Option<InferResponse> {
+    struct Reader<'a>(&'a [u8]);
+    impl<'a> Reader<'a> {
+        fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+            if n > self.0.len() {
+                return None;
+            }
+            let (head, rest) = self.0.split_at(n);
+            self.0 = rest;
+            Some(head)
+        }
+        fn u64(&mut self) -> Option<u64> {
+            Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+        }
+        fn len(&mut self) -> Option<usize> {
+            // A length never exceeds what is left, so a forged one cannot make us allocate.
+            usize::try_from(self.u64()?)
+                .ok()
+                .filter(|&n| n <= self.0.len())
+        }
+        fn bytes(&mut self) -> Option<&'a [u8]> {
+            let n = self.len()?;
+            self.take(n)
+        }
+        fn text(&mut self) -> Option<String> {
+            String::from_utf8(self.bytes()?.to_vec()).ok()
+        }
+    }
+    let mut r = Reader(bytes);
+    if r.take(4)? != MAGIC {
+        return None;
+    }
+    let mut parameters = Parameters::new();
+    for _ in 0..r.len()? {
+        let name = r.text()?;
+        let value = match r.take(1)?[0] {
+            0 => ParamValue::Bool(r.u64()? != 0),
+            1 => ParamValue::Int(r.u64()? as i64),
+            2 => ParamValue::Uint(r.u64()?),
+            3 => ParamValue::Double(f64::from_bits(r.u64()?)),
+            4 => ParamValue::String(r.text()?),
+            _ => return None,
+        };
+        parameters.insert(name, value);
+    }
+    let mut outputs = Vec::new();
+    for _ in 0..r.len()? {
+        let name = r.text()?;
+        let datatype = DataType::from_wire(&r.text()?)?;
+        let dims = r.len()?;
+        let shape = (0..dims)
+            .map(|_| r.u64().map(|d| d as i64))
+            .collect::<Option<Vec<i64>>>()?;
+        let data = Bytes::copy_from_slice(r.bytes()?);
+        let tensor = Tensor {
+            name,
+            datatype,
+            shape,
+            data,
+        };
+        tensor.validate_size().ok()?;
+        outputs.push(tensor);
+    }
+    if !r.0.is_empty() {
+        return None;
+    }
+    Some(InferResponse {
+        model_name: String::new(),
+        model_version: 0,
+        id: String::new(),
+        parameters,
+        outputs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_round_trip_and_anything_else_is_a_miss() {
+        let mut parameters = Parameters::new();
+        parameters.insert("p".into(), ParamValue::Double(0.5));
+        parameters.insert("s".into(), ParamValue::String("x".into()));
+        let answer = InferResponse {
+            model_name: String::new(),
+            model_version: 0,
+            id: String::new(),
+            parameters,
+            outputs: vec![Tensor {
+                name: "y".into(),
+                datatype: DataType::Fp32,
+                shape: vec![1, 2],
+                data: vec![0u8; 8].into(),
+            }],
+        };
+        let stored = encode(&answer);
+        assert_eq!(decode(&stored), Some(answer));
+        for cut in 0..stored.len() {
+            assert_eq!(decode(&stored[..cut]), None, "cut at {cut}");
+        }
+        let mut forged = stored.clone();
+        forged[4..12].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(decode(&forged), None);
+        assert_eq!(decode(b"not ours"), None);
+    }
+
+    #[test]
+    fn settings_are_tritons_and_refused_by_name() {
+        let none = |_: &str| None;
+        let (s, notes) =
+            RedisSettings::parse(["host=localhost", "port=6379", "pool_size=4"], none).unwrap();
+        assert_eq!((s.host.as_str(), s.port, s.db), ("localhost", 6379, 0));
+        assert!(notes[0].contains("pool_size has no effect"));
+        let env = |k: &str| (k == "TRITONCACHE_REDIS_PASSWORD").then(|| "pw".to_owned());
+        let (s, _) = RedisSettings::parse(["host=h", "port=1"], env).unwrap();
+        assert_eq!(s.password.as_deref(), Some("pw"));
+        assert!(RedisSettings::parse(["host=h"], none)
+            .unwrap_err()
+            .contains("needs host and port"));
+        assert!(
+            RedisSettings::parse(["host=h", "port=1", "tls_enabled=true"], none)
+                .unwrap_err()
+                .contains("TLS to Redis is not supported")
+        );
+        assert!(
+            RedisSettings::parse(["host=h", "port=1", "colour=red"], none)
+                .unwrap_err()
+                .contains("unknown redis setting 'colour'")
+        );
+    }
+}
