@@ -225,6 +225,21 @@ pub struct Cli {
     /// `opentelemetry,resource=KEY=VALUE`; repeatable. Needs a build with `--features otel`.
     #[arg(long = "trace-config")]
     pub trace_config: Vec<String>,
+    /// Triton's older spelling of `--trace-config triton,file=PATH`.
+    #[arg(long)]
+    pub trace_file: Option<String>,
+    /// Triton's older spelling of `--trace-config level=LEVEL`.
+    #[arg(long)]
+    pub trace_level: Vec<String>,
+    /// Triton's older spelling of `--trace-config rate=N`.
+    #[arg(long)]
+    pub trace_rate: Option<String>,
+    /// Triton's older spelling of `--trace-config count=N`.
+    #[arg(long)]
+    pub trace_count: Option<String>,
+    /// Triton's older spelling of `--trace-config triton,log-frequency=N`.
+    #[arg(long)]
+    pub trace_log_frequency: Option<String>,
     /// Identifier of this server: the `name` its metadata answers (Triton's `--id`).
     #[arg(long = "id", default_value = crate::command_line::SERVER_ID)]
     pub id: String,
@@ -374,9 +389,6 @@ const NO_SAGEMAKER: &str = "the SageMaker endpoint is not served";
 const NO_VERTEX: &str = "the Vertex AI endpoint is not served";
 const NO_GPU_POOLS: &str =
     "no memory pools of its own: ONNX Runtime's execution providers allocate what they need";
-const NO_TRITON_TRACE: &str =
-    "Triton's trace files are not written; request traces are exported with --trace-config \
-     mode=opentelemetry";
 
 /// Triton's flags that [`Cli`] does not hold, and what each does here.
 pub const TRITON_ONLY: &[(&str, Treatment)] = &[
@@ -500,11 +512,6 @@ pub const TRITON_ONLY: &[(&str, Treatment)] = &[
         "repoagent-directory",
         Treatment::NoEffect("repository agents are built into the server"),
     ),
-    ("trace-file", Treatment::Only(&[], NO_TRITON_TRACE)),
-    ("trace-level", Treatment::Only(&["off"], NO_TRITON_TRACE)),
-    ("trace-rate", Treatment::NoEffect(NO_TRITON_TRACE)),
-    ("trace-count", Treatment::NoEffect(NO_TRITON_TRACE)),
-    ("trace-log-frequency", Treatment::NoEffect(NO_TRITON_TRACE)),
 ];
 
 /// A value as the table compares it: lower case, booleans as `true` / `false`.
@@ -637,6 +644,31 @@ pub fn http_tls(cli: &Cli) -> anyhow::Result<Option<wasmtron::frontends::tls::Tl
         })),
         _ => bail!("--http-ssl-cert and --http-ssl-key go together (PEM files)"),
     }
+}
+
+/// Every `--trace-config` entry, with Triton's older flags (`--trace-file`, `--trace-level`,
+/// `--trace-rate`, `--trace-count`, `--trace-log-frequency`) written in its form first, so
+/// that `--trace-config` wins where both are given, as on Triton.
+pub fn trace_config(cli: &Cli) -> Vec<String> {
+    let mut entries = Vec::new();
+    if let Some(file) = &cli.trace_file {
+        entries.push(format!("triton,file={file}"));
+    }
+    // Triton's old level flag repeats (TIMESTAMPS and TENSORS); the last one counts here.
+    if let Some(level) = cli.trace_level.last() {
+        entries.push(format!("level={}", level.to_uppercase()));
+    }
+    if let Some(rate) = &cli.trace_rate {
+        entries.push(format!("rate={rate}"));
+    }
+    if let Some(count) = &cli.trace_count {
+        entries.push(format!("count={count}"));
+    }
+    if let Some(n) = &cli.trace_log_frequency {
+        entries.push(format!("triton,log-frequency={n}"));
+    }
+    entries.extend(cli.trace_config.iter().cloned());
+    entries
 }
 
 /// The latency metrics `--metrics-config` asks for; an unknown setting is refused by name.

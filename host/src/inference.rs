@@ -154,6 +154,46 @@ impl Trace {
     pub fn is_traced(&self) -> bool {
         !self.0.is_none()
     }
+
+    /// Records one of Triton's trace activities (`QUEUE_START`, `HTTP_SEND_END`, …) now.
+    pub fn mark(&self, activity: &'static str) {
+        self.mark_at(activity, std::time::Instant::now());
+    }
+
+    /// Records `activity` as having happened at `at`.
+    pub fn mark_at(&self, activity: &'static str, at: std::time::Instant) {
+        if self.is_traced() {
+            tracing::info!(target: TRACE_TARGET, parent: &self.0, activity, ns = trace_ns(at));
+        }
+    }
+
+    /// `REQUEST_START` at `at`, naming the version that serves the request and its id.
+    pub fn start(&self, version: i64, request_id: &str, at: std::time::Instant) {
+        if self.is_traced() {
+            tracing::info!(
+                target: TRACE_TARGET,
+                parent: &self.0,
+                activity = "REQUEST_START",
+                ns = trace_ns(at),
+                version,
+                request_id
+            );
+        }
+    }
+}
+
+/// Nanoseconds on the traces' clock: monotonic, counted from the wall-clock time the process
+/// first asked (so values read like Triton's timestamps and never go back).
+pub fn trace_ns(at: std::time::Instant) -> u64 {
+    static ORIGIN: std::sync::OnceLock<(std::time::Instant, u64)> = std::sync::OnceLock::new();
+    let (origin, wall) = ORIGIN.get_or_init(|| {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(0));
+        (std::time::Instant::now(), wall)
+    });
+    let since = at.saturating_duration_since(*origin).as_nanos();
+    wall.saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
 }
 
 impl std::fmt::Debug for Trace {

@@ -281,7 +281,7 @@ fn start_tracing(
     Option<trace_export::Exporter>,
 )> {
     let level = if cli.log_verbose > 0 { "debug" } else { "info" };
-    let trace_options = trace_export::parse(&cli.trace_config)?;
+    let trace_options = trace_export::parse(&command_line::trace_config(cli))?;
     let log = log_lines::LogOptions {
         verbose: cli.log_verbose,
         info: cli.log_info,

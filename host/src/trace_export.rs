@@ -4,7 +4,13 @@
 
 use anyhow::{bail, Context};
 use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
-use wasmtron::{frontends::trace::Tracing, inference::TRACE_TARGET};
+use wasmtron::{
+    frontends::{
+        trace::Tracing,
+        trace_file::{TraceFile, TraceFileLayer},
+    },
+    inference::TRACE_TARGET,
+};
 
 /// What `--trace-config` asked for.
 #[derive(Debug, Default)]
@@ -19,6 +25,12 @@ pub struct TraceOptions {
     pub schedule_delay_ms: Option<u64>,
     /// `level=`, `rate=`, `count=`: the initial trace settings.
     pub settings: Vec<(String, String)>,
+    /// `triton,file=PATH` (or `--trace-file`): Triton's trace file.
+    pub file: Option<std::path::PathBuf>,
+    /// `triton,log-frequency=N` (or `--trace-log-frequency`): traces per indexed file.
+    pub log_frequency: u64,
+    /// `mode=triton` was given.
+    pub triton_mode: bool,
 }
 
 /// Parses `--trace-config` values the way Triton writes them: `setting=value`, or
@@ -36,19 +48,23 @@ pub fn parse(entries: &[String]) -> anyhow::Result<TraceOptions> {
         match (section, key) {
             (None, "mode") => match value {
                 "opentelemetry" => options.opentelemetry = true,
-                "triton" => bail!(
-                    "--trace-config mode=triton (trace files) is not supported: use \
-                     mode=opentelemetry and an OTLP collector"
-                ),
-                other => bail!("--trace-config mode={other}: use mode=opentelemetry"),
+                "triton" => options.triton_mode = true,
+                other => bail!("--trace-config mode={other}: use triton or opentelemetry"),
             },
             (None, "level" | "rate" | "count") => {
                 options.settings.push((key.to_owned(), value.to_owned()))
             }
-            (None, "file" | "log-frequency" | "log_frequency") => bail!(
-                "--trace-config {key}: trace files are not supported; traces are exported \
-                 with mode=opentelemetry"
-            ),
+            (None | Some("triton"), "file") => {
+                if value.is_empty() {
+                    bail!("--trace-config {entry}: the trace file needs a path");
+                }
+                options.file = Some(value.into());
+            }
+            (None | Some("triton"), "log-frequency" | "log_frequency") => {
+                options.log_frequency = value.parse().with_context(|| {
+                    format!("--trace-config {entry}: a number of traces expected")
+                })?
+            }
             (Some("opentelemetry"), "url") => options.url = Some(value.to_owned()),
             (Some("opentelemetry"), "resource") => {
                 let (k, v) = value.split_once('=').with_context(|| {
@@ -64,25 +80,39 @@ pub fn parse(entries: &[String]) -> anyhow::Result<TraceOptions> {
             }
             _ => bail!(
                 "--trace-config {entry}: unknown setting (mode, level, rate, count, \
-                 opentelemetry,url=, opentelemetry,resource=, opentelemetry,bsp_schedule_delay=)"
+                 opentelemetry,url=, opentelemetry,resource=, opentelemetry,bsp_schedule_delay=, \
+                 triton,file=, triton,log-frequency=)"
             ),
         }
+    }
+    if options.opentelemetry && (options.triton_mode || options.file.is_some()) {
+        bail!(
+            "--trace-config: mode=opentelemetry exports traces over OTLP; a trace file \
+             (triton,file=) is Triton's other mode: choose one"
+        );
     }
     Ok(options)
 }
 
-/// Flushes exported spans at exit.
+/// Flushes exported spans, or the trace file, at exit.
 pub struct Exporter {
     #[cfg(feature = "otel")]
-    provider: opentelemetry_sdk::trace::SdkTracerProvider,
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+    file: Option<std::sync::Arc<TraceFile>>,
 }
 
 impl Exporter {
-    /// Sends what is still buffered; called once the server has drained.
+    /// Sends what is still buffered, or writes the rest of the trace file; called once the
+    /// server has drained.
     pub fn shutdown(self) {
         #[cfg(feature = "otel")]
-        if let Err(e) = self.provider.shutdown() {
-            tracing::warn!("trace export did not finish: {e}");
+        if let Some(provider) = self.provider {
+            if let Err(e) = provider.shutdown() {
+                tracing::warn!("trace export did not finish: {e}");
+            }
+        }
+        if let Some(file) = self.file {
+            file.finish();
         }
     }
 }
@@ -100,6 +130,22 @@ pub fn init(
         .add_directive(format!("{TRACE_TARGET}=off").parse()?);
     let log = crate::log_lines::layer(log, filter)?;
     let registry = tracing_subscriber::registry().with(log);
+    if let Some(path) = &options.file {
+        use tracing_subscriber::Layer;
+        let file = std::sync::Arc::new(TraceFile::new(path.clone(), options.log_frequency));
+        let layer = TraceFileLayer(file.clone()).with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(TRACE_TARGET, tracing::Level::INFO),
+        );
+        registry.with(layer).init();
+        tracing::info!(file = %path.display(), "writing request traces as Triton's trace files");
+        let exporter = Exporter {
+            #[cfg(feature = "otel")]
+            provider: None,
+            file: Some(file.clone()),
+        };
+        return Ok((Tracing::to_file(file), Some(exporter)));
+    }
     if !options.opentelemetry {
         registry.init();
         return Ok((Tracing::new(false), None));
@@ -153,7 +199,13 @@ pub fn init(
             );
         registry.with(spans).init();
         tracing::info!(endpoint = %url, "exporting request traces over OTLP/HTTP");
-        Ok((Tracing::new(true), Some(Exporter { provider })))
+        Ok((
+            Tracing::new(true),
+            Some(Exporter {
+                provider: Some(provider),
+                file: None,
+            }),
+        ))
     }
     #[cfg(not(feature = "otel"))]
     {
@@ -187,9 +239,17 @@ mod tests {
         assert_eq!(o.url.as_deref(), Some("127.0.0.1:4318/v1/traces"));
         assert_eq!(o.resource, [("deployment".to_owned(), "test".to_owned())]);
         assert_eq!(o.settings.len(), 2);
+        let t = parse(&args(&[
+            "triton,file=/tmp/t.json",
+            "triton,log-frequency=50",
+            "level=TIMESTAMPS",
+        ]))
+        .unwrap();
+        assert_eq!(t.file.as_deref(), Some(std::path::Path::new("/tmp/t.json")));
+        assert_eq!(t.log_frequency, 50);
         for (bad, says) in [
-            ("mode=triton", "not supported"),
-            ("file=/tmp/t.json", "trace files"),
+            ("mode=sideways", "use triton or opentelemetry"),
+            ("triton,file=", "needs a path"),
             ("opentelemetry,colour=red", "unknown setting"),
             ("level", "setting=value"),
         ] {

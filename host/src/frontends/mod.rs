@@ -16,6 +16,7 @@ pub mod restricted;
 pub mod shared_memory;
 pub mod tls;
 pub mod trace;
+pub mod trace_file;
 
 use crate::{
     error::{Error, Result},

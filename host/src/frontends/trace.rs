@@ -38,9 +38,11 @@ const DEFAULT: Settings = Settings {
 /// The trace settings of a server and the requests they select.
 #[derive(Debug)]
 pub struct Tracing {
-    /// Whether traces go anywhere (`--trace-config mode=opentelemetry` in an `otel` build);
-    /// without it every request is untraced, whatever the settings say.
+    /// Whether traces go anywhere (`--trace-config mode=opentelemetry` in an `otel` build, or
+    /// a trace file); without it every request is untraced, whatever the settings say.
     exporting: bool,
+    /// The trace file, in Triton's mode (`--trace-config triton,file=…`).
+    file: Option<std::sync::Arc<super::trace_file::TraceFile>>,
     global: Mutex<Settings>,
     models: Mutex<HashMap<String, Settings>>,
     seen: AtomicU64,
@@ -61,9 +63,20 @@ impl Tracing {
     pub fn new(exporting: bool) -> Self {
         Self {
             exporting,
+            file: None,
             global: Mutex::new(DEFAULT),
             models: Mutex::default(),
             seen: AtomicU64::new(0),
+        }
+    }
+
+    /// Settings at Triton's defaults, with traces written to `file` (Triton's trace mode).
+    pub fn to_file(file: std::sync::Arc<super::trace_file::TraceFile>) -> Self {
+        // The traces' clock starts now, before the first request's timestamps.
+        crate::inference::trace_ns(std::time::Instant::now());
+        Self {
+            file: Some(file),
+            ..Self::new(true)
         }
     }
 
@@ -156,11 +169,25 @@ impl Tracing {
             ),
             ("trace_rate".to_owned(), vec![rate.to_string()]),
             ("trace_count".to_owned(), vec![count.to_string()]),
-            ("log_frequency".to_owned(), vec!["0".to_owned()]),
-            ("trace_file".to_owned(), vec![String::new()]),
+            (
+                "log_frequency".to_owned(),
+                vec![self
+                    .file
+                    .as_ref()
+                    .map_or(0, |f| f.log_frequency())
+                    .to_string()],
+            ),
+            (
+                "trace_file".to_owned(),
+                vec![self
+                    .file
+                    .as_ref()
+                    .map(|f| f.path().display().to_string())
+                    .unwrap_or_default()],
+            ),
             (
                 "trace_mode".to_owned(),
-                vec![if self.exporting {
+                vec![if self.exporting && self.file.is_none() {
                     "opentelemetry"
                 } else {
                     "triton"
@@ -232,8 +259,8 @@ impl Tracing {
                 }
                 "log_frequency" | "trace_file" | "trace_mode" => {
                     return Err(Error::invalid(format!(
-                        "{key} cannot be changed: traces are exported over OpenTelemetry \
-                         (--trace-config mode=opentelemetry)"
+                        "{key} cannot be changed while the server runs: set it with \
+                         --trace-config at start"
                     )))
                 }
                 other => {

@@ -247,6 +247,7 @@ impl Scheduler {
             .level_of(uint_param(&request, "priority").unwrap_or(0));
         let timeout = uint_param(&request, "timeout").map(Duration::from_micros);
         let (reply, response) = oneshot::channel();
+        request.trace.mark("QUEUE_START");
         let (refused, seq) = {
             let mut state = lock(&s.state);
             if state.closed {
@@ -538,9 +539,19 @@ impl Shared {
             ));
             (vec![Err(err); requests.len()], ExecTimings::default())
         });
+        let ended = Instant::now();
         // The slot and the resources are free again as soon as the model is done.
         drop(execution);
         drop(permit);
+        // Every traced request of the batch gets the execution's timestamps, as on Triton.
+        for (job, _) in jobs.iter().filter(|(j, _)| j.request.trace.is_traced()) {
+            let trace = &job.request.trace;
+            trace.mark_at("COMPUTE_START", started);
+            trace.mark_at("COMPUTE_INPUT_END", started + timings.compute_input);
+            let output_start = ended.checked_sub(timings.compute_output).unwrap_or(started);
+            trace.mark_at("COMPUTE_OUTPUT_START", output_start.max(started));
+            trace.mark_at("COMPUTE_END", ended);
+        }
         self.stats
             .padded_rows
             .fetch_add(timings.padded_rows, Relaxed);

@@ -346,7 +346,9 @@ impl Server {
     /// [`InferRequest::cancel`]): the work stops wherever it is (see [`crate::cancellation`]).
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
         let waiting = request.cancel.cancel_on_drop();
+        let trace = request.trace.clone();
         let result = self.infer_for_callers(request).await;
+        trace.mark("REQUEST_END");
         waiting.disarm();
         result
     }
@@ -376,6 +378,7 @@ impl Server {
         let model = self
             .manager
             .get(&request.model_name, request.model_version)?;
+        request.trace.start(model.version, &request.id, received);
         if let Err(err) = self.options.limits.check_request(&request) {
             model
                 .stats

@@ -192,6 +192,8 @@ pub(super) fn stream_one(
     };
     on_behalf_of(caller, &mut request);
     request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
+    request.trace.mark("GRPC_WAITREAD_START");
+    request.trace.mark("GRPC_WAITREAD_END");
     let decoupled = server
         .models()
         .get(&request.model_name, request.model_version)

@@ -24,16 +24,23 @@ pub(super) async fn infer_one(
     caller: &Caller,
     req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Error> {
+    let received = std::time::Instant::now();
     known_model(server, &req)?;
     let reader = shm.reader(caller, max_bytes);
     let shared = |input: &str, params: &Parameters| reader.input(input, params);
     let mut request = decode_request(req, &shared)?;
     on_behalf_of(caller, &mut request);
     request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
-    let _trace = request.trace.clone();
+    let trace = request.trace.clone();
+    // The message was read before this handler ran: waiting for it ends as it starts.
+    trace.mark_at("GRPC_WAITREAD_START", received);
+    trace.mark_at("GRPC_WAITREAD_END", received);
     let requested = request.outputs.clone();
     shm.check_outputs(caller, &requested)?;
     let response = server.infer(request).await?;
+    trace.mark("GRPC_SEND_START");
     shm.write_outputs(caller, &requested, &response)?;
-    Ok(encode_response(response, &requested))
+    let encoded = encode_response(response, &requested);
+    trace.mark("GRPC_SEND_END");
+    Ok(encoded)
 }

@@ -105,6 +105,7 @@ async fn run_infer(
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    let received = std::time::Instant::now();
     let (model, version) = path_parts(p);
     caller.require(ModelAction::Infer, &model)?;
     let version = parse_version(&model, &version)?;
@@ -152,15 +153,19 @@ async fn run_infer(
         .tracing
         .request_span(&model, "http", &|name| header_text(headers, name));
     // The request's span lasts until its answer is encoded.
-    let _trace = request.trace.clone();
+    let trace = request.trace.clone();
+    trace.mark_at("HTTP_RECV_START", received);
+    trace.mark("HTTP_RECV_END");
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
     st.shared_memory.check_outputs(caller, &requested)?;
     let response = st.server.infer(request).await?;
+    trace.mark("HTTP_SEND_START");
     st.shared_memory
         .write_outputs(caller, &requested, &response)?;
     let (encoded, encoding) =
         encode_for(caller.tenant(), headers, parameters, requested, response).await?;
+    trace.mark("HTTP_SEND_END");
     let mut resp = Response::new(Body::new(PartsBody::new(encoded.parts)));
     let h = resp.headers_mut();
     match encoded.json_length {
