@@ -282,6 +282,10 @@ pub struct Cli {
     /// The private key (PEM) of --http-ssl-cert.
     #[arg(long)]
     pub http_ssl_key: Option<PathBuf>,
+    /// Report each GPU's utilization, memory, power and energy among the metrics, as Triton
+    /// (builds with the `cuda` feature, through NVML; others have no GPU metrics).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub allow_gpu_metrics: bool,
     /// Report the host's CPU utilization and memory among the metrics, as Triton.
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
     pub allow_cpu_metrics: bool,
@@ -464,10 +468,6 @@ pub const TRITON_ONLY: &[(&str, Treatment)] = &[
     ("vertex-ai-port", Treatment::NoEffect(NO_VERTEX)),
     ("vertex-ai-thread-count", Treatment::NoEffect(NO_VERTEX)),
     ("vertex-ai-default-model", Treatment::NoEffect(NO_VERTEX)),
-    (
-        "allow-gpu-metrics",
-        Treatment::NoEffect("GPU metrics are not collected yet"),
-    ),
     (
         "metrics-interval-ms",
         Treatment::NoEffect("metrics are read when they are scraped"),

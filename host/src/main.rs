@@ -280,7 +280,9 @@ fn start_tracing(
     Arc<wasmtron::frontends::trace::Tracing>,
     Option<trace_export::Exporter>,
 )> {
-    let level = if cli.log_verbose > 0 { "debug" } else { "info" };
+    // Debug lines always pass this filter: whether they are written is the level flags'
+    // call, which the logging extension can change at run time (log_verbose_level).
+    let level = "debug";
     let trace_options = trace_export::parse(&command_line::trace_config(cli))?;
     let log = log_lines::LogOptions {
         verbose: cli.log_verbose,
@@ -389,6 +391,7 @@ fn listener_options(
         grpc_tls: command_line::grpc_tls(cli)?,
         http_tls: command_line::http_tls(cli)?,
         cpu_metrics: cli.allow_cpu_metrics,
+        gpu_metrics: cli.allow_gpu_metrics,
         grpc_keepalive: Some((
             Duration::from_millis(cli.grpc_keepalive_time.max(1)),
             Duration::from_millis(cli.grpc_keepalive_timeout.max(1)),

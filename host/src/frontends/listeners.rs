@@ -79,6 +79,8 @@ pub struct ListenerOptions {
     pub http_tls: Option<super::tls::TlsFiles>,
     /// Whether the metrics include the host's CPU and memory (`--allow-cpu-metrics`).
     pub cpu_metrics: bool,
+    /// Report the GPUs' metrics (`--allow-gpu-metrics`; only `cuda` builds have them).
+    pub gpu_metrics: bool,
 }
 
 impl Default for ListenerOptions {
@@ -101,6 +103,7 @@ impl Default for ListenerOptions {
             grpc_tls: None,
             http_tls: None,
             cpu_metrics: true,
+            gpu_metrics: true,
         }
     }
 }
@@ -244,7 +247,12 @@ impl Listeners {
             let addr = local_addr(&listener, "metrics")?;
             addresses.metrics = Some(addr);
             eprintln!("Started Metrics Service at {addr}");
-            let app = metrics::router(server.clone(), options.tenancy.clone(), options.cpu_metrics);
+            let app = metrics::router(
+                server.clone(),
+                options.tenancy.clone(),
+                options.cpu_metrics,
+                options.gpu_metrics,
+            );
             tasks.push(spawn(listener, app, Protocol::Http));
         }
         Ok(Self {

@@ -1,9 +1,8 @@
 //! Triton's logging extension (`GET`/`POST /v2/logging`, gRPC `LogSettings`): the log's levels
 //! read and changed at run time by an administrator. `log_info`, `log_warning`, `log_error`
-//! and `log_verbose_level` take effect at once; raising `log_verbose_level` needs a server
-//! started with `--log-verbose` above 0 (debug lines are filtered out before these settings
-//! otherwise), and `log_file` / `log_format` are fixed at start: a change to them is refused
-//! by name, never ignored.
+//! and `log_verbose_level` take effect at once (debug lines always reach these settings, so
+//! verbose logging can be turned on for a server started without it), and `log_file` /
+//! `log_format` are fixed at start: a change to them is refused by name, never ignored.
 
 use std::sync::{
     atomic::{AtomicBool, AtomicU32, Ordering::Relaxed},
@@ -19,8 +18,6 @@ pub struct LogLevels {
     warning: AtomicBool,
     error: AtomicBool,
     verbose: AtomicU32,
-    /// Whether debug lines reach the level filter at all (`--log-verbose` above 0 at start).
-    debug_possible: bool,
     file: String,
     format: String,
 }
@@ -63,7 +60,6 @@ impl LogLevels {
             warning: AtomicBool::new(warning),
             error: AtomicBool::new(error),
             verbose: AtomicU32::new(verbose),
-            debug_possible: verbose > 0,
             file: file.to_owned(),
             format: format.to_owned(),
         }
@@ -132,16 +128,7 @@ impl LogLevels {
         match (name, value) {
             ("log_info" | "log_warning" | "log_error", Setting::Bool(_)) => Ok(()),
             ("log_info" | "log_warning" | "log_error", _) => wrong("a boolean"),
-            ("log_verbose_level", Setting::Uint(n)) => {
-                if *n > 0 && !self.debug_possible {
-                    Err(Error::invalid(
-                        "log setting 'log_verbose_level' can be raised at run time only on a \
-                         server started with --log-verbose above 0",
-                    ))
-                } else {
-                    Ok(())
-                }
-            }
+            ("log_verbose_level", Setting::Uint(_)) => Ok(()),
             ("log_verbose_level", _) => wrong("an unsigned integer"),
             ("log_file" | "log_format", Setting::Text(t)) => {
                 let current = if name == "log_file" {
@@ -197,10 +184,10 @@ mod tests {
         );
         // Nothing of a refused update is applied.
         assert!(l.error());
-        let e = l
-            .update(&[("log_verbose_level".into(), Setting::Uint(1))])
-            .unwrap_err();
-        assert!(e.message.contains("--log-verbose above 0"), "{}", e.message);
+        // Verbose lines can be turned on whatever the server started with.
+        l.update(&[("log_verbose_level".into(), Setting::Uint(1))])
+            .unwrap();
+        assert_eq!(l.verbose(), 1);
         let e = l
             .update(&[("log_colour".into(), Setting::Bool(true))])
             .unwrap_err();

@@ -33,16 +33,19 @@ struct MetricsState {
     tenancy: Option<Arc<Tenancy>>,
     /// Whether the host's CPU metrics are reported (`--allow-cpu-metrics`).
     cpu: bool,
+    /// Whether the GPUs' metrics are reported (`--allow-gpu-metrics`, `cuda` builds).
+    gpu: bool,
 }
 
 /// Router serving `/metrics`: the models' metrics, and with tenants each tenant's.
-pub fn router(server: Arc<Server>, tenancy: Option<Arc<Tenancy>>, cpu: bool) -> Router {
+pub fn router(server: Arc<Server>, tenancy: Option<Arc<Tenancy>>, cpu: bool, gpu: bool) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .with_state(MetricsState {
             server,
             tenancy,
             cpu,
+            gpu,
         })
 }
 
@@ -65,6 +68,11 @@ async fn metrics(
     let mut text = render(&st.server);
     if st.cpu {
         text.push_str(&super::cpu_metrics::render());
+    }
+    if st.gpu {
+        // NVML calls block: off the async runtime.
+        let gpu = tokio::task::spawn_blocking(super::gpu_metrics::render).await;
+        text.push_str(&gpu.unwrap_or_default());
     }
     // Python models' own metrics (pb_utils.MetricFamily), under the names they chose.
     text.push_str(&crate::runtime::python::metrics::render());

@@ -6,6 +6,7 @@
 pub mod connections;
 pub mod cpu_metrics;
 pub mod generation_metrics;
+pub mod gpu_metrics;
 pub mod grpc;
 pub mod http;
 pub mod latency_metrics;

@@ -727,6 +727,14 @@ impl ModelManager {
                 ..BatchPolicy::from_config(&loaded.config)
             };
             let claims = self.rate_limiter_claims(&loaded.config, loaded.instances.len())?;
+            tracing::debug!(
+                model = name,
+                version,
+                instances = loaded.instances.len(),
+                rate_limited = !claims.is_empty(),
+                ms = started.elapsed().as_millis() as u64,
+                "version ready to schedule"
+            );
             let scheduler = Scheduler::start(
                 name,
                 version,
