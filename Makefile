@@ -12,7 +12,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing stable_diffusion terrain
 
 .PHONY: run test deps toolchain venv onnxruntime python-runtime models stages perf-analyzer triton build build-release python-package \
-        test-rust test-python ray-deps bentoml-deps redis diffusion-models lint bench bench-isolation fuzz clean llama-cpp
+        test-rust test-python ray-deps bentoml-deps redis custom-ops diffusion-models lint bench bench-isolation fuzz clean llama-cpp
 
 run: deps build-release
 	./target/release/wasmtron --model-repository model_repository \
@@ -230,7 +230,11 @@ llama-cpp: .venv-llama/.installed .cache/llama.cpp/llama-server
 redis:
 	scripts/install-redis.sh
 
-test-python: build python-package ray-deps bentoml-deps redis $(AZURITE) $(PYTRITON_VENV)/.installed
+# The ONNX Runtime custom operator library the model_operations tests load.
+custom-ops:
+	$(CARGO) build --locked -p wasmtron-test-custom-ops
+
+test-python: build python-package ray-deps bentoml-deps redis custom-ops $(AZURITE) $(PYTRITON_VENV)/.installed
 	# Python-backend models start in seconds once the interpreter is compiled (minutes, once).
 	target/debug/wasmtron compile-python
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \

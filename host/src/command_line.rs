@@ -282,6 +282,11 @@ pub struct Cli {
     /// The private key (PEM) of --http-ssl-cert.
     #[arg(long)]
     pub http_ssl_key: Option<PathBuf>,
+    /// Load ONNX Runtime custom operator libraries that models name in `model_operations`
+    /// (Triton loads them always): native code that runs inside the server, outside any
+    /// sandbox, so off unless asked for.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub allow_custom_op_libraries: bool,
     /// Report each GPU's utilization, memory, power and energy among the metrics, as Triton
     /// (builds with the `cuda` feature, through NVML; others have no GPU metrics).
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]

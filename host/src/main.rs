@@ -330,6 +330,7 @@ async fn server_options(
                 .or(defaults.runtime.wasm_cache_dir),
             wasm_cache_max_bytes: cli.wasm_cache_max_mb.map(|mb| mb.saturating_mul(1 << 20)),
             python_runtime: cli.python_runtime.clone(),
+            allow_custom_op_libraries: cli.allow_custom_op_libraries,
             ..defaults.runtime
         },
         queue_capacity: cli.model_queue_capacity,

@@ -5,7 +5,9 @@ Runtime's session settings (`optimization.graph.level`, `execution_mode`, the me
 pattern, arena shrinkage) are taken as Triton's ONNX Runtime backend takes them."""
 import hashlib
 import json
+import os
 import re
+import shutil
 import urllib.request
 
 import numpy as np
@@ -16,7 +18,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from conftest import Server
+from conftest import ROOT, Server
 
 WEIGHTS = np.arange(1, 1025, dtype=np.float32)  # 4 KiB: over onnx's external-data threshold
 ADD_CONFIG = """backend: "onnxruntime"
@@ -104,8 +106,8 @@ def test_refused_fields_name_the_field_file_and_line_and_the_server_keeps_servin
         assert "input 'x' has allow_ragged_batch: true, so the ONNX model must take it with " \
                "shape [-1]" in e, e
         e = load_error(client, "custom_ops")
-        assert "custom_ops/config.pbtxt:5: field 'model_operations.op_library_filename' is not " \
-               "supported for onnxruntime models: custom operator libraries" in e, e
+        assert "field 'model_operations.op_library_filename': custom operator libraries are " \
+               "native code" in e and "--allow-custom-op-libraries" in e, e
         e = load_error(client, "passive_only")
         assert "every instance_group is passive" in e, e
         e = load_error(client, "bad_mode")
@@ -230,5 +232,51 @@ parameters [
         # Honoured fields and known parameters are not reported.
         assert "'optimization.graph.level' has no effect" not in log
         assert "parameter 'execution_mode' has no effect" not in log
+    finally:
+        s.stop()
+
+
+CUSTOM_OPS_LIB = os.environ.get(
+    "CUSTOM_OPS_LIB", os.path.join(ROOT, "target", "debug", "libwasmtron_test_custom_ops.so"))
+
+
+def test_custom_operator_libraries_load_only_when_the_server_allows_them(tmp_path):
+    """model_operations as Triton's ONNX Runtime backend reads it: the library (here
+    tests/custom_ops, built by make: wasmtron.test::Double, y = 2x) is registered with every
+    session of the model, from an absolute path or a path in the model's folder."""
+    repo = tmp_path / "repo"
+    graph = helper.make_graph(
+        [helper.make_node("Double", ["x"], ["y"], domain="wasmtron.test")], "custom",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    model = helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 13), helper.make_opsetid("wasmtron.test", 1)])
+    config = """max_batch_size: 4
+input [ { name: "x", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "y", data_type: TYPE_FP32, dims: [ 4 ] } ]
+model_operations { op_library_filename: "LIB" }
+"""
+    for name, lib in (("absolute", CUSTOM_OPS_LIB), ("beside", "ops/libdouble.so")):
+        (repo / name / "1").mkdir(parents=True)
+        onnx.save(model, str(repo / name / "1" / "model.onnx"))
+        (repo / name / "config.pbtxt").write_text(config.replace("LIB", lib))
+    (repo / "beside" / "ops").mkdir()
+    shutil.copy(CUSTOM_OPS_LIB, repo / "beside" / "ops" / "libdouble.so")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    s = Server(str(repo))
+    try:
+        client = httpclient.InferenceServerClient(s.http)
+        assert not client.is_model_ready("absolute")
+        assert "--allow-custom-op-libraries" in "".join(s.log)
+    finally:
+        s.stop()
+    s = Server(str(repo), "--allow-custom-op-libraries")
+    try:
+        client = httpclient.InferenceServerClient(s.http)
+        for name in ("absolute", "beside"):
+            assert client.is_model_ready(name), "".join(s.log)[-3000:]
+            given = httpclient.InferInput("x", [2, 4], "FP32")
+            given.set_data_from_numpy(x)
+            np.testing.assert_array_equal(client.infer(name, [given]).as_numpy("y"), 2 * x)
     finally:
         s.stop()

@@ -138,8 +138,6 @@ const CC_FILES: &str = "per-GPU-architecture model files are not supported here;
 const RUNTIME: &str = "selects a backend's shared library or Python runtime on Triton; this \
                        server's backends are built in";
 const NAMESPACE: &str = "reserved by Triton for internal use";
-const CUSTOM_OPS: &str = "custom operator libraries are native code loaded into the server, \
-                          outside any sandbox; this server does not load them";
 const OPS_ELSEWHERE: &str = "custom operator libraries are read by the ONNX Runtime and \
                              TensorFlow backends only, as on Triton";
 const SHAPE_TENSORS: &str = "shape tensors are a TensorRT feature, not supported here";
@@ -793,7 +791,7 @@ pub const FIELDS: &[Row] = &[
     ),
     each(
         "model_operations.op_library_filename",
-        Refused(CUSTOM_OPS),
+        H,
         NoEffect(OPS_ELSEWHERE),
         NoEffect(OPS_ELSEWHERE),
         NoEffect(OPS_ELSEWHERE),
@@ -1075,16 +1073,13 @@ mod tests {
     #[test]
     fn a_refused_field_is_named_with_its_file_and_line() {
         let text = "name: \"m\"\nmax_batch_size: 8\ninput [\n  {\n    name: \"x\"\n    \
-                    data_type: TYPE_FP32\n    dims: [ -1 ]\n  }\n]\nmodel_operations {\n  \
-                    op_library_filename: \"libops.so\"\n}\n";
+                    data_type: TYPE_FP32\n    dims: [ -1 ]\n    is_shape_tensor: true\n  }\n]\n";
         let config = parse_text(text, Path::new("m/config.pbtxt")).unwrap();
         let e = check(&config, Family::Onnx, Some(text), "m/config.pbtxt")
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with(
-                "m/config.pbtxt:11: field 'model_operations.op_library_filename' is not supported"
-            ),
+            e.starts_with("m/config.pbtxt:8: field 'input.is_shape_tensor' is not supported"),
             "{e}"
         );
     }

@@ -265,6 +265,9 @@ pub struct RuntimeOptions {
     pub model_caller: Option<Arc<dyn ModelCaller>>,
     /// The tenants, whose `[tenant.wasm]` limits bound the stages they may load.
     pub tenancy: Option<Arc<crate::tenancy::Tenancy>>,
+    /// Load ONNX Runtime custom operator libraries (`model_operations`): native code run
+    /// inside the server (`--allow-custom-op-libraries`).
+    pub allow_custom_op_libraries: bool,
 }
 
 /// Whether the model answers 0..N times per request (`model_transaction_policy.decoupled`).

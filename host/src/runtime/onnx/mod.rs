@@ -44,7 +44,10 @@ pub fn load(
     let model_path = onnx_file(&config, version_dir)?;
     let env = environment(options)?;
     gpu::normalize_instance_groups(&mut config, gpu::DEFAULT_CPU_INSTANCE_COUNT);
-    let settings = SessionSettings::of(&config)?;
+    let mut settings = SessionSettings::of(&config)?;
+    let model_dir = version_dir.parent().unwrap_or(version_dir);
+    settings.op_libraries =
+        operator_libraries(&config, model_dir, options.allow_custom_op_libraries)?;
     let run_options = settings.run_options(&config.name)?.map(Arc::new);
     for key in config.parameters.keys().filter(|k| !known_parameter(k)) {
         tracing::warn!(

@@ -92,6 +92,8 @@ pub(super) struct SessionSettings {
     mem_pattern: Option<bool>,
     device_allocator_for_initializers: Option<String>,
     arena_shrinkage: Option<String>,
+    /// Custom operator libraries (`model_operations { op_library_filename }`).
+    pub(super) op_libraries: Vec<std::path::PathBuf>,
 }
 
 impl SessionSettings {
@@ -149,6 +151,7 @@ impl SessionSettings {
             mem_pattern: flag("enable_mem_pattern")?,
             device_allocator_for_initializers: text(USE_DEVICE_ALLOCATOR).map(str::to_owned),
             arena_shrinkage,
+            op_libraries: Vec::new(),
         })
     }
 
@@ -214,6 +217,11 @@ pub(super) fn build_session(
         builder = builder
             .with_config_entry(USE_DEVICE_ALLOCATOR, value)
             .map_err(|e| e.to_string())?;
+    }
+    for library in &settings.op_libraries {
+        builder = builder
+            .with_operator_library(library)
+            .map_err(|e| format!("custom operator library '{}': {e}", library.display()))?;
     }
     if let Placement::Gpu(device) = placement {
         builder = with_gpu(builder, device, providers, profile)?;
@@ -301,4 +309,59 @@ pub(super) fn with_gpu(
 ) -> std::result::Result<ort::session::builder::SessionBuilder, String> {
     // `placements` refuses GPU groups in such a build; kept for a clear message regardless.
     Err("this wasmtron build has no GPU support (rebuild with `--features cuda`)".to_owned())
+}
+
+/// The custom operator libraries of `model_operations { op_library_filename }`, as Triton's ONNX
+/// Runtime backend registers them with each session: native code run inside the server, so
+/// loaded only when `allowed` (`--allow-custom-op-libraries`), else the load is refused naming
+/// the flag. An absolute path is taken as given; a relative one names a file in the model's
+/// folder (without `.` or `..`).
+pub(super) fn operator_libraries(
+    config: &ModelConfig,
+    model_dir: &Path,
+    allowed: bool,
+) -> Result<Vec<std::path::PathBuf>> {
+    let name = &config.name;
+    let named: Vec<&String> = config
+        .model_operations
+        .iter()
+        .flat_map(|ops| &ops.op_library_filename)
+        .collect();
+    if named.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !allowed {
+        return Err(Error::invalid(format!(
+            "model '{name}': field 'model_operations.op_library_filename': custom operator \
+             libraries are native code that would run inside the server, outside any sandbox; \
+             start the server with --allow-custom-op-libraries to load them"
+        )));
+    }
+    named
+        .into_iter()
+        .map(|file| {
+            let path = Path::new(file);
+            let path = if path.is_absolute() {
+                path.to_path_buf()
+            } else {
+                let relative = crate::names::ModelFilePath::parse(file).map_err(|_| {
+                    Error::invalid(format!(
+                        "model '{name}': field 'model_operations.op_library_filename': '{file}' \
+                         must be an absolute path or a file in the model's folder (without \
+                         '.' or '..')"
+                    ))
+                })?;
+                model_dir.join(relative.to_path())
+            };
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(Error::invalid(format!(
+                    "model '{name}': field 'model_operations.op_library_filename': '{}' is not \
+                     a file",
+                    path.display()
+                )))
+            }
+        })
+        .collect()
 }
