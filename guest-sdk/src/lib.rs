@@ -391,7 +391,7 @@ pub mod host {
 
 /// Tensor operations the host runs natively (`wasmtron:stage/ops`): image decoding and
 /// geometry, layout, casts, normalisation, softmax, top-k, non-maximum suppression. Arrays stay
-/// on the host between operations; `Array::to_tensor` copies one out. Semantics: README,
+/// on the host between operations; `Array::to_tensor` copies one out. Semantics: docs/stages.md,
 /// "Host tensor operations".
 pub mod ops {
     use super::{bindings::wasmtron::stage::ops as raw, Datatype, Result, Tensor};

@@ -888,12 +888,12 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_says_what_each_triton_only_flag_does() {
-        let readme = include_str!("../../README.md");
+    fn the_manual_says_what_each_triton_only_flag_does() {
+        let readme = include_str!("../../docs/command-line.md");
         for (flag, _) in TRITON_ONLY {
             assert!(
                 readme.contains(&format!("`--{flag}")),
-                "README.md lacks --{flag}"
+                "docs/command-line.md lacks --{flag}"
             );
         }
     }

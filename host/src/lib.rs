@@ -7,8 +7,8 @@
 //!    [`names`] (the one check of names from requests), [`private_dir`] (directories the
 //!    server owns) and [`tenancy`] (tenants, keys, permissions, quotas);
 //! 2. [`repository`] — model repositories on disk and in object storage, `config.pbtxt`;
-//! 3. [`runtime`] — backends that execute a model: ONNX Runtime, WebAssembly stages, text
-//!    generation;
+//! 3. [`runtime`] — backends that execute a model: ONNX Runtime, WebAssembly stages, Triton
+//!    Python-backend models, text generation;
 //! 4. [`scheduling`] — queues, instance workers, ensembles, sequences, statistics and the
 //!    model lifecycle, behind the `Server` facade;
 //! 5. [`frontends`] — KServe v2 over HTTP and gRPC, OpenAI's API, Prometheus metrics, shared

@@ -185,10 +185,10 @@ def test_model_load_threads_load_that_many_models_at_once(repo, threads):
         s.stop()
 
 
-def test_the_readme_lists_every_triton_flag_and_what_it_does(repo):
-    # The flags the server takes for compatibility are in the README's table, each with its
+def test_the_manual_lists_every_triton_flag_and_what_it_does(repo):
+    # The flags the server takes for compatibility are in docs/command-line.md, each with its
     # treatment, so that a user can look up what a launch line does before running it.
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(os.path.join(ROOT, "docs", "command-line.md")) as f:
         readme = f.read()
     out = subprocess.run([BINARY, "--help"], capture_output=True, text=True, timeout=60)
     flags = set(re.findall(r"^\s+(--[a-z0-9-]+)", out.stdout, re.M)) - {"--help", "--version"}

@@ -97,7 +97,7 @@ def test_decoding_jpeg_is_within_a_level_of_pillow_on_average(ops_server):
     (ours,) = run_ops(ops_server, [buf.getvalue()], [["decode_image", {}]])
     theirs = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")).astype(np.int16)
     diff = np.abs(ours.astype(np.int16) - theirs)
-    # Different IDCT and chroma upsampling than libjpeg-turbo: close, not equal (README).
+    # Different IDCT and chroma upsampling than libjpeg-turbo: close, not equal (docs/stages.md).
     assert diff.mean() < 1.0 and diff.max() <= 16, (diff.mean(), diff.max())
 
 

@@ -421,22 +421,22 @@ def test_a_server_config_file_guards_the_listeners_not_in_process_calls(repo, tm
         s.stop()
 
 
-def test_the_readmes_python_snippets_run(monkeypatch):
-    """The README's snippets, as a user copies them (fixed ports swapped for free ones)."""
+def test_the_manuals_python_snippets_run(monkeypatch):
+    """docs/python.md's snippets, as a user copies them (fixed ports swapped for free ones)."""
     import os
     import re
 
     from conftest import ROOT
 
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text[text.index("## From Python, in-process"):text.index("## GPU builds")]
+    text = open(os.path.join(ROOT, "docs", "python.md"), encoding="utf-8").read()
+    section = text[text.index("## From Python, in-process"):]
     snippets = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(snippets) >= 2, "the README's Python section lost its snippets"
+    assert len(snippets) >= 2, "docs/python.md's in-process section lost its snippets"
     monkeypatch.chdir(ROOT)
     for code in snippets:
         code = re.sub(r"(http|grpc|metrics)_port=\d+", r"\1_port=0", code)
         scope = {}
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, "docs/python.md", "exec"), scope)
         server = scope.get("server")
         if isinstance(server, wasmtron.Server):
             server.stop()

@@ -54,7 +54,7 @@ def server(tmp_path_factory):
         other = repo / f"stable_diffusion_{kind}"
         shutil.copytree(repo / "stable_diffusion", other)
         set_parameters(other / "config.pbtxt", scheduler=kind)
-    # The decoupled configuration README's "Text to image" shows: previews while sampling.
+    # The decoupled configuration docs/examples.md's "Text to image" shows: previews while sampling.
     stream = repo / "stable_diffusion_stream"
     shutil.copytree(repo / "stable_diffusion", stream)
     text = (stream / "config.pbtxt").read_text()

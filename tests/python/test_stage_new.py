@@ -1,4 +1,4 @@
-"""What the README's stage guides tell a new stage author to do, for each language: `wasmtron
+"""What docs/stages.md's stage guides tell a new stage author to do, for each language: `wasmtron
 stage new demo --lang L`, `wasmtron stage build demo`, `wasmtron stage run` on the test input,
 then copy config.pbtxt and the version folder into a repository and serve it.
 

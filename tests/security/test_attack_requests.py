@@ -1,7 +1,7 @@
 """Large and hostile request bodies: a body is checked against the size limits (the server's and
 its tenant's `max_request_bytes`) before it is read, its model before it is decoded, and it is
 decoded straight into typed requests that keep only what an endpoint accepts, so that one
-request's peak memory stays within a small multiple of its body (README, Security: at most
+request's peak memory stays within a small multiple of its body (docs/tenants-and-security.md, Security: at most
 about 6x the body beyond the body itself, for bodies up to the 64 MiB limit). Each attack is
 refused with the status and message that name what was wrong, the server's peak resident
 memory (VmHWM, reset before each attack) stays within that bound, and a real request is

@@ -2,7 +2,7 @@
 between operations, so a Python stage does image decoding, resizing, normalisation, softmax or
 top-k at the speed of compiled Rust. Functions take host arrays or `Tensor`s and return host
 arrays; `Tensor.from_array(name, a)` (or returning the array from `infer`) copies one out.
-Semantics of each operation: README, "Host tensor operations"."""
+Semantics of each operation: docs/stages.md, "Host tensor operations"."""
 from typing import List, Sequence, Union
 
 from componentize_py_types import Err

@@ -2,7 +2,7 @@
 //! refused at load naming the field, file and line, or — only where Triton ignores it too for
 //! that backend (a TensorRT setting on an ONNX model, an ensemble's instances) — accepted with
 //! one log line saying it has no effect. [`FIELDS`] is the one table that decides it; a test
-//! holds it to the schema (every field has a row) and the README's configuration reference is
+//! holds it to the schema (every field has a row) and the manual's configuration reference is
 //! checked against it.
 
 use prost_reflect::{DynamicMessage, Value};
@@ -28,7 +28,7 @@ impl Family {
         self as usize
     }
 
-    /// The name the README's table uses for this family.
+    /// The name the manual's table uses for this family.
     pub fn label(self) -> &'static str {
         match self {
             Family::Onnx => "onnxruntime",
@@ -960,7 +960,7 @@ fn names(text: &str) -> Vec<(String, usize)> {
     out
 }
 
-/// The README's configuration reference, one line per field: `path | onnxruntime | wasm |
+/// The configuration reference of `docs/configuration.md`, one line per field: `path | onnxruntime | wasm |
 /// generation | ensemble`, each `honoured`, `refused` or `no effect` (containers skipped).
 pub fn reference_lines() -> Vec<String> {
     FIELDS
@@ -985,7 +985,7 @@ pub fn reference_lines() -> Vec<String> {
         .collect()
 }
 
-/// The README's block, between its markers, as [`reference_lines`] makes it.
+/// `docs/configuration.md`'s block, between its markers, as [`reference_lines`] makes it.
 pub fn reference_block() -> String {
     let mut out = String::from(
         "| field | onnxruntime | wasm | generation | ensemble |\n|---|---|---|---|---|\n",
@@ -1045,10 +1045,11 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_reference_is_the_table() {
-        let readme =
-            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-                .unwrap();
+    fn the_manuals_reference_is_the_table() {
+        let readme = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md"),
+        )
+        .unwrap();
         let begin =
             "<!-- config-fields:begin (generated from host/src/repository/config_fields.rs) -->\n";
         let end = "<!-- config-fields:end -->";
@@ -1064,7 +1065,7 @@ mod tests {
         }
         assert!(
             written == want,
-            "README.md's field table differs from the code's; the table the code makes is in \
+            "docs/configuration.md's field table differs from the code's; the table the code makes is in \
              {}",
             std::env::temp_dir().join("config-fields.md").display()
         );

@@ -1,7 +1,7 @@
 // {name}: OUTPUT0 = softmax(INPUT0 / temperature) over the last axis.
 //
 // Built by `wasmtron stage build` with componentize-js; the SDK is the file imported below,
-// which the build writes. The guide: README, "Writing a stage in JavaScript".
+// which the build writes. The guide: docs/stages.md, "Writing a stage in JavaScript".
 import { stage, ops, StageError } from "../.wasmtron/js/wasmtron-stage.js";
 
 const settings = { temperature: 1 };

@@ -1,7 +1,7 @@
 """{name}: OUTPUT0 = softmax(INPUT0 / temperature) over the last axis.
 
 Built by `wasmtron stage build` with componentize-py; the SDK (wasmtron_stage) is bundled.
-The guide: README, "Writing a stage in Python".
+The guide: docs/stages.md, "Writing a stage in Python".
 """
 from wasmtron_stage import InvalidArgument, Tensor, ops, setup, stage
 

@@ -1,6 +1,6 @@
 //! {name}: OUTPUT0 = softmax(INPUT0 / temperature) over the last axis.
 //!
-//! Built by `wasmtron stage build` (cargo, target wasm32-wasip2). The guide: README, "Writing a
+//! Built by `wasmtron stage build` (cargo, target wasm32-wasip2). The guide: docs/stages.md, "Writing a
 //! stage in Rust".
 
 use wasmtron_guest::{export_stage, ops, Config, Error, Request, Result, Stage, Tensor};

@@ -1,7 +1,7 @@
 // {name}: OUTPUT0 = softmax(INPUT0 / temperature) over the last axis.
 //
 // Built by `wasmtron stage build` (componentize-c bindings, clang-19 for wasm32-wasi,
-// componentize-c component). The guide: README, "Writing a stage in C". Ownership follows
+// componentize-c component). The guide: docs/stages.md, "Writing a stage in C". Ownership follows
 // wit-bindgen's C rules: an export owns its arguments and frees them; what it returns is
 // malloc'd and freed after the host copied it.
 #include <math.h>

@@ -13,7 +13,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeOwned, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::request::Invalid;
+use super::invalid::Invalid;
 use crate::error::Error;
 
 /// The most fields a body may have (every endpoint takes fewer than this).

@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::{
     decode,
-    request::Invalid,
+    invalid::Invalid,
     types::{
         Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, EmbeddingVector, TextsOrIds,
     },

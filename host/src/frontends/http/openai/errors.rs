@@ -8,7 +8,7 @@ use axum::{
 };
 
 use super::{
-    request::Invalid,
+    invalid::Invalid,
     types::{ErrorBody, ErrorDetail},
 };
 use crate::{

@@ -1,7 +1,8 @@
 //! OpenAI-compatible endpoints on the HTTP port, as Triton's OpenAI frontend offers them:
 //! `GET /v1/models` (and `/v1/models/{model}`), `POST /v1/completions` and
 //! `POST /v1/chat/completions`, streamed
-//! (server-sent events ending in `data: [DONE]`) or not, with `usage` and `finish_reason`.
+//! (server-sent events ending in `data: [DONE]`) or not, with `usage` and `finish_reason`;
+//! and `POST /v1/embeddings` for models that answer an embedding (`embeddings.rs`).
 //!
 //! A model serves these when it takes a prompt (`text_input`) or a chat (`messages`) and
 //! answers `text_output`, like the `smollm2` ensemble; sampling fields become its inputs by
@@ -12,6 +13,7 @@ mod choices;
 pub mod decode;
 pub mod embeddings;
 mod errors;
+mod invalid;
 mod prompts;
 pub mod request;
 mod stream;

@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::{
     decode::{TokenIds, MAX_TOKEN_IDS},
-    request::Invalid,
+    invalid::Invalid,
     types::Prompt,
 };
 use crate::tensor::{push_bytes_element, DataType, Tensor};

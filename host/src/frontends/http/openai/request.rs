@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::{
     decode,
+    invalid::Invalid,
     prompts::{self, Echo, PromptInput},
     structured::{self, Shape, CALL_CLOSE, CALL_OPEN},
     types::{
@@ -20,31 +21,6 @@ use crate::{
     proto::inference::ModelConfig,
     tensor::{push_bytes_element, DataType, Tensor},
 };
-
-/// A request error with the field it is about (OpenAI's `param`).
-#[derive(Debug)]
-pub struct Invalid {
-    /// What went wrong.
-    pub error: Error,
-    /// The request field, if one is at fault.
-    pub param: Option<String>,
-}
-
-impl Invalid {
-    /// An invalid value of request field `param`.
-    pub(super) fn field(param: &str, message: String) -> Self {
-        Self {
-            error: Error::invalid(message),
-            param: Some(param.to_owned()),
-        }
-    }
-}
-
-impl From<Error> for Invalid {
-    fn from(error: Error) -> Self {
-        Self { error, param: None }
-    }
-}
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::{json, value::RawValue, Value};
 
 use super::{
-    request::Invalid,
+    invalid::Invalid,
     types::{
         CompletionRequest, FunctionCall, FunctionCallDelta, ResponseFormat, Tool, ToolCall,
         ToolCallDelta, ToolChoice,
