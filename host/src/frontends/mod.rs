@@ -261,12 +261,17 @@ pub fn track(server: &Server, caller: &Caller, model: &str) -> Tracked {
     caller.track(if known { model } else { "" })
 }
 
-/// Records on the request whom it runs for, so that the stages it reaches call other models
-/// only within the caller's permissions.
-pub fn on_behalf_of(caller: &Caller, request: &mut crate::inference::InferRequest) {
-    if let Caller::Tenant(_) = caller {
-        request.callers = vec![caller.clone()];
-    }
+/// The door for an inference request to `model` at the version the path or message names
+/// (empty: the server's choice): the caller's right first (a tenant learns nothing of models it
+/// may not run), then the version's syntax, then the model, looked up once for the request.
+pub fn resolve(
+    server: &Server,
+    caller: &Caller,
+    model: &str,
+    version: &str,
+) -> Result<crate::scheduling::server::Target> {
+    caller.require(ModelAction::Infer, model)?;
+    server.resolve(caller, model, parse_version(model, version)?)
 }
 
 /// Whether `caller` may load `model` as asked. A configuration or files in the request are for

@@ -23,13 +23,50 @@ use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse, StepDurations},
     limits::RequestLimits,
+    proto::inference::ModelConfig,
     repository::ModelRepository,
     runtime::{
         request_check::{check_request, convert_integer_inputs},
         ModelCaller, RuntimeOptions,
     },
-    tenancy::ModelAction,
+    tenancy::{Caller, ModelAction},
 };
+
+/// A model version a caller may run requests on, looked up once ([`Server::resolve`]): the
+/// one door through which a frontend's request enters the core. A frontend decodes the
+/// request against [`Target::config`] and runs it with [`Server::infer_on`] or
+/// [`Server::infer_stream_on`], which record whom it runs for and use this version without
+/// looking the model up again.
+#[derive(Clone)]
+pub struct Target {
+    model: Arc<ModelVersion>,
+    caller: Caller,
+}
+
+impl Target {
+    /// The version's completed configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        &self.model.name
+    }
+
+    /// The version requests to it run on.
+    pub fn version(&self) -> i64 {
+        self.model.version
+    }
+
+    /// Marks `request` as run for the caller, so that the stages it reaches call other models
+    /// only within the caller's permissions.
+    fn stamp(&self, request: &mut InferRequest) {
+        if let Caller::Tenant(_) = &self.caller {
+            request.callers = vec![self.caller.clone()];
+        }
+    }
+}
 
 /// How the set of loaded models may change (`--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -345,39 +382,80 @@ impl Server {
     /// Dropping the returned future before it ends cancels the request (its
     /// [`InferRequest::cancel`]): the work stops wherever it is (see [`crate::cancellation`]).
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        self.infer_with(None, request).await
+    }
+
+    /// The caller's right to run `model` checked and its version looked up: the target a
+    /// frontend decodes the request against and runs it on.
+    pub fn resolve(&self, caller: &Caller, model: &str, version: Option<i64>) -> Result<Target> {
+        caller.require(ModelAction::Infer, model)?;
+        Ok(Target {
+            model: self.manager.get(model, version)?,
+            caller: caller.clone(),
+        })
+    }
+
+    /// [`Server::infer`] on a resolved target, for its caller.
+    pub async fn infer_on(
+        &self,
+        target: &Target,
+        mut request: InferRequest,
+    ) -> Result<InferResponse> {
+        target.stamp(&mut request);
+        self.infer_with(Some(target.model.clone()), request).await
+    }
+
+    /// Runs `request` on `model` when it is resolved already, else on the version its name
+    /// and version pick.
+    async fn infer_with(
+        &self,
+        model: Option<Arc<ModelVersion>>,
+        request: InferRequest,
+    ) -> Result<InferResponse> {
         let waiting = request.cancel.cancel_on_drop();
         let trace = request.trace.clone();
-        let result = self.infer_for_callers(request).await;
+        let result = self.infer_for_callers(model, request).await;
         trace.mark("REQUEST_END");
         waiting.disarm();
         result
     }
 
-    async fn infer_for_callers(&self, request: InferRequest) -> Result<InferResponse> {
+    async fn infer_for_callers(
+        &self,
+        model: Option<Arc<ModelVersion>>,
+        request: InferRequest,
+    ) -> Result<InferResponse> {
         if request.callers.is_empty() {
-            return self.run(request).await;
+            return self.run(model, request).await;
         }
         for caller in &request.callers {
             caller.check_backoff(&request.model_name)?;
         }
-        let (callers, model) = (request.callers.clone(), request.model_name.clone());
-        let result = self.run(request).await;
+        let (callers, name) = (request.callers.clone(), request.model_name.clone());
+        let result = self.run(model, request).await;
         for caller in &callers {
-            caller.record_outcome(&model, result.as_ref().map(|_| ()));
+            caller.record_outcome(&name, result.as_ref().map(|_| ()));
         }
         result
     }
 
-    async fn run(&self, mut request: InferRequest) -> Result<InferResponse> {
+    async fn run(
+        &self,
+        resolved: Option<Arc<ModelVersion>>,
+        mut request: InferRequest,
+    ) -> Result<InferResponse> {
         let received = Instant::now();
         if self.stopping.load(Ordering::Acquire) {
             return Err(Error::unavailable("the server is shutting down"));
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let _guard = InFlight(self);
-        let model = self
-            .manager
-            .get(&request.model_name, request.model_version)?;
+        let model = match resolved {
+            Some(model) => model,
+            None => self
+                .manager
+                .get(&request.model_name, request.model_version)?,
+        };
         request.trace.start(model.version, &request.id, received);
         if let Err(err) = self.options.limits.check_request(&request) {
             model
@@ -544,6 +622,24 @@ impl Server {
     /// stream too. Models that are not decoupled give exactly one item.
     pub fn infer_stream(
         self: &Arc<Self>,
+        request: InferRequest,
+    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
+        self.infer_stream_with(None, request)
+    }
+
+    /// [`Server::infer_stream`] on a resolved target, for its caller.
+    pub fn infer_stream_on(
+        self: &Arc<Self>,
+        target: &Target,
+        mut request: InferRequest,
+    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
+        target.stamp(&mut request);
+        self.infer_stream_with(Some(target.model.clone()), request)
+    }
+
+    fn infer_stream_with(
+        self: &Arc<Self>,
+        resolved: Option<Arc<ModelVersion>>,
         mut request: InferRequest,
     ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
         let (out, items) = tokio::sync::mpsc::channel(16);
@@ -552,13 +648,17 @@ impl Server {
         request.responses = Some(sink);
         let server = self.clone();
         tokio::spawn(async move {
-            let model = server
-                .manager
-                .get(&request.model_name, request.model_version)
-                .ok();
+            let model = match resolved {
+                Some(model) => Some(model),
+                None => server
+                    .manager
+                    .get(&request.model_name, request.model_version)
+                    .ok(),
+            };
             let version = model.as_ref().map(|m| m.version).unwrap_or_default();
             // A decoupled model's responses are counted per index, as Triton's response_stats.
             let mut responses = model
+                .as_ref()
                 .filter(|m| crate::runtime::is_decoupled(&m.config))
                 .map(|m| ResponseClock::new(m.stats.clone()));
             let wrap = |outputs, name: &str, id: &str| InferResponse {
@@ -569,7 +669,7 @@ impl Server {
                 outputs,
             };
             let (name, id) = (request.model_name.clone(), request.id.clone());
-            let final_response = server.infer(request);
+            let final_response = server.infer_with(model.clone(), request);
             tokio::pin!(final_response);
             // A reader that takes nothing for `stall` is treated as gone: returning drops the
             // request's future, which cancels it.

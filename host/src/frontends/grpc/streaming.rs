@@ -12,7 +12,7 @@ use futures::{
 };
 use tonic::Status;
 
-use crate::frontends::{on_behalf_of, shared_memory::SystemSharedMemory, trace::Tracing, track};
+use crate::frontends::{resolve, shared_memory::SystemSharedMemory, trace::Tracing, track};
 use crate::{
     error::Error,
     inference::{ParamValue, Parameters},
@@ -21,11 +21,8 @@ use crate::{
     tenancy::{Caller, ModelAction, Tenancy},
 };
 
+use super::codec::{decode_request, encode_response, params_to_proto};
 use super::*;
-use super::{
-    codec::{decode_request, encode_response, params_to_proto},
-    unary::known_model,
-};
 
 pub(super) type StreamResult =
     Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
@@ -183,21 +180,19 @@ pub(super) fn stream_one(
     let id = req.id.clone();
     let reader = shm.reader(caller, max_bytes);
     let shared = |input: &str, params: &Parameters| reader.input(input, params);
-    let decoded = known_model(&server, &req)
-        .and_then(|()| decode_request(req, &shared))
-        .and_then(|r| shm.check_outputs(caller, &r.outputs).map(|()| r));
-    let mut request = match decoded {
+    let decoded = resolve(&server, caller, &req.model_name, &req.model_version).and_then(|t| {
+        let request = decode_request(req, &shared)?;
+        shm.check_outputs(caller, &request.outputs)?;
+        Ok((t, request))
+    });
+    let (target, mut request) = match decoded {
         Ok(r) => r,
         Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
     };
-    on_behalf_of(caller, &mut request);
     request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
     request.trace.mark("GRPC_WAITREAD_START");
     request.trace.mark("GRPC_WAITREAD_END");
-    let decoupled = server
-        .models()
-        .get(&request.model_name, request.model_version)
-        .is_ok_and(|m| crate::runtime::is_decoupled(&m.config));
+    let decoupled = crate::runtime::is_decoupled(target.config());
     let empty_final = matches!(
         request.parameters.get("triton_enable_empty_final_response"),
         Some(ParamValue::Bool(true))
@@ -211,7 +206,7 @@ pub(super) fn stream_one(
     let final_id = id.clone();
     let requested = request.outputs.clone();
     let caller = caller.clone();
-    let items = server.infer_stream(request);
+    let items = server.infer_stream_on(&target, request);
     let responses = tokio_stream_from(items).map(move |item| {
         let item = item.and_then(|resp| {
             shm.write_outputs(&caller, &requested, &resp)?;

@@ -1,19 +1,10 @@
 //! `ModelInfer`: one request, one response.
 
-use crate::frontends::{
-    on_behalf_of, parse_version, shared_memory::SystemSharedMemory, trace::Tracing,
-};
+use crate::frontends::{resolve, shared_memory::SystemSharedMemory, trace::Tracing};
 use crate::{error::Error, inference::Parameters, scheduling::server::Server, tenancy::Caller};
 
 use super::codec::{decode_request, encode_response};
 use super::*;
-
-/// Fails with NOT_FOUND when the request names no loaded model (version), before anything
-/// else in it is looked at, as Triton answers.
-pub(super) fn known_model(server: &Server, req: &ModelInferRequest) -> Result<(), Error> {
-    let version = parse_version(&req.model_name, &req.model_version)?;
-    server.models().get(&req.model_name, version).map(drop)
-}
 
 pub(super) async fn infer_one(
     server: &Server,
@@ -25,11 +16,12 @@ pub(super) async fn infer_one(
     req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Error> {
     let received = std::time::Instant::now();
-    known_model(server, &req)?;
+    // NOT_FOUND when the request names no loaded model (version), before anything else in it
+    // is looked at, as Triton answers.
+    let target = resolve(server, caller, &req.model_name, &req.model_version)?;
     let reader = shm.reader(caller, max_bytes);
     let shared = |input: &str, params: &Parameters| reader.input(input, params);
     let mut request = decode_request(req, &shared)?;
-    on_behalf_of(caller, &mut request);
     request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
     let trace = request.trace.clone();
     // The message was read before this handler ran: waiting for it ends as it starts.
@@ -37,7 +29,7 @@ pub(super) async fn infer_one(
     trace.mark_at("GRPC_WAITREAD_END", received);
     let requested = request.outputs.clone();
     shm.check_outputs(caller, &requested)?;
-    let response = server.infer(request).await?;
+    let response = server.infer_on(&target, request).await?;
     trace.mark("GRPC_SEND_START");
     shm.write_outputs(caller, &requested, &response)?;
     let encoded = encode_response(response, &requested);

@@ -22,12 +22,13 @@ use crate::{
             error::ApiResult,
             state::HttpState,
         },
-        on_behalf_of, parse_version,
+        resolve,
         shared_memory::output_parameters,
         track,
     },
     inference::{InferRequest, InferResponse, Parameters, RequestedOutput},
-    tenancy::{Admission, Caller, ModelAction},
+    scheduling::server::Target,
+    tenancy::{Admission, Caller},
 };
 
 /// An encoded response and the content encoding it was compressed with.
@@ -107,11 +108,10 @@ async fn run_infer(
 ) -> ApiResult<Response> {
     let received = std::time::Instant::now();
     let (model, version) = path_parts(p);
-    caller.require(ModelAction::Infer, &model)?;
-    let version = parse_version(&model, &version)?;
     // An unknown model is named before the body is read (Triton's order), and the body is
     // admitted under the caller's quotas before anything in it is decoded.
-    let target = st.server.models().get(&model, version)?;
+    let target = resolve(&st.server, caller, &model, &version)?;
+    let version = Some(target.version());
     let body = read_request_body(st, caller, headers, body).await?;
     let _admission = caller.admit(body.len())?;
     let json_length = match headers.get(codec::HEADER_LENGTH) {
@@ -125,8 +125,7 @@ async fn run_infer(
                 })?,
         ),
     };
-    let config = (json_length == Some(0)).then(|| target.config.clone());
-    drop(target);
+    let config = (json_length == Some(0)).then(|| target.config().clone());
     let (memory, who, max, limits) = (
         st.shared_memory.clone(),
         caller.clone(),
@@ -148,7 +147,6 @@ async fn run_infer(
         )
     })
     .await??;
-    on_behalf_of(caller, &mut request);
     request.trace = st
         .tracing
         .request_span(&model, "http", &|name| header_text(headers, name));
@@ -159,7 +157,7 @@ async fn run_infer(
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
     st.shared_memory.check_outputs(caller, &requested)?;
-    let response = st.server.infer(request).await?;
+    let response = st.server.infer_on(&target, request).await?;
     trace.mark("HTTP_SEND_START");
     st.shared_memory
         .write_outputs(caller, &requested, &response)?;
@@ -197,27 +195,28 @@ async fn generate_request(
     headers: &HeaderMap,
     body: Body,
     one_response: bool,
-) -> Result<(InferRequest, Admission), Error> {
+) -> Result<(Target, InferRequest, Admission), Error> {
     let (model, version) = path_parts(p);
-    caller.require(ModelAction::Infer, &model)?;
-    let version = parse_version(&model, &version)?;
     // As for `infer`: the model and the quotas before the body is decoded.
-    let config = st.server.models().get(&model, version)?.config.clone();
+    let target = resolve(&st.server, caller, &model, &version)?;
     let body = read_request_body(st, caller, headers, body).await?;
     let admission = caller.admit(body.len())?;
-    let (for_request, name) = (config.clone(), model.clone());
+    let (for_request, name, version) = (
+        target.config().clone(),
+        model.clone(),
+        Some(target.version()),
+    );
     let mut request = off_runtime(body.len(), move || {
         generate::to_request(&for_request, &name, version, &body)
     })
     .await??;
     if one_response {
-        generate::ask_for_one_response(&config, &mut request);
+        generate::ask_for_one_response(target.config(), &mut request);
     }
-    on_behalf_of(caller, &mut request);
     request.trace = st
         .tracing
         .request_span(&model, "http", &|name| header_text(headers, name));
-    Ok((request, admission))
+    Ok((target, request, admission))
 }
 
 /// `…/generate`: exactly one response, as JSON.
@@ -241,9 +240,10 @@ async fn run_generate(
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let (request, _admission) = generate_request(st, caller, p, headers, body, true).await?;
+    let (target, request, _admission) =
+        generate_request(st, caller, p, headers, body, true).await?;
     let model = request.model_name.clone();
-    let mut items = st.server.infer_stream(request);
+    let mut items = st.server.infer_stream_on(&target, request);
     let mut responses = Vec::new();
     while let Some(item) = items.recv().await {
         responses.push(item?);
@@ -271,8 +271,8 @@ pub(crate) async fn generate_stream(
     let track = track(&st.server, &caller, &path_parts(&p).0);
     let started = generate_request(&st, &caller, &p, &headers, body, false).await;
     track.finish(started.as_ref().map(|_| ()).map_err(|e| e.code));
-    let (request, admission) = started?;
-    let items = st.server.infer_stream(request);
+    let (target, request, admission) = started?;
+    let items = st.server.infer_stream_on(&target, request);
     // The admission rides along until the last event is sent.
     let events = futures::stream::unfold((items, admission), |(mut items, admission)| async move {
         let item = items.recv().await?;

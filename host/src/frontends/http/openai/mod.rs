@@ -21,7 +21,10 @@ mod structured;
 pub mod types;
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -48,6 +51,8 @@ use super::{
 };
 use crate::{
     error::Error,
+    proto::inference::ModelConfig,
+    scheduling::server::{Server, Target},
     tenancy::{Admission, Caller, ModelAction},
 };
 
@@ -170,21 +175,24 @@ pub async fn embeddings(
         Ok(read) => read,
         Err(e) => return error_response(&e, None),
     };
-    let (server, who) = (st.server.clone(), caller.clone());
-    let lookup = move |model: &str| {
-        who.require(ModelAction::Infer, model)?;
-        Ok(server.models().get(model, None)?.config.clone())
-    };
-    let parsed = off_runtime(body.len(), move || embeddings::parse(&body, lookup)).await;
+    let (door, resolved) = Door::new(&st.server, &caller);
+    let parsed = off_runtime(body.len(), move || {
+        embeddings::parse(&body, |model| door.resolve(model))
+    })
+    .await;
     let parsed = match parsed.map_err(Into::into).and_then(|p| p) {
         Ok(p) => p,
         Err(e) => return invalid_response(e),
     };
+    let Some(target) = resolved.take() else {
+        return error_response(&Error::internal("no model was resolved"), None);
+    };
     let track = crate::frontends::track(&st.server, &caller, &parsed.model);
-    let runs = parsed.requests.iter().cloned().map(|mut request| {
-        crate::frontends::on_behalf_of(&caller, &mut request);
-        st.server.infer(request)
-    });
+    let runs = parsed
+        .requests
+        .iter()
+        .cloned()
+        .map(|request| st.server.infer_on(&target, request));
     let responses: Result<Vec<_>, Error> = futures::stream::iter(runs)
         .buffered(embeddings::BATCHES_AT_ONCE)
         .try_collect()
@@ -208,10 +216,9 @@ async fn complete(
         Ok(read) => read,
         Err(e) => return error_response(&e, None),
     };
-    let (server, who) = (st.server.clone(), caller.clone());
+    let (door, resolved) = Door::new(&st.server, &caller);
     let lookup = move |model: &str| {
-        who.require(ModelAction::Infer, model)?;
-        let config = server.models().get(model, None)?.config.clone();
+        let config = door.resolve(model)?;
         if !request::generates_text(&config) {
             return Err(Error::not_found(format!(
                 "model '{model}' does not generate text (it needs input 'text_input' or \
@@ -221,20 +228,22 @@ async fn complete(
         Ok(config)
     };
     let parsed = off_runtime(body.len(), move || request::parse(kind, &body, lookup)).await;
-    let mut parsed = match parsed.map_err(Into::into).and_then(|p| p) {
+    let parsed = match parsed.map_err(Into::into).and_then(|p| p) {
         Ok(p) => p,
         Err(e) => return invalid_response(e),
+    };
+    let Some(target) = resolved.take() else {
+        return error_response(&Error::internal("no model was resolved"), None);
     };
     // Each sequence the request starts counts against the tenant's concurrency quota.
     if let Err(e) = admission.widen(parsed.choices()) {
         return error_response(&e, None);
     }
     let track = crate::frontends::track(&st.server, &caller, &parsed.model);
-    crate::frontends::on_behalf_of(&caller, &mut parsed.request);
     // One sequence per choice (`n` per prompt), side by side in the running batch.
     let choices = parsed.choices();
     let streams = (0..choices)
-        .map(|i| st.server.infer_stream(parsed.request_for(i)))
+        .map(|i| st.server.infer_stream_on(&target, parsed.request_for(i)))
         .collect();
     let mut items = choices::merge(streams);
     let answer = Answer {
@@ -307,4 +316,50 @@ async fn complete(
     let prompt = prompt.iter().sum();
     let generated = gathered.iter().map(|g| g.generated).sum();
     answer.whole(gathered, Usage::new(prompt, generated))
+}
+
+/// The door for the model an OpenAI body names: the body is decoded off the async runtime and
+/// names its model inside, so the decoder resolves it through this (the caller's right, the
+/// model looked up once) and the handler takes the target it resolved.
+struct Door {
+    server: Arc<Server>,
+    caller: Caller,
+    resolved: Arc<std::sync::Mutex<Option<Target>>>,
+}
+
+/// Where the handler finds what the door resolved.
+struct Resolved(Arc<std::sync::Mutex<Option<Target>>>);
+
+impl Resolved {
+    fn take(&self) -> Option<Target> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Door {
+    fn new(server: &Arc<Server>, caller: &Caller) -> (Self, Resolved) {
+        let slot = Arc::new(std::sync::Mutex::new(None));
+        (
+            Self {
+                server: server.clone(),
+                caller: caller.clone(),
+                resolved: slot.clone(),
+            },
+            Resolved(slot),
+        )
+    }
+
+    /// The model's configuration, the model resolved for the handler.
+    fn resolve(&self, model: &str) -> Result<ModelConfig, Error> {
+        let target = self.server.resolve(&self.caller, model, None)?;
+        let config = target.config().clone();
+        *self
+            .resolved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(target);
+        Ok(config)
+    }
 }
