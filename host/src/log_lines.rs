@@ -42,11 +42,15 @@ pub struct LogOptions {
     pub file: Option<PathBuf>,
 }
 
-/// The log layer: `filter` (what `RUST_LOG` or the level allows) narrowed by the level flags,
-/// written where and as the options say.
+/// The log layer: `filter_for(None)` (what `RUST_LOG` or the starting level allows) narrowed
+/// by the level flags, written where and as the options say. With `follow_verbose`, the filter
+/// becomes `filter_for(Some(level))` whenever the logging extension changes
+/// `log_verbose_level`, so debug lines can be turned on at run time without costing anything
+/// while they are off.
 pub fn layer<S>(
     options: &LogOptions,
-    filter: EnvFilter,
+    filter_for: impl Fn(Option<u32>) -> EnvFilter + Send + Sync + 'static,
+    follow_verbose: bool,
 ) -> anyhow::Result<Box<dyn Layer<S> + Send + Sync + 'static>>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -70,6 +74,14 @@ where
         format_name,
     )
     .install();
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter_for(None));
+    if follow_verbose {
+        settings.on_verbose_change(move |verbose| {
+            if let Err(e) = handle.reload(filter_for(Some(verbose))) {
+                eprintln!("cannot change the log level: {e}");
+            }
+        });
+    }
     // Asked on every line (a dynamic filter): a plain filter function's answer is cached
     // per call site.
     let levels = dynamic_filter_fn(move |meta, _| match *meta.level() {

@@ -280,9 +280,8 @@ fn start_tracing(
     Arc<wasmtron::frontends::trace::Tracing>,
     Option<trace_export::Exporter>,
 )> {
-    // Debug lines always pass this filter: whether they are written is the level flags'
-    // call, which the logging extension can change at run time (log_verbose_level).
-    let level = "debug";
+    // The starting level; the logging extension's log_verbose_level moves it at run time.
+    let level = if cli.log_verbose > 0 { "debug" } else { "info" };
     let trace_options = trace_export::parse(&command_line::trace_config(cli))?;
     let log = log_lines::LogOptions {
         verbose: cli.log_verbose,

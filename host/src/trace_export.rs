@@ -121,14 +121,31 @@ impl Exporter {
 /// spans, shaped by the log flags, and the OTLP exporter for them when asked. Returns the request tracing settings and
 /// the exporter to shut down at exit.
 pub fn init(
-    level: &str,
+    level: &'static str,
     log: &crate::log_lines::LogOptions,
     options: &TraceOptions,
 ) -> anyhow::Result<(Tracing, Option<Exporter>)> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| format!("{level},ort=warn").into())
-        .add_directive(format!("{TRACE_TARGET}=off").parse()?);
-    let log = crate::log_lines::layer(log, filter)?;
+    // RUST_LOG, when set, decides for good; otherwise the level follows log_verbose_level
+    // (debug lines only while it is above 0, so that they cost nothing the rest of the time).
+    let from_env = std::env::var_os("RUST_LOG").is_some();
+    let filter_for = move |verbose: Option<u32>| -> tracing_subscriber::EnvFilter {
+        let level = match verbose {
+            Some(0) => "info",
+            Some(_) => "debug",
+            None => level,
+        };
+        let base = if from_env {
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| format!("{level},ort=warn").into())
+        } else {
+            format!("{level},ort=warn").into()
+        };
+        match format!("{TRACE_TARGET}=off").parse() {
+            Ok(off) => base.add_directive(off),
+            Err(_) => base,
+        }
+    };
+    let log = crate::log_lines::layer(log, filter_for, !from_env)?;
     let registry = tracing_subscriber::registry().with(log);
     if let Some(path) = &options.file {
         use tracing_subscriber::Layer;

@@ -98,8 +98,9 @@ impl BoundFunction {
     }
 }
 
-impl ModelInstance for BoundFunction {
-    fn execute(
+impl BoundFunction {
+    /// Runs one request (or the rows of several, merged) through the bound function.
+    fn run(
         &mut self,
         request: &InferRequest,
         outputs: &[String],
@@ -141,5 +142,17 @@ impl ModelInstance for BoundFunction {
             ..Default::default()
         };
         Ok((tensors, timings))
+    }
+}
+
+impl ModelInstance for BoundFunction {
+    /// Several requests run as one, merged along the batch dimension and cut back (one
+    /// request runs as it is).
+    fn execute_batch(
+        &mut self,
+        requests: &[&InferRequest],
+        outputs: &[String],
+    ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
+        wasmtron::runtime::batch::execute_merged(requests, outputs, |r, o| self.run(r, o))
     }
 }

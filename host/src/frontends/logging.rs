@@ -1,8 +1,9 @@
 //! Triton's logging extension (`GET`/`POST /v2/logging`, gRPC `LogSettings`): the log's levels
 //! read and changed at run time by an administrator. `log_info`, `log_warning`, `log_error`
-//! and `log_verbose_level` take effect at once (debug lines always reach these settings, so
-//! verbose logging can be turned on for a server started without it), and `log_file` /
-//! `log_format` are fixed at start: a change to them is refused by name, never ignored.
+//! and `log_verbose_level` take effect at once (the binary's level filter follows
+//! `log_verbose_level`, so verbose logging can be turned on for a server started without it),
+//! and `log_file` / `log_format` are fixed at start: a change to them is refused by name, never
+//! ignored.
 
 use std::sync::{
     atomic::{AtomicBool, AtomicU32, Ordering::Relaxed},
@@ -20,6 +21,17 @@ pub struct LogLevels {
     verbose: AtomicU32,
     file: String,
     format: String,
+    /// Told the new `log_verbose_level` when it changes (the binary moves its level filter).
+    on_verbose: OnceLock<VerboseHook>,
+}
+
+/// What [`LogLevels::on_verbose_change`] registered.
+struct VerboseHook(Box<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for VerboseHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("VerboseHook")
+    }
 }
 
 /// A setting's value, as the protocols carry it.
@@ -62,7 +74,14 @@ impl LogLevels {
             verbose: AtomicU32::new(verbose),
             file: file.to_owned(),
             format: format.to_owned(),
+            on_verbose: OnceLock::new(),
         }
+    }
+
+    /// Calls `hook` with the new `log_verbose_level` whenever an update changes it (once
+    /// registered; later registrations change nothing).
+    pub fn on_verbose_change(&self, hook: impl Fn(u32) + Send + Sync + 'static) {
+        let _ = self.on_verbose.set(VerboseHook(Box::new(hook)));
     }
 
     /// Makes these the process's settings (once, at start); later calls change nothing.
@@ -112,7 +131,13 @@ impl LogLevels {
                 ("log_info", Setting::Bool(b)) => self.info.store(*b, Relaxed),
                 ("log_warning", Setting::Bool(b)) => self.warning.store(*b, Relaxed),
                 ("log_error", Setting::Bool(b)) => self.error.store(*b, Relaxed),
-                ("log_verbose_level", Setting::Uint(n)) => self.verbose.store(*n, Relaxed),
+                ("log_verbose_level", Setting::Uint(n)) => {
+                    let before = self.verbose.swap(*n, Relaxed);
+                    match self.on_verbose.get() {
+                        Some(hook) if before != *n => (hook.0)(*n),
+                        _ => {}
+                    }
+                }
                 _ => {}
             }
         }

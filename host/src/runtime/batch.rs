@@ -31,6 +31,30 @@ pub fn compatible(a: &InferRequest, b: &InferRequest) -> bool {
         })
 }
 
+/// A batch run as one merged request: inputs concatenated along the batch dimension, `run`
+/// once, and the outputs cut back into each request's rows (one request runs as it is).
+pub fn execute_merged(
+    requests: &[&InferRequest],
+    outputs: &[String],
+    mut run: impl FnMut(&InferRequest, &[String]) -> Result<(Vec<Tensor>, crate::runtime::ExecTimings)>,
+) -> (Vec<Result<Vec<Tensor>>>, crate::runtime::ExecTimings) {
+    if let [one] = requests {
+        return match run(one, outputs) {
+            Ok((tensors, timings)) => (vec![Ok(tensors)], timings),
+            Err(e) => (vec![Err(e)], Default::default()),
+        };
+    }
+    let counts: Vec<usize> = requests.iter().map(|r| rows(r)).collect();
+    let merged = merge(requests);
+    match run(&merged, outputs) {
+        Ok((tensors, timings)) => match split(&merged.model_name, tensors, &counts) {
+            Ok(parts) => (parts.into_iter().map(Ok).collect(), timings),
+            Err(e) => (vec![Err(e); requests.len()], timings),
+        },
+        Err(e) => (vec![Err(e); requests.len()], Default::default()),
+    }
+}
+
 /// One request holding every request's inputs, concatenated along the batch dimension (in
 /// order). The requests must be [`compatible`].
 pub fn merge(requests: &[&InferRequest]) -> InferRequest {

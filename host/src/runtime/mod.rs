@@ -51,41 +51,27 @@ pub struct ExecTimings {
 
 /// One execution instance of a model (an ONNX Runtime session, a Wasm stage instance).
 pub trait ModelInstance: Send {
-    /// Runs the model on a validated request and returns the named outputs, in that order.
-    fn execute(
-        &mut self,
-        request: &InferRequest,
-        outputs: &[String],
-    ) -> Result<(Vec<Tensor>, ExecTimings)>;
-
-    /// Runs several [`batch::compatible`] requests as one execution and answers each, in
-    /// order; `outputs` applies to all of them. By default the inputs are concatenated along
-    /// the batch dimension, [`execute`](Self::execute) runs once, and the outputs are cut
-    /// back into each request's rows.
+    /// Runs the requests of one batch ([`batch::compatible`], or ragged-compatible) as one
+    /// execution and answers each, in order; `outputs` applies to all of them. Backends that
+    /// run one merged tensor use [`batch::execute_merged`].
     fn execute_batch(
         &mut self,
         requests: &[&InferRequest],
         outputs: &[String],
-    ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
-        if let [one] = requests {
-            return match self.execute(one, outputs) {
-                Ok((tensors, timings)) => (vec![Ok(tensors)], timings),
-                Err(e) => (vec![Err(e)], ExecTimings::default()),
-            };
-        }
-        let rows: Vec<usize> = requests.iter().map(|r| batch::rows(r)).collect();
-        let merged = batch::merge(requests);
-        match self.execute(&merged, outputs) {
-            Ok((tensors, timings)) => match batch::split(&merged.model_name, tensors, &rows) {
-                Ok(parts) => (parts.into_iter().map(Ok).collect(), timings),
-                Err(e) => (vec![Err(e); requests.len()], timings),
-            },
-            Err(e) => (vec![Err(e); requests.len()], ExecTimings::default()),
-        }
+    ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings);
+
+    /// Runs one validated request and returns the named outputs, in that order: a batch of
+    /// one.
+    fn execute(
+        &mut self,
+        request: &InferRequest,
+        outputs: &[String],
+    ) -> Result<(Vec<Tensor>, ExecTimings)> {
+        execute_alone(self, request, outputs)
     }
 }
 
-/// [`ModelInstance::execute`] for backends whose batches are the primitive: a batch of one.
+/// [`ModelInstance::execute`]'s default: the request as a batch of one.
 pub fn execute_alone<I: ModelInstance + ?Sized>(
     instance: &mut I,
     request: &InferRequest,

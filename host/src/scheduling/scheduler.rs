@@ -647,7 +647,17 @@ mod tests {
     struct Probe(Board);
 
     impl ModelInstance for Probe {
-        fn execute(
+        fn execute_batch(
+            &mut self,
+            requests: &[&InferRequest],
+            outputs: &[String],
+        ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
+            batch::execute_merged(requests, outputs, |r, o| self.run(r, o))
+        }
+    }
+
+    impl Probe {
+        fn run(
             &mut self,
             request: &InferRequest,
             _: &[String],

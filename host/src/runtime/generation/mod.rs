@@ -726,8 +726,9 @@ fn response(outputs: &[String], tokens: &[u32], answer: &Answer) -> Vec<Tensor> 
         .collect()
 }
 
-impl ModelInstance for GenerationInstance {
-    fn execute(
+impl GenerationInstance {
+    /// Runs one request: its sequences, decoded to the end (or until cancelled).
+    fn run(
         &mut self,
         request: &InferRequest,
         outputs: &[String],
@@ -907,6 +908,18 @@ impl ModelInstance for GenerationInstance {
                 }
             }
         }
+    }
+}
+
+impl ModelInstance for GenerationInstance {
+    /// Several requests run as one, merged along the batch dimension and cut back (one
+    /// request runs as it is).
+    fn execute_batch(
+        &mut self,
+        requests: &[&InferRequest],
+        outputs: &[String],
+    ) -> (Vec<Result<Vec<Tensor>>>, ExecTimings) {
+        crate::runtime::batch::execute_merged(requests, outputs, |r, o| self.run(r, o))
     }
 }
 

@@ -242,14 +242,6 @@ impl OnnxInstance {
 }
 
 impl ModelInstance for OnnxInstance {
-    fn execute(
-        &mut self,
-        request: &InferRequest,
-        outputs: &[String],
-    ) -> Result<(Vec<Tensor>, ExecTimings)> {
-        crate::runtime::execute_alone(self, request, outputs)
-    }
-
     /// Like the default, but each request's inputs are copied once, straight into ONNX
     /// Runtime's tensors (padded there), instead of into a merged request first.
     fn execute_batch(

@@ -272,14 +272,6 @@ struct ResponsesHeader {
 }
 
 impl ModelInstance for PythonInstance {
-    fn execute(
-        &mut self,
-        request: &InferRequest,
-        outputs: &[String],
-    ) -> Result<(Vec<Tensor>, ExecTimings)> {
-        crate::runtime::execute_alone(self, request, outputs)
-    }
-
     /// A batch reaches `execute(requests)` as a list of requests, each with its own shapes,
     /// parameters and response.
     fn execute_batch(

@@ -453,14 +453,6 @@ impl StageInstance {
 }
 
 impl ModelInstance for StageInstance {
-    fn execute(
-        &mut self,
-        request: &InferRequest,
-        outputs: &[String],
-    ) -> Result<(Vec<Tensor>, ExecTimings)> {
-        crate::runtime::execute_alone(self, request, outputs)
-    }
-
     /// A batch reaches the stage as a list of requests, like Triton's `execute(requests)`:
     /// each keeps its own shapes, parameters and result.
     fn execute_batch(
