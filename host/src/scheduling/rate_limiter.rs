@@ -293,20 +293,13 @@ impl RateLimiter {
     /// The instance has no work any more: it stops waiting, and resources given to it while
     /// it waited go to others.
     pub fn withdraw(&self, claim: &Claim) {
-        let mut state = lock(&self.state);
-        state.waiting.retain(|w| w.id != claim.id);
-        if state.granted.remove(&claim.id) {
-            for (key, need) in &claim.resources {
-                if let Some(used) = state.in_use.get_mut(key) {
-                    *used = used.saturating_sub(*need);
-                }
-            }
-            let woken = Self::hand_out(&mut state);
-            drop(state);
-            woken
-                .iter()
-                .filter_map(Weak::upgrade)
-                .for_each(|w| w.wake());
+        let granted = {
+            let mut state = lock(&self.state);
+            state.waiting.retain(|w| w.id != claim.id);
+            state.granted.remove(&claim.id)
+        };
+        if granted {
+            self.give_back(claim);
         }
     }
 
