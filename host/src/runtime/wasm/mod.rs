@@ -4,7 +4,9 @@
 //! gets a fresh, re-initialised instance.
 
 pub mod compile_cache;
+mod convert;
 pub mod engine;
+mod host_imports;
 mod ops;
 pub mod sandbox;
 
@@ -16,6 +18,7 @@ use wasmtime::{
 };
 
 use self::sandbox::{SandboxLimits, StageState};
+use self::{convert::*, host_imports::*};
 use super::InstanceHealth;
 use super::{
     instance_count, request_check::check_outputs, ExecTimings, LoadedBackend, ModelInstance,
@@ -42,197 +45,11 @@ mod bindings {
 
 use bindings::wasmtron::stage::{host as wit_host, types as wit};
 
-/// Why the epoch callback stopped a guest whose batch was cancelled (told apart from a crash).
-#[derive(Debug)]
-struct StageCancelled;
-
-impl std::fmt::Display for StageCancelled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("cancelled: nobody waits for the answer")
-    }
-}
-
-impl std::error::Error for StageCancelled {}
-
 /// Default file name of a stage inside a version directory.
 pub const DEFAULT_MODEL_FILENAME: &str = "model.wasm";
 
 /// The backend name in config.pbtxt.
 pub const BACKEND: &str = "wasm";
-
-pub(super) fn to_wit_datatype(d: DataType) -> wit::Datatype {
-    match d {
-        DataType::Bool => wit::Datatype::Bool,
-        DataType::Uint8 => wit::Datatype::Uint8,
-        DataType::Uint16 => wit::Datatype::Uint16,
-        DataType::Uint32 => wit::Datatype::Uint32,
-        DataType::Uint64 => wit::Datatype::Uint64,
-        DataType::Int8 => wit::Datatype::Int8,
-        DataType::Int16 => wit::Datatype::Int16,
-        DataType::Int32 => wit::Datatype::Int32,
-        DataType::Int64 => wit::Datatype::Int64,
-        DataType::Fp16 => wit::Datatype::Fp16,
-        DataType::Fp32 => wit::Datatype::Fp32,
-        DataType::Fp64 => wit::Datatype::Fp64,
-        DataType::Bf16 => wit::Datatype::Bf16,
-        DataType::Bytes => wit::Datatype::Bytes,
-    }
-}
-
-pub(super) fn from_wit_datatype(d: wit::Datatype) -> DataType {
-    match d {
-        wit::Datatype::Bool => DataType::Bool,
-        wit::Datatype::Uint8 => DataType::Uint8,
-        wit::Datatype::Uint16 => DataType::Uint16,
-        wit::Datatype::Uint32 => DataType::Uint32,
-        wit::Datatype::Uint64 => DataType::Uint64,
-        wit::Datatype::Int8 => DataType::Int8,
-        wit::Datatype::Int16 => DataType::Int16,
-        wit::Datatype::Int32 => DataType::Int32,
-        wit::Datatype::Int64 => DataType::Int64,
-        wit::Datatype::Fp16 => DataType::Fp16,
-        wit::Datatype::Fp32 => DataType::Fp32,
-        wit::Datatype::Fp64 => DataType::Fp64,
-        wit::Datatype::Bf16 => DataType::Bf16,
-        wit::Datatype::Bytes => DataType::Bytes,
-    }
-}
-
-fn to_wit_tensor(t: &Tensor) -> wit::Tensor {
-    wit::Tensor {
-        name: t.name.clone(),
-        datatype: to_wit_datatype(t.datatype),
-        shape: t.shape.clone(),
-        data: t.data.to_vec(),
-    }
-}
-
-pub(super) fn from_wit_tensor(t: wit::Tensor) -> Tensor {
-    Tensor {
-        name: t.name,
-        datatype: from_wit_datatype(t.datatype),
-        shape: t.shape,
-        data: t.data.into(),
-    }
-}
-
-pub(super) fn to_wit_error(e: Error) -> wit::Error {
-    let code = match e.code {
-        Code::InvalidArg | Code::AlreadyExists | Code::Cancelled => wit::ErrorCode::InvalidArgument,
-        Code::NotFound => wit::ErrorCode::NotFound,
-        Code::Unavailable => wit::ErrorCode::Unavailable,
-        Code::Unsupported => wit::ErrorCode::Unsupported,
-        Code::Internal => wit::ErrorCode::Internal,
-        // A stage's call refused by access control: the stage sees an unfitting request.
-        Code::Unauthenticated | Code::PermissionDenied => wit::ErrorCode::InvalidArgument,
-        Code::ResourceExhausted => wit::ErrorCode::Unavailable,
-    };
-    wit::Error {
-        code,
-        message: e.message,
-    }
-}
-
-fn from_wit_error(model: &str, e: wit::Error) -> Error {
-    let code = match e.code {
-        wit::ErrorCode::InvalidArgument => Code::InvalidArg,
-        wit::ErrorCode::NotFound => Code::NotFound,
-        wit::ErrorCode::Unavailable => Code::Unavailable,
-        wit::ErrorCode::Unsupported => Code::Unsupported,
-        wit::ErrorCode::Internal => Code::Internal,
-    };
-    Error::new(code, format!("stage '{model}': {}", e.message))
-}
-
-impl wit::Host for StageState {}
-
-impl wit_host::Host for StageState {
-    fn respond(
-        &mut self,
-        request: u32,
-        outputs: Vec<wit::Tensor>,
-    ) -> std::result::Result<(), wit::Error> {
-        let Some(respond) = self.respond.as_mut() else {
-            return Err(to_wit_error(Error::invalid(format!(
-                "model '{}' is not decoupled: it answers each request once, by returning from \
-                 execute (set model_transaction_policy {{ decoupled: true }} to stream)",
-                self.model
-            ))));
-        };
-        respond(request, outputs.into_iter().map(from_wit_tensor).collect()).map_err(to_wit_error)
-    }
-
-    fn log(&mut self, level: wit_host::LogLevel, message: String) {
-        let model = self.model.as_str();
-        match level {
-            wit_host::LogLevel::Error => tracing::error!(model, "{message}"),
-            wit_host::LogLevel::Warn => tracing::warn!(model, "{message}"),
-            wit_host::LogLevel::Info => tracing::info!(model, "{message}"),
-            wit_host::LogLevel::Debug => tracing::debug!(model, "{message}"),
-        }
-    }
-
-    fn infer(
-        &mut self,
-        model: String,
-        version: Option<i64>,
-        inputs: Vec<wit::Tensor>,
-        requested_outputs: Vec<String>,
-    ) -> std::result::Result<Vec<wit::Tensor>, wit::Error> {
-        let Some(caller) = self.caller.clone() else {
-            return Err(to_wit_error(Error::unsupported(
-                "calling other models is not available in this context",
-            )));
-        };
-        if self.single_instance && model == self.model {
-            return Err(to_wit_error(Error::invalid(format!(
-                "stage '{model}' calls itself but has a single instance, which is busy running \
-                 the caller: the call could never be served (give it more instances with \
-                 instance_group, or call another model)"
-            ))));
-        }
-        // Traced as a child of the stage's execution, when that is traced.
-        let trace = Trace(crate::trace_span!(
-            parent: &tracing::Span::current(),
-            "stage.call",
-            model = %model
-        ));
-        let request = InferRequest {
-            model_name: model,
-            model_version: version,
-            id: String::new(),
-            parameters: Default::default(),
-            inputs: inputs.into_iter().map(from_wit_tensor).collect(),
-            outputs: requested_outputs
-                .into_iter()
-                .map(|name| RequestedOutput {
-                    name,
-                    parameters: Default::default(),
-                })
-                .collect(),
-            deadline: self.call_deadline,
-            responses: None,
-            step_durations: None,
-            callers: self.callers.clone(),
-            from_stage: true,
-            trace,
-            // Cancelled with the batch that makes the call.
-            cancel: self
-                .cancel
-                .as_ref()
-                .map_or_else(Default::default, Cancellation::child),
-        };
-        caller
-            .infer(request)
-            .map(|resp| resp.outputs.iter().map(to_wit_tensor).collect())
-            .map_err(|e| {
-                if e.code == Code::PermissionDenied && self.refused_call.is_none() {
-                    self.refused_call = Some(e.clone());
-                }
-                to_wit_error(e)
-            })
-    }
-}
 
 /// What every instance of one stage model shares.
 struct StageModel {
@@ -356,26 +173,6 @@ impl StageModel {
 struct StageInstance {
     model: Arc<StageModel>,
     live: Option<Live>,
-}
-
-fn wit_parameters(request: &InferRequest) -> Vec<wit::Parameter> {
-    request
-        .parameters
-        .iter()
-        .map(|(key, value)| wit::Parameter {
-            key: key.clone(),
-            value: match value {
-                ParamValue::Bool(b) => wit::ParamValue::Bool(*b),
-                ParamValue::Int(i) => wit::ParamValue::Int(*i),
-                ParamValue::Uint(u) => match i64::try_from(*u) {
-                    Ok(i) => wit::ParamValue::Int(i),
-                    Err(_) => wit::ParamValue::Double(*u as f64),
-                },
-                ParamValue::Double(d) => wit::ParamValue::Double(*d),
-                ParamValue::String(s) => wit::ParamValue::String(s.clone()),
-            },
-        })
-        .collect()
 }
 
 impl StageInstance {
