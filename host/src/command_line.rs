@@ -11,7 +11,7 @@ use std::{ffi::OsString, path::PathBuf};
 use anyhow::{bail, Context};
 use clap::{ArgAction, Parser};
 use wasmtron::{
-    frontends::connections::ConnectionLimits,
+    frontends::{connections::ConnectionLimits, listeners::ListenerOptions},
     limits::RequestLimits,
     scheduling::server::{ControlMode, ServerOptions},
 };
@@ -93,7 +93,7 @@ pub struct Cli {
     #[arg(long = "load-model")]
     pub load_model: Vec<String>,
     /// Seconds between repository scans in poll mode.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = ServerOptions::default().poll_interval.as_secs())]
     pub repository_poll_secs: u64,
     /// Seconds to wait for in-flight requests on shutdown.
     #[arg(long, default_value_t = 30)]
@@ -115,11 +115,11 @@ pub struct Cli {
     #[arg(long = "backend-config")]
     pub backend_config: Vec<String>,
     /// Largest HTTP request body in bytes (before and after decompression).
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, default_value_t = ListenerOptions::default().http_max_input_size)]
     pub http_max_input_size: usize,
     /// Largest gRPC request message in bytes (larger ones are refused with OUT_OF_RANGE);
     /// 2 GiB as in Triton. A tenant's max_request_bytes bounds its messages as they arrive.
-    #[arg(long, default_value_t = wasmtron::frontends::grpc::MAX_MESSAGE_SIZE)]
+    #[arg(long, default_value_t = ListenerOptions::default().grpc_max_message_size)]
     pub grpc_max_message_size: usize,
     /// Seconds a new connection (HTTP, gRPC or metrics) has to send its first request's
     /// headers before it is closed.
@@ -152,7 +152,7 @@ pub struct Cli {
     pub execution_slots: Option<usize>,
     /// Models loaded at once at start-up (as Triton's model-load threads); ensembles and
     /// stages that call other models load after those.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = ServerOptions::default().load_threads as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub model_load_thread_count: u32,
     /// The response cache, as Triton's: `local,size=<bytes>` keeps that many bytes of answers
     /// in memory for the models whose configuration says `response_cache { enable: true }`.
@@ -178,7 +178,7 @@ pub struct Cli {
     pub response_cache_byte_size: Option<usize>,
     /// Requests each model version may queue before answering UNAVAILABLE (0: no cap, as in
     /// Triton; a `max_queue_size` in the model's queue policy still applies).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = ServerOptions::default().queue_capacity)]
     pub model_queue_capacity: usize,
     /// Seconds a streamed response (server-sent events, a gRPC stream) waits for a client
     /// that reads nothing before its request is cancelled and its resources freed.
