@@ -105,6 +105,9 @@ fn tune_malloc() {
 
 fn main() -> anyhow::Result<()> {
     tune_malloc();
+    // One TLS crypto provider for the process (aws-lc-rs, as the listeners use), so that
+    // libraries that ask rustls for the default (the Redis cache's client) find it.
+    let _ = tokio_rustls::rustls::crypto::aws_lc_rs::default_provider().install_default();
     let (cli, notes) = match command_line::parse(std::env::args_os()) {
         Ok(parsed) => parsed,
         Err(e) => match e.downcast::<clap::Error>() {

@@ -92,10 +92,65 @@ def test_redis_settings_are_checked_at_start(tmp_path):
     from conftest import BINARY
     for flags, says in (
         (["--cache-config", "redis,host=127.0.0.1"], "the redis cache needs host and port"),
-        (["--cache-config", "redis,host=h,port=1,tls_enabled=true"],
-         "TLS to Redis is not supported here"),
+        (["--cache-config", "redis,host=h,port=1,cacert=/ca.pem"], "need tls_enabled=true"),
     ):
         done = subprocess.run([BINARY, "--model-repository", str(repo), "--http-port", "0",
                                "--grpc-port", "0", "--metrics-port", "0", *flags],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and says in done.stderr, done.stderr
+
+
+def test_redis_over_mutual_tls(tmp_path):
+    """Triton's TLS settings for its Redis cache (`tls_enabled`, `cacert`, `cert`, `key`): a
+    redis-server that only speaks TLS and asks for client certificates serves the cache."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from test_tls import certificate, write
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = certificate("ca", ca_key, "ca", ca_key, ca=True)
+    server_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
+        ec.SECP256R1())
+    files = {
+        "ca": write(tmp_path / "ca.pem", ca),
+        "server_cert": write(tmp_path / "server.pem",
+                             certificate("server", server_key, "ca", ca_key, server=True)),
+        "server_key": write(tmp_path / "server.key", key=server_key),
+        "client_cert": write(tmp_path / "client.pem",
+                             certificate("client", client_key, "ca", ca_key)),
+        "client_key": write(tmp_path / "client.key", key=client_key),
+    }
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", files["server_cert"], "--tls-key-file", files["server_key"],
+         "--tls-ca-cert-file", files["ca"], "--tls-auth-clients", "yes", "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    repo = tmp_path / "repo"
+    write_model(repo, "cached", CACHED)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        s = Server(str(repo), "--cache-config",
+                   f"redis,host=localhost,port={port},tls_enabled=true,cacert={files['ca']},"
+                   f"cert={files['client_cert']},key={files['client_key']}")
+        try:
+            client = httpclient.InferenceServerClient(s.http)
+            ask(client, "cached", 1.0)
+            # The answer reaches Redis in the background: ask until it comes back as a hit.
+            deadline = time.monotonic() + 30
+            while stats(client, "cached")["hit"] == 0 and time.monotonic() < deadline:
+                ask(client, "cached", 1.0)
+                time.sleep(0.05)
+            assert stats(client, "cached")["hit"] >= 1, "".join(s.log)[-3000:]
+            assert "response cache in Redis" not in "".join(s.log)
+        finally:
+            s.stop()
+    finally:
+        proc.kill()
+        proc.wait(30)

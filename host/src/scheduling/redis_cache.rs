@@ -48,6 +48,14 @@ pub struct RedisSettings {
     pub socket_timeout_ms: u64,
     /// `wait_timeout` in ms: the most a lookup waits for a connection (default 1000).
     pub wait_timeout_ms: u64,
+    /// `tls_enabled=true`: TLS to Redis, checking its certificate against `cacert` (else the
+    /// system's roots) for `host`.
+    pub tls: bool,
+    /// `cert` and `key`: the client's certificate and key (PEM files), for Redis servers that
+    /// ask for one.
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// `cacert`: the certificates that sign the server's (a PEM file).
+    pub ca_cert: Option<std::path::PathBuf>,
 }
 
 impl RedisSettings {
@@ -69,7 +77,11 @@ impl RedisSettings {
             connect_timeout_ms: 0,
             socket_timeout_ms: 0,
             wait_timeout_ms: 1000,
+            tls: false,
+            client_cert: None,
+            ca_cert: None,
         };
+        let (mut cert, mut client_key) = (None, None);
         let mut notes = Vec::new();
         let number = |key: &str, v: &str| {
             v.trim()
@@ -101,19 +113,44 @@ impl RedisSettings {
                             .to_owned(),
                     );
                 }
-                k @ ("tls_enabled" | "cert" | "key" | "cacert" | "sni") => {
-                    return Err(format!(
-                        "redis setting '{k}': TLS to Redis is not supported here (use a Redis \
-                         on a trusted network, or a TLS tunnel)"
-                    ))
+                "tls_enabled" => {
+                    settings.tls = match value.trim() {
+                        "true" | "1" | "on" => true,
+                        "false" | "0" | "off" => false,
+                        other => {
+                            return Err(format!(
+                                "redis setting 'tls_enabled' takes true or false, not '{other}'"
+                            ))
+                        }
+                    }
+                }
+                "cert" => cert = Some(std::path::PathBuf::from(value.trim())),
+                "key" => client_key = Some(std::path::PathBuf::from(value.trim())),
+                "cacert" => settings.ca_cert = Some(value.trim().into()),
+                "sni" => {
+                    return Err(
+                        "redis setting 'sni': the server name checked is the host's \
+                                (give the name in host=)"
+                            .into(),
+                    )
                 }
                 other => {
                     return Err(format!(
                         "unknown redis setting '{other}' (host, port, user, password, db, \
-                         connect_timeout, socket_timeout, pool_size, wait_timeout)"
+                         connect_timeout, socket_timeout, pool_size, wait_timeout, \
+                         tls_enabled, cert, key, cacert)"
                     ))
                 }
             }
+        }
+        settings.client_cert = match (cert, client_key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => return Err("redis settings 'cert' and 'key' go together".into()),
+        };
+        let tls_files = settings.client_cert.is_some() || settings.ca_cert.is_some();
+        if tls_files && !settings.tls {
+            return Err("redis settings 'cert', 'key' and 'cacert' need tls_enabled=true".into());
         }
         match (host.filter(|h| !h.is_empty()), port) {
             (Some(h), Some(p)) => {
@@ -166,8 +203,18 @@ impl std::fmt::Debug for RedisCache {
 impl RedisCache {
     /// A cache on the Redis `settings` name; nothing is connected yet.
     pub fn new(settings: RedisSettings) -> Result<Self, String> {
+        let addr = if settings.tls {
+            redis::ConnectionAddr::TcpTls {
+                host: settings.host.clone(),
+                port: settings.port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(settings.host.clone(), settings.port)
+        };
         let info = redis::ConnectionInfo {
-            addr: redis::ConnectionAddr::Tcp(settings.host.clone(), settings.port),
+            addr,
             redis: redis::RedisConnectionInfo {
                 db: settings.db,
                 username: settings.user.clone(),
@@ -175,7 +222,32 @@ impl RedisCache {
                 ..Default::default()
             },
         };
-        let client = redis::Client::open(info).map_err(|e| format!("redis: {e}"))?;
+        let client = if settings.tls {
+            let read = |what: &str, path: &std::path::Path| {
+                std::fs::read(path).map_err(|e| format!("redis {what} '{}': {e}", path.display()))
+            };
+            let client_tls = match &settings.client_cert {
+                Some((cert, key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read("cert", cert)?,
+                    client_key: read("key", key)?,
+                }),
+                None => None,
+            };
+            let root_cert = match &settings.ca_cert {
+                Some(path) => Some(read("cacert", path)?),
+                None => None,
+            };
+            redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls,
+                    root_cert,
+                },
+            )
+        } else {
+            redis::Client::open(info)
+        }
+        .map_err(|e| format!("redis: {e}"))?;
         Ok(Self {
             client,
             settings,
@@ -471,10 +543,17 @@ mod tests {
         assert!(RedisSettings::parse(["host=h"], none)
             .unwrap_err()
             .contains("needs host and port"));
+        let (s, _) = RedisSettings::parse(["host=h", "port=1", "tls_enabled=true"], none).unwrap();
+        assert!(s.tls);
         assert!(
-            RedisSettings::parse(["host=h", "port=1", "tls_enabled=true"], none)
+            RedisSettings::parse(["host=h", "port=1", "cacert=/ca.pem"], none)
                 .unwrap_err()
-                .contains("TLS to Redis is not supported")
+                .contains("need tls_enabled=true")
+        );
+        assert!(
+            RedisSettings::parse(["host=h", "port=1", "tls_enabled=1", "cert=/c.pem"], none)
+                .unwrap_err()
+                .contains("'cert' and 'key' go together")
         );
         assert!(
             RedisSettings::parse(["host=h", "port=1", "colour=red"], none)
