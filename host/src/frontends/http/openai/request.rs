@@ -11,7 +11,7 @@ use super::{
     prompts::{self, Echo, PromptInput},
     structured::{self, Shape, CALL_CLOSE, CALL_OPEN},
     types::{
-        CompletionRequest, Content, Listed, Logprobs, Message, Role, Stop, TemplateMessage,
+        CompletionRequest, Content, Listed, Logprobs, Message, Prompt, Role, Stop, TemplateMessage,
         ToolCall,
     },
 };
@@ -357,41 +357,7 @@ pub fn parse(
             ))
         }
     }
-    // Chat: `logprobs` true and `top_logprobs` 0-20; completions: `logprobs` 0-5, the
-    // alternatives per token (the chosen token's own always comes).
-    let log_probs = match (kind, req.logprobs) {
-        (_, None) | (Kind::Chat, Some(Logprobs::Flag(false))) => None,
-        (Kind::Chat, Some(Logprobs::Flag(true))) => {
-            Some(within("top_logprobs", req.top_logprobs, 0, 20)?.unwrap_or(0) as usize)
-        }
-        (Kind::Completion, Some(Logprobs::Count(k))) => {
-            Some(within("logprobs", Some(k), 0, 5)?.unwrap_or(0) as usize)
-        }
-        (Kind::Chat, Some(Logprobs::Count(_))) => {
-            return Err(Invalid::field(
-                "logprobs",
-                "'logprobs' must be true or false (top_logprobs says how many alternatives)".into(),
-            ))
-        }
-        (Kind::Completion, Some(Logprobs::Flag(_))) => {
-            return Err(Invalid::field(
-                "logprobs",
-                "'logprobs' must be a whole number between 0 and 5".into(),
-            ))
-        }
-    };
-    if kind == Kind::Chat && log_probs.is_none() && req.top_logprobs.is_some_and(|k| k != 0) {
-        return Err(Invalid::field(
-            "top_logprobs",
-            "'top_logprobs' needs 'logprobs': true".into(),
-        ));
-    }
-    let scores_prompt = |config: &ModelConfig| {
-        config
-            .input
-            .iter()
-            .any(|i| i.name == "return_prompt_log_probs")
-    };
+    let log_probs = log_probs_asked(kind, &req)?;
     let mut score_prompt = log_probs.is_some() && req.echo == Some(true);
     if score_prompt && !scores_prompt(&config) {
         return Err(Invalid::field(
@@ -414,8 +380,14 @@ pub fn parse(
     let stream = req.stream.unwrap_or(false);
     let include_usage = req
         .stream_options
+        .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
+    // Completions' max_tokens 0 with echo answers the prompt alone (with logprobs, its
+    // scores): one token is generated and not answered.
+    let prompt_only =
+        kind == Kind::Completion && req.echo == Some(true) && req.max_tokens == Some(0);
+    let sampling = sampling_inputs(&req, prompt_only)?;
     let mut inputs = Vec::new();
     let mut prompt_list = Vec::new();
     match kind {
@@ -424,158 +396,21 @@ pub fn parse(
             inputs.push(strings("messages", &[chat.as_str()]));
         }
         Kind::Completion => {
-            prompt_list = prompts::parse(req.prompt)?;
-            if prompt_list.len() * n as usize > MAX_SEQUENCES {
-                return Err(Invalid::field(
-                    "n",
-                    format!(
-                        "{} prompts with 'n' {n} ask for {} sequences; one request may start at \
-                         most {MAX_SEQUENCES}",
-                        prompt_list.len(),
-                        prompt_list.len() * n as usize
-                    ),
-                ));
-            }
-            let first = &prompt_list[0];
-            if !config.input.iter().any(|i| i.name == first.input_name()) {
-                return Err(Invalid::field(
-                    "prompt",
-                    format!(
-                        "model '{model}' does not take {} (input '{}')",
-                        match first {
-                            PromptInput::Text(_) => "text prompts",
-                            PromptInput::Ids(_) => "token-id prompts",
-                        },
-                        first.input_name()
-                    ),
-                ));
-            }
-            inputs.push(first.tensor());
-            // Echoing token ids needs their spelling, which the scored prompt carries.
-            if req.echo == Some(true) && matches!(first, PromptInput::Ids(_)) {
-                if !scores_prompt(&config) {
-                    return Err(Invalid::field(
-                        "echo",
-                        format!(
-                            "'echo' of a token-id prompt needs the prompt's tokens spelled, \
-                             which model '{model}' does not answer (input \
-                             'return_prompt_log_probs')"
-                        ),
-                    ));
-                }
-                score_prompt = true;
-            }
+            let (tensor, list, spell) = completion_prompts(
+                req.prompt,
+                n as usize,
+                req.echo == Some(true),
+                &config,
+                &model,
+            )?;
+            inputs.push(tensor);
+            prompt_list = list;
+            score_prompt |= spell;
         }
     }
-    let most = i64::from(i32::MAX);
-    // Completions' max_tokens 0 with echo answers the prompt alone (with logprobs, its
-    // scores): one token is generated and not answered.
-    let prompt_only =
-        kind == Kind::Completion && req.echo == Some(true) && req.max_tokens == Some(0);
-    let max_tokens = match within("max_completion_tokens", req.max_completion_tokens, 1, most)? {
-        Some(v) => Some(v),
-        None if prompt_only => Some(1),
-        None => within("max_tokens", req.max_tokens, 1, most)?,
-    };
-    if let Some(v) = max_tokens {
-        inputs.push(scalar(
-            "max_tokens",
-            DataType::Int32,
-            (v as i32).to_le_bytes().to_vec(),
-        ));
-    }
-    // OpenAI samples at temperature 1 unless told otherwise.
-    let temperature = within("temperature", req.temperature, 0.0, 2.0)?.unwrap_or(1.0);
-    inputs.push(scalar(
-        "temperature",
-        DataType::Fp32,
-        (temperature as f32).to_le_bytes().to_vec(),
-    ));
-    if let Some(v) = within("top_p", req.top_p, 0.0, 1.0)? {
-        if v == 0.0 {
-            return Err(Invalid::field(
-                "top_p",
-                "'top_p' is 0; it must be above 0".into(),
-            ));
-        }
-        inputs.push(scalar(
-            "top_p",
-            DataType::Fp32,
-            (v as f32).to_le_bytes().to_vec(),
-        ));
-    }
-    if let Some(v) = within("top_k", req.top_k, -1, most)? {
-        // vLLM's -1 means every token, as 0 does here.
-        inputs.push(scalar(
-            "top_k",
-            DataType::Int32,
-            (v.max(0) as i32).to_le_bytes().to_vec(),
-        ));
-    }
-    if let Some(v) = req.seed {
-        inputs.push(scalar(
-            "seed",
-            DataType::Uint64,
-            (v as u64).to_le_bytes().to_vec(),
-        ));
-    }
-    for (key, value) in [
-        ("frequency_penalty", req.frequency_penalty),
-        ("presence_penalty", req.presence_penalty),
-    ] {
-        if let Some(v) = within(key, value, -2.0, 2.0)? {
-            inputs.push(scalar(
-                key,
-                DataType::Fp32,
-                (v as f32).to_le_bytes().to_vec(),
-            ));
-        }
-    }
-    let repetition = within(
-        "repetition_penalty",
-        req.repetition_penalty,
-        f64::MIN_POSITIVE,
-        100.0,
-    )?;
-    if let Some(v) = repetition {
-        inputs.push(scalar(
-            "repetition_penalty",
-            DataType::Fp32,
-            (v as f32).to_le_bytes().to_vec(),
-        ));
-    }
+    inputs.extend(sampling);
     if let Some(bias) = req.logit_bias.filter(|b| !b.is_empty()) {
-        if !config.input.iter().any(|i| i.name == "logit_bias_ids") {
-            return Err(Invalid::field(
-                "logit_bias",
-                format!("model '{model}' does not take 'logit_bias' (input 'logit_bias_ids')"),
-            ));
-        }
-        let mut ids = Vec::new();
-        let mut values = Vec::new();
-        for (token, value) in bias {
-            let id: i32 = token.parse().map_err(|_| {
-                Invalid::field(
-                    "logit_bias",
-                    format!("'logit_bias' key '{token}' is not a token id"),
-                )
-            })?;
-            within("logit_bias", Some(value), -100.0, 100.0)?;
-            ids.extend_from_slice(&id.to_le_bytes());
-            values.extend_from_slice(&(value as f32).to_le_bytes());
-        }
-        let n = ids.len() as i64 / 4;
-        for (name, datatype, data) in [
-            ("logit_bias_ids", DataType::Int32, ids),
-            ("logit_bias_values", DataType::Fp32, values),
-        ] {
-            inputs.push(Tensor {
-                name: name.to_owned(),
-                datatype,
-                shape: vec![1, n],
-                data: Bytes::from(data),
-            });
-        }
+        inputs.extend(logit_bias_inputs(bias, &config, &model)?);
     }
     let stop = stop_strings(req.stop)?;
     if !stop.is_empty() {
@@ -658,6 +493,219 @@ pub fn parse(
         log_probs,
         shape: structure.shape,
     })
+}
+
+/// A completions request's prompts (the first as the model's input), and whether their tokens
+/// must be spelled through the scored prompt (`echo` of token ids).
+fn completion_prompts(
+    prompt: Option<Prompt>,
+    n: usize,
+    echo: bool,
+    config: &ModelConfig,
+    model: &str,
+) -> Result<(Tensor, Vec<PromptInput>, bool), Invalid> {
+    let prompt_list = prompts::parse(prompt)?;
+    if prompt_list.len() * n > MAX_SEQUENCES {
+        return Err(Invalid::field(
+            "n",
+            format!(
+                "{} prompts with 'n' {n} ask for {} sequences; one request may start at \
+                 most {MAX_SEQUENCES}",
+                prompt_list.len(),
+                prompt_list.len() * n
+            ),
+        ));
+    }
+    let first = &prompt_list[0];
+    if !config.input.iter().any(|i| i.name == first.input_name()) {
+        return Err(Invalid::field(
+            "prompt",
+            format!(
+                "model '{model}' does not take {} (input '{}')",
+                match first {
+                    PromptInput::Text(_) => "text prompts",
+                    PromptInput::Ids(_) => "token-id prompts",
+                },
+                first.input_name()
+            ),
+        ));
+    }
+    let tensor = first.tensor();
+    // Echoing token ids needs their spelling, which the scored prompt carries.
+    let spell = echo && matches!(first, PromptInput::Ids(_));
+    if spell && !scores_prompt(config) {
+        return Err(Invalid::field(
+            "echo",
+            format!(
+                "'echo' of a token-id prompt needs the prompt's tokens spelled, which model \
+                 '{model}' does not answer (input 'return_prompt_log_probs')"
+            ),
+        ));
+    }
+    Ok((tensor, prompt_list, spell))
+}
+
+/// Whether the model answers a prompt's log-probabilities (and so its tokens' spelling).
+fn scores_prompt(config: &ModelConfig) -> bool {
+    config
+        .input
+        .iter()
+        .any(|i| i.name == "return_prompt_log_probs")
+}
+
+/// The alternatives per token a request asks log-probabilities for, or `None`. Chat: `logprobs`
+/// true and `top_logprobs` 0-20; completions: `logprobs` 0-5 (the chosen token's own always
+/// comes).
+fn log_probs_asked(kind: Kind, req: &CompletionRequest) -> Result<Option<usize>, Invalid> {
+    let log_probs = match (kind, req.logprobs) {
+        (_, None) | (Kind::Chat, Some(Logprobs::Flag(false))) => None,
+        (Kind::Chat, Some(Logprobs::Flag(true))) => {
+            Some(within("top_logprobs", req.top_logprobs, 0, 20)?.unwrap_or(0) as usize)
+        }
+        (Kind::Completion, Some(Logprobs::Count(k))) => {
+            Some(within("logprobs", Some(k), 0, 5)?.unwrap_or(0) as usize)
+        }
+        (Kind::Chat, Some(Logprobs::Count(_))) => {
+            return Err(Invalid::field(
+                "logprobs",
+                "'logprobs' must be true or false (top_logprobs says how many alternatives)".into(),
+            ))
+        }
+        (Kind::Completion, Some(Logprobs::Flag(_))) => {
+            return Err(Invalid::field(
+                "logprobs",
+                "'logprobs' must be a whole number between 0 and 5".into(),
+            ))
+        }
+    };
+    if kind == Kind::Chat && log_probs.is_none() && req.top_logprobs.is_some_and(|k| k != 0) {
+        return Err(Invalid::field(
+            "top_logprobs",
+            "'top_logprobs' needs 'logprobs': true".into(),
+        ));
+    }
+    Ok(log_probs)
+}
+
+/// The sampling inputs a request sets, by TensorRT-LLM's names (`max_tokens`, `temperature`,
+/// `top_p`, `top_k`, `seed`, the penalties), each checked against its range.
+fn sampling_inputs(req: &CompletionRequest, prompt_only: bool) -> Result<Vec<Tensor>, Invalid> {
+    let mut inputs = Vec::new();
+    let most = i64::from(i32::MAX);
+    let max_tokens = match within("max_completion_tokens", req.max_completion_tokens, 1, most)? {
+        Some(v) => Some(v),
+        None if prompt_only => Some(1),
+        None => within("max_tokens", req.max_tokens, 1, most)?,
+    };
+    if let Some(v) = max_tokens {
+        inputs.push(scalar(
+            "max_tokens",
+            DataType::Int32,
+            (v as i32).to_le_bytes().to_vec(),
+        ));
+    }
+    // OpenAI samples at temperature 1 unless told otherwise.
+    let temperature = within("temperature", req.temperature, 0.0, 2.0)?.unwrap_or(1.0);
+    inputs.push(scalar(
+        "temperature",
+        DataType::Fp32,
+        (temperature as f32).to_le_bytes().to_vec(),
+    ));
+    if let Some(v) = within("top_p", req.top_p, 0.0, 1.0)? {
+        if v == 0.0 {
+            return Err(Invalid::field(
+                "top_p",
+                "'top_p' is 0; it must be above 0".into(),
+            ));
+        }
+        inputs.push(scalar(
+            "top_p",
+            DataType::Fp32,
+            (v as f32).to_le_bytes().to_vec(),
+        ));
+    }
+    if let Some(v) = within("top_k", req.top_k, -1, most)? {
+        // vLLM's -1 means every token, as 0 does here.
+        inputs.push(scalar(
+            "top_k",
+            DataType::Int32,
+            (v.max(0) as i32).to_le_bytes().to_vec(),
+        ));
+    }
+    if let Some(v) = req.seed {
+        inputs.push(scalar(
+            "seed",
+            DataType::Uint64,
+            (v as u64).to_le_bytes().to_vec(),
+        ));
+    }
+    for (key, value) in [
+        ("frequency_penalty", req.frequency_penalty),
+        ("presence_penalty", req.presence_penalty),
+    ] {
+        if let Some(v) = within(key, value, -2.0, 2.0)? {
+            inputs.push(scalar(
+                key,
+                DataType::Fp32,
+                (v as f32).to_le_bytes().to_vec(),
+            ));
+        }
+    }
+    let repetition = within(
+        "repetition_penalty",
+        req.repetition_penalty,
+        f64::MIN_POSITIVE,
+        100.0,
+    )?;
+    if let Some(v) = repetition {
+        inputs.push(scalar(
+            "repetition_penalty",
+            DataType::Fp32,
+            (v as f32).to_le_bytes().to_vec(),
+        ));
+    }
+    Ok(inputs)
+}
+
+/// The `logit_bias` map as the model's `logit_bias_ids` / `logit_bias_values` inputs.
+fn logit_bias_inputs(
+    bias: std::collections::BTreeMap<String, f64>,
+    config: &ModelConfig,
+    model: &str,
+) -> Result<Vec<Tensor>, Invalid> {
+    let mut inputs = Vec::new();
+    if !config.input.iter().any(|i| i.name == "logit_bias_ids") {
+        return Err(Invalid::field(
+            "logit_bias",
+            format!("model '{model}' does not take 'logit_bias' (input 'logit_bias_ids')"),
+        ));
+    }
+    let mut ids = Vec::new();
+    let mut values = Vec::new();
+    for (token, value) in bias {
+        let id: i32 = token.parse().map_err(|_| {
+            Invalid::field(
+                "logit_bias",
+                format!("'logit_bias' key '{token}' is not a token id"),
+            )
+        })?;
+        within("logit_bias", Some(value), -100.0, 100.0)?;
+        ids.extend_from_slice(&id.to_le_bytes());
+        values.extend_from_slice(&(value as f32).to_le_bytes());
+    }
+    let n = ids.len() as i64 / 4;
+    for (name, datatype, data) in [
+        ("logit_bias_ids", DataType::Int32, ids),
+        ("logit_bias_values", DataType::Fp32, values),
+    ] {
+        inputs.push(Tensor {
+            name: name.to_owned(),
+            datatype,
+            shape: vec![1, n],
+            data: Bytes::from(data),
+        });
+    }
+    Ok(inputs)
 }
 
 /// Whether a model serves text generation as the OpenAI endpoints call it: it takes a prompt
