@@ -659,8 +659,9 @@ pub fn trace_config(cli: &Cli) -> Vec<String> {
     if let Some(file) = &cli.trace_file {
         entries.push(format!("triton,file={file}"));
     }
-    // Triton's old level flag repeats (TIMESTAMPS and TENSORS); the last one counts here.
-    if let Some(level) = cli.trace_level.last() {
+    // Triton's old level flag repeats (TIMESTAMPS and TENSORS): each is applied, so a level
+    // this server does not trace (TENSORS) is refused by name, never dropped.
+    for level in &cli.trace_level {
         entries.push(format!("level={}", level.to_uppercase()));
     }
     if let Some(rate) = &cli.trace_rate {

@@ -13,6 +13,30 @@ const MAX_NAME: usize = 255;
 /// Most folders in a `file:` key (`1/model.onnx` has two parts).
 const MAX_DEPTH: usize = 8;
 
+/// Parses a version from a URL or message; empty means "let the policy choose". A version is
+/// written in decimal digits with no sign and no leading zero (`+1` and `01` are refused, as
+/// in Triton), so that one version has one spelling.
+pub fn parse_version(model: &str, version: &str) -> Result<Option<i64>> {
+    if version.is_empty() {
+        return Ok(None);
+    }
+    let canonical = version.bytes().all(|b| b.is_ascii_digit())
+        && (version == "0" || !version.starts_with('0'));
+    version
+        .parse::<i64>()
+        .ok()
+        .filter(|_| canonical)
+        .map(Some)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "invalid version '{}' for model '{}': a version is a non-negative integer \
+                 written in decimal digits (such as 1)",
+                version.escape_debug(),
+                model.escape_debug()
+            ))
+        })
+}
+
 /// Why `name` is not one plain path component, or `None` when it is.
 fn component_problem(name: &str) -> Option<&'static str> {
     if name.is_empty() {

@@ -165,6 +165,17 @@ pub fn init(
     }
     if !options.opentelemetry {
         registry.init();
+        let on = options
+            .settings
+            .iter()
+            .any(|(k, v)| k == "level" && !v.eq_ignore_ascii_case("off"));
+        if on {
+            // As on Triton, traces need somewhere to go: say so instead of tracing nothing.
+            tracing::warn!(
+                "--trace-config level: no request is traced without a trace file \
+                 (--trace-config triton,file=PATH) or mode=opentelemetry"
+            );
+        }
         return Ok((Tracing::new(false), None));
     }
     #[cfg(feature = "otel")]

@@ -121,3 +121,32 @@ def test_a_cache_swapped_for_a_link_after_start_is_not_followed(tmp_path):
         echoes(s)
     finally:
         s.stop()
+
+
+def test_a_client_cannot_point_the_trace_file_elsewhere(tmp_path):
+    """Triton's trace files are written where the operator's --trace-config says; a client
+    that asks the trace settings API (HTTP or per model) to write them elsewhere, or to change
+    how often they are cut, is refused naming the setting, and nothing is written there."""
+    from attack import plant_victim, still_serves
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(os.path.join(ROOT, "model_repository", "simple"), repo / "simple")
+    victim, untouched = plant_victim(tmp_path)
+    trace = tmp_path / "trace.json"
+    s = Server(str(repo), f"--trace-config=triton,file={trace}", "--trace-config=level=TIMESTAMPS",
+               "--trace-config=rate=1")
+    try:
+        for path in ("/v2/trace/setting", "/v2/models/simple/trace/setting"):
+            for setting in ({"trace_file": str(victim / "keep.txt")},
+                            {"trace_file": str(victim / "new.json")}, {"log_frequency": "1"},
+                            {"trace_mode": "opentelemetry"}):
+                status, body = raw(s.http, "POST", path, setting)
+                name = next(iter(setting))
+                assert status == 400 and f"{name} cannot be changed" in str(body), (status, body)
+        still_serves(s)
+        untouched()
+    finally:
+        s.stop()
+    # The traced requests went to the operator's file, and only there.
+    assert "simple" in trace.read_text()
+    untouched()

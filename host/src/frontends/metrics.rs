@@ -69,8 +69,8 @@ async fn metrics(
     if st.cpu {
         text.push_str(&super::cpu_metrics::render());
     }
-    if st.gpu {
-        // NVML calls block: off the async runtime.
+    if st.gpu && cfg!(feature = "cuda") {
+        // NVML calls block: off the async runtime (only `cuda` builds have GPU metrics).
         let gpu = tokio::task::spawn_blocking(super::gpu_metrics::render).await;
         text.push_str(&gpu.unwrap_or_default());
     }

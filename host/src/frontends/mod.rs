@@ -53,29 +53,7 @@ pub const EXTENSIONS: &[&str] = &[
     "system_shared_memory",
 ];
 
-/// Parses a version from a URL or message; empty means "let the policy choose". A version is
-/// written in decimal digits with no sign and no leading zero (`+1` and `01` are refused, as
-/// in Triton), so that one version has one spelling.
-pub fn parse_version(model: &str, version: &str) -> Result<Option<i64>> {
-    if version.is_empty() {
-        return Ok(None);
-    }
-    let canonical = version.bytes().all(|b| b.is_ascii_digit())
-        && (version == "0" || !version.starts_with('0'));
-    version
-        .parse::<i64>()
-        .ok()
-        .filter(|_| canonical)
-        .map(Some)
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "invalid version '{}' for model '{}': a version is a non-negative integer \
-                 written in decimal digits (such as 1)",
-                version.escape_debug(),
-                model.escape_debug()
-            ))
-        })
-}
+pub use crate::names::parse_version;
 
 /// The platform string Triton reports for a configuration.
 fn platform(config: &ModelConfig) -> String {
@@ -259,19 +237,6 @@ pub fn model_statistics(
 pub fn track(server: &Server, caller: &Caller, model: &str) -> Tracked {
     let known = matches!(caller, Caller::Anyone) || server.models().get(model, None).is_ok();
     caller.track(if known { model } else { "" })
-}
-
-/// The door for an inference request to `model` at the version the path or message names
-/// (empty: the server's choice): the caller's right first (a tenant learns nothing of models it
-/// may not run), then the version's syntax, then the model, looked up once for the request.
-pub fn resolve(
-    server: &Server,
-    caller: &Caller,
-    model: &str,
-    version: &str,
-) -> Result<crate::scheduling::server::Target> {
-    caller.require(ModelAction::Infer, model)?;
-    server.resolve(caller, model, parse_version(model, version)?)
 }
 
 /// Whether `caller` may load `model` as asked. A configuration or files in the request are for

@@ -22,12 +22,18 @@ pub fn rows(request: &InferRequest) -> usize {
 /// Whether two requests can run as one batch: the same inputs in the same order, with the same
 /// datatypes and the same shapes apart from the batch dimension.
 pub fn compatible(a: &InferRequest, b: &InferRequest) -> bool {
+    compatible_but(a, b, &[])
+}
+
+/// [`compatible`], except that the inputs named in `ragged` (`allow_ragged_batch`) may differ
+/// in shape.
+pub fn compatible_but(a: &InferRequest, b: &InferRequest, ragged: &[String]) -> bool {
     a.inputs.len() == b.inputs.len()
         && a.inputs.iter().zip(&b.inputs).all(|(x, y)| {
             x.name == y.name
                 && x.datatype == y.datatype
-                && x.shape.len() == y.shape.len()
-                && x.shape.get(1..) == y.shape.get(1..)
+                && (ragged.contains(&x.name)
+                    || (x.shape.len() == y.shape.len() && x.shape.get(1..) == y.shape.get(1..)))
         })
 }
 

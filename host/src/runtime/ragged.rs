@@ -473,18 +473,6 @@ fn kind_name(kind: i32) -> &'static str {
     batch_input::Kind::try_from(kind).map_or("?", |k| k.as_str_name())
 }
 
-/// Whether two requests can run as one batch when the inputs named in `ragged` may differ in
-/// shape: otherwise as [`super::batch::compatible`].
-pub fn compatible(a: &InferRequest, b: &InferRequest, ragged: &[String]) -> bool {
-    a.inputs.len() == b.inputs.len()
-        && a.inputs.iter().zip(&b.inputs).all(|(x, y)| {
-            x.name == y.name
-                && x.datatype == y.datatype
-                && (ragged.contains(&x.name)
-                    || (x.shape.len() == y.shape.len() && x.shape.get(1..) == y.shape.get(1..)))
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -572,7 +560,7 @@ mod tests {
             ..Default::default()
         };
         assert!(!super::super::batch::compatible(&a, &b));
-        assert!(compatible(&a, &b, &["x".into()]));
+        assert!(super::super::batch::compatible_but(&a, &b, &["x".into()]));
         let merged = RaggedBatching::concatenate(&[&a.inputs[0], &b.inputs[0]]).unwrap();
         assert_eq!(merged.shape, [5]);
         let ragged = RaggedBatching {

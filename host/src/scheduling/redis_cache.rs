@@ -26,6 +26,10 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often a lost connection is tried again.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 
+/// Answers being stored at once; past it an answer is not stored (the cache is a helper:
+/// a slow Redis must not pile up copies of answers in the server's memory).
+const STORES_IN_FLIGHT: usize = 64;
+
 /// Prefix of the cache's keys in Redis.
 const KEY_PREFIX: &str = "wasmtron:response:";
 
@@ -189,6 +193,8 @@ pub struct RedisCache {
     /// Calls that failed or timed out (each answered as a miss).
     errors: std::sync::atomic::AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// Answers being stored now ([`STORES_IN_FLIGHT`] at most).
+    storing: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for RedisCache {
@@ -257,6 +263,7 @@ impl RedisCache {
             }),
             errors: Default::default(),
             last_error: Mutex::new(None),
+            storing: Default::default(),
         })
     }
 
@@ -346,8 +353,30 @@ impl RedisCache {
         decode(&found?)
     }
 
+    /// Stores `response` under `key` in the background, unless [`STORES_IN_FLIGHT`] answers are
+    /// being stored already (then it is not kept: a later request misses).
+    pub fn store(
+        self: &std::sync::Arc<Self>,
+        key: super::response_cache::Key,
+        response: &InferResponse,
+    ) {
+        use std::sync::atomic::Ordering::AcqRel;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.storing.fetch_add(1, AcqRel) >= STORES_IN_FLIGHT {
+            self.storing.fetch_sub(1, AcqRel);
+            return;
+        }
+        let (cache, response) = (self.clone(), response.clone());
+        runtime.spawn(async move {
+            cache.insert(key, &response).await;
+            cache.storing.fetch_sub(1, AcqRel);
+        });
+    }
+
     /// Stores `response` under `key` (failures are logged, never returned).
-    pub async fn insert(&self, key: super::response_cache::Key, response: &InferResponse) {
+    async fn insert(&self, key: super::response_cache::Key, response: &InferResponse) {
         let Some(mut conn) = self.connection().await else {
             return;
         };

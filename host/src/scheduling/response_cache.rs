@@ -76,12 +76,7 @@ impl ResponseCache {
     pub fn insert(&self, key: Key, response: &InferResponse) {
         match &self.store {
             Store::Local(l) => l.insert(key, response),
-            Store::Redis(r) => {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let (r, response) = (r.clone(), response.clone());
-                    runtime.spawn(async move { r.insert(key, &response).await });
-                }
-            }
+            Store::Redis(r) => r.store(key, response),
         }
     }
 }

@@ -25,7 +25,7 @@ use super::{
 use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse},
-    runtime::{batch, buckets::ShapeBuckets, ragged, ExecTimings, ModelInstance},
+    runtime::{batch, buckets::ShapeBuckets, ExecTimings, ModelInstance},
     tenancy::Caller,
     tensor::Tensor,
 };
@@ -52,7 +52,7 @@ impl Batchable for Job {
         self.outputs == other.outputs
             && match (&self.padding, &self.ragged) {
                 (Some(p), _) => p.compatible(&self.request, &other.request),
-                (None, Some(r)) => ragged::compatible(&self.request, &other.request, r),
+                (None, Some(r)) => batch::compatible_but(&self.request, &other.request, r),
                 (None, None) => batch::compatible(&self.request, &other.request),
             }
     }

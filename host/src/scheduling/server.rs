@@ -59,6 +59,11 @@ impl Target {
         self.model.version
     }
 
+    /// Whom requests to it run for.
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
     /// Marks `request` as run for the caller, so that the stages it reaches call other models
     /// only within the caller's permissions.
     fn stamp(&self, request: &mut InferRequest) {
@@ -385,10 +390,13 @@ impl Server {
         self.infer_with(None, request).await
     }
 
-    /// The caller's right to run `model` checked and its version looked up: the target a
-    /// frontend decodes the request against and runs it on.
-    pub fn resolve(&self, caller: &Caller, model: &str, version: Option<i64>) -> Result<Target> {
+    /// The door for a request to `model` at the version a path or message names (empty: the
+    /// version policy's choice): the caller's right first (a tenant learns nothing of models
+    /// it may not run), then the version's spelling, then the model, looked up once. The
+    /// target is what a frontend decodes the request against and runs it on.
+    pub fn resolve(&self, caller: &Caller, model: &str, version: &str) -> Result<Target> {
         caller.require(ModelAction::Infer, model)?;
+        let version = crate::names::parse_version(model, version)?;
         Ok(Target {
             model: self.manager.get(model, version)?,
             caller: caller.clone(),

@@ -95,7 +95,11 @@ impl GrpcInferenceService for GrpcService {
         let r = r.into_inner();
         let track = track(&self.server, &caller, &r.model_name);
         let result = async {
-            caller.require(ModelAction::Infer, &r.model_name)?;
+            // The one door: the caller's right, then NOT_FOUND for a model (version) that is
+            // not loaded, before anything else in the request is looked at, as Triton answers.
+            let target = self
+                .server
+                .resolve(&caller, &r.model_name, &r.model_version)?;
             let _admission = caller.admit(prost::Message::encoded_len(&r))?;
             infer_one(
                 &self.server,
@@ -103,7 +107,7 @@ impl GrpcInferenceService for GrpcService {
                 self.max_message_size,
                 &self.tracing,
                 &context,
-                &caller,
+                target,
                 r,
             )
             .await

@@ -12,13 +12,13 @@ use futures::{
 };
 use tonic::Status;
 
-use crate::frontends::{resolve, shared_memory::SystemSharedMemory, trace::Tracing, track};
+use crate::frontends::{shared_memory::SystemSharedMemory, trace::Tracing, track};
 use crate::{
     error::Error,
     inference::{ParamValue, Parameters},
     proto::inference::infer_parameter::ParameterChoice,
-    scheduling::server::Server,
-    tenancy::{Caller, ModelAction, Tenancy},
+    scheduling::server::{Server, Target},
+    tenancy::{Caller, Tenancy},
 };
 
 use super::codec::{decode_request, encode_response, params_to_proto};
@@ -64,19 +64,20 @@ impl StreamContext {
         };
         // Accounted once admitted (or refused); its errors travel in-band.
         let track = track(&self.server, &caller, &req.model_name);
-        let admitted = caller
-            .require(ModelAction::Infer, &req.model_name)
-            .and_then(|()| caller.admit(prost::Message::encoded_len(&req)));
+        let admitted = self
+            .server
+            .resolve(&caller, &req.model_name, &req.model_version)
+            .and_then(|target| Ok((target, caller.admit(prost::Message::encoded_len(&req))?)));
         track.finish(admitted.as_ref().map(|_| ()).map_err(|e| e.code));
         match admitted {
             // The admission lives as long as this request's responses.
-            Ok(admission) => stream_one(
+            Ok((target, admission)) => stream_one(
                 self.server.clone(),
                 self.shm.clone(),
                 self.max_bytes,
                 &self.tracing,
                 &self.context,
-                &caller,
+                target,
                 req,
             )
             .map(move |item| {
@@ -174,18 +175,18 @@ pub(super) fn stream_one(
     max_bytes: usize,
     tracing: &Tracing,
     context: &TraceContext,
-    caller: &Caller,
+    target: Target,
     req: ModelInferRequest,
 ) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
+    let caller = target.caller();
     let id = req.id.clone();
     let reader = shm.reader(caller, max_bytes);
     let shared = |input: &str, params: &Parameters| reader.input(input, params);
-    let decoded = resolve(&server, caller, &req.model_name, &req.model_version).and_then(|t| {
-        let request = decode_request(req, &shared)?;
+    let decoded = decode_request(req, &shared).and_then(|request| {
         shm.check_outputs(caller, &request.outputs)?;
-        Ok((t, request))
+        Ok(request)
     });
-    let (target, mut request) = match decoded {
+    let mut request = match decoded {
         Ok(r) => r,
         Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
     };

@@ -1,7 +1,11 @@
 //! `ModelInfer`: one request, one response.
 
-use crate::frontends::{resolve, shared_memory::SystemSharedMemory, trace::Tracing};
-use crate::{error::Error, inference::Parameters, scheduling::server::Server, tenancy::Caller};
+use crate::frontends::{shared_memory::SystemSharedMemory, trace::Tracing};
+use crate::{
+    error::Error,
+    inference::Parameters,
+    scheduling::server::{Server, Target},
+};
 
 use super::codec::{decode_request, encode_response};
 use super::*;
@@ -12,13 +16,11 @@ pub(super) async fn infer_one(
     max_bytes: usize,
     tracing: &Tracing,
     context: &TraceContext,
-    caller: &Caller,
+    target: Target,
     req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Error> {
     let received = std::time::Instant::now();
-    // NOT_FOUND when the request names no loaded model (version), before anything else in it
-    // is looked at, as Triton answers.
-    let target = resolve(server, caller, &req.model_name, &req.model_version)?;
+    let caller = target.caller();
     let reader = shm.reader(caller, max_bytes);
     let shared = |input: &str, params: &Parameters| reader.input(input, params);
     let mut request = decode_request(req, &shared)?;

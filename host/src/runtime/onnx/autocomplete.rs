@@ -191,22 +191,7 @@ pub(super) fn check_against_model(
     max_batch_size: i32,
     model: &[Signature],
 ) -> std::result::Result<(), String> {
-    let Some(sig) = model.iter().find(|s| s.name == name) else {
-        let names: Vec<&str> = model.iter().map(|s| s.name.as_str()).collect();
-        return Err(format!(
-            "{kind} '{name}' in config.pbtxt is not an {kind} of the ONNX model (its {kind}s are: {})",
-            names.join(", ")
-        ));
-    };
-    let declared = DataType::from_config_value(data_type);
-    if declared != sig.datatype {
-        return Err(format!(
-            "{kind} '{name}': config.pbtxt says data_type {} but the ONNX model has {}",
-            declared.map_or("TYPE_INVALID", |d| d.config_name()),
-            sig.datatype
-                .map_or("an unsupported type", |d| d.config_name())
-        ));
-    }
+    let sig = check_named(kind, name, data_type, model, None)?;
     let batch = usize::from(max_batch_size > 0);
     if sig.shape.is_empty() && dims.is_empty() && batch == 0 {
         return Ok(());
@@ -250,20 +235,19 @@ pub(super) fn check_against_model(
 /// the model must take shape `[-1]` (Triton's ONNX Runtime backend requires the same).
 fn check_ragged_input(input: &ModelInput, model: &[Signature]) -> std::result::Result<(), String> {
     let name = &input.name;
-    check_named(
+    let sig = check_named(
         "input",
         name,
         input.data_type,
         model,
-        "allow_ragged_batch: true",
+        Some("allow_ragged_batch: true"),
     )?;
-    let sig = model.iter().find(|s| &s.name == name);
-    match sig.map(|s| s.shape.as_slice()) {
-        Some([-1]) => Ok(()),
+    match sig.shape.as_slice() {
+        [-1] => Ok(()),
         other => Err(format!(
             "input '{name}' has allow_ragged_batch: true, so the ONNX model must take it with \
              shape [-1] (every request's elements, concatenated); the model has {}",
-            shape_string(other.unwrap_or_default())
+            shape_string(other)
         )),
     }
 }
@@ -274,7 +258,14 @@ fn check_batch_input(
     data_type: i32,
     model: &[Signature],
 ) -> std::result::Result<(), String> {
-    check_named("input", target, data_type, model, "a batch_input target")
+    check_named(
+        "input",
+        target,
+        data_type,
+        model,
+        Some("a batch_input target"),
+    )
+    .map(drop)
 }
 
 /// A batch output's target must be an output of the model, of its configured type.
@@ -287,33 +278,40 @@ fn check_batch_output(
         &output.name,
         output.data_type,
         model,
-        "a batch_output target",
+        Some("a batch_output target"),
     )
+    .map(drop)
 }
 
-/// The model has a tensor `name` of `data_type`; `what` says why config.pbtxt names it.
-fn check_named(
+/// The model's tensor `name`, checked to be of `data_type`; `what` says why config.pbtxt names
+/// it, when that is not as one of its declared inputs or outputs.
+fn check_named<'m>(
     kind: &str,
     name: &str,
     data_type: i32,
-    model: &[Signature],
-    what: &str,
-) -> std::result::Result<(), String> {
+    model: &'m [Signature],
+    what: Option<&str>,
+) -> std::result::Result<&'m Signature, String> {
     let Some(sig) = model.iter().find(|s| s.name == name) else {
         let names: Vec<&str> = model.iter().map(|s| s.name.as_str()).collect();
+        let named = match what {
+            Some(what) => format!("({what})"),
+            None => "in config.pbtxt".to_owned(),
+        };
         return Err(format!(
-            "{kind} '{name}' ({what}) is not an {kind} of the ONNX model (its {kind}s are: {})",
+            "{kind} '{name}' {named} is not an {kind} of the ONNX model (its {kind}s are: {})",
             names.join(", ")
         ));
     };
     let declared = DataType::from_config_value(data_type);
     if declared != sig.datatype {
+        let why = what.map(|w| format!(" ({w})")).unwrap_or_default();
         return Err(format!(
-            "{kind} '{name}' ({what}): config.pbtxt says {} but the ONNX model has {}",
+            "{kind} '{name}'{why}: config.pbtxt says data_type {} but the ONNX model has {}",
             declared.map_or("TYPE_INVALID", |d| d.config_name()),
             sig.datatype
                 .map_or("an unsupported type", |d| d.config_name())
         ));
     }
-    Ok(())
+    Ok(sig)
 }

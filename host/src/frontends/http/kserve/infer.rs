@@ -22,7 +22,6 @@ use crate::{
             error::ApiResult,
             state::HttpState,
         },
-        resolve,
         shared_memory::output_parameters,
         track,
     },
@@ -110,7 +109,7 @@ async fn run_infer(
     let (model, version) = path_parts(p);
     // An unknown model is named before the body is read (Triton's order), and the body is
     // admitted under the caller's quotas before anything in it is decoded.
-    let target = resolve(&st.server, caller, &model, &version)?;
+    let target = st.server.resolve(caller, &model, &version)?;
     let version = Some(target.version());
     let body = read_request_body(st, caller, headers, body).await?;
     let _admission = caller.admit(body.len())?;
@@ -198,7 +197,7 @@ async fn generate_request(
 ) -> Result<(Target, InferRequest, Admission), Error> {
     let (model, version) = path_parts(p);
     // As for `infer`: the model and the quotas before the body is decoded.
-    let target = resolve(&st.server, caller, &model, &version)?;
+    let target = st.server.resolve(caller, &model, &version)?;
     let body = read_request_body(st, caller, headers, body).await?;
     let admission = caller.admit(body.len())?;
     let (for_request, name, version) = (

@@ -354,7 +354,7 @@ impl Door {
 
     /// The model's configuration, the model resolved for the handler.
     fn resolve(&self, model: &str) -> Result<ModelConfig, Error> {
-        let target = self.server.resolve(&self.caller, model, None)?;
+        let target = self.server.resolve(&self.caller, model, "")?;
         let config = target.config().clone();
         *self
             .resolved
