@@ -176,7 +176,7 @@ def test_an_interpreter_that_exits_finishes_what_it_accepted(tmp_path):
 
     script = tmp_path / "leave.py"
     script.write_text(textwrap.dedent("""
-        import threading, time
+        import sys, threading, time
         import numpy as np
         import wasmtron
         from wasmtron import TensorSpec
@@ -194,7 +194,9 @@ def test_an_interpreter_that_exits_finishes_what_it_accepted(tmp_path):
         def call(k):
             (response,) = model.infer(inputs={"x": np.array([k], np.int32)})
             answers.append(int(np.from_dlpack(response.outputs["y"])[0]))
-            print("answered", k, flush=True)
+            # One write per line: two threads' prints may otherwise interleave their parts.
+            sys.stdout.write(f"answered {k}\\n")
+            sys.stdout.flush()
         for k in range(2):
             threading.Thread(target=call, args=(k,), daemon=False).start()
         started.wait(30)

@@ -218,6 +218,15 @@ pub(super) fn build_session(
             .with_config_entry(USE_DEVICE_ALLOCATOR, value)
             .map_err(|e| e.to_string())?;
     }
+    // Sessions with custom operator libraries are built one at a time: registering a
+    // library's domain while another session registers it has failed in ONNX Runtime ("the
+    // domain is already exist") when two models loaded in parallel.
+    static CUSTOM_OPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = (!settings.op_libraries.is_empty()).then(|| {
+        CUSTOM_OPS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
     for library in &settings.op_libraries {
         builder = builder
             .with_operator_library(library)
