@@ -34,6 +34,10 @@ pub struct Error {
     pub code: Code,
     /// Human-readable explanation naming the model, tensor or field at fault.
     pub message: String,
+    /// The request field (input tensor or parameter) the error is about, when one is at
+    /// fault: a frontend names it in its own terms (OpenAI's `param`) without reading the
+    /// message.
+    pub field: Option<String>,
 }
 
 impl fmt::Display for Error {
@@ -48,7 +52,20 @@ impl Error {
         Self {
             code,
             message: message.into(),
+            field: None,
         }
+    }
+    /// The same error, about request field `field`.
+    #[must_use]
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+    /// The same error (code and field) with `context` before its message: where it happened.
+    #[must_use]
+    pub fn within(mut self, context: impl fmt::Display) -> Self {
+        self.message = format!("{context}: {}", self.message);
+        self
     }
     /// A malformed or unfitting request.
     pub fn invalid(message: impl Into<String>) -> Self {

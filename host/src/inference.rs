@@ -100,8 +100,8 @@ pub struct InferRequest {
 impl InferRequest {
     /// What a frontend decoded for `model` (version `None`: the policy chooses): the wire's
     /// part of a request, the one way every frontend (HTTP, gRPC, OpenAI, Python) builds one.
-    /// The frontend then adds whom it runs for (`frontends::on_behalf_of`) and its trace span;
-    /// the server fills the rest (deadline, response sink, step durations) as it runs it.
+    /// The frontend then adds its trace span; the door records whom it runs for
+    /// (`Server::infer_on` with the caller's `Target`), and the server fills the rest (deadline, response sink, step durations) as it runs it.
     pub fn new(model: impl Into<String>, version: Option<i64>) -> Self {
         Self {
             model_name: model.into(),

@@ -28,7 +28,9 @@ use wasmtron::{
     scheduling::{
         model_manager::LoadOverride,
         server::{ControlMode, Server, ServerOptions},
+        views,
     },
+    tenancy::Caller,
     tensor::{DataType, Tensor},
 };
 
@@ -366,7 +368,12 @@ impl CoreServer {
 
     /// The Prometheus metrics, as the metrics endpoint serves them.
     fn metrics(&self) -> PyResult<String> {
-        Ok(wasmtron::frontends::metrics::render(self.running()?))
+        Ok(wasmtron::scheduling::views::metrics::text(
+            self.running()?,
+            None,
+            false,
+            false,
+        ))
     }
 
     /// Runs one request and returns an iterator of its responses: every response of a
@@ -387,13 +394,17 @@ impl CoreServer {
         if let Some(id) = request_id {
             request.id = id;
         }
-        let decoupled = server
-            .models()
-            .get(&request.model_name, request.model_version)
-            .is_ok_and(|m| wasmtron::runtime::is_decoupled(&m.config));
         let _entered = self.runtime.enter();
+        // The model looked up once; a name that is not loaded is answered in the stream.
+        let (items, decoupled) = match server.target(&request.model_name, request.model_version) {
+            Ok(target) => (
+                server.infer_stream_on(&target, request),
+                wasmtron::runtime::is_decoupled(target.config()),
+            ),
+            Err(_) => (server.infer_stream(request), false),
+        };
         Ok(ResponseStream {
-            items: Some(server.infer_stream(request)),
+            items: Some(items),
             runtime: self.runtime.handle().clone(),
             decoupled,
         })
@@ -402,9 +413,9 @@ impl CoreServer {
     /// The server's metadata as JSON (`GET /v2`: name, version, extensions).
     fn metadata(&self) -> String {
         serde_json::json!({
-            "name": wasmtron::frontends::SERVER_NAME,
-            "version": wasmtron::frontends::SERVER_VERSION,
-            "extensions": wasmtron::frontends::EXTENSIONS,
+            "name": views::SERVER_NAME,
+            "version": views::SERVER_VERSION,
+            "extensions": views::EXTENSIONS,
         })
         .to_string()
     }
@@ -444,39 +455,28 @@ impl CoreServer {
     /// The model's configuration as JSON, as `GET /v2/models/<name>/config` answers it.
     #[pyo3(signature = (name, version=None))]
     fn model_config(&self, name: &str, version: Option<i64>) -> PyResult<String> {
-        let model = self.running()?.models().get(name, version).map_err(to_py)?;
-        Ok(wasmtron::repository::config::to_json(&model.config).to_string())
+        let version = version.map(|v| v.to_string()).unwrap_or_default();
+        let config =
+            views::model_config(self.running()?, &Caller::Anyone, name, &version).map_err(to_py)?;
+        Ok(wasmtron::repository::config::to_json(&config).to_string())
     }
 
     /// The model's metadata as JSON, as `GET /v2/models/<name>` answers it (name, versions,
     /// platform, inputs and outputs with the batch dimension as -1).
     #[pyo3(signature = (name, version=""))]
     fn model_metadata(&self, name: &str, version: &str) -> PyResult<String> {
-        let m =
-            wasmtron::frontends::model_metadata(self.running()?, name, version).map_err(to_py)?;
-        let tensors =
-            |ts: &[wasmtron::proto::inference::model_metadata_response::TensorMetadata]| {
-                ts.iter()
-                .map(|t| serde_json::json!({"name": t.name, "datatype": t.datatype, "shape": t.shape}))
-                .collect::<Vec<_>>()
-            };
-        Ok(serde_json::json!({
-            "name": m.name,
-            "versions": m.versions,
-            "platform": m.platform,
-            "inputs": tensors(&m.inputs),
-            "outputs": tensors(&m.outputs),
-        })
-        .to_string())
+        let m = views::model_metadata(self.running()?, &Caller::Anyone, name, version)
+            .map_err(to_py)?;
+        Ok(views::metadata_json(&m).to_string())
     }
 
     /// The statistics extension's JSON for `name` (all models when empty), as
     /// `GET /v2/models/<name>/stats` answers it.
     #[pyo3(signature = (name="", version=""))]
     fn statistics(&self, name: &str, version: &str) -> PyResult<String> {
-        let stats =
-            wasmtron::frontends::model_statistics(self.running()?, name, version).map_err(to_py)?;
-        Ok(wasmtron::frontends::http::stats_json(stats).to_string())
+        let stats = views::model_statistics(self.running()?, &Caller::Anyone, name, version)
+            .map_err(to_py)?;
+        Ok(views::stats_json(stats).to_string())
     }
 }
 

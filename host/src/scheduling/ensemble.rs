@@ -483,13 +483,10 @@ impl Ensemble {
     }
 
     fn step_error(&self, i: usize, e: Error) -> Error {
-        Error::new(
-            e.code,
-            format!(
-                "ensemble '{}' step {i} (model '{}'): {}",
-                self.name, self.steps[i].model, e.message
-            ),
-        )
+        e.within(format_args!(
+            "ensemble '{}' step {i} (model '{}')",
+            self.name, self.steps[i].model
+        ))
     }
 
     /// The request for step `i`, from the ensemble tensors it reads.

@@ -2,6 +2,7 @@
 //! between tenants), ensembles, sequences, the model lifecycle, statistics, and the
 //! [`server::Server`] facade that the frontends call.
 
+pub mod door;
 pub mod ensemble;
 pub mod execution_share;
 pub mod latency;
@@ -14,3 +15,4 @@ pub mod scheduler;
 pub mod sequence;
 pub mod server;
 pub mod stats;
+pub mod views;

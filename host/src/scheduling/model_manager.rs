@@ -48,7 +48,7 @@ pub struct ModelVersion {
     /// How long loading took.
     pub load_duration: Duration,
     /// What executes its requests.
-    pub runner: Runner,
+    pub executor: Executor,
     /// Crash accounting of the instances.
     pub health: Arc<crate::runtime::InstanceHealth>,
     /// A generation model's counters (tokens, batch, cache).
@@ -62,7 +62,7 @@ pub struct ModelVersion {
 }
 
 /// What executes a model version's requests.
-pub enum Runner {
+pub enum Executor {
     /// A backend's instances behind a queue.
     Scheduler(Scheduler),
     /// A stateful model: the sequence batcher in front of its queue.
@@ -74,16 +74,16 @@ pub enum Runner {
 impl ModelVersion {
     /// Stops taking requests (queued ones still run); ensembles hold no queue.
     fn close(&self) {
-        match &self.runner {
-            Runner::Scheduler(s) => s.close(),
-            Runner::Sequence(s) => s.scheduler().close(),
-            Runner::Ensemble(_) => {}
+        match &self.executor {
+            Executor::Scheduler(s) => s.close(),
+            Executor::Sequence(s) => s.scheduler().close(),
+            Executor::Ensemble(_) => {}
         }
     }
 
     /// Whether this version is an ensemble that calls `model`.
     fn uses(&self, model: &str) -> bool {
-        matches!(&self.runner, Runner::Ensemble(e) if e.models().any(|m| m == model))
+        matches!(&self.executor, Executor::Ensemble(e) if e.models().any(|m| m == model))
     }
 }
 
@@ -701,7 +701,7 @@ impl ModelManager {
                         config: config.clone(),
                         stats: self.new_stats(&config)?,
                         load_duration: Duration::ZERO,
-                        runner: Runner::Ensemble(plan.clone()),
+                        executor: Executor::Ensemble(plan.clone()),
                         health: Default::default(),
                         generation: None,
                         labels: labels.clone(),
@@ -753,8 +753,8 @@ impl ModelManager {
                     claims,
                 },
             )?;
-            let runner = match sequence_spec(&loaded.config).map_err(Error::invalid)? {
-                Some(spec) => Runner::Sequence(Box::new(SequenceBatcher::new(
+            let executor = match sequence_spec(&loaded.config).map_err(Error::invalid)? {
+                Some(spec) => Executor::Sequence(Box::new(SequenceBatcher::new(
                     name,
                     loaded.config.max_batch_size,
                     spec,
@@ -762,7 +762,7 @@ impl ModelManager {
                     scheduler,
                     stats.clone(),
                 )?)),
-                None => Runner::Scheduler(scheduler),
+                None => Executor::Scheduler(scheduler),
             };
             versions.insert(
                 version,
@@ -772,7 +772,7 @@ impl ModelManager {
                     config: loaded.config,
                     stats,
                     load_duration: started.elapsed(),
-                    runner,
+                    executor,
                     health,
                     generation,
                     labels: labels.clone(),
@@ -813,9 +813,9 @@ impl ModelManager {
                 .map(|e| {
                     e.versions
                         .values()
-                        .filter_map(|v| match &v.runner {
-                            Runner::Ensemble(plan) => Some(plan.models().map(str::to_owned)),
-                            Runner::Scheduler(_) | Runner::Sequence(_) => None,
+                        .filter_map(|v| match &v.executor {
+                            Executor::Ensemble(plan) => Some(plan.models().map(str::to_owned)),
+                            Executor::Scheduler(_) | Executor::Sequence(_) => None,
                         })
                         .flatten()
                         .collect()
@@ -851,8 +851,9 @@ impl ModelManager {
     }
 }
 
-mod added;
 mod bulk;
+mod in_process;
+mod rights;
 
 fn poisoned() -> Error {
     Error::internal("model table lock poisoned")

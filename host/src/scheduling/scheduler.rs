@@ -120,7 +120,7 @@ type Answer = (
     Result<InferResponse>,
 );
 
-struct Shared {
+struct WorkQueue {
     model: String,
     version: i64,
     policy: BatchPolicy,
@@ -133,10 +133,10 @@ struct Shared {
     /// The server's executions, shared among tenants.
     share: Arc<ExecutionShare>,
     /// This, for the share to wake when a tenant's held-back work may run.
-    this: std::sync::Weak<Shared>,
+    this: std::sync::Weak<WorkQueue>,
 }
 
-impl Wake for Shared {
+impl Wake for WorkQueue {
     fn wake(&self) {
         // Under the lock: a worker that found its work held back is already waiting.
         let _state = lock(&self.state);
@@ -152,7 +152,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Queue and workers of one model version. Dropping it lets the workers finish what is queued
 /// (without waiting for batches to fill) and exit.
 pub struct Scheduler {
-    shared: Arc<Shared>,
+    shared: Arc<WorkQueue>,
 }
 
 impl Drop for Scheduler {
@@ -200,7 +200,7 @@ impl Scheduler {
             preferred: Vec::new(),
             ..policy.clone()
         };
-        let shared = Arc::new_cyclic(|this| Shared {
+        let shared = Arc::new_cyclic(|this| WorkQueue {
             model: model.to_owned(),
             version,
             state: Mutex::new(State {
@@ -343,7 +343,7 @@ struct Taken {
 
 /// A queued request whose caller is waiting; dropped unanswered, it leaves the queue.
 struct Waiting<'a> {
-    shared: &'a Shared,
+    shared: &'a WorkQueue,
     seq: u64,
     answered: bool,
 }
@@ -363,7 +363,7 @@ impl Drop for Waiting<'_> {
     }
 }
 
-impl Shared {
+impl WorkQueue {
     fn work_loop(&self, mut instance: Box<dyn ModelInstance>, claim: Option<Arc<Claim>>) {
         while let Some(taken) = self.next_batch(claim.as_ref()) {
             self.run_batch(instance.as_mut(), taken);

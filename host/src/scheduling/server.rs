@@ -13,9 +13,10 @@ use std::{
 use tokio::sync::Notify;
 
 use super::{
+    door::Target,
     ensemble::StepRunner,
     execution_share::ExecutionShare,
-    model_manager::{ManagerOptions, ModelManager, ModelVersion, Runner},
+    model_manager::{Executor, ManagerOptions, ModelManager, ModelVersion},
     response_cache::{Key, ResponseCache},
     stats::{FailureReason, ResponseClock, ResponseOutcome},
 };
@@ -23,55 +24,12 @@ use crate::{
     error::{Error, Result},
     inference::{InferRequest, InferResponse, StepDurations},
     limits::RequestLimits,
-    proto::inference::ModelConfig,
     repository::ModelRepository,
     runtime::{
         request_check::{check_request, convert_integer_inputs},
         ModelCaller, RuntimeOptions,
     },
-    tenancy::{Caller, ModelAction},
 };
-
-/// A model version a caller may run requests on, looked up once ([`Server::resolve`]): the
-/// one door through which a frontend's request enters the core. A frontend decodes the
-/// request against [`Target::config`] and runs it with [`Server::infer_on`] or
-/// [`Server::infer_stream_on`], which record whom it runs for and use this version without
-/// looking the model up again.
-#[derive(Clone)]
-pub struct Target {
-    model: Arc<ModelVersion>,
-    caller: Caller,
-}
-
-impl Target {
-    /// The version's completed configuration.
-    pub fn config(&self) -> &ModelConfig {
-        &self.model.config
-    }
-
-    /// The model's name.
-    pub fn name(&self) -> &str {
-        &self.model.name
-    }
-
-    /// The version requests to it run on.
-    pub fn version(&self) -> i64 {
-        self.model.version
-    }
-
-    /// Whom requests to it run for.
-    pub fn caller(&self) -> &Caller {
-        &self.caller
-    }
-
-    /// Marks `request` as run for the caller, so that the stages it reaches call other models
-    /// only within the caller's permissions.
-    fn stamp(&self, request: &mut InferRequest) {
-        if let Caller::Tenant(_) = &self.caller {
-            request.callers = vec![self.caller.clone()];
-        }
-    }
-}
 
 /// How the set of loaded models may change (`--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -191,10 +149,6 @@ impl ModelCaller for ServerCaller {
             .server
             .upgrade()
             .ok_or_else(|| Error::unavailable("the server is shutting down"))?;
-        // A stage calls on behalf of its requests' tenants: only what all of them may use.
-        for caller in &request.callers {
-            caller.require(ModelAction::Infer, &request.model_name)?;
-        }
         // Called on a model worker thread, never on the async runtime. The wait ends at the
         // caller's deadline even if the target never gets to the request (e.g. a cycle of
         // stages calling each other with every instance busy), and as soon as nobody waits
@@ -230,7 +184,14 @@ impl StepRunner for Server {
         request: InferRequest,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<InferResponse>> + Send + '_>>
     {
-        Box::pin(self.infer(request))
+        // The ensemble's own right covers its steps: a tenant may run an ensemble of models
+        // it may not call one by one.
+        Box::pin(async move {
+            let model = self
+                .models()
+                .get(&request.model_name, request.model_version)?;
+            self.infer_with(model, request).await
+        })
     }
 }
 
@@ -386,21 +347,13 @@ impl Server {
     ///
     /// Dropping the returned future before it ends cancels the request (its
     /// [`InferRequest::cancel`]): the work stops wherever it is (see [`crate::cancellation`]).
+    ///
+    /// A request by name (a stage's call, an ensemble's step) is made on behalf of its
+    /// `callers`: each must be allowed to run the model ([`Server::lookup_for`]).
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
-        self.infer_with(None, request).await
-    }
-
-    /// The door for a request to `model` at the version a path or message names (empty: the
-    /// version policy's choice): the caller's right first (a tenant learns nothing of models
-    /// it may not run), then the version's spelling, then the model, looked up once. The
-    /// target is what a frontend decodes the request against and runs it on.
-    pub fn resolve(&self, caller: &Caller, model: &str, version: &str) -> Result<Target> {
-        caller.require(ModelAction::Infer, model)?;
-        let version = crate::names::parse_version(model, version)?;
-        Ok(Target {
-            model: self.manager.get(model, version)?,
-            caller: caller.clone(),
-        })
+        let model =
+            self.lookup_for(&request.callers, &request.model_name, request.model_version)?;
+        self.infer_with(model, request).await
     }
 
     /// [`Server::infer`] on a resolved target, for its caller.
@@ -410,14 +363,13 @@ impl Server {
         mut request: InferRequest,
     ) -> Result<InferResponse> {
         target.stamp(&mut request);
-        self.infer_with(Some(target.model.clone()), request).await
+        self.infer_with(target.model.clone(), request).await
     }
 
-    /// Runs `request` on `model` when it is resolved already, else on the version its name
-    /// and version pick.
+    /// Runs `request` on `model`, the version it resolved to.
     async fn infer_with(
         &self,
-        model: Option<Arc<ModelVersion>>,
+        model: Arc<ModelVersion>,
         request: InferRequest,
     ) -> Result<InferResponse> {
         let waiting = request.cancel.cancel_on_drop();
@@ -430,7 +382,7 @@ impl Server {
 
     async fn infer_for_callers(
         &self,
-        model: Option<Arc<ModelVersion>>,
+        model: Arc<ModelVersion>,
         request: InferRequest,
     ) -> Result<InferResponse> {
         if request.callers.is_empty() {
@@ -449,7 +401,7 @@ impl Server {
 
     async fn run(
         &self,
-        resolved: Option<Arc<ModelVersion>>,
+        model: Arc<ModelVersion>,
         mut request: InferRequest,
     ) -> Result<InferResponse> {
         let received = Instant::now();
@@ -458,12 +410,6 @@ impl Server {
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let _guard = InFlight(self);
-        let model = match resolved {
-            Some(model) => model,
-            None => self
-                .manager
-                .get(&request.model_name, request.model_version)?,
-        };
         request.trace.start(model.version, &request.id, received);
         if let Err(err) = self.options.limits.check_request(&request) {
             model
@@ -527,18 +473,18 @@ impl Server {
         } else {
             request.outputs.iter().map(|o| o.name.clone()).collect()
         };
-        let result = match &model.runner {
-            Runner::Scheduler(scheduler) => {
+        let result = match &model.executor {
+            Executor::Scheduler(scheduler) => {
                 scheduler
                     .infer(request, outputs, batch_size as u64, received)
                     .await
             }
-            Runner::Sequence(sequences) => {
+            Executor::Sequence(sequences) => {
                 sequences
                     .infer(request, outputs, batch_size as u64, received)
                     .await
             }
-            Runner::Ensemble(plan) => {
+            Executor::Ensemble(plan) => {
                 let id = request.id.clone();
                 // Like Triton, an ensemble reports its steps' queue and compute time summed
                 // (perf_analyzer reads the ensemble's queue count to find its statistics).
@@ -602,7 +548,7 @@ impl Server {
         let cache = self.cache.as_ref()?;
         let enabled = crate::runtime::caches_responses(&model.config)
             && !crate::runtime::is_decoupled(&model.config)
-            && !matches!(model.runner, Runner::Sequence(_));
+            && !matches!(model.executor, Executor::Sequence(_));
         if !enabled {
             return None;
         }
@@ -632,7 +578,14 @@ impl Server {
         self: &Arc<Self>,
         request: InferRequest,
     ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
-        self.infer_stream_with(None, request)
+        match self.lookup_for(&request.callers, &request.model_name, request.model_version) {
+            Ok(model) => self.infer_stream_with(model, request),
+            Err(e) => {
+                let (out, items) = tokio::sync::mpsc::channel(1);
+                let _ = out.try_send(Err(e));
+                items
+            }
+        }
     }
 
     /// [`Server::infer_stream`] on a resolved target, for its caller.
@@ -642,12 +595,12 @@ impl Server {
         mut request: InferRequest,
     ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
         target.stamp(&mut request);
-        self.infer_stream_with(Some(target.model.clone()), request)
+        self.infer_stream_with(target.model.clone(), request)
     }
 
     fn infer_stream_with(
         self: &Arc<Self>,
-        resolved: Option<Arc<ModelVersion>>,
+        model: Arc<ModelVersion>,
         mut request: InferRequest,
     ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
         let (out, items) = tokio::sync::mpsc::channel(16);
@@ -656,19 +609,10 @@ impl Server {
         request.responses = Some(sink);
         let server = self.clone();
         tokio::spawn(async move {
-            let model = match resolved {
-                Some(model) => Some(model),
-                None => server
-                    .manager
-                    .get(&request.model_name, request.model_version)
-                    .ok(),
-            };
-            let version = model.as_ref().map(|m| m.version).unwrap_or_default();
+            let version = model.version;
             // A decoupled model's responses are counted per index, as Triton's response_stats.
-            let mut responses = model
-                .as_ref()
-                .filter(|m| crate::runtime::is_decoupled(&m.config))
-                .map(|m| ResponseClock::new(m.stats.clone()));
+            let mut responses = crate::runtime::is_decoupled(&model.config)
+                .then(|| ResponseClock::new(model.stats.clone()));
             let wrap = |outputs, name: &str, id: &str| InferResponse {
                 model_name: name.to_owned(),
                 model_version: version,
@@ -677,7 +621,7 @@ impl Server {
                 outputs,
             };
             let (name, id) = (request.model_name.clone(), request.id.clone());
-            let final_response = server.infer_with(model.clone(), request);
+            let final_response = server.infer_with(model, request);
             tokio::pin!(final_response);
             // A reader that takes nothing for `stall` is treated as gone: returning drops the
             // request's future, which cancels it.

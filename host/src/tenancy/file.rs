@@ -219,9 +219,9 @@ impl TenantSet {
                 )));
             }
             let burst = q.burst.or(q.requests_per_second).unwrap_or(1.0).max(1.0);
-            let live = match previous.tenants.iter().find(|t| t.name == entry.name) {
-                Some(old) => old.live.clone(),
-                None => Arc::new(Live {
+            let activity = match previous.tenants.iter().find(|t| t.name == entry.name) {
+                Some(old) => old.activity.clone(),
+                None => Arc::new(Activity {
                     in_flight: AtomicUsize::new(0),
                     bucket: Mutex::new(Bucket {
                         tokens: burst,
@@ -240,7 +240,7 @@ impl TenantSet {
                 limits: entry.quotas.clone(),
                 wasm: entry.wasm,
                 weight: entry.weight.unwrap_or(1.0),
-                live,
+                activity,
             });
             tenants.push(tenant.clone());
             for key in entry.api_keys {

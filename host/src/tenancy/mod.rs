@@ -70,13 +70,13 @@ pub struct Tenant {
     wasm: WasmLimits,
     weight: f64,
     /// Counters that outlive a reload of the config file while the tenant keeps its name.
-    live: Arc<Live>,
+    activity: Arc<Activity>,
 }
 
 /// What a tenant is using and has used: in-flight requests, its rate bucket, its figures,
 /// and the models its requests keep failing in.
 #[derive(Debug)]
-struct Live {
+struct Activity {
     in_flight: AtomicUsize,
     bucket: Mutex<Bucket>,
     usage: Mutex<BTreeMap<String, ModelUsage>>,
@@ -215,7 +215,7 @@ impl Caller {
             return Ok(());
         };
         let backoffs = t
-            .live
+            .activity
             .backoffs
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -243,7 +243,7 @@ impl Caller {
             return;
         };
         let mut backoffs = t
-            .live
+            .activity
             .backoffs
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -333,9 +333,9 @@ impl Tenancy {
             .iter()
             .map(|t| TenantUsage {
                 tenant: t.name.clone(),
-                in_flight: t.live.in_flight.load(Ordering::Acquire),
+                in_flight: t.activity.in_flight.load(Ordering::Acquire),
                 models: t
-                    .live
+                    .activity
                     .usage
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)

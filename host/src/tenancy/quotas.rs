@@ -64,7 +64,7 @@ pub struct Admission {
 impl Drop for Admission {
     fn drop(&mut self) {
         if let Some(t) = &self.tenant {
-            t.live.in_flight.fetch_sub(self.units, Ordering::AcqRel);
+            t.activity.in_flight.fetch_sub(self.units, Ordering::AcqRel);
         }
     }
 }
@@ -89,10 +89,10 @@ impl Admission {
         if more == 0 {
             return Ok(());
         }
-        let in_flight = t.live.in_flight.fetch_add(more, Ordering::AcqRel) + more;
+        let in_flight = t.activity.in_flight.fetch_add(more, Ordering::AcqRel) + more;
         if let Some(max) = t.limits.max_concurrent_requests {
             if in_flight > max {
-                t.live.in_flight.fetch_sub(more, Ordering::AcqRel);
+                t.activity.in_flight.fetch_sub(more, Ordering::AcqRel);
                 return Err(Error::resource_exhausted(format!(
                     "tenant '{}' is over its quota: the request runs {units} sequences, and \
                      {max} concurrent requests (quotas.max_concurrent_requests) count each \
@@ -136,7 +136,7 @@ impl Tenant {
                 )));
             }
         }
-        let in_flight = self.live.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        let in_flight = self.activity.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         // From here on, dropping the admission gives the slot back.
         let admission = Admission {
             tenant: Some(self.clone()),
@@ -152,7 +152,7 @@ impl Tenant {
         if let Some(rate) = limits.requests_per_second {
             let burst = limits.burst.unwrap_or(rate).max(1.0);
             let mut bucket = self
-                .live
+                .activity
                 .bucket
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);

@@ -43,8 +43,20 @@ pub struct Tracked {
 }
 
 impl Tracked {
+    /// Accounts the request under `model` (once the model it names is known).
+    pub fn name_model(&mut self, model: &str) {
+        if self.tenant.is_some() {
+            model.clone_into(&mut self.model);
+        }
+    }
+
     /// Records the outcome: `Ok` or the error's code.
     pub fn finish(mut self, outcome: std::result::Result<(), Code>) {
+        self.record(outcome);
+    }
+
+    /// Records the outcome, if none was recorded yet.
+    pub fn finish_once(&mut self, outcome: std::result::Result<(), Code>) {
         self.record(outcome);
     }
 
@@ -59,7 +71,7 @@ impl Tracked {
             _ => std::mem::take(&mut self.model),
         };
         let mut usage = tenant
-            .live
+            .activity
             .usage
             .lock()
             .unwrap_or_else(PoisonError::into_inner);

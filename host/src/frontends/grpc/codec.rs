@@ -1,10 +1,7 @@
 //! The wire conversion: `ModelInferRequest` into an [`InferRequest`] (typed contents or raw
 //! bytes, parameters) and an [`InferResponse`] into `ModelInferResponse`.
 
-use crate::frontends::{
-    parse_version,
-    shared_memory::{output_parameters, SharedInputs},
-};
+use crate::frontends::shared_memory::{output_parameters, SharedInputs};
 use crate::{
     error::Error,
     inference::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput},
@@ -112,7 +109,7 @@ pub fn decode_request(
     req: ModelInferRequest,
     shared: SharedInputs<'_>,
 ) -> Result<InferRequest, Error> {
-    let version = parse_version(&req.model_name, &req.model_version)?;
+    let version = crate::names::parse_version(&req.model_name, &req.model_version)?;
     let raw = !req.raw_input_contents.is_empty();
     let mut in_shared_memory = Vec::with_capacity(req.inputs.len());
     for input in &req.inputs {

@@ -4,10 +4,8 @@ use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::frontends::{
-    check_load, check_unload, model_config, model_metadata, model_statistics, parse_version,
     restricted::ApiGroup,
     shared_memory::{Kind as MemoryKind, Location},
-    EXTENSIONS, SERVER_VERSION,
 };
 use crate::{
     names::ModelName,
@@ -16,7 +14,12 @@ use crate::{
         model_repository_parameter::ParameterChoice as RepoParam,
         repository_index_response::ModelIndex,
     },
-    scheduling::model_manager::LoadOverride,
+    scheduling::{
+        model_manager::LoadOverride,
+        views::{
+            model_config, model_metadata, model_ready, model_statistics, EXTENSIONS, SERVER_VERSION,
+        },
+    },
     tenancy::ModelAction,
 };
 
@@ -25,7 +28,6 @@ use super::{
     streaming::{sequence_key, SequenceOrder, StreamContext, StreamResult, STREAM_IN_FLIGHT},
     unary::infer_one,
 };
-use crate::frontends::track;
 
 #[tonic::async_trait]
 impl GrpcInferenceService for GrpcService {
@@ -55,11 +57,8 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<ModelReadyResponse>, Status> {
         let caller = self.caller(&r, ApiGroup::Health)?;
         let r = r.into_inner();
-        require(&caller, ModelAction::See, &r.name)?;
-        let version = parse_version(&r.name, &r.version).map_err(to_status)?;
-        Ok(Response::new(ModelReadyResponse {
-            ready: self.server.models().is_ready(&r.name, version),
-        }))
+        let ready = model_ready(&self.server, &caller, &r.name, &r.version).map_err(to_status)?;
+        Ok(Response::new(ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(
@@ -80,8 +79,7 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<ModelMetadataResponse>, Status> {
         let caller = self.caller(&r, ApiGroup::Metadata)?;
         let r = r.into_inner();
-        require(&caller, ModelAction::See, &r.name)?;
-        model_metadata(&self.server, &r.name, &r.version)
+        model_metadata(&self.server, &caller, &r.name, &r.version)
             .map(Response::new)
             .map_err(to_status)
     }
@@ -93,27 +91,26 @@ impl GrpcInferenceService for GrpcService {
         let caller = self.caller(&r, ApiGroup::Inference)?;
         let context = TraceContext::of(r.metadata());
         let r = r.into_inner();
-        let track = track(&self.server, &caller, &r.model_name);
-        let result = async {
-            // The one door: the caller's right, then NOT_FOUND for a model (version) that is
-            // not loaded, before anything else in the request is looked at, as Triton answers.
-            let target = self
-                .server
-                .resolve(&caller, &r.model_name, &r.model_version)?;
-            let _admission = caller.admit(prost::Message::encoded_len(&r))?;
-            infer_one(
-                &self.server,
-                &self.shared_memory,
-                self.max_message_size,
-                &self.tracing,
-                &context,
-                target,
-                r,
-            )
-            .await
-        }
-        .await;
-        track.finish(result.as_ref().map(|_| ()).map_err(|e| e.code));
+        let result = self
+            .server
+            .serve(&caller, |door| async move {
+                // The one door: the caller's right, then NOT_FOUND for a model (version) that
+                // is not loaded, before anything else in the request is looked at, as Triton
+                // answers.
+                let target = door.resolve(&r.model_name, &r.model_version)?;
+                let _admission = door.caller().admit(prost::Message::encoded_len(&r))?;
+                infer_one(
+                    &self.server,
+                    &self.shared_memory,
+                    self.max_message_size,
+                    &self.tracing,
+                    &context,
+                    target,
+                    r,
+                )
+                .await
+            })
+            .await;
         result.map(Response::new).map_err(to_status)
     }
 
@@ -166,8 +163,7 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<ModelConfigResponse>, Status> {
         let caller = self.caller(&r, ApiGroup::ModelConfig)?;
         let r = r.into_inner();
-        require(&caller, ModelAction::See, &r.name)?;
-        model_config(&self.server, &r.name, &r.version)
+        model_config(&self.server, &caller, &r.name, &r.version)
             .map(|config| {
                 Response::new(ModelConfigResponse {
                     config: Some(config),
@@ -182,12 +178,8 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
         let caller = self.caller(&r, ApiGroup::Statistics)?;
         let r = r.into_inner();
-        if !r.name.is_empty() {
-            require(&caller, ModelAction::See, &r.name)?;
-        }
-        let mut model_stats =
-            model_statistics(&self.server, &r.name, &r.version).map_err(to_status)?;
-        model_stats.retain(|s| caller.may(ModelAction::See, &s.name));
+        let model_stats =
+            model_statistics(&self.server, &caller, &r.name, &r.version).map_err(to_status)?;
         Ok(Response::new(ModelStatisticsResponse { model_stats }))
     }
 
@@ -244,7 +236,10 @@ impl GrpcInferenceService for GrpcService {
                 r.model_name
             )));
         }
-        check_load(&self.server, &caller, &r.model_name, &overrides).map_err(to_status)?;
+        self.server
+            .models()
+            .check_load(&caller, &r.model_name, &overrides)
+            .map_err(to_status)?;
         self.server
             .models()
             .load(&r.model_name, overrides)
@@ -267,7 +262,10 @@ impl GrpcInferenceService for GrpcService {
                 .and_then(|p| p.parameter_choice.as_ref()),
             Some(RepoParam::BoolParam(true))
         );
-        check_unload(&caller, &r.model_name, unload_dependents).map_err(to_status)?;
+        self.server
+            .models()
+            .check_unload(&caller, &r.model_name, unload_dependents)
+            .map_err(to_status)?;
         self.server
             .models()
             .unload(&r.model_name, unload_dependents)

@@ -12,12 +12,12 @@ use futures::{
 };
 use tonic::Status;
 
-use crate::frontends::{shared_memory::SystemSharedMemory, trace::Tracing, track};
+use crate::frontends::{shared_memory::SystemSharedMemory, trace::Tracing};
 use crate::{
     error::Error,
     inference::{ParamValue, Parameters},
     proto::inference::infer_parameter::ParameterChoice,
-    scheduling::server::{Server, Target},
+    scheduling::{door::Target, server::Server},
     tenancy::{Caller, Tenancy},
 };
 
@@ -63,12 +63,11 @@ impl StreamContext {
             None => self.first.clone(),
         };
         // Accounted once admitted (or refused); its errors travel in-band.
-        let track = track(&self.server, &caller, &req.model_name);
-        let admitted = self
-            .server
-            .resolve(&caller, &req.model_name, &req.model_version)
+        let door = self.server.door(&caller);
+        let admitted = door
+            .resolve(&req.model_name, &req.model_version)
             .and_then(|target| Ok((target, caller.admit(prost::Message::encoded_len(&req))?)));
-        track.finish(admitted.as_ref().map(|_| ()).map_err(|e| e.code));
+        door.finish(admitted.as_ref().map(|_| ()).map_err(|e| e.code));
         match admitted {
             // The admission lives as long as this request's responses.
             Ok((target, admission)) => stream_one(

@@ -4,7 +4,7 @@ use crate::frontends::{shared_memory::SystemSharedMemory, trace::Tracing};
 use crate::{
     error::Error,
     inference::Parameters,
-    scheduling::server::{Server, Target},
+    scheduling::{door::Target, server::Server},
 };
 
 use super::codec::{decode_request, encode_response};

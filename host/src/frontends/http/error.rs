@@ -15,6 +15,12 @@ use crate::error::{Code, Error};
 /// An error rendered as Triton does: a status code and `{"error": "..."}`.
 pub struct ApiError(pub Error);
 
+impl AsRef<Error> for ApiError {
+    fn as_ref(&self) -> &Error {
+        &self.0
+    }
+}
+
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         ApiError(e)

@@ -15,7 +15,7 @@ pub(crate) mod state;
 use axum::{extract::DefaultBodyLimit, Router};
 
 pub use error::{status_for, ApiError};
-pub use kserve::{codec, generate, stats_json};
+pub use kserve::{codec, generate};
 pub use state::HttpState;
 
 /// Builds the router with every route: KServe's and OpenAI's, each behind the authentication

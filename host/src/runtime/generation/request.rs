@@ -292,10 +292,7 @@ fn within(model: &str, name: &str, value: f64, lo: f64, hi: f64) -> Result<f64> 
     if value.is_finite() && value >= lo && value <= hi {
         Ok(value)
     } else {
-        Err(invalid(
-            model,
-            format!("'{name}' is {value}, outside [{lo}, {hi}]"),
-        ))
+        Err(invalid(model, format!("'{name}' is {value}, outside [{lo}, {hi}]")).with_field(name))
     }
 }
 
@@ -342,14 +339,16 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
         return Err(invalid(
             model,
             "the prompt is empty: input 'input_ids' needs at least one token".into(),
-        ));
+        )
+        .with_field("input_ids"));
     }
     if let Some(vocab) = settings.vocab {
         if let Some(bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= vocab) {
             return Err(invalid(
                 model,
                 format!("input 'input_ids' holds token {bad}, outside the vocabulary [0, {vocab})"),
-            ));
+            )
+            .with_field("input_ids"));
         }
     }
     let limit = settings.max_sequence_length;
@@ -362,7 +361,8 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
                 prompt.len(),
                 limit - 1
             ),
-        ));
+        )
+        .with_field("input_ids"));
     }
     refuse_unserved(request)?;
     let room = limit - prompt.len();
@@ -378,7 +378,8 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
                          in the context of {limit} tokens (max_sequence_length)",
                         prompt.len()
                     ),
-                ));
+                )
+                .with_field("max_tokens"));
             }
             v
         }

@@ -83,7 +83,26 @@ pub(super) fn from_wit_error(model: &str, e: wit::Error) -> Error {
         wit::ErrorCode::Unsupported => Code::Unsupported,
         wit::ErrorCode::Internal => Code::Internal,
     };
-    Error::new(code, format!("stage '{model}': {}", e.message))
+    // A guest names the request field at fault by starting its message with it, quoted
+    // ('text_input' is empty): the WIT error has no field of its own.
+    let field = quoted_start(&e.message).map(str::to_owned);
+    let error = Error::new(code, format!("stage '{model}': {}", e.message));
+    match field {
+        Some(field) => error.with_field(field),
+        None => error,
+    }
+}
+
+/// The name a message starts with in single quotes, when it is a plain name (letters,
+/// digits, `_`, `.`, `-`, `[`, `]`).
+fn quoted_start(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix('\'')?;
+    let name = &rest[..rest.find('\'')?];
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '[' | ']'));
+    plain.then_some(name)
 }
 
 pub(super) fn wit_parameters(request: &InferRequest) -> Vec<wit::Parameter> {
@@ -104,4 +123,41 @@ pub(super) fn wit_parameters(request: &InferRequest) -> Vec<wit::Parameter> {
             },
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guest_names_the_field_by_starting_its_message_with_it() {
+        let error = |message: &str| {
+            from_wit_error(
+                "tok",
+                wit::Error {
+                    code: wit::ErrorCode::InvalidArgument,
+                    message: message.into(),
+                },
+            )
+        };
+        let e = error("'text_input' is empty: the prompt needs some text");
+        assert_eq!(e.field.as_deref(), Some("text_input"));
+        assert_eq!(e.code, Code::InvalidArg);
+        assert!(
+            e.message.starts_with("stage 'tok': 'text_input' is empty"),
+            "{e:?}"
+        );
+        assert_eq!(
+            error("'messages[0].role' is unknown").field.as_deref(),
+            Some("messages[0].role")
+        );
+        for unnamed in [
+            "the prompt is empty",
+            "'two words' are not a name",
+            "''",
+            "'unclosed",
+        ] {
+            assert_eq!(error(unnamed).field, None, "{unnamed}");
+        }
+    }
 }

@@ -16,7 +16,6 @@ use super::path_parts;
 use crate::{
     error::Error,
     frontends::{
-        check_load, check_unload,
         http::{
             body::{optional_json, read_body},
             error::ApiResult,
@@ -353,7 +352,7 @@ pub(crate) async fn load(
         ))
         .into());
     }
-    check_load(&st.server, &caller, &model, &overrides)?;
+    st.server.models().check_load(&caller, &model, &overrides)?;
     st.server.models().load(&model, overrides).await?;
     Ok(Json(json!({})))
 }
@@ -371,7 +370,9 @@ pub(crate) async fn unload(
     let body = read_body(&st, &headers, body).await?;
     let request = optional_json(&body)?;
     let unload_dependents = request["parameters"]["unload_dependents"].as_bool() == Some(true);
-    check_unload(&caller, &model, unload_dependents)?;
+    st.server
+        .models()
+        .check_unload(&caller, &model, unload_dependents)?;
     st.server.models().unload(&model, unload_dependents).await?;
     Ok(Json(json!({})))
 }

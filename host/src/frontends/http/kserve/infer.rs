@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::{codec, generate, path_parts};
 use crate::{
-    error::{Code, Error},
+    error::Error,
     frontends::{
         http::{
             body::{header_text, off_runtime, read_request_body},
@@ -23,10 +23,9 @@ use crate::{
             state::HttpState,
         },
         shared_memory::output_parameters,
-        track,
     },
     inference::{InferRequest, InferResponse, Parameters, RequestedOutput},
-    scheduling::server::Target,
+    scheduling::door::{Door, Target},
     tenancy::{Admission, Caller},
 };
 
@@ -80,11 +79,6 @@ async fn encode_for(
     .map_err(|e| Error::internal(format!("encoding the response failed: {e}")))?
 }
 
-/// How a request ended, for the per-tenant accounting.
-fn outcome<T>(result: &ApiResult<T>) -> Result<(), Code> {
-    result.as_ref().map(|_| ()).map_err(|e| e.0.code)
-}
-
 pub(crate) async fn infer(
     State(st): State<HttpState>,
     Extension(caller): Extension<Caller>,
@@ -92,15 +86,15 @@ pub(crate) async fn infer(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let track = track(&st.server, &caller, &path_parts(&p).0);
-    let result = run_infer(&st, &caller, &p, &headers, body).await;
-    track.finish(outcome(&result));
-    result
+    let server = st.server.clone();
+    server
+        .serve(&caller, |door| run_infer(&st, door, &p, &headers, body))
+        .await
 }
 
 async fn run_infer(
     st: &HttpState,
-    caller: &Caller,
+    door: Door,
     p: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Body,
@@ -109,7 +103,8 @@ async fn run_infer(
     let (model, version) = path_parts(p);
     // An unknown model is named before the body is read (Triton's order), and the body is
     // admitted under the caller's quotas before anything in it is decoded.
-    let target = st.server.resolve(caller, &model, &version)?;
+    let target = door.resolve(&model, &version)?;
+    let caller = door.caller();
     let version = Some(target.version());
     let body = read_request_body(st, caller, headers, body).await?;
     let _admission = caller.admit(body.len())?;
@@ -189,7 +184,7 @@ async fn run_infer(
 /// Decodes a generate request for the model named in the path.
 async fn generate_request(
     st: &HttpState,
-    caller: &Caller,
+    door: Door,
     p: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Body,
@@ -197,7 +192,8 @@ async fn generate_request(
 ) -> Result<(Target, InferRequest, Admission), Error> {
     let (model, version) = path_parts(p);
     // As for `infer`: the model and the quotas before the body is decoded.
-    let target = st.server.resolve(caller, &model, &version)?;
+    let target = door.resolve(&model, &version)?;
+    let caller = door.caller();
     let body = read_request_body(st, caller, headers, body).await?;
     let admission = caller.admit(body.len())?;
     let (for_request, name, version) = (
@@ -226,21 +222,20 @@ pub(crate) async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let track = track(&st.server, &caller, &path_parts(&p).0);
-    let result = run_generate(&st, &caller, &p, &headers, body).await;
-    track.finish(outcome(&result));
-    result
+    let server = st.server.clone();
+    server
+        .serve(&caller, |door| run_generate(&st, door, &p, &headers, body))
+        .await
 }
 
 async fn run_generate(
     st: &HttpState,
-    caller: &Caller,
+    door: Door,
     p: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let (target, request, _admission) =
-        generate_request(st, caller, p, headers, body, true).await?;
+    let (target, request, _admission) = generate_request(st, door, p, headers, body, true).await?;
     let model = request.model_name.clone();
     let mut items = st.server.infer_stream_on(&target, request);
     let mut responses = Vec::new();
@@ -267,10 +262,12 @@ pub(crate) async fn generate_stream(
 ) -> ApiResult<Response> {
     use axum::response::sse::{Event, Sse};
     // Accounted as a success once the stream starts; its errors travel in-band.
-    let track = track(&st.server, &caller, &path_parts(&p).0);
-    let started = generate_request(&st, &caller, &p, &headers, body, false).await;
-    track.finish(started.as_ref().map(|_| ()).map_err(|e| e.code));
-    let (target, request, admission) = started?;
+    let server = st.server.clone();
+    let (target, request, admission) = server
+        .serve(&caller, |door| {
+            generate_request(&st, door, &p, &headers, body, false)
+        })
+        .await?;
     let items = st.server.infer_stream_on(&target, request);
     // The admission rides along until the last event is sent.
     let events = futures::stream::unfold((items, admission), |(mut items, admission)| async move {

@@ -23,8 +23,6 @@ use serde_json::json;
 use super::{error::ApiError, state::HttpState};
 use crate::error::Error;
 
-pub use models::stats_json;
-
 /// Every KServe route, with the fallbacks for unknown paths and methods.
 pub(crate) fn routes() -> Router<HttpState> {
     use admin::*;

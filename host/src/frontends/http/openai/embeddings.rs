@@ -113,11 +113,12 @@ fn field(param: &str, message: String) -> Invalid {
 }
 
 /// Checks the body (its bytes, read once into the wire type) and builds the model's requests;
-/// `lookup` gives the named model's config, asked before the body is decoded.
-pub fn parse(
+/// `lookup` finds the named model (the handler's target), asked before the body is decoded,
+/// and is answered with the requests.
+pub fn parse<T: std::borrow::Borrow<ModelConfig>>(
     body: &[u8],
-    lookup: impl Fn(&str) -> Result<ModelConfig, Error>,
-) -> Result<Parsed, Invalid> {
+    lookup: impl FnOnce(&str) -> Result<T, Error>,
+) -> Result<(T, Parsed), Invalid> {
     let head = decode::head(body)?;
     if let Some(key) = head.fields.iter().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(field(
@@ -129,9 +130,10 @@ pub fn parse(
         Some(m) if !m.is_empty() => m,
         _ => return Err(field("model", "'model' is required (a string)".into())),
     };
-    let config = lookup(&model)?;
+    let target = lookup(&model)?;
+    let config: &ModelConfig = target.borrow();
     let req: EmbeddingRequest = decode::read(body)?;
-    let signature = embedding_model(&config).ok_or_else(|| {
+    let signature = embedding_model(config).ok_or_else(|| {
         Error::not_found(format!(
             "model '{model}' does not embed text (it needs one BYTES input of dims [1] and an \
              FP32 output of dims [n], with batching)"
@@ -230,13 +232,14 @@ pub fn parse(
                 .with_outputs(outputs.clone())
         })
         .collect();
-    Ok(Parsed {
+    let parsed = Parsed {
         model,
         requests,
         dimensions,
         base64,
         signature,
-    })
+    };
+    Ok((target, parsed))
 }
 
 /// The answer from the model's responses, one per request of [`Parsed::requests`].

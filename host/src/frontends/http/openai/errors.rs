@@ -54,21 +54,18 @@ pub(super) fn error_body<'a>(
     }
 }
 
-/// The request field a generation model's message is about, when it names one.
-pub(super) fn param_of(message: &str) -> Option<&'static str> {
-    if message.contains("'max_tokens'") {
-        Some("max_tokens")
-    } else if message.contains("the prompt") || message.contains("'text_input'") {
-        Some("prompt")
-    } else if message.contains("'messages'") {
-        Some("messages")
-    } else {
-        None
-    }
+/// OpenAI's name for the request field an error is about, from the field the model named
+/// (its input tensors and parameters, by TensorRT-LLM's names or ours).
+pub(super) fn param_of(error: &Error) -> Option<&str> {
+    Some(match error.field.as_deref()? {
+        "text_input" | "input_ids" | "prompt_ids" => "prompt",
+        "request_output_len" => "max_tokens",
+        other => other,
+    })
 }
 
 pub(super) fn invalid_response(e: Invalid) -> Response {
-    let param = e.param.as_deref().or_else(|| param_of(&e.error.message));
+    let param = e.param.as_deref().or_else(|| param_of(&e.error));
     error_response(&e.error, param)
 }
 

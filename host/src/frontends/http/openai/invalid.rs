@@ -22,6 +22,12 @@ impl Invalid {
     }
 }
 
+impl AsRef<Error> for Invalid {
+    fn as_ref(&self) -> &Error {
+        &self.error
+    }
+}
+
 impl From<Error> for Invalid {
     fn from(error: Error) -> Self {
         Self { error, param: None }

@@ -21,10 +21,7 @@ mod structured;
 pub mod types;
 
 use std::{
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
+    sync::atomic::{AtomicU64, Ordering},
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -41,6 +38,7 @@ pub use self::errors::{error_response, render_error};
 use self::{
     choices::{piece, Answer, Gathered},
     errors::invalid_response,
+    invalid::Invalid,
     prompts::Echo,
     request::Kind,
     types::{ModelCard, ModelList, Usage},
@@ -51,8 +49,7 @@ use super::{
 };
 use crate::{
     error::Error,
-    proto::inference::ModelConfig,
-    scheduling::server::{Server, Target},
+    scheduling::door::Door,
     tenancy::{Admission, Caller, ModelAction},
 };
 
@@ -171,38 +168,34 @@ pub async fn embeddings(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (body, _admission) = match read_admitted(&st, &caller, &headers, body).await {
-        Ok(read) => read,
-        Err(e) => return error_response(&e, None),
-    };
-    let (door, resolved) = Door::new(&st.server, &caller);
-    let parsed = off_runtime(body.len(), move || {
-        embeddings::parse(&body, |model| door.resolve(model))
+    let server = st.server.clone();
+    server
+        .serve(&caller, |door| embed(&st, door, &headers, body))
+        .await
+        .unwrap_or_else(invalid_response)
+}
+
+async fn embed(
+    st: &HttpState,
+    door: Door,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Invalid> {
+    let (body, _admission) = read_admitted(st, door.caller(), headers, body).await?;
+    let (target, parsed) = off_runtime(body.len(), move || {
+        embeddings::parse(&body, |model| door.resolve(model, ""))
     })
-    .await;
-    let parsed = match parsed.map_err(Into::into).and_then(|p| p) {
-        Ok(p) => p,
-        Err(e) => return invalid_response(e),
-    };
-    let Some(target) = resolved.take() else {
-        return error_response(&Error::internal("no model was resolved"), None);
-    };
-    let track = crate::frontends::track(&st.server, &caller, &parsed.model);
+    .await??;
     let runs = parsed
         .requests
         .iter()
         .cloned()
         .map(|request| st.server.infer_on(&target, request));
-    let responses: Result<Vec<_>, Error> = futures::stream::iter(runs)
+    let responses: Vec<_> = futures::stream::iter(runs)
         .buffered(embeddings::BATCHES_AT_ONCE)
         .try_collect()
-        .await;
-    let answer = responses.and_then(|r| embeddings::answer(&parsed, r));
-    track.finish(answer.as_ref().map(|_| ()).map_err(|e| e.code));
-    match answer {
-        Ok(list) => Json(list).into_response(),
-        Err(e) => error_response(&e, None),
-    }
+        .await?;
+    Ok(Json(embeddings::answer(&parsed, responses)?).into_response())
 }
 
 async fn complete(
@@ -212,34 +205,37 @@ async fn complete(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (body, mut admission) = match read_admitted(&st, &caller, &headers, body).await {
-        Ok(read) => read,
-        Err(e) => return error_response(&e, None),
-    };
-    let (door, resolved) = Door::new(&st.server, &caller);
+    let server = st.server.clone();
+    server
+        .serve(&caller, |door| answer(kind, &st, door, &headers, body))
+        .await
+        .unwrap_or_else(invalid_response)
+}
+
+/// A completion or chat: streamed as server-sent events (accounted as answered once the
+/// stream starts; its errors travel in-band), or gathered into one answer.
+async fn answer(
+    kind: Kind,
+    st: &HttpState,
+    door: Door,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Invalid> {
+    let (body, mut admission) = read_admitted(st, door.caller(), headers, body).await?;
     let lookup = move |model: &str| {
-        let config = door.resolve(model)?;
-        if !request::generates_text(&config) {
+        let target = door.resolve(model, "")?;
+        if !request::generates_text(target.config()) {
             return Err(Error::not_found(format!(
                 "model '{model}' does not generate text (it needs input 'text_input' or \
                  'messages' and output 'text_output')"
             )));
         }
-        Ok(config)
+        Ok(target)
     };
-    let parsed = off_runtime(body.len(), move || request::parse(kind, &body, lookup)).await;
-    let parsed = match parsed.map_err(Into::into).and_then(|p| p) {
-        Ok(p) => p,
-        Err(e) => return invalid_response(e),
-    };
-    let Some(target) = resolved.take() else {
-        return error_response(&Error::internal("no model was resolved"), None);
-    };
+    let (target, parsed) =
+        off_runtime(body.len(), move || request::parse(kind, &body, lookup)).await??;
     // Each sequence the request starts counts against the tenant's concurrency quota.
-    if let Err(e) = admission.widen(parsed.choices()) {
-        return error_response(&e, None);
-    }
-    let track = crate::frontends::track(&st.server, &caller, &parsed.model);
+    admission.widen(parsed.choices())?;
     // One sequence per choice (`n` per prompt), side by side in the running batch.
     let choices = parsed.choices();
     let streams = (0..choices)
@@ -256,7 +252,6 @@ async fn complete(
     };
     let echo: Vec<Echo> = (0..choices).map(|i| parsed.echo_for(i)).collect();
     if parsed.stream {
-        track.finish(Ok(()));
         let events = stream::events(
             items,
             admission,
@@ -269,7 +264,7 @@ async fn complete(
             parsed.include_usage,
             answer,
         );
-        return Sse::new(events).into_response();
+        return Ok(Sse::new(events).into_response());
     }
     let mut gathered = vec![Gathered::default(); choices];
     // Each prompt's tokens count once, however many choices it has.
@@ -298,13 +293,9 @@ async fn complete(
                     g.tokens.extend(p.tokens);
                 }
             }
-            Err(e) => {
-                track.finish(Err(e.code));
-                return invalid_response(e.into());
-            }
+            Err(e) => return Err(e.into()),
         }
     }
-    track.finish(Ok(()));
     drop(admission);
     for (g, echo) in gathered.iter_mut().zip(&echo) {
         match echo {
@@ -315,51 +306,5 @@ async fn complete(
     }
     let prompt = prompt.iter().sum();
     let generated = gathered.iter().map(|g| g.generated).sum();
-    answer.whole(gathered, Usage::new(prompt, generated))
-}
-
-/// The door for the model an OpenAI body names: the body is decoded off the async runtime and
-/// names its model inside, so the decoder resolves it through this (the caller's right, the
-/// model looked up once) and the handler takes the target it resolved.
-struct Door {
-    server: Arc<Server>,
-    caller: Caller,
-    resolved: Arc<std::sync::Mutex<Option<Target>>>,
-}
-
-/// Where the handler finds what the door resolved.
-struct Resolved(Arc<std::sync::Mutex<Option<Target>>>);
-
-impl Resolved {
-    fn take(&self) -> Option<Target> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-    }
-}
-
-impl Door {
-    fn new(server: &Arc<Server>, caller: &Caller) -> (Self, Resolved) {
-        let slot = Arc::new(std::sync::Mutex::new(None));
-        (
-            Self {
-                server: server.clone(),
-                caller: caller.clone(),
-                resolved: slot.clone(),
-            },
-            Resolved(slot),
-        )
-    }
-
-    /// The model's configuration, the model resolved for the handler.
-    fn resolve(&self, model: &str) -> Result<ModelConfig, Error> {
-        let target = self.server.resolve(&self.caller, model, "")?;
-        let config = target.config().clone();
-        *self
-            .resolved
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(target);
-        Ok(config)
-    }
+    Ok(answer.whole(gathered, Usage::new(prompt, generated)))
 }

@@ -2,6 +2,8 @@
 //! turned into a request for a text-generation model (inputs named as Triton's TensorRT-LLM
 //! ensemble names them).
 
+use std::borrow::Borrow;
+
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -334,15 +336,16 @@ pub fn model_named(kind: Kind, head: &decode::Head) -> Result<String, Invalid> {
 }
 
 /// Checks an OpenAI request body (the bytes, read once into the wire type) and builds the
-/// model's request; `lookup` gives the named model's config (or the reason the caller cannot
-/// use it), asked before the body is decoded.
-pub fn parse(
+/// model's request; `lookup` finds the named model (the handler's target, or the reason the
+/// caller cannot use it), asked before the body is decoded, and is answered with the request.
+pub fn parse<T: Borrow<ModelConfig>>(
     kind: Kind,
     body: &[u8],
-    lookup: impl Fn(&str) -> Result<ModelConfig, Error>,
-) -> Result<Parsed, Invalid> {
+    lookup: impl FnOnce(&str) -> Result<T, Error>,
+) -> Result<(T, Parsed), Invalid> {
     let model = model_named(kind, &decode::head(body)?)?;
-    let config = lookup(&model)?;
+    let target = lookup(&model)?;
+    let config: &ModelConfig = target.borrow();
     let mut req: CompletionRequest = decode::read(body)?;
     let structure = structured::structure(&mut req)?;
     let n = within("n", req.n, 1, MAX_CHOICES)?.unwrap_or(1);
@@ -359,7 +362,7 @@ pub fn parse(
     }
     let log_probs = log_probs_asked(kind, &req)?;
     let mut score_prompt = log_probs.is_some() && req.echo == Some(true);
-    if score_prompt && !scores_prompt(&config) {
+    if score_prompt && !scores_prompt(config) {
         return Err(Invalid::field(
             "echo",
             format!(
@@ -400,7 +403,7 @@ pub fn parse(
                 req.prompt,
                 n as usize,
                 req.echo == Some(true),
-                &config,
+                config,
                 &model,
             )?;
             inputs.push(tensor);
@@ -410,7 +413,7 @@ pub fn parse(
     }
     inputs.extend(sampling);
     if let Some(bias) = req.logit_bias.filter(|b| !b.is_empty()) {
-        inputs.extend(logit_bias_inputs(bias, &config, &model)?);
+        inputs.extend(logit_bias_inputs(bias, config, &model)?);
     }
     let stop = stop_strings(req.stop)?;
     if !stop.is_empty() {
@@ -480,7 +483,7 @@ pub fn parse(
             ),
         ));
     }
-    Ok(Parsed {
+    let parsed = Parsed {
         request: InferRequest::new(model.clone(), None).with_inputs(inputs),
         model,
         stream,
@@ -492,7 +495,8 @@ pub fn parse(
         prompts: prompt_list,
         log_probs,
         shape: structure.shape,
-    })
+    };
+    Ok((target, parsed))
 }
 
 /// A completions request's prompts (the first as the model's input), and whether their tokens
@@ -759,7 +763,9 @@ mod tests {
             {"role": "developer", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Hi"}], "name": "ann"}],
             "max_tokens": 3, "stop": "x", "top_p": 0.5});
-        let parsed = parse(Kind::Chat, body.to_string().as_bytes(), |_| Ok(config())).unwrap();
+        let parsed = parse(Kind::Chat, body.to_string().as_bytes(), |_| Ok(config()))
+            .unwrap()
+            .1;
         let names: Vec<_> = parsed
             .request
             .inputs
@@ -865,7 +871,8 @@ mod tests {
         let parsed = parse(Kind::Completion, body.to_string().as_bytes(), |_| {
             Ok(c.clone())
         })
-        .unwrap();
+        .unwrap()
+        .1;
         assert_eq!(parsed.n, 3);
         let seed = |i| {
             let r = parsed.request_for(i);
@@ -892,7 +899,8 @@ mod tests {
         let parsed = parse(Kind::Completion, body.to_string().as_bytes(), |_| {
             Ok(c.clone())
         })
-        .unwrap();
+        .unwrap()
+        .1;
         assert_eq!(parsed.choices(), 6);
         let text = |i| {
             let r = parsed.request_for(i);
@@ -928,7 +936,8 @@ mod tests {
         let parsed = parse(Kind::Completion, body.to_string().as_bytes(), |_| {
             Ok(c.clone())
         })
-        .unwrap();
+        .unwrap()
+        .1;
         assert!(parsed.scored_prompt);
         let r = parsed.request_for(1);
         assert!(!r.inputs.iter().any(|t| t.name == "text_input"));

@@ -173,7 +173,7 @@ pub fn events(
                 }
                 Some((_, Err(e))) => {
                     let kind = error_type(status_for(e.code));
-                    let body = error_body(&e, kind, param_of(&e.message), None);
+                    let body = error_body(&e, kind, param_of(&e), None);
                     s.pending.push_back(event(&body));
                     s.pending.push_back(Event::default().data("[DONE]"));
                     s.done = true;

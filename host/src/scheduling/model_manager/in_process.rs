@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use super::{ModelEntry, ModelManager, ModelState, ModelVersion, Runner};
+use super::{Executor, ModelEntry, ModelManager, ModelState, ModelVersion};
 use crate::{
     error::{Code, Error, Result},
     proto::inference::ModelConfig,
@@ -88,7 +88,7 @@ impl ModelManager {
             config,
             stats,
             load_duration: Duration::ZERO,
-            runner: Runner::Scheduler(scheduler),
+            executor: Executor::Scheduler(scheduler),
             health: Default::default(),
             generation: None,
             labels: Default::default(),
