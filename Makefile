@@ -246,6 +246,8 @@ lint: venv
 	$(CARGO) fmt --all -- --check
 	$(VENV)/bin/hadolint docker/Dockerfile
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	# Rustdoc's links checked too (a moved or renamed item breaks the docs that name it).
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps -p wasmtron
 	$(CARGO) clippy --locked -p wasmtron --all-targets --features $(ALL_FEATURES) -- -D warnings
 	PYO3_PYTHON=$(CURDIR)/$(VPY) $(CARGO) clippy --locked -p wasmtron-python -- -D warnings
 	PYO3_PYTHON=$(CURDIR)/$(VPY) $(CARGO) clippy --locked -p wasmtron-python --features cuda,tensorrt -- -D warnings

@@ -91,7 +91,7 @@ impl Cancellation {
             || (!self.0.parents.is_empty() && self.0.parents.iter().all(Self::is_cancelled))
     }
 
-    /// The root request it belongs to (see [`Inner::root`]).
+    /// The root request it belongs to (see `Inner::root`).
     pub fn root(&self) -> u64 {
         self.0.root
     }

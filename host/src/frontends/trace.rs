@@ -2,7 +2,7 @@
 //! `TraceSetting` RPC): which requests are traced (`trace_level`, `trace_rate`, `trace_count`,
 //! globally or per model), and the span each traced request starts, continuing the W3C trace
 //! context (`traceparent`) its client sent. The spans themselves are `tracing` spans on
-//! [`TRACE_TARGET`]; with the `otel` feature the binary exports them over OTLP.
+//! [`crate::inference::TRACE_TARGET`]; with the `otel` feature the binary exports them over OTLP.
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -46,9 +46,9 @@ pub struct RedisSettings {
     pub password: Option<String>,
     /// `db` (default 0).
     pub db: i64,
-    /// `connect_timeout` in ms (0: [`DEFAULT_TIMEOUT`]).
+    /// `connect_timeout` in ms (0: `DEFAULT_TIMEOUT`).
     pub connect_timeout_ms: u64,
-    /// `socket_timeout` in ms (0: [`DEFAULT_TIMEOUT`]).
+    /// `socket_timeout` in ms (0: `DEFAULT_TIMEOUT`).
     pub socket_timeout_ms: u64,
     /// `wait_timeout` in ms: the most a lookup waits for a connection (default 1000).
     pub wait_timeout_ms: u64,
@@ -353,7 +353,7 @@ impl RedisCache {
         decode(&found?)
     }
 
-    /// Stores `response` under `key` in the background, unless [`STORES_IN_FLIGHT`] answers are
+    /// Stores `response` under `key` in the background, unless `STORES_IN_FLIGHT` answers are
     /// being stored already (then it is not kept: a later request misses).
     pub fn store(
         self: &std::sync::Arc<Self>,

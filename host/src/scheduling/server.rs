@@ -2,7 +2,6 @@
 //! inference entry point with request checks, and the drain on shutdown.
 
 use std::{
-    path::PathBuf,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
@@ -12,13 +11,14 @@ use std::{
 
 use tokio::sync::Notify;
 
+pub use super::options::{ControlMode, ServerOptions};
 use super::{
     door::Target,
     ensemble::StepRunner,
     execution_share::ExecutionShare,
     model_manager::{Executor, ManagerOptions, ModelManager, ModelVersion},
     response_cache::{Key, ResponseCache},
-    stats::{FailureReason, ResponseClock, ResponseOutcome},
+    stats::FailureReason,
 };
 use crate::{
     error::{Error, Result},
@@ -27,113 +27,9 @@ use crate::{
     repository::ModelRepository,
     runtime::{
         request_check::{check_request, convert_integer_inputs},
-        ModelCaller, RuntimeOptions,
+        ModelCaller,
     },
 };
-
-/// How the set of loaded models may change (`--model-control-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ControlMode {
-    /// Load everything at start; the load/unload API is refused.
-    None,
-    /// Load what `--load-model` names; the load/unload API decides the rest.
-    Explicit,
-    /// Load everything and follow changes in the repository.
-    Poll,
-}
-
-/// Everything the server core needs to start.
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    /// Repository roots.
-    pub model_repositories: Vec<PathBuf>,
-    /// Remote repositories (object storage), synced once already; searched after the roots
-    /// and synced again before every poll and explicit load.
-    pub remote_repositories: Vec<Arc<crate::repository::remote::Mirror>>,
-    /// Model control mode.
-    pub control_mode: ControlMode,
-    /// Models to load at start in explicit mode (`*` for all).
-    pub load_models: Vec<String>,
-    /// Ready only when every model is ready.
-    pub strict_readiness: bool,
-    /// Backend settings.
-    pub runtime: RuntimeOptions,
-    /// Queue capacity per model version (0: no cap).
-    pub queue_capacity: usize,
-    /// Bytes of answers the response cache keeps (`--cache-config local,size=N`); 0: none.
-    pub response_cache_bytes: usize,
-    /// The response cache in Redis (`--cache-config redis,…`), instead of in memory.
-    pub response_cache_redis: Option<Arc<super::redis_cache::RedisCache>>,
-    /// Models loaded at once at start-up and on each poll (`--model-load-thread-count`).
-    pub load_threads: usize,
-    /// Poll interval in poll mode.
-    pub poll_interval: Duration,
-    /// What one request may ask for (rank, elements, string length, JSON depth).
-    pub limits: RequestLimits,
-    /// Executions that run at once while several tenants are active, divided among them by
-    /// weight (`--execution-slots`; 0: no share).
-    pub execution_slots: usize,
-    /// How long a streamed response waits for a reader that takes nothing before its request
-    /// is cancelled (`--response-stall-timeout-secs`).
-    pub response_stall_timeout: Duration,
-    /// The server's identifier: the `name` of its metadata (Triton's `--id`).
-    pub server_id: String,
-    /// The latency metrics models record (`--metrics-config`).
-    pub latency_metrics: super::latency::LatencyMetrics,
-    /// The rate limiter (`--rate-limit=execution_count`), if on.
-    pub rate_limiter: Option<Arc<super::rate_limiter::RateLimiter>>,
-}
-
-impl Default for ServerOptions {
-    /// The defaults of every entry point (the binary's flags, the Python package): no
-    /// repository yet, everything loaded at start, strict readiness, batch size 4 for
-    /// auto-completed models, compiled stages cached in the user's cache, 1,024 queued
-    /// requests per model, a poll every 15 s, the default request limits, no tenants, and
-    /// streamed requests cancelled after 10 s of a reader taking nothing.
-    fn default() -> Self {
-        Self {
-            model_repositories: Vec::new(),
-            remote_repositories: Vec::new(),
-            control_mode: ControlMode::None,
-            load_models: Vec::new(),
-            strict_readiness: true,
-            runtime: RuntimeOptions {
-                default_max_batch_size: 4,
-                wasm_cache_dir: crate::runtime::wasm::engine::default_cache_dir(),
-                ..Default::default()
-            },
-            queue_capacity: 0,
-            response_cache_bytes: 0,
-            response_cache_redis: None,
-            load_threads: 4,
-            poll_interval: Duration::from_secs(15),
-            limits: RequestLimits::default(),
-            execution_slots: 0,
-            response_stall_timeout: Duration::from_secs(10),
-            server_id: "wasmtron".to_owned(),
-            latency_metrics: Default::default(),
-            rate_limiter: None,
-        }
-    }
-}
-
-impl ServerOptions {
-    /// Serves the tenants of `tenancy` (or everyone, `None`). With tenants, executions are
-    /// shared among them: `slots` at once (default: one per core); without, nothing is shared.
-    pub fn with_tenancy(
-        mut self,
-        tenancy: Option<Arc<crate::tenancy::Tenancy>>,
-        slots: Option<usize>,
-    ) -> Self {
-        self.execution_slots = match (&tenancy, slots) {
-            (None, _) => 0,
-            (Some(_), Some(slots)) => slots,
-            (Some(_), None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        };
-        self.runtime.tenancy = tenancy;
-        self
-    }
-}
 
 /// Lets stages call models through the server's normal path (BLS). Holds the server weakly so
 /// that the server can be dropped.
@@ -198,7 +94,7 @@ impl StepRunner for Server {
 /// Shared state behind every frontend.
 pub struct Server {
     manager: Arc<ModelManager>,
-    options: ServerOptions,
+    pub(super) options: ServerOptions,
     started: AtomicBool,
     /// Readiness turned off ahead of a shutdown; requests are still served.
     unready: AtomicBool,
@@ -367,7 +263,7 @@ impl Server {
     }
 
     /// Runs `request` on `model`, the version it resolved to.
-    async fn infer_with(
+    pub(super) async fn infer_with(
         &self,
         model: Arc<ModelVersion>,
         request: InferRequest,
@@ -569,119 +465,6 @@ impl Server {
     /// The response cache, when the server has one.
     pub fn response_cache(&self) -> Option<&ResponseCache> {
         self.cache.as_deref()
-    }
-
-    /// Runs one request with its responses streamed: every response a decoupled model sends,
-    /// then its final one (if it has outputs), then the end of the stream; an error ends the
-    /// stream too. Models that are not decoupled give exactly one item.
-    pub fn infer_stream(
-        self: &Arc<Self>,
-        request: InferRequest,
-    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
-        match self.lookup_for(&request.callers, &request.model_name, request.model_version) {
-            Ok(model) => self.infer_stream_with(model, request),
-            Err(e) => {
-                let (out, items) = tokio::sync::mpsc::channel(1);
-                let _ = out.try_send(Err(e));
-                items
-            }
-        }
-    }
-
-    /// [`Server::infer_stream`] on a resolved target, for its caller.
-    pub fn infer_stream_on(
-        self: &Arc<Self>,
-        target: &Target,
-        mut request: InferRequest,
-    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
-        target.stamp(&mut request);
-        self.infer_stream_with(target.model.clone(), request)
-    }
-
-    fn infer_stream_with(
-        self: &Arc<Self>,
-        model: Arc<ModelVersion>,
-        mut request: InferRequest,
-    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
-        let (out, items) = tokio::sync::mpsc::channel(16);
-        let stall = self.options.response_stall_timeout;
-        let (sink, mut produced) = crate::inference::ResponseSink::channel(16, stall);
-        request.responses = Some(sink);
-        let server = self.clone();
-        tokio::spawn(async move {
-            let version = model.version;
-            // A decoupled model's responses are counted per index, as Triton's response_stats.
-            let mut responses = crate::runtime::is_decoupled(&model.config)
-                .then(|| ResponseClock::new(model.stats.clone()));
-            let wrap = |outputs, name: &str, id: &str| InferResponse {
-                model_name: name.to_owned(),
-                model_version: version,
-                id: id.to_owned(),
-                parameters: Default::default(),
-                outputs,
-            };
-            let (name, id) = (request.model_name.clone(), request.id.clone());
-            let final_response = server.infer_with(model, request);
-            tokio::pin!(final_response);
-            // A reader that takes nothing for `stall` is treated as gone: returning drops the
-            // request's future, which cancels it.
-            let deliver = |item| tokio::time::timeout(stall, out.send(item));
-            let send = async |outputs: Vec<crate::tensor::Tensor>,
-                              clock: &mut Option<ResponseClock>| {
-                let empty = outputs.is_empty();
-                let handed = Instant::now();
-                let sent = matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(())));
-                if let Some(clock) = clock {
-                    clock.sent(sent, empty, handed);
-                }
-                sent
-            };
-            let result = loop {
-                tokio::select! {
-                    Some(outputs) = produced.recv() => {
-                        if !send(outputs, &mut responses).await {
-                            return; // the client left or stopped reading
-                        }
-                    }
-                    result = &mut final_response => break result,
-                    // The client left before anything was sent (a long answer that is not
-                    // streamed): dropping the request cancels it.
-                    () = out.closed() => {
-                        if let Some(clock) = &mut responses {
-                            clock.ended(ResponseOutcome::Cancel);
-                        }
-                        return;
-                    }
-                }
-            };
-            // Everything sent during execution is queued ahead of the final response.
-            while let Ok(outputs) = produced.try_recv() {
-                if !send(outputs, &mut responses).await {
-                    return;
-                }
-            }
-            match result {
-                Ok(last) if last.outputs.is_empty() => {}
-                Ok(last) => {
-                    let handed = Instant::now();
-                    let sent = matches!(deliver(Ok(last)).await, Ok(Ok(())));
-                    if let Some(clock) = &mut responses {
-                        clock.sent(sent, false, handed);
-                    }
-                }
-                Err(e) => {
-                    if let Some(clock) = &mut responses {
-                        clock.ended(if e.code == crate::error::Code::Cancelled {
-                            ResponseOutcome::Cancel
-                        } else {
-                            ResponseOutcome::Fail
-                        });
-                    }
-                    let _ = deliver(Err(e)).await;
-                }
-            }
-        });
-        items
     }
 
     /// Turns readiness off while still serving (the drain delay before a shutdown).

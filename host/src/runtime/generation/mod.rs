@@ -1,8 +1,8 @@
 //! The generation backend (`backend: "generation"`): text generation with a decoder
 //! (`input_ids`, `attention_mask`, `past_key_values.{i}.key|value` → `logits`,
 //! `present.{i}.key|value`) in ONNX Runtime GenAI's shared-buffer layout (the cache
-//! preallocated and written in place, [`kv_buffer`]) or Hugging Face Optimum's growing one
-//! (with `position_ids`; [`kv_store`] runs both), with in-flight batching ([`engine`]) and
+//! preallocated and written in place, [`kv::buffer`]) or Hugging Face Optimum's growing one
+//! (with `position_ids`; [`kv`] runs both), with in-flight batching ([`engine`]) and
 //! sampling on the host ([`sampling`]).
 //!
 //! The model takes token ids and answers token ids, like TensorRT-LLM's `tensorrt_llm` model:
@@ -16,10 +16,7 @@ mod config;
 pub mod engine;
 pub mod guided;
 mod instance;
-pub mod kv_buffer;
-pub mod kv_cache;
-pub mod kv_store;
-pub mod prefix_cache;
+pub mod kv;
 mod request;
 mod response;
 pub mod sampling;

@@ -462,7 +462,7 @@ fn poll_until<T>(
     }
 }
 
-/// [`poll_until`] for a serving loop kept between batches.
+/// `poll_until` for a serving loop kept between batches.
 pub fn drive<T>(
     future: &mut std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>,
     idle: impl Fn() -> bool,

@@ -1,10 +1,10 @@
 //! Where the running batch's key/value cache lives, for the two decoder layouts the engine runs:
 //!
 //! - **Growing** (Hugging Face Optimum's export): the decoder takes the past and answers a new
-//!   present one column longer; rows are right-aligned ([`super::kv_cache`]) and the batch's
+//!   present one column longer; rows are right-aligned ([`cache`]) and the batch's
 //!   cache is rebuilt whenever rows join or leave.
 //! - **Shared** (ONNX Runtime GenAI's `past_present_share_buffer` export): one preallocated
-//!   FP16 buffer per cache tensor, bound as past and present ([`super::kv_buffer`]); a step
+//!   FP16 buffer per cache tensor, bound as past and present ([`buffer`]); a step
 //!   writes one column per row in place, rows keep their slot while they run, a joining row is
 //!   copied into a free slot, and the buffer is reallocated only when it must grow or has
 //!   become mostly empty.
@@ -19,10 +19,14 @@ use ort::{
     value::{DynValue, Tensor as OrtTensor},
 };
 
-use super::{
-    kv_buffer::{self, AnyBuffer, CacheNames, RunMemory},
-    kv_cache::{self, RowSource, Source},
-    prefix_cache::{self, Hit, Values},
+pub mod buffer;
+pub mod cache;
+pub mod prefix;
+
+use self::{
+    buffer::{AnyBuffer, CacheNames, RunMemory},
+    cache::{RowSource, Source},
+    prefix::{Hit, Values},
 };
 use crate::error::{Error, Result};
 
@@ -190,11 +194,11 @@ impl KvStore {
                         *q = (past_len + j) as i64;
                     }
                 }
-                let mask = kv_cache::mask(&lens, columns);
+                let mask = cache::mask(&lens, columns);
                 let past = (0..names.inputs.len())
                     .map(|i| {
                         let data = match hit.map(|h| (h, &h.entry.values)) {
-                            Some((h, Values::F32(tensors))) => prefix_cache::leading(
+                            Some((h, Values::F32(tensors))) => prefix::leading(
                                 &tensors[i],
                                 shape.kv_heads,
                                 h.entry.len(),
@@ -249,7 +253,7 @@ impl KvStore {
                 if let Some(h) = hit {
                     buffer.write_row(0, &h.entry.values, h.entry.len(), past_len)?;
                 }
-                let mask = kv_buffer::mask(&lens, columns);
+                let mask = buffer::mask(&lens, columns);
                 // Every position's logits (a scored prompt: `[1, tokens, vocab]`, hundreds of
                 // MiB) go to memory of their own, freed with them, not to the arena.
                 let own_logits = shape.vocab.filter(|_| all && shape.all_logits);
@@ -303,9 +307,7 @@ impl KvStore {
                 .iter()
                 .map(|p| {
                     let (_, data) = p.try_extract_tensor::<f32>().map_err(run_error)?;
-                    Ok(prefix_cache::trailing(
-                        data, r, kv_heads, *columns, head_dim, len,
-                    ))
+                    Ok(prefix::trailing(data, r, kv_heads, *columns, head_dim, len))
                 })
                 .collect::<Result<Vec<_>>>()
                 .map(Values::F32),
@@ -484,7 +486,7 @@ impl KvStore {
     /// One token further for each of `seqs` (`next` is its token not yet in the cache).
     /// Answers logits `[rows, 1, vocab]` by slot.
     /// One step for every row; with `shrink`, ONNX Runtime's arena gives its free memory back
-    /// at the end of the step (after a scored prompt, see [`kv_buffer::shrinking`]).
+    /// at the end of the step (after a scored prompt, see [`buffer::shrinking`]).
     pub fn decode(
         &mut self,
         session: &mut Session,
@@ -503,7 +505,7 @@ impl KvStore {
                 let ids: Vec<i64> = seqs.iter().map(|(_, next)| *next).collect();
                 let positions: Vec<i64> = seqs.iter().map(|(s, _)| s.len as i64).collect();
                 let lens: Vec<usize> = seqs.iter().map(|(s, _)| s.len + 1).collect();
-                let mask = kv_cache::mask(&lens, *columns + 1);
+                let mask = cache::mask(&lens, *columns + 1);
                 let past = std::mem::take(cache);
                 let (logits, presents) = run_growing(
                     session,
@@ -534,7 +536,7 @@ impl KvStore {
                     lens[s.slot] = s.len + 1;
                 }
                 let total = lens.iter().copied().max().unwrap_or(1).max(1);
-                let mask = kv_buffer::mask(&lens, total);
+                let mask = buffer::mask(&lens, total);
                 buffer.run(
                     session,
                     ids,
@@ -597,7 +599,7 @@ fn rebuild(
                 columns: cols,
             });
         }
-        let data = kv_cache::relayout(&sources, rows, shape.kv_heads, shape.head_dim, new_columns);
+        let data = cache::relayout(&sources, rows, shape.kv_heads, shape.head_dim, new_columns);
         let dims = [rows.len(), shape.kv_heads, new_columns, shape.head_dim];
         out.push(
             OrtTensor::<f32>::from_array((dims, data))
@@ -646,12 +648,12 @@ fn run_growing(
         ));
     }
     if shape.all_logits {
-        inputs.push(("all_logits".into(), kv_buffer::switch(all)?.into()));
+        inputs.push(("all_logits".into(), buffer::switch(all)?.into()));
     }
     for (name, value) in names.inputs.iter().zip(past) {
         inputs.push((name.as_str().into(), value.into()));
     }
-    let options = shrink.then(kv_buffer::shrinking).transpose()?;
+    let options = shrink.then(buffer::shrinking).transpose()?;
     let mut outputs = match &options {
         Some(options) => session.run_with_options(inputs, options),
         None => session.run(inputs),

@@ -180,7 +180,7 @@ impl PrefixCache {
     }
 
     /// Keeps `prompt`'s cache; entries it extends are dropped, then least recently used ones
-    /// (see [`PrefixCache::victim`]) until it fits. A prompt longer than its namespace's share
+    /// (see `PrefixCache::victim`) until it fits. A prompt longer than its namespace's share
     /// is not kept.
     pub fn insert(&mut self, namespace: &str, prompt: &[i64], values: Values) {
         if !self.wants(namespace, prompt) {

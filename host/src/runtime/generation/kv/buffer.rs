@@ -19,7 +19,7 @@ use ort::{
     value::{DynValue, PrimitiveTensorElementType, Tensor as OrtTensor},
 };
 
-use super::prefix_cache::Values;
+use super::prefix::Values;
 use crate::error::{Error, Result};
 
 /// An element a cache may hold.

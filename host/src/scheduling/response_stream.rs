@@ -1,0 +1,131 @@
+//! A request whose responses are streamed ([`Server::infer_stream`]): every response a
+//! decoupled model sends as it sends it, then its final one, each counted per index as
+//! Triton's response statistics; a reader that stops taking them cancels the request.
+
+use std::{sync::Arc, time::Instant};
+
+use super::{
+    door::Target,
+    model_manager::ModelVersion,
+    server::Server,
+    stats::{ResponseClock, ResponseOutcome},
+};
+use crate::{
+    error::Result,
+    inference::{InferRequest, InferResponse},
+};
+
+impl Server {
+    /// Runs one request with its responses streamed: every response a decoupled model sends,
+    /// then its final one (if it has outputs), then the end of the stream; an error ends the
+    /// stream too. Models that are not decoupled give exactly one item.
+    pub fn infer_stream(
+        self: &Arc<Self>,
+        request: InferRequest,
+    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
+        match self.lookup_for(&request.callers, &request.model_name, request.model_version) {
+            Ok(model) => self.infer_stream_with(model, request),
+            Err(e) => {
+                let (out, items) = tokio::sync::mpsc::channel(1);
+                let _ = out.try_send(Err(e));
+                items
+            }
+        }
+    }
+
+    /// [`Server::infer_stream`] on a resolved target, for its caller.
+    pub fn infer_stream_on(
+        self: &Arc<Self>,
+        target: &Target,
+        mut request: InferRequest,
+    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
+        target.stamp(&mut request);
+        self.infer_stream_with(target.model.clone(), request)
+    }
+
+    fn infer_stream_with(
+        self: &Arc<Self>,
+        model: Arc<ModelVersion>,
+        mut request: InferRequest,
+    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
+        let (out, items) = tokio::sync::mpsc::channel(16);
+        let stall = self.options.response_stall_timeout;
+        let (sink, mut produced) = crate::inference::ResponseSink::channel(16, stall);
+        request.responses = Some(sink);
+        let server = self.clone();
+        tokio::spawn(async move {
+            let version = model.version;
+            // A decoupled model's responses are counted per index, as Triton's response_stats.
+            let mut responses = crate::runtime::is_decoupled(&model.config)
+                .then(|| ResponseClock::new(model.stats.clone()));
+            let wrap = |outputs, name: &str, id: &str| InferResponse {
+                model_name: name.to_owned(),
+                model_version: version,
+                id: id.to_owned(),
+                parameters: Default::default(),
+                outputs,
+            };
+            let (name, id) = (request.model_name.clone(), request.id.clone());
+            let final_response = server.infer_with(model, request);
+            tokio::pin!(final_response);
+            // A reader that takes nothing for `stall` is treated as gone: returning drops the
+            // request's future, which cancels it.
+            let deliver = |item| tokio::time::timeout(stall, out.send(item));
+            let send = async |outputs: Vec<crate::tensor::Tensor>,
+                              clock: &mut Option<ResponseClock>| {
+                let empty = outputs.is_empty();
+                let handed = Instant::now();
+                let sent = matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(())));
+                if let Some(clock) = clock {
+                    clock.sent(sent, empty, handed);
+                }
+                sent
+            };
+            let result = loop {
+                tokio::select! {
+                    Some(outputs) = produced.recv() => {
+                        if !send(outputs, &mut responses).await {
+                            return; // the client left or stopped reading
+                        }
+                    }
+                    result = &mut final_response => break result,
+                    // The client left before anything was sent (a long answer that is not
+                    // streamed): dropping the request cancels it.
+                    () = out.closed() => {
+                        if let Some(clock) = &mut responses {
+                            clock.ended(ResponseOutcome::Cancel);
+                        }
+                        return;
+                    }
+                }
+            };
+            // Everything sent during execution is queued ahead of the final response.
+            while let Ok(outputs) = produced.try_recv() {
+                if !send(outputs, &mut responses).await {
+                    return;
+                }
+            }
+            match result {
+                Ok(last) if last.outputs.is_empty() => {}
+                Ok(last) => {
+                    let handed = Instant::now();
+                    let sent = matches!(deliver(Ok(last)).await, Ok(Ok(())));
+                    if let Some(clock) = &mut responses {
+                        clock.sent(sent, false, handed);
+                    }
+                }
+                Err(e) => {
+                    if let Some(clock) = &mut responses {
+                        clock.ended(if e.code == crate::error::Code::Cancelled {
+                            ResponseOutcome::Cancel
+                        } else {
+                            ResponseOutcome::Fail
+                        });
+                    }
+                    let _ = deliver(Err(e)).await;
+                }
+            }
+        });
+        items
+    }
+}
