@@ -4,7 +4,7 @@
 //! run on ([`Server::infer_on`], [`Server::infer_stream_on`]); the door accounts the request
 //! to the caller's tenant (under the model it resolved) and records how it ended. Requests a
 //! stage, an ensemble step or the in-process package makes by name enter through
-//! [`Server::lookup_for`], which checks every caller they are made for.
+//! `Server::infer` ([`Server::lookup_for`]), which checks every caller they are made for.
 
 use std::{
     future::Future,
@@ -14,7 +14,7 @@ use std::{
 use super::{model_manager::ModelVersion, server::Server};
 use crate::{
     error::{Error, Result},
-    inference::InferRequest,
+    inference::{InferRequest, InferResponse},
     proto::inference::ModelConfig,
     tenancy::{Caller, ModelAction, Tracked},
 };
@@ -149,6 +149,16 @@ impl Server {
         result
     }
 
+    /// [`Server::infer`] on a resolved target, for its caller.
+    pub async fn infer_on(
+        &self,
+        target: &Target,
+        mut request: InferRequest,
+    ) -> Result<InferResponse> {
+        target.stamp(&mut request);
+        self.infer_with(target.model.clone(), request).await
+    }
+
     /// The door for one request of `caller`, for a frontend whose request is not one future
     /// (a message on a stream): [`Door::resolve`], then [`Door::finish`].
     pub fn door(self: &Arc<Self>, caller: &Caller) -> Door {
@@ -158,21 +168,6 @@ impl Server {
             tracked: matches!(caller, Caller::Tenant(_))
                 .then(|| Arc::new(Mutex::new(caller.track("")))),
         }
-    }
-
-    /// The door for requests made by name on behalf of `callers` (a stage's calls, an
-    /// ensemble's steps, the in-process package): every caller must be allowed to run the
-    /// model, which is then looked up once.
-    pub fn lookup_for(
-        &self,
-        callers: &[Caller],
-        model: &str,
-        version: Option<i64>,
-    ) -> Result<Arc<ModelVersion>> {
-        for caller in callers {
-            caller.require(ModelAction::Infer, model)?;
-        }
-        self.models().get(model, version)
     }
 
     /// The target for a request the in-process package makes by name (no tenant): the model

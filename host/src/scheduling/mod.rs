@@ -2,6 +2,7 @@
 //! between tenants), ensembles, sequences, the model lifecycle, statistics, and the
 //! [`server::Server`] facade that the frontends call.
 
+pub mod cache_key;
 pub mod door;
 pub mod ensemble;
 pub mod execution_share;

@@ -325,7 +325,7 @@ impl RedisCache {
         }
     }
 
-    fn redis_key(key: &super::response_cache::Key) -> String {
+    fn redis_key(key: &super::cache_key::Key) -> String {
         let mut out = String::with_capacity(KEY_PREFIX.len() + 64);
         out.push_str(KEY_PREFIX);
         for b in key {
@@ -335,7 +335,7 @@ impl RedisCache {
     }
 
     /// The answer stored under `key`, if Redis has one that decodes.
-    pub async fn get(&self, key: &super::response_cache::Key) -> Option<InferResponse> {
+    pub async fn get(&self, key: &super::cache_key::Key) -> Option<InferResponse> {
         let mut conn = self.connection().await?;
         let limit = RedisSettings::timeout(self.settings.socket_timeout_ms);
         let found: Option<Vec<u8>> =
@@ -357,7 +357,7 @@ impl RedisCache {
     /// being stored already (then it is not kept: a later request misses).
     pub fn store(
         self: &std::sync::Arc<Self>,
-        key: super::response_cache::Key,
+        key: super::cache_key::Key,
         response: &InferResponse,
     ) {
         use std::sync::atomic::Ordering::AcqRel;
@@ -376,7 +376,7 @@ impl RedisCache {
     }
 
     /// Stores `response` under `key` (failures are logged, never returned).
-    async fn insert(&self, key: super::response_cache::Key, response: &InferResponse) {
+    async fn insert(&self, key: super::cache_key::Key, response: &InferResponse) {
         let Some(mut conn) = self.connection().await else {
             return;
         };

@@ -15,12 +15,9 @@ use std::{
     },
 };
 
-use sha2::{Digest, Sha256};
+use crate::inference::{InferRequest, InferResponse};
 
-use crate::inference::{InferRequest, InferResponse, ParamValue};
-
-/// A request's identity in the cache.
-pub type Key = [u8; 32];
+pub use super::cache_key::Key;
 
 /// The response cache shared by the models that enable it.
 #[derive(Debug)]
@@ -59,7 +56,7 @@ impl ResponseCache {
 
     /// The key of `request` to `model` version `version` for `tenants` (their names, or none).
     pub fn key(model: &str, version: i64, request: &InferRequest, tenants: &[String]) -> Key {
-        LocalCache::key(model, version, request, tenants)
+        super::cache_key::key(model, version, request, tenants)
     }
 
     /// The answer cached under `key`, if any. A store that cannot answer (a Redis that is
@@ -129,40 +126,6 @@ impl LocalCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // Nothing panics while the lock is held.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The key of `request` to `model` version `version` for `tenants` (their names, or none).
-    pub fn key(model: &str, version: i64, request: &InferRequest, tenants: &[String]) -> Key {
-        let mut h = Sha256::new();
-        let mut field = |bytes: &[u8]| {
-            h.update((bytes.len() as u64).to_le_bytes());
-            h.update(bytes);
-        };
-        field(model.as_bytes());
-        field(&version.to_le_bytes());
-        field(&(tenants.len() as u64).to_le_bytes());
-        for tenant in tenants {
-            field(tenant.as_bytes());
-        }
-        field(&(request.inputs.len() as u64).to_le_bytes());
-        for input in &request.inputs {
-            field(input.name.as_bytes());
-            field(input.datatype.wire_name().as_bytes());
-            field(&(input.shape.len() as u64).to_le_bytes());
-            for d in &input.shape {
-                field(&d.to_le_bytes());
-            }
-            field(&input.data);
-        }
-        field(&(request.outputs.len() as u64).to_le_bytes());
-        // The outputs asked for, and how they are asked (a class count changes the answer;
-        // how a frontend encodes an output does not).
-        for output in &request.outputs {
-            field(output.name.as_bytes());
-            let classes = output.parameters.get(crate::classification::PARAMETER);
-            field(classes.map(param_text).unwrap_or_default().as_bytes());
-        }
-        h.finalize().into()
     }
 
     /// The answer cached under `key`, if any (renewed as the most recently used).
@@ -235,16 +198,6 @@ fn size_of(response: &InferResponse) -> usize {
         + 128
 }
 
-fn param_text(value: &ParamValue) -> String {
-    match value {
-        ParamValue::Bool(b) => format!("b{b}"),
-        ParamValue::Int(i) => format!("i{i}"),
-        ParamValue::Uint(u) => format!("u{u}"),
-        ParamValue::Double(d) => format!("d{d}"),
-        ParamValue::String(s) => format!("s{s}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,7 +234,7 @@ mod tests {
     #[test]
     fn keys_tell_inputs_versions_and_tenants_apart() {
         let k =
-            |v, version, tenants: &[String]| LocalCache::key("m", version, &request(v), tenants);
+            |v, version, tenants: &[String]| ResponseCache::key("m", version, &request(v), tenants);
         assert_eq!(k(1, 1, &[]), k(1, 1, &[]));
         assert_ne!(k(1, 1, &[]), k(2, 1, &[]));
         assert_ne!(k(1, 1, &[]), k(1, 2, &[]));
@@ -293,7 +246,7 @@ mod tests {
     fn the_least_recently_used_answers_go_first_and_oversized_ones_are_not_kept() {
         let one = size_of(&answer(1000));
         let cache = LocalCache::new(2 * one + 10);
-        let key = |v| LocalCache::key("m", 1, &request(v), &[]);
+        let key = |v| ResponseCache::key("m", 1, &request(v), &[]);
         cache.insert(key(1), &answer(1000));
         cache.insert(key(2), &answer(1000));
         // 1 is used again, so 2 is the least recently used when 3 comes.

@@ -13,7 +13,6 @@ use tokio::sync::Notify;
 
 pub use super::options::{ControlMode, ServerOptions};
 use super::{
-    door::Target,
     ensemble::StepRunner,
     execution_share::ExecutionShare,
     model_manager::{Executor, ManagerOptions, ModelManager, ModelVersion},
@@ -29,6 +28,7 @@ use crate::{
         request_check::{check_request, convert_integer_inputs},
         ModelCaller,
     },
+    tenancy::{Caller, ModelAction},
 };
 
 /// Lets stages call models through the server's normal path (BLS). Holds the server weakly so
@@ -252,14 +252,19 @@ impl Server {
         self.infer_with(model, request).await
     }
 
-    /// [`Server::infer`] on a resolved target, for its caller.
-    pub async fn infer_on(
+    /// The door for requests made by name on behalf of `callers` (a stage's calls, the
+    /// in-process package): every caller must be allowed to run the model, which is then
+    /// looked up once.
+    pub fn lookup_for(
         &self,
-        target: &Target,
-        mut request: InferRequest,
-    ) -> Result<InferResponse> {
-        target.stamp(&mut request);
-        self.infer_with(target.model.clone(), request).await
+        callers: &[Caller],
+        model: &str,
+        version: Option<i64>,
+    ) -> Result<Arc<ModelVersion>> {
+        for caller in callers {
+            caller.require(ModelAction::Infer, model)?;
+        }
+        self.models().get(model, version)
     }
 
     /// Runs `request` on `model`, the version it resolved to.

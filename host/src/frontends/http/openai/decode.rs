@@ -148,7 +148,7 @@ impl<T, const MAX: usize> Listed<T, MAX> {
 
 /// Reads the rest of a list after its first `kept` elements: keeps up to `MAX`, counts the
 /// others.
-fn read_listed<'de, A, T, const MAX: usize>(
+pub(super) fn read_listed<'de, A, T, const MAX: usize>(
     mut seq: A,
     mut kept: Vec<T>,
 ) -> Result<Listed<T, MAX>, A::Error>
@@ -244,7 +244,7 @@ impl<'de> serde::Deserialize<'de> for TokenIds {
 
 /// One element of a list whose elements may take several shapes, read without buffering.
 #[derive(Debug)]
-enum Element {
+pub(super) enum Element {
     Text(String),
     Int(i64),
     Uint(u64),
@@ -265,7 +265,7 @@ impl Element {
         }
     }
 
-    fn shape(&self) -> Shape {
+    pub(super) fn shape(&self) -> Shape {
         Shape(match self {
             Element::Text(s) => serde_json::Value::String(s.clone()).to_string(),
             Element::Int(i) => i.to_string(),
@@ -459,45 +459,6 @@ impl<'de> serde::Deserialize<'de> for StringOrList {
             }
             TextsOrIds::Other(shape) => StringOrList::Other(shape),
         })
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for super::types::Content {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use super::types::{Content, ContentPart};
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Content;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or a list of content parts")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
-                Ok(Content::Text(v.to_owned()))
-            }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Content, E> {
-                Ok(Content::Text(v))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Content, A::Error> {
-                read_listed::<A, ContentPart, LIST_KEPT>(seq, Vec::new()).map(Content::Parts)
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Content, E> {
-                Ok(Content::Other(Element::Int(v).shape()))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Content, E> {
-                Ok(Content::Other(Element::Uint(v).shape()))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Content, E> {
-                Ok(Content::Other(Element::Float(v).shape()))
-            }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Content, E> {
-                Ok(Content::Other(Element::Bool(v).shape()))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Content, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Content::Other(Element::Object.shape()))
-            }
-        }
-        d.deserialize_any(V)
     }
 }
 

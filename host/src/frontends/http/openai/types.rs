@@ -550,3 +550,46 @@ pub struct ErrorDetail<'a> {
     /// A code a program can branch on (`model_not_found`, `invalid_api_key`, …).
     pub code: Option<&'static str>,
 }
+
+/// Read by the same rules as the other lists ([`super::decode`]).
+impl<'de> serde::Deserialize<'de> for Content {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
+        use std::fmt;
+
+        use super::decode::{read_listed, Element, LIST_KEPT};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Content;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of content parts")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
+                Ok(Content::Text(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Content, E> {
+                Ok(Content::Text(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Content, A::Error> {
+                read_listed::<A, ContentPart, LIST_KEPT>(seq, Vec::new()).map(Content::Parts)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Content, E> {
+                Ok(Content::Other(Element::Int(v).shape()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Content, E> {
+                Ok(Content::Other(Element::Uint(v).shape()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Content, E> {
+                Ok(Content::Other(Element::Float(v).shape()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Content, E> {
+                Ok(Content::Other(Element::Bool(v).shape()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Content, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Content::Other(Element::Object.shape()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}

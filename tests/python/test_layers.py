@@ -1,0 +1,163 @@
+"""The host crate's layers (host/README.md): each module imports only its own layer and the
+ones below it, and no two modules import each other, directly or round a circle (a parent
+module and its children aside). Read from the sources, so a new import that breaks either
+rule fails here with the modules named."""
+import os
+import re
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "host", "src")
+
+# Lowest first; the binary's own files (main.rs and what only it uses) sit on top.
+LAYERS = [
+    {"error", "tensor", "inference", "cancellation", "limits", "proto", "names", "private_dir",
+     "tenancy", "classification"},
+    {"repository"},
+    {"runtime"},
+    {"scheduling"},
+    {"frontends"},
+    {"main", "command_line", "log_lines", "trace_export", "stage_cli"},
+]
+
+
+def modules():
+    """Module path (a tuple) -> its source, tests left out."""
+    found = {}
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if not name.endswith(".rs"):
+                continue
+            path = os.path.join(folder, name)
+            parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+            if parts[-1] in ("mod", "lib"):
+                parts = parts[:-1]
+            source = open(path, encoding="utf-8").read()
+            source = re.sub(r"#\[cfg\(test\)\]\s*mod tests \{.*", "", source, flags=re.S)
+            source = re.sub(r"//[^\n]*", "", source)
+            found[tuple(parts)] = source
+    return found
+
+
+def expand(text):
+    """The paths a `use` tree names: `a::{b, c::{d, e}}` -> a::b, a::c::d, a::c::e."""
+    match = re.match(r"^([^{]*)\{(.*)\}$", text)
+    if not match:
+        return [text.split(" as ")[0]]
+    prefix, inner = match.groups()
+    items, depth, current = [], 0, ""
+    for c in inner:
+        depth += (c == "{") - (c == "}")
+        if c == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += c
+    items.append(current)
+    return [prefix + path for item in items if item for path in expand(item)]
+
+
+def resolve(mods, module, path, binary):
+    """The module a path leads into (the longest prefix that is a module), or None."""
+    segments = path.split("::")
+    base = list(module)
+    if segments[0] in ("crate", "wasmtron" if binary else "crate"):
+        base, segments = [], segments[1:]
+    elif segments[0] == "self":
+        segments = segments[1:]
+    elif segments[0] == "super":
+        while segments and segments[0] == "super":
+            base, segments = base[:-1], segments[1:]
+    else:
+        return None
+    for i in range(len(segments), -1, -1):
+        candidate = tuple(base + segments[:i])
+        if candidate in mods and candidate:
+            return candidate
+    return None
+
+
+def imports():
+    """Module -> the modules it imports, parents and children aside."""
+    mods = modules()
+    graph = {}
+    for module, source in mods.items():
+        binary = module[:1] in (("main",), ("command_line",), ("log_lines",), ("trace_export",),
+                                ("stage_cli",))
+        paths = []
+        for use in re.finditer(r"\buse\s+([^;]+);", source):
+            paths += expand(re.sub(r"\s+", "", use.group(1)))
+        paths += re.findall(r"\b((?:crate|super|wasmtron)(?:::[A-Za-z_]\w*)+)", source)
+        targets = {resolve(mods, module, p, binary) for p in paths}
+        graph[module] = {
+            t for t in targets
+            if t and t != module and t != module[:len(t)] and module != t[:len(module)]
+        }
+    return graph
+
+
+def layer(module):
+    return next(i for i, names in enumerate(LAYERS) if module[0] in names)
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in modules() if m and not any(m[0] in names for names in LAYERS)] == []
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = sorted(
+        f"{'::'.join(m)} ({layer(m) + 1}) imports {'::'.join(t)} ({layer(t) + 1})"
+        for m, targets in imports().items() if m
+        for t in targets if layer(t) > layer(m)
+    )
+    assert upward == []
+
+
+def circles(graph):
+    """The groups of modules that import each other round a circle (Tarjan's components)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append("::".join(w))
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle():
+    assert circles(imports()) == []
+
+
+def test_the_checks_see_what_they_look_for(monkeypatch):
+    fake = {
+        ("scheduling", "a"): "use crate::scheduling::b::X;",
+        ("scheduling", "b"): "use super::c::{Y, z::W};",
+        ("scheduling", "c"): "fn f() { super::a::go() }",
+        ("runtime",): "use crate::frontends::http;",
+        ("frontends",): "",
+        ("scheduling",): "",
+    }
+    monkeypatch.setattr(__import__(__name__), "modules", lambda: fake)
+    graph = imports()
+    assert circles(graph) == [["scheduling::a", "scheduling::b", "scheduling::c"]]
+    assert ("frontends",) in graph[("runtime",)] and layer(("frontends",)) > layer(("runtime",))
