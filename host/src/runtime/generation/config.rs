@@ -286,3 +286,162 @@ pub(super) const PARAMETERS: [&str; 9] = [
     "intra_op_thread_count",
     "past_present_share_buffer",
 ];
+
+/// The backend's parameters, read and checked before anything is loaded.
+pub(super) struct Parameters {
+    /// The longest sequence, prompt and generated tokens together.
+    pub max_sequence_length: usize,
+    /// Tokens the key/value cache holds, all rows together.
+    pub cache_tokens: usize,
+    /// Tokens that end a sequence.
+    pub end_ids: Vec<i64>,
+    /// The token that pads prompts prefilled together.
+    pub pad_id: i64,
+    /// Most prompt tokens prefilled in one run.
+    pub max_prefill_tokens: usize,
+    /// Tokens generated when a request does not say.
+    pub default_max_tokens: usize,
+    /// Tokens the prefix cache keeps.
+    pub prefix_cache_tokens: usize,
+    /// Whether every request may reuse every cached prompt (`prefix_cache_scope: server`).
+    pub shared_prefixes: bool,
+    /// The cache layout asked for (`past_present_share_buffer`), if any.
+    pub share_buffer: Option<bool>,
+    /// ONNX Runtime's threads within one run.
+    pub intra_threads: usize,
+}
+
+/// Reads the parameters of a completed configuration, with `generation_config.json` from the
+/// version's folder for what they leave out (context, end and pad tokens).
+pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Result<Parameters> {
+    let name = &config.name;
+    if let Some(key) = config
+        .parameters
+        .keys()
+        .find(|k| !PARAMETERS.contains(&k.as_str()))
+    {
+        return Err(Error::invalid(format!(
+            "model '{name}': parameter '{key}' is not one the generation backend takes ({})",
+            PARAMETERS.join(", ")
+        )));
+    }
+    if config.max_batch_size <= 0 {
+        return Err(Error::invalid(format!(
+            "model '{name}': field 'max_batch_size' must be at least 1 for the generation \
+             backend: it is how many sequences are generated together"
+        )));
+    }
+    let generation = generation_config(version_dir);
+    let context = generation
+        .get("max_position_embeddings")
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize);
+    let max_sequence_length = match super::super::parameter::<usize>(
+        config,
+        "max_sequence_length",
+        "a positive integer",
+    )? {
+        Some(0) => {
+            return Err(Error::invalid(format!(
+                "model '{name}': parameter 'max_sequence_length' must be at least 2"
+            )))
+        }
+        Some(n) => {
+            if let Some(ctx) = context.filter(|&c| n > c) {
+                return Err(Error::invalid(format!(
+                    "model '{name}': parameter 'max_sequence_length' is {n}, past the model's \
+                     context of {ctx} tokens (generation_config.json max_position_embeddings)"
+                )));
+            }
+            n
+        }
+        None => context.map_or(DEFAULT_MAX_SEQUENCE_LENGTH, |c| {
+            c.min(DEFAULT_MAX_SEQUENCE_LENGTH)
+        }),
+    };
+    let rows = config.max_batch_size as usize;
+    let cache_tokens =
+        super::super::parameter::<usize>(config, "kv_cache_max_tokens", "a positive integer")?
+            .unwrap_or(rows * max_sequence_length);
+    if cache_tokens < max_sequence_length {
+        return Err(Error::invalid(format!(
+            "model '{name}': parameter 'kv_cache_max_tokens' is {cache_tokens}, less than one \
+             sequence of max_sequence_length {max_sequence_length}"
+        )));
+    }
+    let end_ids = match config.parameters.get("end_ids") {
+        Some(p) => p
+            .string_value
+            .split(',')
+            .map(|s| s.trim().parse::<i64>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| {
+                Error::invalid(format!(
+                    "model '{name}': parameter 'end_ids' must be comma-separated token ids, got \"{}\"",
+                    p.string_value
+                ))
+            })?,
+        None => ids_of(&generation["eos_token_id"]),
+    };
+    let pad_id = generation["pad_token_id"]
+        .as_i64()
+        .or_else(|| end_ids.first().copied())
+        .unwrap_or(0);
+    let max_prefill_tokens =
+        super::super::parameter::<usize>(config, "max_prefill_tokens", "a positive integer")?
+            .unwrap_or(384);
+    let default_max_tokens =
+        super::super::parameter::<usize>(config, "default_max_tokens", "a positive integer")?
+            .unwrap_or(DEFAULT_MAX_TOKENS);
+    let prefix_cache_tokens =
+        super::super::parameter::<usize>(config, "prefix_cache_max_tokens", "a whole number")?
+            .unwrap_or(2 * max_sequence_length);
+    let shared_prefixes = match config
+        .parameters
+        .get("prefix_cache_scope")
+        .map(|p| p.string_value.as_str())
+    {
+        None | Some("tenant") => false,
+        Some("server") => true,
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "model '{name}': parameter 'prefix_cache_scope' is \"{other}\"; it must be \
+                 \"tenant\" (each tenant reuses only its own prompts) or \"server\" (every \
+                 request reuses every prompt)"
+            )))
+        }
+    };
+    let share_buffer = match config
+        .parameters
+        .get("past_present_share_buffer")
+        .map(|p| p.string_value.as_str())
+    {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "model '{name}': parameter 'past_present_share_buffer' is \"{other}\"; it must \
+                 be \"true\" (one buffer bound as past and present, written in place) or \
+                 \"false\" (the present grows by a column each step)"
+            )))
+        }
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let intra_threads =
+        super::super::parameter::<usize>(config, "intra_op_thread_count", "a positive integer")?
+            .filter(|&n| n > 0)
+            .unwrap_or(cores);
+    Ok(Parameters {
+        max_sequence_length,
+        cache_tokens,
+        end_ids,
+        pad_id,
+        max_prefill_tokens,
+        default_max_tokens,
+        prefix_cache_tokens,
+        shared_prefixes,
+        share_buffer,
+        intra_threads,
+    })
+}

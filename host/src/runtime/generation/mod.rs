@@ -65,6 +65,28 @@ const DEFAULT_MAX_TOKENS: usize = 128;
 /// prompts): the frontends refuse more.
 pub const MAX_SEQUENCES_PER_REQUEST: usize = 64;
 
+/// The decoder's ONNX Runtime session.
+fn open_decoder(
+    name: &str,
+    path: &Path,
+    options: &RuntimeOptions,
+    intra_threads: usize,
+) -> Result<Session> {
+    let env = super::onnx::environment(options)?;
+    let cannot = |e: String| {
+        Error::invalid(format!(
+            "model '{name}': cannot load '{}': {e}",
+            path.display()
+        ))
+    };
+    Session::builder(&env)
+        .map_err(|e| cannot(e.to_string()))?
+        .with_intra_threads(intra_threads)
+        .map_err(|e| cannot(e.to_string()))?
+        .commit_from_file(path)
+        .map_err(|e| cannot(e.to_string()))
+}
+
 /// Loads a generation model: its decoder session and the loop that runs it, and instances
 /// that each wait for one sequence: two per row of the batch, and one request's most beyond.
 pub fn load(
@@ -74,100 +96,20 @@ pub fn load(
 ) -> Result<LoadedBackend> {
     let name = config.name.clone();
     complete_config(&mut config)?;
-    if let Some(key) = config
-        .parameters
-        .keys()
-        .find(|k| !PARAMETERS.contains(&k.as_str()))
-    {
-        return Err(Error::invalid(format!(
-            "model '{name}': parameter '{key}' is not one the generation backend takes ({})",
-            PARAMETERS.join(", ")
-        )));
-    }
-    if config.max_batch_size <= 0 {
-        return Err(Error::invalid(format!(
-            "model '{name}': field 'max_batch_size' must be at least 1 for the generation \
-             backend: it is how many sequences are generated together"
-        )));
-    }
-    let path = super::model_file(&config, version_dir, super::onnx::DEFAULT_MODEL_FILENAME)?;
-    let generation = generation_config(version_dir);
-    let context = generation
-        .get("max_position_embeddings")
-        .and_then(|v| v.as_u64())
-        .map(|v| v as usize);
-    let max_sequence_length =
-        match super::parameter::<usize>(&config, "max_sequence_length", "a positive integer")? {
-            Some(0) => {
-                return Err(Error::invalid(format!(
-                    "model '{name}': parameter 'max_sequence_length' must be at least 2"
-                )))
-            }
-            Some(n) => {
-                if let Some(ctx) = context.filter(|&c| n > c) {
-                    return Err(Error::invalid(format!(
-                        "model '{name}': parameter 'max_sequence_length' is {n}, past the model's \
-                     context of {ctx} tokens (generation_config.json max_position_embeddings)"
-                    )));
-                }
-                n
-            }
-            None => context.map_or(DEFAULT_MAX_SEQUENCE_LENGTH, |c| {
-                c.min(DEFAULT_MAX_SEQUENCE_LENGTH)
-            }),
-        };
+    let Parameters {
+        max_sequence_length,
+        cache_tokens,
+        end_ids,
+        pad_id,
+        max_prefill_tokens,
+        default_max_tokens,
+        prefix_cache_tokens,
+        shared_prefixes,
+        share_buffer,
+        intra_threads,
+    } = read_parameters(&config, version_dir)?;
     let rows = config.max_batch_size as usize;
-    let cache_tokens =
-        super::parameter::<usize>(&config, "kv_cache_max_tokens", "a positive integer")?
-            .unwrap_or(rows * max_sequence_length);
-    if cache_tokens < max_sequence_length {
-        return Err(Error::invalid(format!(
-            "model '{name}': parameter 'kv_cache_max_tokens' is {cache_tokens}, less than one \
-             sequence of max_sequence_length {max_sequence_length}"
-        )));
-    }
-    let end_ids = match config.parameters.get("end_ids") {
-        Some(p) => p
-            .string_value
-            .split(',')
-            .map(|s| s.trim().parse::<i64>())
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| {
-                Error::invalid(format!(
-                    "model '{name}': parameter 'end_ids' must be comma-separated token ids, got \"{}\"",
-                    p.string_value
-                ))
-            })?,
-        None => ids_of(&generation["eos_token_id"]),
-    };
-    let pad_id = generation["pad_token_id"]
-        .as_i64()
-        .or_else(|| end_ids.first().copied())
-        .unwrap_or(0);
-    let max_prefill_tokens =
-        super::parameter::<usize>(&config, "max_prefill_tokens", "a positive integer")?
-            .unwrap_or(384);
-    let default_max_tokens =
-        super::parameter::<usize>(&config, "default_max_tokens", "a positive integer")?
-            .unwrap_or(DEFAULT_MAX_TOKENS);
-    let prefix_cache_tokens =
-        super::parameter::<usize>(&config, "prefix_cache_max_tokens", "a whole number")?
-            .unwrap_or(2 * max_sequence_length);
-    let shared_prefixes = match config
-        .parameters
-        .get("prefix_cache_scope")
-        .map(|p| p.string_value.as_str())
-    {
-        None | Some("tenant") => false,
-        Some("server") => true,
-        Some(other) => {
-            return Err(Error::invalid(format!(
-                "model '{name}': parameter 'prefix_cache_scope' is \"{other}\"; it must be \
-                 \"tenant\" (each tenant reuses only its own prompts) or \"server\" (every \
-                 request reuses every prompt)"
-            )))
-        }
-    };
+    let path = super::model_file(&config, version_dir, super::onnx::DEFAULT_MODEL_FILENAME)?;
     let tokenizer = version_dir.join("tokenizer.json");
     let text = if tokenizer.is_file() {
         Some(Arc::new(
@@ -178,39 +120,7 @@ pub fn load(
         None
     };
 
-    let env = super::onnx::environment(options)?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let intra = super::parameter::<usize>(&config, "intra_op_thread_count", "a positive integer")?
-        .filter(|&n| n > 0)
-        .unwrap_or(cores);
-    let cannot = |e: String| {
-        Error::invalid(format!(
-            "model '{name}': cannot load '{}': {e}",
-            path.display()
-        ))
-    };
-    let session = Session::builder(&env)
-        .map_err(|e| cannot(e.to_string()))?
-        .with_intra_threads(intra)
-        .map_err(|e| cannot(e.to_string()))?
-        .commit_from_file(&path)
-        .map_err(|e| cannot(e.to_string()))?;
-    let share_buffer = match config
-        .parameters
-        .get("past_present_share_buffer")
-        .map(|p| p.string_value.as_str())
-    {
-        None => None,
-        Some("true") => Some(true),
-        Some("false") => Some(false),
-        Some(other) => {
-            return Err(Error::invalid(format!(
-                "model '{name}': parameter 'past_present_share_buffer' is \"{other}\"; it must \
-                 be \"true\" (one buffer bound as past and present, written in place) or \
-                 \"false\" (the present grows by a column each step)"
-            )))
-        }
-    };
+    let session = open_decoder(&name, &path, options, intra_threads)?;
     let (spec, vocab) = decoder_spec(&session, &name, share_buffer)?;
     let prompt_logits = spec.prompt_logits;
     // The file's protobuf and the weights ONNX Runtime repacked are freed by now.
