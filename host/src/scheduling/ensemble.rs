@@ -149,7 +149,7 @@ impl Ensemble {
             ));
         }
         // Every ensemble tensor: its signature and who writes it.
-        let mut tensors: HashMap<String, (Signature, Producer)> = HashMap::new();
+        let mut tensors = Tensors::new();
         for input in &config.input {
             let sig = Signature::new(input.data_type, &input.dims, config.max_batch_size);
             tensors.insert(input.name.clone(), (sig, Producer::Input));
@@ -158,165 +158,23 @@ impl Ensemble {
         let mut decoupled = None;
         let mut composing = Vec::with_capacity(sched.step.len());
         for (i, s) in sched.step.iter().enumerate() {
-            let at = |msg: String| invalid(format!("step {i} (model '{}'): {msg}", s.model_name));
-            if s.model_name.is_empty() {
-                return Err(invalid(format!("step {i}: field 'model_name' is empty")));
-            }
-            if s.model_name == *name {
-                return Err(at("an ensemble cannot call itself".into()));
-            }
-            let version = (s.model_version >= 0).then_some(s.model_version);
-            let model = lookup(&s.model_name, version).map_err(|e| {
-                at(format!(
-                    "{} (composing models load before the ensemble)",
-                    e.message
-                ))
-            })?;
+            let (step, model) = Self::plan_step(config, sched, i, s, &lookup, &mut tensors)?;
             if crate::runtime::is_decoupled(&model) {
                 if let Some(other) = decoupled {
-                    return Err(at(format!(
-                        "step {other} is decoupled already; an ensemble may have one decoupled \
-                         step (the steps after it run once per response)"
+                    return Err(invalid(format!(
+                        "step {i} (model '{}'): step {other} is decoupled already; an ensemble \
+                         may have one decoupled step (the steps after it run once per response)",
+                        s.model_name
                     )));
                 }
                 decoupled = Some(i);
             }
-            if config.max_batch_size > model.max_batch_size && model.max_batch_size > 0 {
-                return Err(at(format!(
-                    "max_batch_size {} is smaller than the ensemble's {}",
-                    model.max_batch_size, config.max_batch_size
-                )));
-            }
-            let mut inputs: Vec<(String, String)> = s
-                .input_map
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            inputs.sort();
-            let mut outputs: Vec<(String, String)> = s
-                .output_map
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            outputs.sort();
-            for (model_tensor, _) in &inputs {
-                if !model.input.iter().any(|t| t.name == *model_tensor) {
-                    let names: Vec<&str> = model.input.iter().map(|t| t.name.as_str()).collect();
-                    return Err(at(format!(
-                        "input_map names '{model_tensor}', which is not an input of '{}' (its inputs: {})",
-                        s.model_name,
-                        names.join(", ")
-                    )));
-                }
-            }
-            for input in model.input.iter().filter(|t| !t.optional) {
-                if !inputs.iter().any(|(k, _)| *k == input.name) {
-                    return Err(at(format!(
-                        "input '{}' of '{}' is not in input_map",
-                        input.name, s.model_name
-                    )));
-                }
-            }
-            for (model_tensor, ensemble_tensor) in &outputs {
-                let Some(out) = model.output.iter().find(|t| t.name == *model_tensor) else {
-                    let names: Vec<&str> = model.output.iter().map(|t| t.name.as_str()).collect();
-                    return Err(at(format!(
-                        "output_map names '{model_tensor}', which is not an output of '{}' (its outputs: {})",
-                        s.model_name,
-                        names.join(", ")
-                    )));
-                };
-                let sig = Signature::new(out.data_type, &out.dims, model.max_batch_size);
-                if let Some((_, other)) = tensors.get(ensemble_tensor) {
-                    return Err(at(format!(
-                        "ensemble tensor '{ensemble_tensor}' is written by {} already; each \
-                         tensor has one producer",
-                        describe(other)
-                    )));
-                }
-                tensors.insert(ensemble_tensor.clone(), (sig, Producer::Step(i)));
-            }
-            steps.push(Step {
-                model: s.model_name.clone(),
-                version,
-                inputs,
-                outputs,
-                inflight: (sched.max_inflight_requests > 0)
-                    .then(|| Arc::new(Semaphore::new(sched.max_inflight_requests as usize))),
-            });
+            steps.push(step);
             composing.push(model);
         }
-        // Every read has a producer of the same type and a fitting shape.
-        let mut read: HashSet<&str> = HashSet::new();
-        for (i, (step, model)) in steps.iter().zip(&composing).enumerate() {
-            for (model_tensor, ensemble_tensor) in &step.inputs {
-                let at = |msg: String| invalid(format!("step {i} (model '{}'): {msg}", step.model));
-                let Some((sig, producer)) = tensors.get(ensemble_tensor) else {
-                    return Err(at(format!(
-                        "input '{model_tensor}' reads ensemble tensor '{ensemble_tensor}', which \
-                         is neither an ensemble input nor any step's output"
-                    )));
-                };
-                read.insert(ensemble_tensor);
-                let wanted = model.input.iter().find(|t| t.name == *model_tensor);
-                let Some(wanted) = wanted else { continue };
-                let want = Signature::new(wanted.data_type, &wanted.dims, model.max_batch_size);
-                if want.datatype != sig.datatype {
-                    return Err(at(format!(
-                        "input '{model_tensor}' is {} but ensemble tensor '{ensemble_tensor}' \
-                         (from {}) is {}",
-                        want.type_name(),
-                        describe(producer),
-                        sig.type_name()
-                    )));
-                }
-                if !want.fits(sig) {
-                    return Err(at(format!(
-                        "input '{model_tensor}' has shape {} but ensemble tensor \
-                         '{ensemble_tensor}' (from {}) has shape {}",
-                        shape_string(&want.shape),
-                        describe(producer),
-                        shape_string(&sig.shape)
-                    )));
-                }
-            }
-        }
-        for output in &config.output {
-            let want = Signature::new(output.data_type, &output.dims, config.max_batch_size);
-            let Some((sig, producer)) = tensors.get(&output.name) else {
-                return Err(invalid(format!(
-                    "output '{}' is not written by any step's output_map",
-                    output.name
-                )));
-            };
-            if !matches!(producer, Producer::Step(_)) {
-                continue;
-            }
-            if want.datatype != sig.datatype || !want.fits(sig) {
-                return Err(invalid(format!(
-                    "output '{}' is declared {} {} but {} writes {} {}",
-                    output.name,
-                    want.type_name(),
-                    shape_string(&want.shape),
-                    describe(producer),
-                    sig.type_name(),
-                    shape_string(&sig.shape)
-                )));
-            }
-        }
-        let outputs: HashSet<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
-        for (tensor, (_, producer)) in &tensors {
-            if !read.contains(tensor.as_str()) && !outputs.contains(tensor.as_str()) {
-                return Err(invalid(match producer {
-                    Producer::Input => format!("input '{tensor}' is not read by any step"),
-                    Producer::Step(i) => format!(
-                        "step {i} (model '{}') writes ensemble tensor '{tensor}', which no step \
-                         reads and is not an ensemble output",
-                        steps[*i].model
-                    ),
-                }));
-            }
-        }
+        let read = check_reads(name, &steps, &composing, &tensors)?;
+        check_outputs(config, &tensors)?;
+        check_all_read(config, &steps, &tensors, &read)?;
         let plan = Self {
             name: name.clone(),
             steps,
@@ -325,6 +183,98 @@ impl Ensemble {
         };
         plan.check_acyclic(&tensors)?;
         Ok(plan)
+    }
+
+    /// Step `i` of the ensemble: its model (looked up), its input and output maps checked
+    /// against the model's signature, its outputs recorded as ensemble tensors.
+    fn plan_step(
+        config: &ModelConfig,
+        sched: &crate::proto::inference::ModelEnsembling,
+        i: usize,
+        s: &crate::proto::inference::model_ensembling::Step,
+        lookup: &impl Fn(&str, Option<i64>) -> Result<ModelConfig>,
+        tensors: &mut Tensors,
+    ) -> Result<(Step, ModelConfig)> {
+        let name = &config.name;
+        let invalid = |msg: String| Error::invalid(format!("ensemble '{name}': {msg}"));
+        let at = |msg: String| invalid(format!("step {i} (model '{}'): {msg}", s.model_name));
+        if s.model_name.is_empty() {
+            return Err(invalid(format!("step {i}: field 'model_name' is empty")));
+        }
+        if s.model_name == *name {
+            return Err(at("an ensemble cannot call itself".into()));
+        }
+        let version = (s.model_version >= 0).then_some(s.model_version);
+        let model = lookup(&s.model_name, version).map_err(|e| {
+            at(format!(
+                "{} (composing models load before the ensemble)",
+                e.message
+            ))
+        })?;
+        if config.max_batch_size > model.max_batch_size && model.max_batch_size > 0 {
+            return Err(at(format!(
+                "max_batch_size {} is smaller than the ensemble's {}",
+                model.max_batch_size, config.max_batch_size
+            )));
+        }
+        let mut inputs: Vec<(String, String)> = s
+            .input_map
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        inputs.sort();
+        let mut outputs: Vec<(String, String)> = s
+            .output_map
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        outputs.sort();
+        for (model_tensor, _) in &inputs {
+            if !model.input.iter().any(|t| t.name == *model_tensor) {
+                let names: Vec<&str> = model.input.iter().map(|t| t.name.as_str()).collect();
+                return Err(at(format!(
+                    "input_map names '{model_tensor}', which is not an input of '{}' (its inputs: {})",
+                    s.model_name,
+                    names.join(", ")
+                )));
+            }
+        }
+        for input in model.input.iter().filter(|t| !t.optional) {
+            if !inputs.iter().any(|(k, _)| *k == input.name) {
+                return Err(at(format!(
+                    "input '{}' of '{}' is not in input_map",
+                    input.name, s.model_name
+                )));
+            }
+        }
+        for (model_tensor, ensemble_tensor) in &outputs {
+            let Some(out) = model.output.iter().find(|t| t.name == *model_tensor) else {
+                let names: Vec<&str> = model.output.iter().map(|t| t.name.as_str()).collect();
+                return Err(at(format!(
+                    "output_map names '{model_tensor}', which is not an output of '{}' (its outputs: {})",
+                    s.model_name,
+                    names.join(", ")
+                )));
+            };
+            let sig = Signature::new(out.data_type, &out.dims, model.max_batch_size);
+            if let Some((_, other)) = tensors.get(ensemble_tensor) {
+                return Err(at(format!(
+                    "ensemble tensor '{ensemble_tensor}' is written by {} already; each \
+                     tensor has one producer",
+                    describe(other)
+                )));
+            }
+            tensors.insert(ensemble_tensor.clone(), (sig, Producer::Step(i)));
+        }
+        let step = Step {
+            model: s.model_name.clone(),
+            version,
+            inputs,
+            outputs,
+            inflight: (sched.max_inflight_requests > 0)
+                .then(|| Arc::new(Semaphore::new(sched.max_inflight_requests as usize))),
+        };
+        Ok((step, model))
     }
 
     /// Steps can all run in some order: otherwise some of them wait on each other.
@@ -614,4 +564,109 @@ impl Ensemble {
     pub fn models(&self) -> impl Iterator<Item = &str> {
         self.steps.iter().map(|s| s.model.as_str())
     }
+}
+
+/// Every ensemble tensor: its signature and who writes it.
+type Tensors = HashMap<String, (Signature, Producer)>;
+
+/// Every step input reads an ensemble tensor that exists, of its datatype and a fitting
+/// shape; answers the tensors read.
+fn check_reads<'a>(
+    name: &str,
+    steps: &'a [Step],
+    composing: &[ModelConfig],
+    tensors: &Tensors,
+) -> Result<HashSet<&'a str>> {
+    let invalid = |msg: String| Error::invalid(format!("ensemble '{name}': {msg}"));
+    // Every read has a producer of the same type and a fitting shape.
+    let mut read: HashSet<&str> = HashSet::new();
+    for (i, (step, model)) in steps.iter().zip(composing).enumerate() {
+        for (model_tensor, ensemble_tensor) in &step.inputs {
+            let at = |msg: String| invalid(format!("step {i} (model '{}'): {msg}", step.model));
+            let Some((sig, producer)) = tensors.get(ensemble_tensor) else {
+                return Err(at(format!(
+                    "input '{model_tensor}' reads ensemble tensor '{ensemble_tensor}', which \
+                     is neither an ensemble input nor any step's output"
+                )));
+            };
+            read.insert(ensemble_tensor);
+            let wanted = model.input.iter().find(|t| t.name == *model_tensor);
+            let Some(wanted) = wanted else { continue };
+            let want = Signature::new(wanted.data_type, &wanted.dims, model.max_batch_size);
+            if want.datatype != sig.datatype {
+                return Err(at(format!(
+                    "input '{model_tensor}' is {} but ensemble tensor '{ensemble_tensor}' \
+                     (from {}) is {}",
+                    want.type_name(),
+                    describe(producer),
+                    sig.type_name()
+                )));
+            }
+            if !want.fits(sig) {
+                return Err(at(format!(
+                    "input '{model_tensor}' has shape {} but ensemble tensor \
+                     '{ensemble_tensor}' (from {}) has shape {}",
+                    shape_string(&want.shape),
+                    describe(producer),
+                    shape_string(&sig.shape)
+                )));
+            }
+        }
+    }
+    Ok(read)
+}
+
+/// Every ensemble output is written by a step, as declared.
+fn check_outputs(config: &ModelConfig, tensors: &Tensors) -> Result<()> {
+    let name = &config.name;
+    let invalid = |msg: String| Error::invalid(format!("ensemble '{name}': {msg}"));
+    for output in &config.output {
+        let want = Signature::new(output.data_type, &output.dims, config.max_batch_size);
+        let Some((sig, producer)) = tensors.get(&output.name) else {
+            return Err(invalid(format!(
+                "output '{}' is not written by any step's output_map",
+                output.name
+            )));
+        };
+        if !matches!(producer, Producer::Step(_)) {
+            continue;
+        }
+        if want.datatype != sig.datatype || !want.fits(sig) {
+            return Err(invalid(format!(
+                "output '{}' is declared {} {} but {} writes {} {}",
+                output.name,
+                want.type_name(),
+                shape_string(&want.shape),
+                describe(producer),
+                sig.type_name(),
+                shape_string(&sig.shape)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Every ensemble tensor is read by a step or answered.
+fn check_all_read(
+    config: &ModelConfig,
+    steps: &[Step],
+    tensors: &Tensors,
+    read: &HashSet<&str>,
+) -> Result<()> {
+    let name = &config.name;
+    let invalid = |msg: String| Error::invalid(format!("ensemble '{name}': {msg}"));
+    let outputs: HashSet<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
+    for (tensor, (_, producer)) in tensors {
+        if !read.contains(tensor.as_str()) && !outputs.contains(tensor.as_str()) {
+            return Err(invalid(match producer {
+                Producer::Input => format!("input '{tensor}' is not read by any step"),
+                Producer::Step(i) => format!(
+                    "step {i} (model '{}') writes ensemble tensor '{tensor}', which no step \
+                     reads and is not an ensemble output",
+                    steps[*i].model
+                ),
+            }));
+        }
+    }
+    Ok(())
 }
