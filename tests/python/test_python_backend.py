@@ -352,3 +352,126 @@ def test_custom_metrics_are_shared_by_instances_and_go_with_the_model(tmp_path):
         assert "requests_process_latency_ns" not in s.metrics_text()
     finally:
         s.stop()
+
+
+LOADER = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # Triton's model loading example: load what execute calls, from initialize.
+        self.ready_before = pb_utils.is_model_ready(model_name="add_sub", model_version="1")
+        if not self.ready_before:
+            pb_utils.load_model(model_name="add_sub")
+
+    def answer(self, action):
+        if action == "ready":
+            return str(pb_utils.is_model_ready("add_sub"))
+        if action == "ready_before":
+            return str(self.ready_before)
+        if action == "call":
+            a = np.array([1, 2, 3, 4], np.float32)
+            request = pb_utils.InferenceRequest(
+                model_name="add_sub", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", a), pb_utils.Tensor("INPUT1", a)])
+            response = request.exec()
+            if response.has_error():
+                return "error: " + response.error().message()
+            return json.dumps(pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy().tolist())
+        if action == "unload":
+            pb_utils.unload_model(model_name="add_sub")
+            return "unloaded"
+        if action == "load":
+            pb_utils.load_model(model_name="add_sub")
+            return "loaded"
+        if action == "load_files":
+            # The example's override: a configuration and the model file as bytes.
+            with open(pb_utils.get_model_dir() + "/1/simple.onnx", "rb") as f:
+                data = f.read()
+            config = json.dumps({"backend": "onnxruntime", "max_batch_size": 8})
+            pb_utils.load_model(model_name="simple_copy", config=config,
+                                files={"file:1/model.onnx": data})
+            return str(pb_utils.is_model_ready("simple_copy"))
+        try:
+            if action == "self":
+                pb_utils.load_model("loader")
+            elif action == "missing":
+                pb_utils.load_model("no_such_model")
+            elif action == "no_config":
+                pb_utils.load_model("x", files={"file:1/model.onnx": b"0"})
+            return "accepted"
+        except pb_utils.TritonModelException as e:
+            return "refused: " + str(e)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            action = pb_utils.get_input_tensor_by_name(request, "ACTION").as_numpy()[0].decode()
+            out = np.array([self.answer(action).encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("ANSWER", out)]))
+        return responses
+'''
+
+
+def test_a_model_loads_and_unloads_the_models_it_calls(tmp_path):
+    """Triton's model loading API (explicit mode): the model loads what it calls from
+    `initialize`, which runs inside its own load; then unloads, reloads, and loads a model from
+    a configuration and files it sends; what it may not do is refused with the reason."""
+    shutil.copytree(os.path.join(ROOT, "benches", "triton", "model_repository", "add_sub"),
+                    tmp_path / "add_sub")
+    (tmp_path / "loader" / "1").mkdir(parents=True)
+    (tmp_path / "loader" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "ACTION", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
+        'output [ { name: "ANSWER", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
+    (tmp_path / "loader" / "1" / "model.py").write_text(LOADER)
+    shutil.copy(os.path.join(ROOT, "model_repository", "simple", "1", "model.onnx"),
+                tmp_path / "loader" / "1" / "simple.onnx")
+    s = Server(str(tmp_path), "--model-control-mode=explicit", "--load-model=loader")
+    c = client(s)
+
+    def ask(action):
+        r = infer(s, "loader", ("ACTION", np.array([action.encode()], dtype=np.object_), "BYTES"))
+        return r.as_numpy("ANSWER")[0].decode()
+
+    def state(name):
+        return next((m.get("state") for m in c.get_model_repository_index() if m["name"] == name), None)
+
+    try:
+        # Loaded at start only because the loader's initialize asked for it.
+        assert ask("ready_before") == "False"
+        assert state("add_sub") == "READY" and ask("ready") == "True"
+        assert ask("call") == "[2.0, 4.0, 6.0, 8.0]"
+        assert ask("unload") == "unloaded"
+        assert ask("ready") == "False" and state("add_sub") != "READY"
+        assert "add_sub" in ask("call")  # the call now fails, naming the model
+        assert ask("load") == "loaded" and ask("call") == "[2.0, 4.0, 6.0, 8.0]"
+        assert ask("load_files") == "True"
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        r = c.infer("simple_copy", [tensor(httpclient, "INPUT0", a, "INT32"),
+                                    tensor(httpclient, "INPUT1", a, "INT32")])
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), 2 * a)
+        assert "cannot load itself" in ask("self")
+        assert ask("missing").startswith("refused: ") and "no_such_model" in ask("missing")
+        assert "need a config" in ask("no_config")
+    finally:
+        s.stop()
+
+
+def test_model_loading_needs_explicit_mode(tmp_path):
+    (tmp_path / "loader" / "1").mkdir(parents=True)
+    (tmp_path / "loader" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "ACTION", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
+        'output [ { name: "ANSWER", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
+    (tmp_path / "loader" / "1" / "model.py").write_text(LOADER)
+    s = Server(str(tmp_path))
+    try:
+        entry = next(m for m in client(s).get_model_repository_index() if m["name"] == "loader")
+        assert entry["state"] == "UNAVAILABLE"
+        assert "explicit" in entry["reason"], entry["reason"]
+    finally:
+        s.stop()

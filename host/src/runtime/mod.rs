@@ -93,6 +93,33 @@ pub fn execute_alone<I: ModelInstance + ?Sized>(
 pub trait ModelCaller: Send + Sync + std::fmt::Debug {
     /// Runs a request through the target model's normal scheduling and waits for the result.
     fn infer(&self, request: InferRequest) -> Result<InferResponse>;
+
+    /// Whether `model` (at `version`; `None`: the policy's) is loaded and ready.
+    fn is_ready(&self, model: &str, version: Option<i64>) -> bool;
+
+    /// Loads (or reloads) a model as the repository API does, asked by model `by` for its
+    /// `callers` (explicit model control mode; each caller must be allowed the load).
+    fn load(&self, by: &str, callers: &[crate::tenancy::Caller], load: ModelLoad) -> Result<()>;
+
+    /// Unloads a model as the repository API does, asked by model `by` for its `callers`.
+    fn unload(
+        &self,
+        by: &str,
+        callers: &[crate::tenancy::Caller],
+        model: &str,
+        unload_dependents: bool,
+    ) -> Result<()>;
+}
+
+/// A load a model asks for (Triton's Python `pb_utils.load_model`).
+#[derive(Debug, Default)]
+pub struct ModelLoad {
+    /// The model.
+    pub model: String,
+    /// A configuration in JSON used instead of its `config.pbtxt`.
+    pub config_json: Option<String>,
+    /// Its files by `file:` key (`file:1/model.onnx`), which need `config_json`.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 /// The name of a version's model file: `default_model_filename`, or the backend's `default`.

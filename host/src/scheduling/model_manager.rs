@@ -184,6 +184,9 @@ pub struct ModelManager {
     models: RwLock<HashMap<String, ModelEntry>>,
     // Loads and unloads run one at a time so that a reload never races another.
     lifecycle: tokio::sync::Mutex<()>,
+    /// Models whose versions are being read and initialized now, under the lifecycle lock
+    /// (see `asked_by_models.rs`).
+    loading: std::sync::Mutex<HashSet<String>>,
 }
 
 fn repo_error(err: RepositoryError) -> Error {
@@ -201,6 +204,7 @@ impl ModelManager {
             options,
             models: RwLock::new(HashMap::new()),
             lifecycle: tokio::sync::Mutex::new(()),
+            loading: Default::default(),
         }
     }
 
@@ -470,6 +474,7 @@ impl ModelManager {
         tracing::info!(model = name, "loading model");
         let this = self.clone();
         let model = name.to_owned();
+        let loading = Loading::start(self, name);
         let (fingerprint, outcome) =
             tokio::task::spawn_blocking(move || this.load_versions(&model, &overrides))
                 .await
@@ -477,6 +482,7 @@ impl ModelManager {
                     let err = Error::internal(format!("model '{name}': load panicked: {e}"));
                     (0, Err(err))
                 });
+        drop(loading);
         let mut models = self.models.write().map_err(|_| poisoned())?;
         let Some(entry) = models.get_mut(name) else {
             return Err(Error::internal(format!(
@@ -519,6 +525,12 @@ impl ModelManager {
     pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<()> {
         ModelName::parse(name)?;
         let _guard = self.lifecycle.lock().await;
+        self.unload_locked(name, unload_dependents)
+    }
+
+    /// [`ModelManager::unload`] with the lifecycle lock held (or its holder waiting on this).
+    fn unload_locked(&self, name: &str, unload_dependents: bool) -> Result<()> {
+        ModelName::parse(name)?;
         let mut models = self.models.write().map_err(|_| poisoned())?;
         let users = |models: &HashMap<String, ModelEntry>, model: &str, except: &str| {
             let mut users: Vec<String> = models
@@ -581,7 +593,9 @@ impl ModelManager {
     }
 }
 
+mod asked_by_models;
 mod bulk;
+use asked_by_models::Loading;
 mod in_process;
 mod rights;
 mod versions;

@@ -15,7 +15,7 @@ pub use super::options::{ControlMode, ServerOptions};
 use super::{
     ensemble::StepRunner,
     execution_share::ExecutionShare,
-    model_manager::{Executor, ManagerOptions, ModelManager, ModelVersion},
+    model_manager::{Executor, LoadOverride, ManagerOptions, ModelManager, ModelVersion},
     response_cache::{Key, ResponseCache},
     stats::FailureReason,
 };
@@ -26,7 +26,7 @@ use crate::{
     repository::ModelRepository,
     runtime::{
         request_check::{check_request, convert_integer_inputs},
-        ModelCaller,
+        ModelCaller, ModelLoad,
     },
     tenancy::{Caller, ModelAction},
 };
@@ -39,12 +39,17 @@ struct ServerCaller {
     runtime: tokio::runtime::Handle,
 }
 
+impl ServerCaller {
+    fn server(&self) -> Result<Arc<Server>> {
+        self.server
+            .upgrade()
+            .ok_or_else(|| Error::unavailable("the server is shutting down"))
+    }
+}
+
 impl ModelCaller for ServerCaller {
     fn infer(&self, request: InferRequest) -> Result<InferResponse> {
-        let server = self
-            .server
-            .upgrade()
-            .ok_or_else(|| Error::unavailable("the server is shutting down"))?;
+        let server = self.server()?;
         // Called on a model worker thread, never on the async runtime. The wait ends at the
         // caller's deadline even if the target never gets to the request (e.g. a cycle of
         // stages calling each other with every instance busy), and as soon as nobody waits
@@ -71,6 +76,65 @@ impl ModelCaller for ServerCaller {
                 ))),
             }
         })
+    }
+    fn is_ready(&self, model: &str, version: Option<i64>) -> bool {
+        self.server
+            .upgrade()
+            .is_some_and(|s| s.models().is_ready(model, version))
+    }
+
+    fn load(&self, by: &str, callers: &[Caller], load: ModelLoad) -> Result<()> {
+        let server = self.server()?;
+        server.check_model_control()?;
+        let mut overrides = LoadOverride {
+            config_json: load.config_json,
+            ..LoadOverride::default()
+        };
+        for (key, content) in load.files {
+            let path = key.strip_prefix("file:").ok_or_else(|| {
+                Error::invalid(format!(
+                    "failed to load '{}': file key '{key}' must start with 'file:'",
+                    load.model
+                ))
+            })?;
+            overrides.add_file(path, content)?;
+        }
+        if !overrides.files.is_empty() && overrides.config_json.is_none() {
+            return Err(Error::invalid(format!(
+                "failed to load '{}': files need a config as well",
+                load.model
+            )));
+        }
+        // On behalf of the batch's tenants, each of which must be allowed the load; in
+        // `initialize` (no requests) with the rights of whoever loaded the calling model.
+        for caller in callers {
+            server
+                .models()
+                .check_load(caller, &load.model, &overrides)?;
+        }
+        self.runtime
+            .block_on(server.models().load_for_model(by, &load.model, overrides))
+    }
+
+    fn unload(
+        &self,
+        by: &str,
+        callers: &[Caller],
+        model: &str,
+        unload_dependents: bool,
+    ) -> Result<()> {
+        let server = self.server()?;
+        server.check_model_control()?;
+        for caller in callers {
+            server
+                .models()
+                .check_unload(caller, model, unload_dependents)?;
+        }
+        self.runtime.block_on(
+            server
+                .models()
+                .unload_for_model(by, model, unload_dependents),
+        )
     }
 }
 

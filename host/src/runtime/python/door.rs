@@ -393,6 +393,82 @@ impl BatchDoor {
     }
 }
 
+/// A request of the model loading API (`pb_utils.is_model_ready`, `load_model`,
+/// `unload_model`).
+#[derive(serde::Deserialize)]
+#[serde(tag = "action", rename_all = "lowercase", deny_unknown_fields)]
+enum RepositoryRequest {
+    Ready {
+        model: String,
+        #[serde(default)]
+        version: String,
+    },
+    Load {
+        model: String,
+        #[serde(default)]
+        config: Option<String>,
+        /// Base64 contents by `file:` key.
+        #[serde(default)]
+        files: std::collections::BTreeMap<String, String>,
+    },
+    Unload {
+        model: String,
+        #[serde(default)]
+        unload_dependents: bool,
+    },
+}
+
+impl BatchDoor {
+    /// The model loading API, for the batch's tenants (in `initialize`, for whoever loaded
+    /// the model).
+    fn repository(&self, body: &[u8]) -> Result<serde_json::Value> {
+        use base64::Engine;
+        let request = serde_json::from_slice::<RepositoryRequest>(body)
+            .map_err(|e| Error::invalid(format!("bad model loading request: {e}")))?;
+        let caller = self.caller()?;
+        let by = self.model.name.as_str();
+        match request {
+            RepositoryRequest::Ready { model, version } => {
+                let version = crate::names::parse_version(&model, &version)?;
+                Ok(serde_json::Value::from(caller.is_ready(&model, version)))
+            }
+            RepositoryRequest::Load {
+                model,
+                config,
+                files,
+            } => {
+                let files = files
+                    .into_iter()
+                    .map(|(key, data)| {
+                        base64::engine::general_purpose::STANDARD
+                            .decode(data)
+                            .map(|content| (key.clone(), content))
+                            .map_err(|e| {
+                                Error::invalid(format!(
+                                    "load_model: file '{key}' is not base64: {e}"
+                                ))
+                            })
+                    })
+                    .collect::<Result<_>>()?;
+                let load = crate::runtime::ModelLoad {
+                    model,
+                    config_json: config.filter(|c| !c.is_empty()),
+                    files,
+                };
+                caller.load(by, &self.callers, load)?;
+                Ok(serde_json::Value::Null)
+            }
+            RepositoryRequest::Unload {
+                model,
+                unload_dependents,
+            } => {
+                caller.unload(by, &self.callers, &model, unload_dependents)?;
+                Ok(serde_json::Value::Null)
+            }
+        }
+    }
+}
+
 impl Door for BatchDoor {
     fn call(&mut self, frame: &[u8]) -> Vec<u8> {
         let Some((&op, body)) = frame.split_first() else {
@@ -418,6 +494,7 @@ impl Door for BatchDoor {
                     .map_err(|e| Error::invalid(format!("bad metric request: {e}")))
                     .and_then(|r| super::metrics::handle(r, self.model.metrics_owner)),
             ),
+            Some(Op::Repository) => protocol::answer(self.repository(body)),
             Some(Op::Completed) => {
                 self.completed = Some(body.to_vec());
                 Vec::new()

@@ -39,6 +39,9 @@ pub enum Op {
     Completed,
     /// A custom metric's registration or update (`pb_utils.MetricFamily`, `Metric`).
     Metric,
+    /// The model loading API: whether a model is ready, a load, an unload
+    /// (`pb_utils.is_model_ready`, `load_model`, `unload_model`).
+    Repository,
 }
 
 impl Op {
@@ -56,6 +59,7 @@ impl Op {
             b'F' => Self::Failed,
             b'K' => Self::Completed,
             b'M' => Self::Metric,
+            b'P' => Self::Repository,
             _ => return None,
         })
     }

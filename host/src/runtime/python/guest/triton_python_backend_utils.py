@@ -609,6 +609,38 @@ class MetricFamily:
         return Metric(self, labels, buckets)
 
 
+def _repository_call(request):
+    return _call_checked(b"P", _json.dumps(request).encode())
+
+
+def is_model_ready(model_name, model_version=""):
+    """Whether `model_name` (at `model_version`, or the version the policy picks) is loaded
+    and ready."""
+    return bool(_repository_call(
+        {"action": "ready", "model": str(model_name), "version": str(model_version)}))
+
+
+def load_model(model_name, config="", files=None):
+    """Loads (or reloads) a model, as the repository API does (explicit model control mode):
+    `config` a configuration in JSON used instead of its config.pbtxt, `files` its files
+    ({"file:1/model.onnx": bytes}), which need `config`."""
+    import base64
+    request = {"action": "load", "model": str(model_name)}
+    if config:
+        request["config"] = str(config)
+    if files:
+        request["files"] = {str(k): base64.b64encode(bytes(v)).decode("ascii")
+                            for k, v in files.items()}
+    _repository_call(request)
+
+
+def unload_model(model_name, unload_dependents=False):
+    """Unloads a model (explicit model control mode); with `unload_dependents`, the models it
+    calls too."""
+    _repository_call({"action": "unload", "model": str(model_name),
+                      "unload_dependents": bool(unload_dependents)})
+
+
 def get_input_tensor_by_name(inference_request, name):
     for t in inference_request.inputs():
         if t.name() == name:
