@@ -475,3 +475,16 @@ def test_model_loading_needs_explicit_mode(tmp_path):
         assert "explicit" in entry["reason"], entry["reason"]
     finally:
         s.stop()
+
+
+def test_the_less_common_parts_of_pb_utils_work(server):
+    """A request's trace passed on to a BLS call, set_flags, a decoupled call's iterator
+    cancelled after its first response, parameters() as JSON, requested_output_names()."""
+    c = client(server)
+    inputs = [tensor(httpclient, "IN", np.array([7, 8, 9], np.int32), "INT32")]
+    outputs = [httpclient.InferRequestedOutput("FIRST"), httpclient.InferRequestedOutput("REPORT")]
+    r = c.infer("api_surface", inputs, outputs=outputs, parameters={"tag": "x"})
+    assert r.as_numpy("FIRST").tolist() == [7]
+    report = json.loads(r.as_numpy("REPORT")[0])
+    assert report == {"context": None, "flags": 0, "parameters": {"tag": "x"},
+                      "requested": ["FIRST", "REPORT"], "codes": [0, 7], "error": 2}, report

@@ -338,6 +338,18 @@ def _is_cancelled(index):
     return bool(_call_checked(b"C", _json.dumps({"index": index}).encode()))
 
 
+class InferenceTrace:
+    """A request's trace, as `request.trace()` gives it to pass on to BLS calls
+    (`InferenceRequest(..., trace=request.trace())`); calls are traced as the calling
+    request's children here whatever is passed."""
+
+    def __init__(self, context=None):
+        self._context = context
+
+    def get_context(self):
+        return self._context
+
+
 class InferenceRequest:
     """A request: one the model received, or one it builds to call another model (BLS)."""
 
@@ -355,6 +367,7 @@ class InferenceRequest:
         if isinstance(parameters, str):
             parameters = _json.loads(parameters)
         self._parameters = dict(parameters or {})
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         self._index = None  # the position in the batch, for received requests
 
     def inputs(self):
@@ -368,6 +381,12 @@ class InferenceRequest:
 
     def flags(self):
         return self._flags
+
+    def set_flags(self, flags):
+        self._flags = int(flags)
+
+    def trace(self):
+        return self._trace
 
     def model_name(self):
         return self._model_name
@@ -441,8 +460,25 @@ def _responses(data, decoupled):
                 if error.get("code") in TritonError._NAMES else TritonError.INTERNAL),
             r.get("parameters")))
     if decoupled:
-        return iter(out)
+        return _ResponseIterator(out)
     return out[0] if out else InferenceResponse(error=TritonError("no response"))
+
+
+class _ResponseIterator:
+    """The responses of a call into a decoupled model (`exec(decoupled=True)`), in order."""
+
+    def __init__(self, responses):
+        self._responses = iter(responses)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._responses)
+
+    def cancel(self):
+        """Stops taking responses: the call has ended by the time its iterator is read."""
+        self._responses = iter(())
 
 
 class _Pending:
