@@ -77,8 +77,9 @@ class Serving:
         threading.Thread(target=lambda: [self.output.extend(line) for line in self.process.stdout],
                          daemon=True).start()
         wait_ready(self.http, self.process, lambda: self.output.decode(errors="replace"))
-        # Bound models load after the listeners: wait until the last one answers ready.
-        deadline = time.time() + 120
+        # Bound models load after the listeners: wait until the last one answers ready
+        # (minutes on a loaded 2-core machine: the real Triton starts a stub process per model).
+        deadline = time.time() + 300
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/v2/models/Texts/ready",
@@ -87,7 +88,8 @@ class Serving:
                         break
             except OSError:
                 pass
-            assert time.time() < deadline, "the models did not get ready"
+            assert time.time() < deadline, ("the models did not get ready; the output ends:\n"
+                                            + self.output.decode(errors="replace")[-4000:])
             time.sleep(0.3)
 
     def stop(self):
