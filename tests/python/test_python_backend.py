@@ -416,18 +416,22 @@ class TritonPythonModel:
 '''
 
 
+def write_loader(repo):
+    (repo / "loader" / "1").mkdir(parents=True)
+    (repo / "loader" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "ACTION", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
+        'output [ { name: "ANSWER", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
+    (repo / "loader" / "1" / "model.py").write_text(LOADER)
+
+
 def test_a_model_loads_and_unloads_the_models_it_calls(tmp_path):
     """Triton's model loading API (explicit mode): the model loads what it calls from
     `initialize`, which runs inside its own load; then unloads, reloads, and loads a model from
     a configuration and files it sends; what it may not do is refused with the reason."""
     shutil.copytree(os.path.join(ROOT, "benches", "triton", "model_repository", "add_sub"),
                     tmp_path / "add_sub")
-    (tmp_path / "loader" / "1").mkdir(parents=True)
-    (tmp_path / "loader" / "config.pbtxt").write_text(
-        'backend: "python"\n'
-        'input [ { name: "ACTION", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
-        'output [ { name: "ANSWER", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
-    (tmp_path / "loader" / "1" / "model.py").write_text(LOADER)
+    write_loader(tmp_path)
     shutil.copy(os.path.join(ROOT, "model_repository", "simple", "1", "model.onnx"),
                 tmp_path / "loader" / "1" / "simple.onnx")
     s = Server(str(tmp_path), "--model-control-mode=explicit", "--load-model=loader")
@@ -462,12 +466,7 @@ def test_a_model_loads_and_unloads_the_models_it_calls(tmp_path):
 
 
 def test_model_loading_needs_explicit_mode(tmp_path):
-    (tmp_path / "loader" / "1").mkdir(parents=True)
-    (tmp_path / "loader" / "config.pbtxt").write_text(
-        'backend: "python"\n'
-        'input [ { name: "ACTION", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
-        'output [ { name: "ANSWER", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
-    (tmp_path / "loader" / "1" / "model.py").write_text(LOADER)
+    write_loader(tmp_path)
     s = Server(str(tmp_path))
     try:
         entry = next(m for m in client(s).get_model_repository_index() if m["name"] == "loader")
@@ -488,3 +487,37 @@ def test_the_less_common_parts_of_pb_utils_work(server):
     report = json.loads(r.as_numpy("REPORT")[0])
     assert report == {"context": None, "flags": 0, "parameters": {"tag": "x"},
                       "requested": ["FIRST", "REPORT"], "codes": [0, 7], "error": 2}, report
+
+
+def test_a_models_loads_need_the_requests_tenants_load_rights(tmp_path):
+    """load_model / unload_model from execute run for the batch's tenants: one without the
+    right to load add_sub is refused naming it, one with it may."""
+    import subprocess
+
+    from conftest import BINARY
+
+    def digest(key):
+        return subprocess.run([BINARY, "hash-key"], input=key, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    shutil.copytree(os.path.join(ROOT, "benches", "triton", "model_repository", "add_sub"),
+                    tmp_path / "add_sub")
+    write_loader(tmp_path)
+    config = tmp_path / "wasmtron.toml"
+    config.write_text(
+        f'[[tenant]]\nname = "alpha"\napi_keys = [{digest("alpha-key")}]\n'
+        'infer = ["loader", "add_sub"]\n\n'
+        f'[[tenant]]\nname = "ops"\napi_keys = [{digest("ops-key")}]\n'
+        'infer = ["loader", "add_sub"]\nload = ["add_sub"]\n')
+    s = Server(str(tmp_path), "--config", str(config), "--model-control-mode=explicit",
+               "--load-model=loader")
+    try:
+        c = client(s)
+        action = [tensor(httpclient, "ACTION", np.array([b"unload"], dtype=np.object_), "BYTES")]
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("loader", action, headers={"Authorization": "Bearer alpha-key"})
+        assert "tenant 'alpha' may not load or unload model 'add_sub'" in str(e.value), str(e.value)
+        r = c.infer("loader", action, headers={"Authorization": "Bearer ops-key"})
+        assert r.as_numpy("ANSWER")[0] == b"unloaded"
+    finally:
+        s.stop()
