@@ -47,43 +47,12 @@ impl GenerationInstance {
             },
         };
         // Compiled here, on the request's thread, with its first mask: the engine only steps it.
-        let guide = match (&parsed.guide, &self.settings.guides) {
-            (Some((kind, text)), Some(guides)) => {
-                Some(guides.compile(kind, text).map_err(|e| {
-                    Error::new(
-                        e.code,
-                        format!("model '{}': {}", request.model_name, e.message),
-                    )
-                })?)
-            }
-            _ => None,
-        };
-        let namespace = match self.settings.shared_prefixes {
-            true => String::new(),
-            false => request
-                .callers
-                .first()
-                .and_then(|c| c.tenant())
-                .unwrap_or_default()
-                .to_owned(),
-        };
-        // The engine shares its rows among tenants, and without tenants among client requests
-        // (every sequence of one request, its `n` choices included, is one party).
-        let party = match request.callers.first() {
-            Some(crate::tenancy::Caller::Tenant(t)) => Party {
-                key: format!("tenant {}", t.name),
-                weight: t.weight(),
-            },
-            _ => Party {
-                key: format!("request {}", request.cancel.root()),
-                weight: 1.0,
-            },
-        };
+        let guide = self.guide_of(request, &parsed.guide)?;
         self.engine.submit(Submission {
-            party,
+            party: party_of(request),
             rules,
             guide,
-            namespace,
+            namespace: self.namespace_of(request),
             log_probs: parsed.log_probs,
             top_log_probs: parsed.top_log_probs,
             prompt_log_probs: parsed.prompt_log_probs,
@@ -191,6 +160,53 @@ impl GenerationInstance {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The party a request's sequences belong to: the engine shares its rows among tenants, and
+/// without tenants among client requests (every sequence of one request, its `n` choices
+/// included, is one party).
+fn party_of(request: &InferRequest) -> Party {
+    match request.callers.first() {
+        Some(crate::tenancy::Caller::Tenant(t)) => Party {
+            key: format!("tenant {}", t.name),
+            weight: t.weight(),
+        },
+        _ => Party {
+            key: format!("request {}", request.cancel.root()),
+            weight: 1.0,
+        },
+    }
+}
+
+impl GenerationInstance {
+    /// Whose cached prefixes the prompt may reuse: its tenant's, or everyone's with
+    /// `prefix_cache_scope: server`.
+    fn namespace_of(&self, request: &InferRequest) -> String {
+        match self.settings.shared_prefixes {
+            true => String::new(),
+            false => request
+                .callers
+                .first()
+                .and_then(|c| c.tenant())
+                .unwrap_or_default()
+                .to_owned(),
+        }
+    }
+
+    /// The request's guide (`guided_decoding_guide_type` and its text), compiled.
+    fn guide_of(
+        &self,
+        request: &InferRequest,
+        guide: &Option<(String, String)>,
+    ) -> Result<Option<guided::Guide>> {
+        match (guide, &self.settings.guides) {
+            (Some((kind, text)), Some(guides)) => guides
+                .compile(kind, text)
+                .map(Some)
+                .map_err(|e| e.within(format_args!("model '{}'", request.model_name))),
+            _ => Ok(None),
         }
     }
 }

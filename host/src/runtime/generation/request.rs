@@ -299,6 +299,61 @@ fn within(model: &str, name: &str, value: f64, lo: f64, hi: f64) -> Result<f64> 
 /// Reads and checks a request's generation inputs.
 pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
     let model = request.model_name.as_str();
+    let prompt = prompt_of(request, settings)?;
+    refuse_unserved(request)?;
+    let max_tokens = max_tokens_of(request, settings, prompt.len())?;
+    let get = |name: &'static str, lo: f64, hi: f64| ranged(request, name, lo, hi);
+    let sampling = sampling_of(request)?;
+    let end_ids = match get("end_id", -1.0, f64::from(i32::MAX))? {
+        Some(v) if v >= 0.0 => vec![v as i64],
+        // -1 turns end tokens off (generate exactly max_tokens), as TensorRT-LLM's end_id does.
+        Some(_) => Vec::new(),
+        None => settings.end_ids.clone(),
+    };
+    let (stop, bad_words) = stop_and_bad_words(request, settings)?;
+    let guide = guide(request, settings)?;
+    // Answers are never padded (one sequence per request): the id is only checked.
+    get("pad_id", 0.0, f64::from(i32::MAX))?;
+    let min_tokens = get("min_length", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize;
+    let top_log_probs = get("top_logprobs", 0.0, 20.0)?.unwrap_or(0.0) as usize;
+    let bias = logit_bias(request, settings)?;
+    let log_probs =
+        scalar(request, "return_log_probs")?.is_some_and(|v| v != 0.0) || top_log_probs > 0;
+    let prompt_log_probs = scalar(request, "return_prompt_log_probs")?.is_some_and(|v| v != 0.0);
+    if prompt_log_probs && !settings.prompt_logits {
+        return Err(invalid(
+            model,
+            "'return_prompt_log_probs' needs a decoder that answers every position's logits \
+             (an input 'all_logits', as scripts/llm_export.py writes, or logits of every \
+             position, as Optimum's exports answer)"
+                .into(),
+        ));
+    }
+    let stream = scalar(request, "stream")?.is_none_or(|v| v != 0.0);
+    // TensorRT-LLM answers the prompt too unless told to exclude it; a stream never has it.
+    let include_prompt = scalar(request, "exclude_input_in_output")?.is_some_and(|v| v == 0.0);
+    Ok(Parsed {
+        prompt,
+        max_tokens,
+        sampling,
+        end_ids,
+        stop,
+        stream,
+        bad_words,
+        min_tokens,
+        log_probs,
+        top_log_probs,
+        prompt_log_probs,
+        bias,
+        include_prompt,
+        guide,
+    })
+}
+
+/// The prompt's tokens (`input_ids`, one row), checked against the vocabulary and the
+/// context.
+fn prompt_of(request: &InferRequest, settings: &Settings) -> Result<Vec<i64>> {
+    let model = request.model_name.as_str();
     let ids = request
         .inputs
         .iter()
@@ -364,45 +419,65 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
         )
         .with_field("input_ids"));
     }
-    refuse_unserved(request)?;
-    let room = limit - prompt.len();
-    let max_tokens = match scalar_of(request, &["max_tokens", "request_output_len"])? {
-        None => settings.default_max_tokens.min(room),
-        Some(v) => {
-            let v = within(model, "max_tokens", v, 1.0, f64::from(u32::MAX))? as usize;
-            if v > room {
-                return Err(invalid(
-                    model,
-                    format!(
+    Ok(prompt)
+}
+
+/// How many tokens to generate: `max_tokens` (or TensorRT-LLM's `request_output_len`) within
+/// the room the prompt leaves, else the model's default.
+fn max_tokens_of(request: &InferRequest, settings: &Settings, prompt_len: usize) -> Result<usize> {
+    let model = request.model_name.as_str();
+    let limit = settings.max_sequence_length;
+    let room = limit - prompt_len;
+    Ok(
+        match scalar_of(request, &["max_tokens", "request_output_len"])? {
+            None => settings.default_max_tokens.min(room),
+            Some(v) => {
+                let v = within(model, "max_tokens", v, 1.0, f64::from(u32::MAX))? as usize;
+                if v > room {
+                    return Err(invalid(
+                        model,
+                        format!(
                         "'max_tokens' is {v}, but the prompt's {} tokens leave room for {room} \
                          in the context of {limit} tokens (max_sequence_length)",
-                        prompt.len()
+                        prompt_len
                     ),
-                )
-                .with_field("max_tokens"));
+                    )
+                    .with_field("max_tokens"));
+                }
+                v
             }
-            v
-        }
+        },
+    )
+}
+
+/// TensorRT-LLM's other names for a field, after ours (none: the name alone).
+fn names(name: &'static str) -> &'static [&'static str] {
+    match name {
+        "top_k" => &["top_k", "runtime_top_k"],
+        "top_p" => &["top_p", "runtime_top_p"],
+        "seed" => &["seed", "random_seed"],
+        "temperature" => &["temperature", "runtime_temperature"],
+        "min_length" => &["min_length", "min_tokens"],
+        _ => &[],
+    }
+}
+
+/// A scalar field (by any of its names), checked to lie in `[lo, hi]`.
+fn ranged(request: &InferRequest, name: &'static str, lo: f64, hi: f64) -> Result<Option<f64>> {
+    let value = match names(name) {
+        [] => scalar(request, name)?,
+        several => scalar_of(request, several)?,
     };
-    // TensorRT-LLM's other names for a field come after ours.
-    let names = |name: &'static str| -> &'static [&'static str] {
-        match name {
-            "top_k" => &["top_k", "runtime_top_k"],
-            "top_p" => &["top_p", "runtime_top_p"],
-            "seed" => &["seed", "random_seed"],
-            "temperature" => &["temperature", "runtime_temperature"],
-            "min_length" => &["min_length", "min_tokens"],
-            _ => &[],
-        }
-    };
-    let get = |name: &'static str, lo: f64, hi: f64| -> Result<Option<f64>> {
-        let value = match names(name) {
-            [] => scalar(request, name)?,
-            several => scalar_of(request, several)?,
-        };
-        value.map(|v| within(model, name, v, lo, hi)).transpose()
-    };
-    let sampling = SamplingParams {
+    value
+        .map(|v| within(&request.model_name, name, v, lo, hi))
+        .transpose()
+}
+
+/// The sampling fields, each checked against its range.
+fn sampling_of(request: &InferRequest) -> Result<SamplingParams> {
+    let model = request.model_name.as_str();
+    let get = |name: &'static str, lo: f64, hi: f64| ranged(request, name, lo, hi);
+    Ok(SamplingParams {
         temperature: get("temperature", 0.0, 100.0)?.unwrap_or(0.0) as f32,
         top_k: get("top_k", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize,
         top_p: get("top_p", f64::MIN_POSITIVE, 1.0)?.unwrap_or(1.0) as f32,
@@ -413,13 +488,16 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
             as f32,
         frequency_penalty: get("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
         presence_penalty: get("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
-    };
-    let end_ids = match get("end_id", -1.0, f64::from(i32::MAX))? {
-        Some(v) if v >= 0.0 => vec![v as i64],
-        // -1 turns end tokens off (generate exactly max_tokens), as TensorRT-LLM's end_id does.
-        Some(_) => Vec::new(),
-        None => settings.end_ids.clone(),
-    };
+    })
+}
+
+/// The stop strings (OpenAI's `stop` and TensorRT-LLM's `stop_words`) and the bad words, which
+/// both need the model's tokenizer to read the text.
+fn stop_and_bad_words(
+    request: &InferRequest,
+    settings: &Settings,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let model = request.model_name.as_str();
     // OpenAI's `stop` and TensorRT-LLM's `stop_words` both end the text (without the stop
     // string itself).
     let (mut stop, mut total) = strings(request, "stop")?;
@@ -441,43 +519,7 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
                 .into(),
         ));
     }
-    let guide = guide(request, settings)?;
-    // Answers are never padded (one sequence per request): the id is only checked.
-    get("pad_id", 0.0, f64::from(i32::MAX))?;
-    let min_tokens = get("min_length", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize;
-    let top_log_probs = get("top_logprobs", 0.0, 20.0)?.unwrap_or(0.0) as usize;
-    let bias = logit_bias(request, settings)?;
-    let log_probs =
-        scalar(request, "return_log_probs")?.is_some_and(|v| v != 0.0) || top_log_probs > 0;
-    let prompt_log_probs = scalar(request, "return_prompt_log_probs")?.is_some_and(|v| v != 0.0);
-    if prompt_log_probs && !settings.prompt_logits {
-        return Err(invalid(
-            model,
-            "'return_prompt_log_probs' needs a decoder that answers every position's logits \
-             (an input 'all_logits', as scripts/llm_export.py writes, or logits of every \
-             position, as Optimum's exports answer)"
-                .into(),
-        ));
-    }
-    let stream = scalar(request, "stream")?.is_none_or(|v| v != 0.0);
-    // TensorRT-LLM answers the prompt too unless told to exclude it; a stream never has it.
-    let include_prompt = scalar(request, "exclude_input_in_output")?.is_some_and(|v| v == 0.0);
-    Ok(Parsed {
-        prompt,
-        max_tokens,
-        sampling,
-        end_ids,
-        stop,
-        stream,
-        bad_words,
-        min_tokens,
-        log_probs,
-        top_log_probs,
-        prompt_log_probs,
-        bias,
-        include_prompt,
-        guide,
-    })
+    Ok((stop, bad_words))
 }
 
 /// TensorRT-LLM's guided-decoding inputs: a type and, except for `json` (any JSON), a guide.
