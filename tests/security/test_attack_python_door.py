@@ -14,7 +14,9 @@ from attack import ROOT, Server
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATTACKS = ["empty", "unknown_op", "short_header", "bad_json", "tensor_past_end", "bad_datatype",
            "huge_shape", "send_elsewhere", "wait_unknown", "cancelled_unknown", "metric_shadow",
-           "metric_junk", "metric_buckets", "log_flood"]
+           "metric_junk", "metric_buckets", "log_flood", "repository_junk", "repository_unknown",
+           "repository_bad_version", "repository_traversal", "repository_bad_base64",
+           "repository_self"]
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +64,23 @@ def test_a_model_cannot_shadow_or_flood_the_servers_metrics(server):
     text = server.metrics_text()
     assert text.count("# TYPE nv_inference_count ") == 1
     assert "abuse_hist" not in text
+
+
+def test_the_model_loading_api_stays_inside_the_repository(tmp_path):
+    """In explicit mode a model may load models, but a file key that climbs out of the model's
+    folder is refused naming it, nothing is written outside, and a model cannot unload itself."""
+    shutil.copytree(os.path.join(HERE, "models", "door_abuse"), tmp_path / "door_abuse")
+    shutil.copytree(os.path.join(ROOT, "benches", "triton", "model_repository", "add_sub"),
+                    tmp_path / "add_sub")
+    s = Server(str(tmp_path), "--model-control-mode=explicit", "--load-model=door_abuse",
+               "--load-model=add_sub")
+    try:
+        traversal = ask(s, "repository_traversal")
+        assert traversal.startswith("answered") and "../" in traversal, traversal
+        assert not os.path.exists("/tmp/planted")
+        assert "cannot unload itself" in ask(s, "repository_self")
+        assert "base64" in ask(s, "repository_bad_base64")
+        add_sub_works(s)
+        assert s.proc.poll() is None
+    finally:
+        s.stop()

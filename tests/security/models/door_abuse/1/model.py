@@ -39,6 +39,19 @@ ATTACKS = {
         + _host.call(b"M" + json.dumps({"op": "metric", "family": "abuse_hist", "labels": {},
                                          "buckets": list(range(100000))}).encode()),
     "log_flood": lambda: [_host.call(b"L\x00" + b"x" * 4096) for _ in range(100)] and b"",
+    "repository_junk": lambda: _host.call(b"P" + b"\x00\xff"),
+    "repository_unknown": lambda: _host.call(b"P" + json.dumps(
+        {"action": "format", "model": "add_sub"}).encode()),
+    "repository_bad_version": lambda: _host.call(b"P" + json.dumps(
+        {"action": "ready", "model": "add_sub", "version": "one"}).encode()),
+    "repository_traversal": lambda: _host.call(b"P" + json.dumps(
+        {"action": "load", "model": "planted", "config": "{}",
+         "files": {"file:../../../../tmp/planted": "eA=="}}).encode()),
+    "repository_bad_base64": lambda: _host.call(b"P" + json.dumps(
+        {"action": "load", "model": "planted", "config": "{}",
+         "files": {"file:1/model.onnx": "%%%"}}).encode()),
+    "repository_self": lambda: _host.call(b"P" + json.dumps(
+        {"action": "unload", "model": "door_abuse"}).encode()),
 }
 
 
