@@ -126,7 +126,7 @@ impl Door {
             tracked
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .finish_once(outcome);
+                .finish(outcome);
         }
     }
 }

@@ -50,13 +50,8 @@ impl Tracked {
         }
     }
 
-    /// Records the outcome: `Ok` or the error's code.
-    pub fn finish(mut self, outcome: std::result::Result<(), Code>) {
-        self.record(outcome);
-    }
-
-    /// Records the outcome, if none was recorded yet.
-    pub fn finish_once(&mut self, outcome: std::result::Result<(), Code>) {
+    /// Records the outcome, `Ok` or the error's code, if none was recorded yet.
+    pub fn finish(&mut self, outcome: std::result::Result<(), Code>) {
         self.record(outcome);
     }
 

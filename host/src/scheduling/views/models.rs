@@ -60,10 +60,12 @@ pub fn model_metadata(
         s.extend_from_slice(dims);
         s
     };
-    let datatype = |t: i32| {
-        DataType::from_config_value(t)
+    let tensor = |name: &str, data_type: i32, dims: &[i64]| TensorMetadata {
+        name: name.to_owned(),
+        datatype: DataType::from_config_value(data_type)
             .map_or("INVALID", |d| d.wire_name())
-            .to_owned()
+            .to_owned(),
+        shape: shape(dims),
     };
     Ok(ModelMetadataResponse {
         name: name.to_owned(),
@@ -77,20 +79,12 @@ pub fn model_metadata(
         inputs: config
             .input
             .iter()
-            .map(|i| TensorMetadata {
-                name: i.name.clone(),
-                datatype: datatype(i.data_type),
-                shape: shape(&i.dims),
-            })
+            .map(|i| tensor(&i.name, i.data_type, &i.dims))
             .collect(),
         outputs: config
             .output
             .iter()
-            .map(|o| TensorMetadata {
-                name: o.name.clone(),
-                datatype: datatype(o.data_type),
-                shape: shape(&o.dims),
-            })
+            .map(|o| tensor(&o.name, o.data_type, &o.dims))
             .collect(),
     })
 }

@@ -86,8 +86,7 @@ pub(crate) async fn infer(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let server = st.server.clone();
-    server
+    st.server
         .serve(&caller, |door| run_infer(&st, door, &p, &headers, body))
         .await
 }
@@ -222,8 +221,7 @@ pub(crate) async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
-    let server = st.server.clone();
-    server
+    st.server
         .serve(&caller, |door| run_generate(&st, door, &p, &headers, body))
         .await
 }
@@ -262,8 +260,8 @@ pub(crate) async fn generate_stream(
 ) -> ApiResult<Response> {
     use axum::response::sse::{Event, Sse};
     // Accounted as a success once the stream starts; its errors travel in-band.
-    let server = st.server.clone();
-    let (target, request, admission) = server
+    let (target, request, admission) = st
+        .server
         .serve(&caller, |door| {
             generate_request(&st, door, &p, &headers, body, false)
         })

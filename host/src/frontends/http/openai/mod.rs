@@ -168,8 +168,7 @@ pub async fn embeddings(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let server = st.server.clone();
-    server
+    st.server
         .serve(&caller, |door| embed(&st, door, &headers, body))
         .await
         .unwrap_or_else(invalid_response)
@@ -205,8 +204,7 @@ async fn complete(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let server = st.server.clone();
-    server
+    st.server
         .serve(&caller, |door| answer(kind, &st, door, &headers, body))
         .await
         .unwrap_or_else(invalid_response)
