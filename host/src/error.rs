@@ -19,6 +19,8 @@ pub enum Code {
     Cancelled,
     /// A failure inside the server or a backend (HTTP 500, gRPC INTERNAL).
     Internal,
+    /// A backend failure it did not classify (Triton's `UNKNOWN`: HTTP 500, gRPC UNKNOWN).
+    Unknown,
     /// No valid API key (HTTP 401, gRPC UNAUTHENTICATED).
     Unauthenticated,
     /// The caller's tenant may not do this (HTTP 403, gRPC PERMISSION_DENIED).

@@ -95,6 +95,51 @@ pub struct InferRequest {
     /// Cancelled when nobody waits for the answer any more (the server sets it when the
     /// caller's wait is dropped); the work checks it and stops.
     pub cancel: crate::cancellation::Cancellation,
+    /// The parameters the model sets on its (final) response, as Triton's Python backend's
+    /// `InferenceResponse(parameters=...)`: filled by the backend while it runs the request.
+    pub reply_parameters: ReplyParameters,
+}
+
+/// Where a backend leaves the parameters of a request's response for the scheduler, which
+/// puts them on the response it builds (the instance sees the request only by reference).
+#[derive(Debug, Clone, Default)]
+pub struct ReplyParameters(std::sync::Arc<std::sync::Mutex<Parameters>>);
+
+impl ReplyParameters {
+    /// Sets the response's parameters.
+    pub fn set(&self, parameters: Parameters) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = parameters;
+    }
+
+    /// Takes what was set (empty when nothing was).
+    pub fn take(&self) -> Parameters {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl PartialEq for ReplyParameters {
+    /// Part of the answer, not of the request: requests equal whatever was set.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// One response on a decoupled request's stream: its outputs and parameters.
+#[derive(Debug, Clone, Default)]
+pub struct StreamedResponse {
+    /// The response's output tensors.
+    pub outputs: Vec<Tensor>,
+    /// The response's parameters (Triton's response parameters).
+    pub parameters: Parameters,
+}
+
+impl From<Vec<Tensor>> for StreamedResponse {
+    fn from(outputs: Vec<Tensor>) -> Self {
+        Self {
+            outputs,
+            parameters: Parameters::new(),
+        }
+    }
 }
 
 impl InferRequest {
@@ -274,7 +319,7 @@ impl PartialEq for StepDurations {
 /// an instance, a batch row or memory for longer.
 #[derive(Clone)]
 pub struct ResponseSink {
-    tx: tokio::sync::mpsc::Sender<Vec<Tensor>>,
+    tx: tokio::sync::mpsc::Sender<StreamedResponse>,
     stall: std::time::Duration,
 }
 
@@ -284,7 +329,7 @@ impl ResponseSink {
     pub fn channel(
         capacity: usize,
         stall: std::time::Duration,
-    ) -> (Self, tokio::sync::mpsc::Receiver<Vec<Tensor>>) {
+    ) -> (Self, tokio::sync::mpsc::Receiver<StreamedResponse>) {
         let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
         (Self { tx, stall }, rx)
     }
@@ -309,9 +354,10 @@ impl ResponseSink {
     /// the stream is full, but not past `deadline` nor past the stall deadline.
     pub fn send_blocking(
         &self,
-        mut outputs: Vec<Tensor>,
+        outputs: impl Into<StreamedResponse>,
         deadline: Option<std::time::Instant>,
     ) -> crate::error::Result<()> {
+        let mut outputs = outputs.into();
         use tokio::sync::mpsc::error::TrySendError;
         let stalled_at = std::time::Instant::now() + self.stall;
         loop {
@@ -347,8 +393,8 @@ impl ResponseSink {
 
     /// Sends one response from async code, waiting while the stream is full, but not past
     /// the stall deadline.
-    pub async fn send(&self, outputs: Vec<Tensor>) -> crate::error::Result<()> {
-        match tokio::time::timeout(self.stall, self.tx.send(outputs)).await {
+    pub async fn send(&self, outputs: impl Into<StreamedResponse>) -> crate::error::Result<()> {
+        match tokio::time::timeout(self.stall, self.tx.send(outputs.into())).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(crate::error::Error::new(
                 crate::error::Code::Cancelled,

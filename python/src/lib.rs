@@ -93,7 +93,7 @@ fn to_py(err: Error) -> PyErr {
         Code::Unsupported => UnsupportedError::new_err(message),
         Code::AlreadyExists => AlreadyExistsError::new_err(message),
         Code::Cancelled => CancelledError::new_err(message),
-        Code::Unauthenticated | Code::PermissionDenied | Code::Internal => {
+        Code::Unauthenticated | Code::PermissionDenied | Code::Internal | Code::Unknown => {
             InternalError::new_err(message)
         }
     }

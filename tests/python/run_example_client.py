@@ -2,7 +2,8 @@
 
 The clients name `localhost:8000` (HTTP), `localhost:8001` (gRPC) and `localhost:8002`
 (metrics); tests serve on ephemeral ports, so the clients' connections are pointed there:
-`run_example_client.py HTTP GRPC METRICS client.py`."""
+`run_example_client.py HTTP GRPC METRICS client.py`, or `... -m pytest test_file.py` for a
+test module."""
 import runpy
 import sys
 
@@ -34,5 +35,10 @@ redirect(tritonclient.grpc.InferenceServerClient)
 _request = requests.Session.request
 requests.Session.request = lambda self, method, url, *a, **kw: _request(self, method, rewrite(url), *a, **kw)
 
-sys.argv = [script]
-runpy.run_path(script, run_name="__main__")
+if script == "-m":
+    # `-m pytest test_file.py ...`: a module run with its arguments (Triton's QA unittests).
+    sys.argv = sys.argv[5:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = [script]
+    runpy.run_path(script, run_name="__main__")

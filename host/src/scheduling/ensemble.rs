@@ -381,13 +381,13 @@ impl Ensemble {
             tokio::pin!(step);
             loop {
                 tokio::select! {
-                    Some(outputs_of_step) = produced.recv() => answer(outputs_of_step).await?,
+                    Some(step_reply) = produced.recv() => answer(step_reply.outputs).await?,
                     result = &mut step => break result,
                 }
             }
         };
-        while let Ok(outputs_of_step) = produced.try_recv() {
-            answer(outputs_of_step).await?;
+        while let Ok(step_reply) = produced.try_recv() {
+            answer(step_reply.outputs).await?;
         }
         let last = last.map_err(|e| self.step_error(d, e))?;
         if !last.outputs.is_empty() {
@@ -460,6 +460,7 @@ impl Ensemble {
             })
             .collect();
         InferRequest {
+            reply_parameters: Default::default(),
             model_name: step.model.clone(),
             model_version: step.version,
             id: request.id.clone(),

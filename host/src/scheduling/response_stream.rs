@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     error::Result,
-    inference::{InferRequest, InferResponse},
+    inference::{InferRequest, InferResponse, StreamedResponse},
 };
 
 impl Server {
@@ -58,12 +58,12 @@ impl Server {
             // A decoupled model's responses are counted per index, as Triton's response_stats.
             let mut responses = crate::runtime::is_decoupled(&model.config)
                 .then(|| ResponseClock::new(model.stats.clone()));
-            let wrap = |outputs, name: &str, id: &str| InferResponse {
+            let wrap = |streamed: StreamedResponse, name: &str, id: &str| InferResponse {
                 model_name: name.to_owned(),
                 model_version: version,
                 id: id.to_owned(),
-                parameters: Default::default(),
-                outputs,
+                parameters: streamed.parameters,
+                outputs: streamed.outputs,
             };
             let (name, id) = (request.model_name.clone(), request.id.clone());
             let final_response = server.infer_with(model, request);
@@ -71,9 +71,8 @@ impl Server {
             // A reader that takes nothing for `stall` is treated as gone: returning drops the
             // request's future, which cancels it.
             let deliver = |item| tokio::time::timeout(stall, out.send(item));
-            let send = async |outputs: Vec<crate::tensor::Tensor>,
-                              clock: &mut Option<ResponseClock>| {
-                let empty = outputs.is_empty();
+            let send = async |outputs: StreamedResponse, clock: &mut Option<ResponseClock>| {
+                let empty = outputs.outputs.is_empty();
                 let handed = Instant::now();
                 let sent = matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(())));
                 if let Some(clock) = clock {

@@ -596,8 +596,8 @@ impl WorkQueue {
         let response = InferResponse {
             model_name: self.model.clone(),
             model_version: self.version,
+            parameters: job.request.reply_parameters.take(),
             id: job.request.id,
-            parameters: Default::default(),
             outputs,
         };
         self.deliver(job.seq, job.reply, Ok(response));

@@ -28,7 +28,7 @@ fn reason(code: Code) -> &'static str {
         Code::ResourceExhausted => "QUOTA",
         Code::Unavailable => "REJECTED",
         Code::Cancelled => "CANCELED",
-        Code::Internal => "BACKEND",
+        Code::Internal | Code::Unknown => "BACKEND",
         Code::Unauthenticated => "UNAUTHENTICATED",
         Code::InvalidArg | Code::NotFound | Code::AlreadyExists | Code::Unsupported => "INVALID",
     }

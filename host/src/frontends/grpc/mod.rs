@@ -171,6 +171,7 @@ pub fn to_status(err: Error) -> Status {
         Code::AlreadyExists => tonic::Code::AlreadyExists,
         Code::Cancelled => tonic::Code::Cancelled,
         Code::Internal => tonic::Code::Internal,
+        Code::Unknown => tonic::Code::Unknown,
         Code::Unauthenticated => tonic::Code::Unauthenticated,
         Code::PermissionDenied => tonic::Code::PermissionDenied,
         Code::ResourceExhausted => tonic::Code::ResourceExhausted,

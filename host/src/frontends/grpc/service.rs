@@ -137,12 +137,17 @@ impl GrpcInferenceService for GrpcService {
             max_bytes: self.max_message_size,
             tracing: self.tracing.clone(),
             context: TraceContext::of(r.metadata()),
+            grpc_errors: r
+                .metadata()
+                .get("triton_grpc_error")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         };
         let mut order = SequenceOrder::default();
         // Requests on one stream run at once, as on Triton: each request's responses (0..N
         // for a decoupled model) come in order, tagged with its id, requests' answers in the
         // order they finish; a sequence's requests keep the order they were sent in; errors
-        // travel in-band.
+        // travel in-band (with `triton_grpc_error: true`, the first ends the stream).
         let responses = r
             .into_inner()
             .map(move |item| match item {

@@ -46,15 +46,32 @@ pub(super) struct StreamContext {
     pub(super) max_bytes: usize,
     pub(super) tracing: Arc<Tracing>,
     pub(super) context: TraceContext,
+    /// Triton's `triton_grpc_error: true` header: the first error ends the stream with its
+    /// gRPC status instead of travelling in-band.
+    pub(super) grpc_errors: bool,
 }
 
 impl StreamContext {
     /// The answers to one request of the stream: authenticated, admitted and accounted, its
-    /// refusals in-band.
+    /// errors in-band (or, with `grpc_errors`, as the status that ends the stream).
     pub(super) fn answer(&self, req: ModelInferRequest) -> Answers {
-        let refuse = |id: String, e: Error| {
-            futures::stream::once(async move { Ok(stream_error(id, e)) }).boxed()
-        };
+        let id = req.id.clone();
+        let answers = self.answers(req);
+        if self.grpc_errors {
+            return answers;
+        }
+        answers
+            .map(move |item| match item {
+                Err(status) => Ok(stream_error(id.clone(), status)),
+                ok => ok,
+            })
+            .boxed()
+    }
+
+    /// [`Self::answer`] with every error as a status.
+    fn answers(&self, req: ModelInferRequest) -> Answers {
+        let refuse =
+            |_id: String, e: Error| futures::stream::once(async move { Err(to_status(e)) }).boxed();
         let caller = match &self.tenancy {
             Some(tenancy) => match tenancy.authenticate(self.key.as_deref()) {
                 Ok(caller) => caller,
@@ -154,9 +171,9 @@ impl SequenceOrder {
     }
 }
 
-pub(super) fn stream_error(id: String, err: Error) -> ModelStreamInferResponse {
+fn stream_error(id: String, status: Status) -> ModelStreamInferResponse {
     ModelStreamInferResponse {
-        error_message: err.message,
+        error_message: status.message().to_owned(),
         infer_response: Some(ModelInferResponse {
             id,
             ..Default::default()
@@ -187,7 +204,7 @@ pub(super) fn stream_one(
     });
     let mut request = match decoded {
         Ok(r) => r,
-        Err(err) => return futures::stream::once(async move { Ok(stream_error(id, err)) }).boxed(),
+        Err(err) => return futures::stream::once(async move { Err(to_status(err)) }).boxed(),
     };
     request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
     request.trace.mark("GRPC_WAITREAD_START");
@@ -223,7 +240,7 @@ pub(super) fn stream_one(
                     infer_response: Some(resp),
                 }
             }
-            Err(err) => stream_error(id.clone(), err),
+            Err(err) => return Err(to_status(err)),
         })
     });
     let end = (decoupled && empty_final).then(|| {

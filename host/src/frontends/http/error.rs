@@ -34,7 +34,7 @@ pub fn status_for(code: Code) -> StatusCode {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Code::Unsupported => StatusCode::NOT_IMPLEMENTED,
-        Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        Code::Internal | Code::Unknown => StatusCode::INTERNAL_SERVER_ERROR,
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,

@@ -63,10 +63,10 @@ fn run_call(
         .spawn(move || caller.infer(request))
         .map_err(|e| Error::internal(format!("cannot start a call: {e}")))?;
     let mut answers = Vec::new();
-    while let Some(outputs) = rx.blocking_recv() {
+    while let Some(streamed) = rx.blocking_recv() {
         answers.push(Answer {
-            outputs,
-            parameters: Default::default(),
+            outputs: streamed.outputs,
+            parameters: streamed.parameters,
         });
     }
     let last = call
@@ -212,8 +212,11 @@ impl BatchDoor {
             .iter()
             .map(|t| frame.tensor(t))
             .collect::<Result<Vec<_>>>()?;
-        let tensors = self.model.outputs(&self.outputs, tensors)?;
-        sink.send_blocking(tensors, self.deadline)?;
+        let streamed = crate::inference::StreamedResponse {
+            outputs: self.model.outputs(&self.outputs, tensors)?,
+            parameters: protocol::parameters_from_json(&response.parameters)?,
+        };
+        sink.send_blocking(streamed, self.deadline)?;
         Ok(serde_json::Value::Null)
     }
 
@@ -256,6 +259,7 @@ impl BatchDoor {
             );
         }
         let request = InferRequest {
+            reply_parameters: Default::default(),
             model_name: h.model.clone(),
             model_version: (h.version > 0).then_some(h.version),
             id: h.id.clone(),

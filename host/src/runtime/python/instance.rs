@@ -307,7 +307,7 @@ impl ModelInstance for PythonInstance {
         if let Some(err) = door.refused_call {
             return (all(err), ExecTimings::default());
         }
-        let answers = match self.answers(door.responses.as_deref(), n, outputs) {
+        let answers = match self.answers(door.responses.as_deref(), requests, outputs) {
             Ok(answers) => answers,
             Err(e) => all(e),
         };
@@ -326,9 +326,10 @@ impl PythonInstance {
     fn answers(
         &self,
         frame: Option<&[u8]>,
-        n: usize,
+        requests: &[&InferRequest],
         outputs: &[String],
     ) -> Result<Vec<Result<Vec<Tensor>>>> {
+        let n = requests.len();
         let model = &self.model;
         let frame = frame.ok_or_else(|| {
             Error::internal(format!("Python model '{}' sent no responses", model.name))
@@ -347,8 +348,13 @@ impl PythonInstance {
         }
         Ok(responses
             .iter()
-            .map(|r| {
+            .zip(requests)
+            .map(|(r, request)| {
                 let Some(r) = r else {
+                    if model.decoupled {
+                        // Its stream has ended: the senders sent what it had.
+                        return Ok(Vec::new());
+                    }
                     return Err(Error::internal(format!(
                         "Python model '{}' returned None instead of an InferenceResponse",
                         model.name
@@ -362,6 +368,11 @@ impl PythonInstance {
                     .iter()
                     .map(|t| frame.tensor(t))
                     .collect::<Result<Vec<_>>>()?;
+                if !r.parameters.is_empty() {
+                    request
+                        .reply_parameters
+                        .set(protocol::parameters_from_json(&r.parameters)?);
+                }
                 model.outputs(outputs, tensors)
             })
             .collect())

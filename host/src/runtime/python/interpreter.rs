@@ -293,6 +293,7 @@ async fn door_call(
         let state = caller.data_mut();
         state.ends = ends;
         state.cancel = cancel;
+        state.cancelled_at = None;
     }
     caller.data_mut().door = Some(door);
     let Ok(answer_len) = i32::try_from(answer.len()) else {
@@ -383,14 +384,10 @@ fn poll_oneoff(
         if now >= woken {
             break;
         }
-        let state = caller.data();
-        if state
-            .cancel
-            .as_ref()
-            .is_some_and(Cancellation::is_cancelled)
-        {
+        if caller.data_mut().cancel_due() {
             return Err(wasmtime::Error::new(TurnCancelled));
         }
+        let state = caller.data();
         if now >= state.ends {
             return Err(wasmtime::Trap::Interrupt.into());
         }
@@ -489,6 +486,24 @@ pub struct PyState {
     door: Option<Box<dyn Door>>,
     ends: Instant,
     cancel: Option<Cancellation>,
+    /// When the turn was first seen cancelled.
+    cancelled_at: Option<Instant>,
+}
+
+/// How long a turn whose requests were all cancelled keeps running: time for a model that
+/// checks `request.is_cancelled()` (as Triton's documentation asks) to answer with its own
+/// error; past it the turn is stopped.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+impl PyState {
+    /// Whether the turn's requests were all cancelled more than [`CANCEL_GRACE`] ago.
+    fn cancel_due(&mut self) -> bool {
+        if !self.cancel.as_ref().is_some_and(Cancellation::is_cancelled) {
+            return false;
+        }
+        let now = Instant::now();
+        now.duration_since(*self.cancelled_at.get_or_insert(now)) >= CANCEL_GRACE
+    }
 }
 
 /// Why the epoch callback stopped a turn whose requests were all cancelled.
@@ -543,19 +558,15 @@ impl Interpreter {
             door: None,
             ends: Instant::now() + Duration::from_secs(60),
             cancel: None,
+            cancelled_at: None,
         };
         let mut store = Store::new(rt.pre.module().engine(), state);
         store.limiter(|s| &mut s.limits);
-        store.epoch_deadline_callback(|store| {
-            let state = store.data();
-            if state
-                .cancel
-                .as_ref()
-                .is_some_and(Cancellation::is_cancelled)
-            {
+        store.epoch_deadline_callback(|mut store| {
+            if store.data_mut().cancel_due() {
                 return Err(wasmtime::Error::new(TurnCancelled));
             }
-            if Instant::now() >= state.ends {
+            if Instant::now() >= store.data().ends {
                 return Err(wasmtime::Trap::Interrupt.into());
             }
             Ok(wasmtime::UpdateDeadline::Continue(1))

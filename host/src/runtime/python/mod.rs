@@ -137,6 +137,7 @@ pub fn load(
             model_file: model_file.clone(),
             caller: options.model_caller.clone(),
             single_instance: count == 1,
+            decoupled: crate::runtime::is_decoupled(config),
             metrics_owner: metrics::owner(),
         })
     };

@@ -49,6 +49,8 @@ pub(crate) struct PythonModel {
     pub(super) caller: Option<Arc<dyn crate::runtime::ModelCaller>>,
     pub(super) health: Arc<InstanceHealth>,
     pub(super) single_instance: bool,
+    /// Answers through response senders (`model_transaction_policy.decoupled`).
+    pub(super) decoupled: bool,
     /// Names this loaded version's custom metric families, released when it goes.
     pub(super) metrics_owner: u64,
 }

@@ -325,11 +325,12 @@ pub fn triton_code(e: &Error) -> &'static str {
         Code::AlreadyExists => "ALREADY_EXISTS",
         Code::Cancelled => "CANCELLED",
         Code::Internal => "INTERNAL",
+        Code::Unknown => "UNKNOWN",
         Code::Unauthenticated | Code::PermissionDenied => "INVALID_ARG",
     }
 }
 
-/// An error from a `TritonError` code name and message (`UNKNOWN` and other names: internal).
+/// An error from a `TritonError` code name and message (names it does not know: internal).
 pub fn from_triton_code(code: &str, message: String) -> Error {
     use crate::error::Code;
     let code = match code {
@@ -339,6 +340,7 @@ pub fn from_triton_code(code: &str, message: String) -> Error {
         "UNSUPPORTED" => Code::Unsupported,
         "ALREADY_EXISTS" => Code::AlreadyExists,
         "CANCELLED" => Code::Cancelled,
+        "UNKNOWN" => Code::Unknown,
         _ => Code::Internal,
     };
     Error::new(code, message)

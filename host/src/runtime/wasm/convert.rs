@@ -64,7 +64,7 @@ pub(super) fn to_wit_error(e: Error) -> wit::Error {
         Code::NotFound => wit::ErrorCode::NotFound,
         Code::Unavailable => wit::ErrorCode::Unavailable,
         Code::Unsupported => wit::ErrorCode::Unsupported,
-        Code::Internal => wit::ErrorCode::Internal,
+        Code::Internal | Code::Unknown => wit::ErrorCode::Internal,
         // A stage's call refused by access control: the stage sees an unfitting request.
         Code::Unauthenticated | Code::PermissionDenied => wit::ErrorCode::InvalidArgument,
         Code::ResourceExhausted => wit::ErrorCode::Unavailable,

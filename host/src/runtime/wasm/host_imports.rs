@@ -69,6 +69,7 @@ impl wit_host::Host for StageState {
             model = %model
         ));
         let request = InferRequest {
+            reply_parameters: Default::default(),
             model_name: model,
             model_version: version,
             id: String::new(),

@@ -28,7 +28,7 @@ pub fn error_response(error: &Error, param: Option<&str>) -> Response {
         Code::Unauthenticated => ("invalid_request_error", Some("invalid_api_key")),
         Code::PermissionDenied => ("permission_error", None),
         Code::ResourceExhausted => ("rate_limit_error", Some("rate_limit_exceeded")),
-        Code::Internal | Code::Unavailable => ("server_error", None),
+        Code::Internal | Code::Unknown | Code::Unavailable => ("server_error", None),
         _ => ("invalid_request_error", None),
     };
     (

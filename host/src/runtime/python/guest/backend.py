@@ -7,9 +7,11 @@ takes each batch from the host).
 """
 
 import asyncio
+import importlib.machinery
 import importlib.util
 import inspect
 import json
+import os
 import selectors
 import sys
 import threading
@@ -170,8 +172,18 @@ threading.Thread.is_alive = _thread_is_alive
 
 
 def _drain():
-    while _deferred:
-        _thread_run(_deferred.pop(0))
+    """Runs what the model left to run: threads it started, then asyncio tasks it created
+    (an `async def execute` that answers from a background task)."""
+    while True:
+        if _deferred:
+            _thread_run(_deferred.pop(0))
+            continue
+        if _loop is not None:
+            pending = [t for t in asyncio.all_tasks(_loop) if not t.done()]
+            if pending:
+                _loop.run_until_complete(asyncio.wait(pending))
+                continue
+        return
 
 
 def _failure(e):
@@ -197,10 +209,23 @@ class _Backend:
         _host.call(b"F" + _failure(e).encode("utf-8", "replace"))
 
     def _model_class(self, model_file, version_dir):
-        if version_dir not in sys.path:
-            sys.path.insert(0, version_dir)
-        spec = importlib.util.spec_from_file_location("model", model_file)
+        # As Triton's stub does: the version folder and the model folder on the path, and
+        # the file imported as `<version>.<stem>` so that both `import helper` and
+        # `from . import helper` find modules beside model.py.
+        model_dir = os.path.dirname(version_dir)
+        for folder in (model_dir, version_dir):
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+        version = os.path.basename(version_dir)
+        stem = os.path.splitext(os.path.basename(model_file))[0]
+        package = importlib.util.module_from_spec(
+            importlib.machinery.ModuleSpec(version, None, is_package=True))
+        package.__path__ = [version_dir]
+        sys.modules[version] = package
+        name = "%s.%s" % (version, stem)
+        spec = importlib.util.spec_from_file_location(name, model_file)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         sys.modules["model"] = module
         spec.loader.exec_module(module)
         cls = getattr(module, "TritonPythonModel", None)
@@ -250,6 +275,67 @@ class _Backend:
             self.execute(frame)
         self.finalize()
 
+    def sender(self, index):
+        """The response sender of request `index` of the batch (one per request)."""
+        sender = self.senders.get(index)
+        if sender is None:
+            sender = self.senders[index] = pb.InferenceResponseSender(index)
+        return sender
+
+    def _returned(self, result, n):
+        """What `execute` returned, checked as Triton checks it: None, or (default mode
+        only) a list of one InferenceResponse or None per request."""
+        if result is None:
+            return [None] * n
+        # Triton names the instance (`<model>_0_0`) in these messages.
+        name = self.args.get("model_instance_name") or self.args.get("model_name")
+        if self.decoupled:
+            raise pb.TritonModelException(
+                "Python model '%s' is using the decoupled mode and the execute function "
+                "must return None." % name)
+        if not isinstance(result, (list, tuple)):
+            raise pb.TritonModelException(
+                "Expected a list in the execute return, found type '%s'."
+                % type(result).__name__)
+        if len(result) != n:
+            raise pb.TritonModelException(
+                "Number of InferenceResponse objects do not match the number of "
+                "InferenceRequest objects. InferenceRequest(s) size is:%d, and "
+                "InferenceResponse(s) size is:%d" % (n, len(result)))
+        for r in result:
+            if r is not None and not isinstance(r, pb.InferenceResponse):
+                raise pb.TritonModelException(
+                    "Expected an 'InferenceResponse' object in the execute function return "
+                    "list, found type '%s'." % type(r).__name__)
+        # A returned response is sent at once, final: the request's sender closes with it.
+        for i, r in enumerate(result):
+            if r is not None:
+                self.sender(i)._count(r, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return list(result)
+
+    def _answer(self, w, i, returned, error, finished):
+        """Request `i`'s entry in the responses frame; `finished`: its sender had sent the
+        final flag when execute ended."""
+        sender = self.senders.get(i)
+        if self.decoupled:
+            if sender is not None and sender._error is not None:
+                e = sender._error
+                return {"error": {"message": e.message(), "code": e._code_name()}}
+            if error is not None and not finished:
+                return {"error": error}
+            return None
+        if sender is not None and sender._response is not None:
+            return w.response(sender._response)
+        if error is not None:
+            return {"error": error}
+        if returned[i] is not None:
+            return w.response(returned[i])
+        return {"error": {
+            "message": "Python model '%s' answered request %d with no response: execute "
+                       "returned None for it and its response sender sent none"
+                       % (self.args.get("model_name"), i),
+            "code": "INTERNAL"}}
+
     def execute(self, frame):
         header, blob = pb._read_frame(frame)
         requests = []
@@ -261,34 +347,42 @@ class _Backend:
                 correlation_id=r.get("correlation_id", 0),
                 request_id=r.get("id", ""),
                 flags=r.get("flags", 0),
-                parameters=r.get("parameters"),
             )
+            # As the client sent them (numbers with a fraction too).
+            req._parameters = r.get("parameters") or {}
             req._index = i
             requests.append(req)
         self.senders = {}
-        w = pb._Writer()
+        n = len(requests)
+        returned = [None] * n
+        error = None
         try:
             result = self.model.execute(requests)
             if inspect.isawaitable(result):
                 result = _run(result)
-            _drain()
-            if self.decoupled:
-                responses = None
-            else:
-                if not isinstance(result, (list, tuple)):
-                    raise pb.TritonModelException(
-                        "execute must return a list of InferenceResponse, one per request; "
-                        "it returned %s" % type(result).__name__)
-                if len(result) != len(requests):
-                    raise pb.TritonModelException(
-                        "execute returned %d responses for %d requests"
-                        % (len(result), len(requests)))
-                responses = [w.response(r) for r in result]
+            returned = self._returned(result, n)
         except BaseException as e:
-            _drain()
+            # Triton's wording, which clients match on.
+            message = "Failed to process the request(s) for model '%s', message: %s" % (
+                self.args.get("model_name"), _failure(e))
+            # Logged too, as Triton does: a decoupled model's requests may have been answered
+            # already, and then the log is the only place the error shows.
+            pb._log(2, message)
+            error = {"message": message, "code": "INTERNAL"}
+        # Threads and tasks the model left running send their responses before the batch
+        # ends; a sender closes with an error once execute failed.
+        finished = {i for i, sender in self.senders.items() if sender._closed}
+        if error is not None:
+            for i in range(n):
+                self.sender(i)._closed = True
+        _drain()
+        try:
             w = pb._Writer()
-            error = {"message": _failure(e), "code": "INTERNAL"}
-            responses = [{"error": error} for _ in requests]
+            responses = [self._answer(w, i, returned, error, i in finished) for i in range(n)]
+        except BaseException as e:
+            w = pb._Writer()
+            failed = {"error": {"message": _failure(e), "code": "INTERNAL"}}
+            responses = [failed] * n
         _host.call(b"R" + w.finish({"responses": responses}))
 
     def finalize(self):

@@ -6,6 +6,7 @@ host is reached through one door, `_host.call(frame) -> bytes`; frames are descr
 host/src/runtime/python/protocol.rs. Names starting with `_` are the backend's own.
 """
 
+import enum as _enum
 import json as _json
 import struct as _struct
 import sys as _sys
@@ -153,10 +154,63 @@ class TritonModelException(Exception):
     """Raised by the utilities (and by models) for an error that fails the request."""
 
 
+_UNSET = object()
+
+
+def _want(value, types, what):
+    """Triton's bindings refuse an argument of the wrong type with a TypeError."""
+    if not isinstance(value, types):
+        kinds = types if isinstance(types, tuple) else (types,)
+        raise TypeError("%s must be %s, not %s" % (
+            what, " or ".join(t.__name__ for t in kinds), type(value).__name__))
+    return value
+
+
+def _parameters(parameters):
+    """Request or response parameters as Triton takes them: None or a dict of str keys and
+    bool, int or str values (a JSON object's text is taken too)."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        parameters = _json.loads(parameters)
+    if not isinstance(parameters, dict):
+        raise TritonModelException(
+            "Expect parameters to be a dict, got %s" % str(type(parameters)))
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                "Expect parameters keys to have type str, found type %s" % str(type(key)))
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                "Expect parameters values to have type bool/int/str, found type %s"
+                % str(type(value)))
+    return dict(parameters)
+
+
+def _text(value, what):
+    """A string argument: str, or bytes in UTF-8 (Triton's bindings take both)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return _want(value, str, what)
+
+
+def _tensors(values, what):
+    """A list of Tensors: the list itself checked for type, each element for None."""
+    _want(values, (list, tuple), what)
+    for t in values:
+        if not isinstance(t, Tensor):
+            raise TritonModelException(
+                "%s must hold pb_utils.Tensor objects, found %s" % (what, type(t).__name__))
+    return list(values)
+
+
 class Tensor:
     """A named tensor: numpy in (`as_numpy`) and out (`Tensor(name, array)`)."""
 
     def __init__(self, name, data, dtype=None):
+        name = _text(name, "Tensor name")
+        if data is None:
+            raise TypeError("Tensor %r: the data must be a numpy array, not None" % name)
         if not isinstance(data, _np.ndarray):
             data = _np.asarray(data)
         if data.dtype.type is _np.str_ or data.dtype.type is _np.bytes_:
@@ -192,6 +246,10 @@ class Tensor:
     @staticmethod
     def from_dlpack(name, capsule):
         """A tensor from an object with `__dlpack__` or from a DLPack capsule (host memory)."""
+        if not isinstance(name, str) or not name:
+            raise TritonModelException("Tensor name cannot be an empty string")
+        if capsule is None:
+            raise TritonModelException("Tensor %r: from_dlpack was given None" % name)
         if not hasattr(capsule, "__dlpack__"):
             capsule = _Capsule(capsule)
         return Tensor(name, _np.from_dlpack(capsule))
@@ -216,16 +274,14 @@ class _Capsule:
 class InferenceResponse:
     """A response: output tensors, or an error; optional parameters."""
 
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        if output_tensors is None:
+    def __init__(self, output_tensors=_UNSET, error=None, parameters=None):
+        if output_tensors is _UNSET:
             output_tensors = []
         if isinstance(error, str):
             error = TritonError(error)
-        self._outputs = list(output_tensors)
+        self._outputs = _tensors(output_tensors, "output_tensors")
         self._error = error
-        if isinstance(parameters, str):
-            parameters = _json.loads(parameters)
-        self._parameters = dict(parameters or {})
+        self._parameters = _parameters(parameters)
 
     def output_tensors(self):
         return self._outputs
@@ -241,22 +297,55 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """Sends the responses of one request of a decoupled model."""
+    """Sends the responses of one request. A decoupled model sends any number, then the
+    final flag; a default-mode model (Triton 24.06+) sends exactly one, with the final flag
+    or before a flag-only send."""
 
     def __init__(self, index):
         self._index = index
         self._closed = False
+        self._sent = 0
+        self._response = None  # a default-mode model's one response, sent with the batch
+        self._error = None  # a decoupled model's error response: its stream ends with it
 
-    def send(self, response=None, flags=0):
+    def _count(self, response, flags):
+        if not _backend.decoupled:
+            if response is not None and self._sent > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than "
+                    "one response.")
+            if response is None and flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL \
+                    and self._sent == 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete "
+                    "final before sending a response.")
         if self._closed:
             raise TritonModelException(
                 "Unable to send response. Response sender has been closed.")
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+        if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self._closed = True
-        header = {"index": self._index, "flags": int(flags), "response": None}
+        self._sent += 1
+
+    def send(self, response=None, flags=0):
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                "expected an InferenceResponse, got %s" % type(response).__name__)
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException(
+                "Unable to send response. Unsupported flag %r: use 0 or "
+                "TRITONSERVER_RESPONSE_COMPLETE_FINAL" % (flags,))
+        self._count(response, flags)
+        if response is None:
+            return
+        if not _backend.decoupled:
+            self._response = response
+            return
+        if response.has_error():
+            if self._error is None:
+                self._error = response.error()
+            return
         w = _Writer()
-        if response is not None:
-            header["response"] = w.response(response)
+        header = {"index": self._index, "flags": int(flags), "response": w.response(response)}
         _call_checked(b"S", w.finish(header))
 
     def is_cancelled(self):
@@ -353,20 +442,27 @@ class InferenceTrace:
 class InferenceRequest:
     """A request: one the model received, or one it builds to call another model (BLS)."""
 
-    def __init__(self, model_name=None, inputs=None, requested_output_names=None,
+    def __init__(self, model_name=_UNSET, inputs=(), requested_output_names=(),
                  model_version=-1, correlation_id=0, request_id="", flags=0, timeout=0,
                  preferred_memory=None, trace=None, parameters=None, **_ignored):
+        model_name = _text(model_name, "model_name")
         self._model_name = model_name
-        self._inputs = list(inputs or [])
-        self._outputs = list(requested_output_names or [])
+        self._inputs = _tensors(inputs, "inputs")
+        _want(requested_output_names, (list, tuple), "requested_output_names")
+        requested_output_names = [
+            _text(name, "a requested output name") for name in requested_output_names]
+        _want(correlation_id, (int, _np.integer, str), "correlation_id")
+        request_id = _text(request_id, "request_id")
+        _want(model_version, (int, _np.integer), "model_version")
+        _want(flags, (int, _np.integer), "flags")
+        _want(timeout, (int, _np.integer), "timeout")
+        self._outputs = list(requested_output_names)
         self._model_version = model_version
         self._correlation_id = correlation_id
         self._request_id = request_id
         self._flags = flags
         self._timeout = timeout
-        if isinstance(parameters, str):
-            parameters = _json.loads(parameters)
-        self._parameters = dict(parameters or {})
+        self._parameters = _parameters(parameters)
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         self._index = None  # the position in the batch, for received requests
 
@@ -403,14 +499,10 @@ class InferenceRequest:
     def get_response_sender(self):
         if self._index is None:
             raise TritonModelException("only a received request has a response sender")
-        if not _backend.decoupled:
+        if self._index is None:
             raise TritonModelException(
-                "Unable to get response sender: this model is not decoupled "
-                "(model_transaction_policy { decoupled: true })")
-        sender = _backend.senders.get(self._index)
-        if sender is None:
-            sender = _backend.senders[self._index] = InferenceResponseSender(self._index)
-        return sender
+                "Unable to get response sender: the request was not received by this model")
+        return _backend.sender(self._index)
 
     def is_cancelled(self):
         if self._index is None:
@@ -494,37 +586,46 @@ class _Pending:
         return _responses(_host.call(b"W" + _json.dumps(self._handle).encode()), self._decoupled)
 
 
+class _LogLevel(_enum.Enum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
 class Logger:
     """Triton's model logger: lines go to the server's log with the model's name."""
 
-    class LogLevel:
-        INFO = 0
-        WARNING = 1
-        ERROR = 2
-        VERBOSE = 3
+    LogLevel = _LogLevel
+    # Triton exports the levels onto the class too: `Logger.log(msg, Logger.INFO)`.
+    INFO = _LogLevel.INFO
+    WARNING = _LogLevel.WARNING
+    ERROR = _LogLevel.ERROR
+    VERBOSE = _LogLevel.VERBOSE
 
     @staticmethod
-    def log(message, level=0):
-        _log(level, message)
+    def log(message, level=_LogLevel.INFO):
+        _want(level, _LogLevel, "the log level (pb_utils.Logger.INFO, WARNING, ERROR, VERBOSE)")
+        _log(level.value, _text(message, "the log message"))
 
     @staticmethod
     def log_info(message):
-        _log(0, message)
+        _log(0, _text(message, "the log message"))
 
     @staticmethod
     def log_warn(message):
-        _log(1, message)
+        _log(1, _text(message, "the log message"))
 
     @staticmethod
     def log_error(message):
-        _log(2, message)
+        _log(2, _text(message, "the log message"))
 
     @staticmethod
     def log_verbose(message):
-        _log(3, message)
+        _log(3, _text(message, "the log message"))
 
 
-LogLevel = Logger.LogLevel
+LogLevel = _LogLevel
 
 
 def _log(level, message):

@@ -1,0 +1,207 @@
+"""Triton's own Python-backend QA (triton-inference-server/server `qa/`, vendored under
+tests/python/triton_qa with its licence): the models laid out as the QA scripts lay them out,
+served unchanged by wasmtron, and checked by Triton's own unittests where they run against a
+server alone (response senders in default and decoupled mode, response parameters), and here
+where Triton's tests read its log files (error codes, `triton_grpc_error`, cooperative
+cancellation, argument checks, model folders with several modules, the logger's levels)."""
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import Server
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+QA = os.path.join(HERE, "triton_qa")
+MODELS = os.path.join(QA, "python_models")
+
+
+def place(repo, name, source, model_file="model.py", extra=""):
+    """Model `name` from QA model `source`: its .py files in `1/` (`model_file` as model.py),
+    its config with `name` set and `extra` appended, as the QA scripts' cp/sed/echo do."""
+    folder = os.path.join(repo, name)
+    os.makedirs(os.path.join(folder, "1"))
+    src = os.path.join(MODELS, source)
+    for f in os.listdir(src):
+        if f.endswith(".py") and f not in ("model.py", "model_async.py"):
+            shutil.copy(os.path.join(src, f), os.path.join(folder, "1", f))
+    shutil.copy(os.path.join(src, model_file), os.path.join(folder, "1", "model.py"))
+    config = os.path.join(src, "config.pbtxt")
+    if os.path.exists(config):
+        with open(config) as f:
+            lines = [ln for ln in f.read().splitlines() if not ln.startswith("name:")]
+        with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+            f.write('name: "%s"\n' % name + "\n".join(lines) + "\n" + extra)
+
+
+DECOUPLED = "model_transaction_policy { decoupled: True }\n"
+BATCHING = "dynamic_batching { max_queue_delay_microseconds: 500000 }\n"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("triton_qa"))
+    # qa/L0_backend_python/response_sender/test.sh
+    for suffix, model_file, extra in [
+        ("", "model.py", ""),
+        ("_decoupled", "model.py", DECOUPLED),
+        ("_async", "model_async.py", ""),
+        ("_decoupled_async", "model_async.py", DECOUPLED),
+        ("_batching", "model.py", BATCHING),
+        ("_decoupled_batching", "model.py", DECOUPLED + BATCHING),
+        ("_async_batching", "model_async.py", BATCHING),
+        ("_decoupled_async_batching", "model_async.py", DECOUPLED + BATCHING),
+    ]:
+        place(repo, "response_sender" + suffix, "response_sender", model_file, extra)
+    place(repo, "response_sender_complete_final", "response_sender_complete_final")
+    # qa/L0_backend_python/parameters/test.sh
+    for name in ("response_parameters", "response_parameters_decoupled",
+                 "response_parameters_bls"):
+        place(repo, name, name)
+    # qa/L0_backend_python/lifecycle/test.sh, argument_validation, the main test.sh
+    for name in ("error_code", "execute_cancel", "execute_grpc_error", "argument_validation",
+                 "identity_fp32_logging"):
+        place(repo, name, name)
+    place(repo, "multi_file", "multi_file")
+    shutil.copy(os.path.join(MODELS, "identity_fp32", "config.pbtxt"),
+                os.path.join(repo, "multi_file", "config.pbtxt"))
+    with open(os.path.join(repo, "multi_file", "config.pbtxt")) as f:
+        text = f.read().replace('name: "identity_fp32"', 'name: "multi_file"')
+    with open(os.path.join(repo, "multi_file", "config.pbtxt"), "w") as f:
+        f.write(text)
+    # Triton's tests read the server's log file (SERVER_LOG); so do the checks here.
+    log_file = os.path.join(str(tmp_path_factory.mktemp("triton_qa_log")), "server.log")
+    s = Server(repo, "--log-file", log_file, "--log-verbose", "1")
+    s.log_file = log_file
+    yield s
+    s.stop()
+
+
+def log_of(server):
+    with open(server.log_file, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("tests", [
+    "response_sender_test.py",
+    "response_sender_complete_final_test.py",
+    "response_parameters_test.py",
+])
+def test_triton_unittests_pass_unchanged(server, tests):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(QA, "stubs") + os.pathsep + env.get("PYTHONPATH", "")
+    env["SERVER_LOG"] = server.log_file
+    done = subprocess.run(
+        [sys.executable, os.path.join(HERE, "run_example_client.py"), server.http, server.grpc,
+         server.metrics, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         os.path.join(QA, "tests", tests)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=os.path.join(QA, "tests"))
+    out = done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0, out + log_of(server)[-3000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout, out
+
+
+def test_error_codes_become_the_grpc_status_triton_gives(server):
+    """lifecycle_test.py test_error_code: each TritonError code as its gRPC status."""
+    expected = [("UNKNOWN", "UNKNOWN"), ("INTERNAL", "INTERNAL"), ("NOT_FOUND", "NOT_FOUND"),
+                ("INVALID_ARG", "INVALID_ARGUMENT"), ("UNAVAILABLE", "UNAVAILABLE"),
+                ("UNSUPPORTED", "UNIMPLEMENTED"), ("ALREADY_EXISTS", "ALREADY_EXISTS"),
+                ("CANCELLED", "CANCELLED")]
+    with grpcclient.InferenceServerClient(server.grpc) as c:
+        for code, status in expected + [("(default)", "INTERNAL")]:
+            data = np.array([[code]], dtype=np.object_)
+            inp = grpcclient.InferInput("ERROR_CODE", [1, 1], "BYTES")
+            inp.set_data_from_numpy(data)
+            with pytest.raises(InferenceServerException) as e:
+                c.infer("error_code", [inp])
+            said = "error code: " if code != "(default)" else "unrecognized error code: "
+            assert str(e.value) == "[StatusCode.%s] %s%s" % (status, said, code)
+
+
+def _answers(server, headers=None, n=4):
+    """Sends `n` requests to execute_grpc_error on one stream, each after the previous one's
+    answer (as Triton's test does); returns what came back, up to the stream's end."""
+    c = grpcclient.InferenceServerClient(server.grpc)
+    results = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put(error or result), headers=headers)
+    seen = []
+    for _ in range(n):
+        inp = grpcclient.InferInput("IN", [2, 2], "FP32")
+        inp.set_data_from_numpy(np.random.randn(2, 2).astype(np.float32))
+        try:
+            c.async_stream_infer("execute_grpc_error", [inp])
+        except InferenceServerException:
+            break  # the stream has ended
+        seen.append(results.get(timeout=60))
+        if isinstance(seen[-1], InferenceServerException) and seen[-1].status():
+            break
+    c.stop_stream()
+    return seen
+
+
+def test_triton_grpc_error_ends_the_stream_with_the_status(server):
+    """With the `triton_grpc_error: true` header the model's error (every second request)
+    ends the stream with gRPC status INTERNAL; without it errors stay in-band and the stream
+    goes on."""
+    seen = _answers(server, {"triton_grpc_error": "true"})
+    errors = [r for r in seen if isinstance(r, InferenceServerException)]
+    assert len(errors) == 1 and errors[0].status() == "StatusCode.INTERNAL", seen
+    assert "An error occurred during execution" in errors[0].message()
+    seen = _answers(server)
+    errors = [r for r in seen if isinstance(r, InferenceServerException)]
+    assert len(seen) == 4 and len(errors) == 2, seen
+    assert all(e.status() is None for e in errors), seen
+
+
+def test_a_cancelled_request_is_seen_by_the_model(server):
+    """lifecycle_test.py test_execute_cancel: the client cancels while execute runs; the
+    model's `request.is_cancelled()` turns true and it answers with its own CANCELLED."""
+    answered = threading.Event()
+    with grpcclient.InferenceServerClient(server.grpc) as c:
+        inp = grpcclient.InferInput("EXECUTE_DELAY", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.array([[6.0]], dtype=np.float32))
+        future = c.async_infer("execute_cancel", [inp], lambda result, error: answered.set())
+        deadline = time.time() + 60
+        while "Request not cancelled at 1.0 s" not in log_of(server):
+            assert time.time() < deadline, log_of(server)[-3000:]
+            time.sleep(0.1)
+        future.cancel()
+    deadline = time.time() + 60
+    while "[execute_cancel] Request cancelled at " not in log_of(server):
+        assert time.time() < deadline, log_of(server)[-3000:]
+        time.sleep(0.1)
+    assert answered.wait(60)
+
+
+def test_triton_argument_checks_hold(server):
+    """argument_validation: the model runs Triton's unittest of pb_utils' argument checks
+    (wrong types refused with TypeError or TritonModelException) and answers 1 if it passed."""
+    c = httpclient.InferenceServerClient(server.http)
+    result = c.infer("argument_validation", [], timeout=240)
+    assert result.as_numpy("OUTPUT0").tolist() == [1], log_of(server)[-6000:]
+
+
+def test_a_model_imports_the_modules_beside_it(server):
+    """multi_file: `import file1` and `from . import file2` both find modules in the version
+    folder (Triton imports model.py as `<version>.model`)."""
+    assert httpclient.InferenceServerClient(server.http).is_model_ready("multi_file")
+
+
+def test_the_logger_takes_triton_levels(server):
+    """identity_fp32_logging: `Logger.log(msg, Logger.INFO)` and the log_* helpers."""
+    c = httpclient.InferenceServerClient(server.http)
+    inp = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.array([[2.5]], dtype=np.float32))
+    assert c.infer("identity_fp32_logging", [inp]).as_numpy("OUTPUT0").tolist() == [[2.5]]
+    log = log_of(server)
+    for line in ("Initialize-Specific Msg!", "Execute-Warning Msg!", "Execute-Error Msg!"):
+        assert line in log
