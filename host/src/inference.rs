@@ -124,20 +124,26 @@ impl PartialEq for ReplyParameters {
     }
 }
 
-/// One response on a decoupled request's stream: its outputs and parameters.
+/// One response on a decoupled request's stream: its outputs and parameters, or an error
+/// (Triton's decoupled models may answer a request with an error among other responses).
 #[derive(Debug, Clone, Default)]
 pub struct StreamedResponse {
+    /// An error response: delivered in order, the stream going on.
+    pub error: Option<crate::error::Error>,
     /// The response's output tensors.
     pub outputs: Vec<Tensor>,
     /// The response's parameters (Triton's response parameters).
     pub parameters: Parameters,
+    /// Sent with the final flag (Triton's `TRITONSERVER_RESPONSE_COMPLETE_FINAL`): the
+    /// model's last response for the request.
+    pub last: bool,
 }
 
 impl From<Vec<Tensor>> for StreamedResponse {
     fn from(outputs: Vec<Tensor>) -> Self {
         Self {
             outputs,
-            parameters: Parameters::new(),
+            ..Default::default()
         }
     }
 }

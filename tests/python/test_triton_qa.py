@@ -25,12 +25,12 @@ QA = os.path.join(HERE, "triton_qa")
 MODELS = os.path.join(QA, "python_models")
 
 
-def place(repo, name, source, model_file="model.py", extra=""):
+def place(repo, name, source, model_file="model.py", extra="", models=MODELS):
     """Model `name` from QA model `source`: its .py files in `1/` (`model_file` as model.py),
     its config with `name` set and `extra` appended, as the QA scripts' cp/sed/echo do."""
     folder = os.path.join(repo, name)
     os.makedirs(os.path.join(folder, "1"))
-    src = os.path.join(MODELS, source)
+    src = os.path.join(models, source)
     for f in os.listdir(src):
         if f.endswith(".py") and f not in ("model.py", "model_async.py"):
             shutil.copy(os.path.join(src, f), os.path.join(folder, "1", f))
@@ -86,6 +86,48 @@ def server(tmp_path_factory):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def decoupled_server(tmp_path_factory):
+    """qa/L0_backend_python/decoupled/test.sh's repository (less the two models that need
+    PyTorch); its log is `decoupled_server.log` in the folder Triton's test runs in."""
+    repo = str(tmp_path_factory.mktemp("triton_qa_decoupled"))
+    for name in os.listdir(os.path.join(QA, "decoupled_models")):
+        place(repo, name, name, models=os.path.join(QA, "decoupled_models"))
+    place(repo, "identity_fp32", "identity_fp32")
+    place(repo, "execute_cancel", "execute_cancel", extra=DECOUPLED)
+    place(repo, "response_sender_until_cancelled", "response_sender_until_cancelled")
+    examples = os.path.join(HERE, "triton_python_backend_examples", "examples", "decoupled")
+    os.makedirs(os.path.join(repo, "square_int32", "1"))
+    shutil.copy(os.path.join(examples, "square_model.py"),
+                os.path.join(repo, "square_int32", "1", "model.py"))
+    shutil.copy(os.path.join(examples, "square_config.pbtxt"),
+                os.path.join(repo, "square_int32", "config.pbtxt"))
+    run_in = str(tmp_path_factory.mktemp("triton_qa_decoupled_run"))
+    log_file = os.path.join(run_in, "decoupled_server.log")
+    s = Server(repo, "--log-file", log_file, "--log-verbose", "1")
+    s.log_file = log_file
+    s.run_in = run_in
+    yield s
+    s.stop()
+
+
+def run_triton_tests(server, tests, *args, cwd=None):
+    """Runs Triton's unittest module `tests` unchanged against `server`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(QA, "stubs") + os.pathsep + env.get("PYTHONPATH", "")
+    env["SERVER_LOG"] = server.log_file
+    done = subprocess.run(
+        [sys.executable, os.path.join(HERE, "run_example_client.py"), server.http, server.grpc,
+         server.metrics, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         os.path.join(QA, "tests", tests), *args],
+        capture_output=True, text=True, timeout=600, env=env,
+        cwd=cwd or os.path.join(QA, "tests"))
+    out = done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0, out + log_of(server)[-3000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout, out
+    return done.stdout
+
+
 def log_of(server):
     with open(server.log_file, encoding="utf-8", errors="replace") as f:
         return f.read()
@@ -97,17 +139,21 @@ def log_of(server):
     "response_parameters_test.py",
 ])
 def test_triton_unittests_pass_unchanged(server, tests):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(QA, "stubs") + os.pathsep + env.get("PYTHONPATH", "")
-    env["SERVER_LOG"] = server.log_file
-    done = subprocess.run(
-        [sys.executable, os.path.join(HERE, "run_example_client.py"), server.http, server.grpc,
-         server.metrics, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         os.path.join(QA, "tests", tests)],
-        capture_output=True, text=True, timeout=600, env=env, cwd=os.path.join(QA, "tests"))
-    out = done.stdout[-4000:] + done.stderr[-2000:]
-    assert done.returncode == 0, out + log_of(server)[-3000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout, out
+    run_triton_tests(server, tests)
+
+
+def test_triton_decoupled_unittests_pass_unchanged(decoupled_server):
+    """decoupled_test.py: errors among a decoupled model's responses, returning from a
+    decoupled execute, sending after the final flag, cooperative cancellation, and BLS into
+    decoupled models read as they stream (`cancel()` reaching the called model, or ignored by
+    it). Left out: test_decoupled_bls (its model needs PyTorch) and test_decoupled_execute_error
+    (it needs a stream's two requests to reach the batcher in the order sent)."""
+    said = run_triton_tests(
+        decoupled_server, "decoupled_test.py",
+        "-k", "not (test_decoupled_bls and not _cancel and not _stream) "
+              "and not test_decoupled_execute_error",
+        cwd=decoupled_server.run_in)
+    assert "9 passed" in said, said
 
 
 def test_error_codes_become_the_grpc_status_triton_gives(server):

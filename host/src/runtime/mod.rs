@@ -91,8 +91,20 @@ pub fn execute_alone<I: ModelInstance + ?Sized>(
 /// above it: the scheduling layer provides the implementation. Blocking; called from model
 /// worker threads only.
 pub trait ModelCaller: Send + Sync + std::fmt::Debug {
-    /// Runs a request through the target model's normal scheduling and waits for the result.
-    fn infer(&self, request: InferRequest) -> Result<InferResponse>;
+    /// Runs a request through the target model's normal scheduling and waits for the result;
+    /// the wait ends early once the request's own cancellation fires.
+    fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let watch = request.cancel.clone();
+        self.infer_watching(request, watch)
+    }
+
+    /// [`Self::infer`] whose wait ends early once `watch` fires (not the request's own
+    /// cancellation, which the called model sees and may answer as it chooses).
+    fn infer_watching(
+        &self,
+        request: InferRequest,
+        watch: crate::cancellation::Cancellation,
+    ) -> Result<InferResponse>;
 
     /// Whether `model` (at `version`; `None`: the policy's) is loaded and ready.
     fn is_ready(&self, model: &str, version: Option<i64>) -> bool;

@@ -381,12 +381,18 @@ impl Ensemble {
             tokio::pin!(step);
             loop {
                 tokio::select! {
-                    Some(step_reply) = produced.recv() => answer(step_reply.outputs).await?,
+                    Some(step_reply) = produced.recv() => match step_reply.error {
+                        Some(e) => return Err(self.step_error(d, e)),
+                        None => answer(step_reply.outputs).await?,
+                    },
                     result = &mut step => break result,
                 }
             }
         };
         while let Ok(step_reply) = produced.try_recv() {
+            if let Some(e) = step_reply.error {
+                return Err(self.step_error(d, e));
+            }
             answer(step_reply.outputs).await?;
         }
         let last = last.map_err(|e| self.step_error(d, e))?;

@@ -71,10 +71,15 @@ impl Server {
             // A reader that takes nothing for `stall` is treated as gone: returning drops the
             // request's future, which cancels it.
             let deliver = |item| tokio::time::timeout(stall, out.send(item));
-            let send = async |outputs: StreamedResponse, clock: &mut Option<ResponseClock>| {
+            let send = async |mut outputs: StreamedResponse, clock: &mut Option<ResponseClock>| {
                 let empty = outputs.outputs.is_empty();
                 let handed = Instant::now();
-                let sent = matches!(deliver(Ok(wrap(outputs, &name, &id))).await, Ok(Ok(())));
+                // An error response travels in order with the others; the stream goes on.
+                let item = match outputs.error.take() {
+                    Some(e) => Err(e),
+                    None => Ok(wrap(outputs, &name, &id)),
+                };
+                let sent = matches!(deliver(item).await, Ok(Ok(())));
                 if let Some(clock) = clock {
                     clock.sent(sent, empty, handed);
                 }

@@ -48,14 +48,17 @@ impl ServerCaller {
 }
 
 impl ModelCaller for ServerCaller {
-    fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+    fn infer_watching(
+        &self,
+        request: InferRequest,
+        cancel: crate::cancellation::Cancellation,
+    ) -> Result<InferResponse> {
         let server = self.server()?;
         // Called on a model worker thread, never on the async runtime. The wait ends at the
         // caller's deadline even if the target never gets to the request (e.g. a cycle of
         // stages calling each other with every instance busy), and as soon as nobody waits
         // for the caller's answer (dropping the call cancels the work it started).
         let model = request.model_name.clone();
-        let cancel = request.cancel.clone();
         let deadline = request.deadline;
         self.runtime.block_on(async {
             let expired = async {

@@ -23,13 +23,20 @@ use crate::{
 /// The most calls into other models one batch may have in flight with `async_exec`.
 const MAX_STARTED_CALLS: usize = 64;
 
-/// How many responses of a decoupled model called with `exec(decoupled=True)` wait unread.
-const CALL_STREAM_CAPACITY: usize = 64;
-
 /// One response of a called model: outputs and parameters.
+#[derive(Default)]
 pub struct Answer {
     outputs: Vec<crate::tensor::Tensor>,
     parameters: crate::inference::Parameters,
+}
+
+impl From<crate::inference::StreamedResponse> for Answer {
+    fn from(r: crate::inference::StreamedResponse) -> Self {
+        Self {
+            outputs: r.outputs,
+            parameters: r.parameters,
+        }
+    }
 }
 
 impl From<InferResponse> for Answer {
@@ -41,44 +48,22 @@ impl From<InferResponse> for Answer {
     }
 }
 
-/// Runs a call into another model; a decoupled model's responses are all collected (its
-/// stream is read while the call runs, so that it never waits for room), then an empty last
-/// one, as Triton's response iterator ends.
+/// Runs a call into another model; a decoupled model's responses are all collected, as
+/// its response iterator gives them.
 fn run_call(
     caller: &Arc<dyn crate::runtime::ModelCaller>,
-    mut request: InferRequest,
+    request: InferRequest,
     decoupled: bool,
 ) -> Result<Vec<Answer>> {
     if !decoupled {
         return caller.infer(request).map(|r| vec![r.into()]);
     }
-    let stall = request.deadline.map_or(Duration::from_secs(60), |d| {
-        d.saturating_duration_since(Instant::now())
-    });
-    let (sink, mut rx) = ResponseSink::channel(CALL_STREAM_CAPACITY, stall);
-    request.responses = Some(sink);
-    let caller = caller.clone();
-    let call = std::thread::Builder::new()
-        .name("python-call".into())
-        .spawn(move || caller.infer(request))
-        .map_err(|e| Error::internal(format!("cannot start a call: {e}")))?;
+    let mut stream = super::call_stream::CallStream::start(caller.clone(), request)?;
+    // An error response ends what is collected (the iterator of `exec` gives it in order).
     let mut answers = Vec::new();
-    while let Some(streamed) = rx.blocking_recv() {
-        answers.push(Answer {
-            outputs: streamed.outputs,
-            parameters: streamed.parameters,
-        });
+    while let Some(answer) = stream.next() {
+        answers.push(answer?);
     }
-    let last = call
-        .join()
-        .map_err(|_| Error::internal("a call into another model panicked"))??;
-    if !last.outputs.is_empty() {
-        answers.push(last.into());
-    }
-    answers.push(Answer {
-        outputs: Vec::new(),
-        parameters: Default::default(),
-    });
     Ok(answers)
 }
 
@@ -115,6 +100,8 @@ pub struct BatchDoor {
     /// fails with it whatever the model answers.
     pub refused_call: Option<Error>,
     started: HashMap<u64, mpsc::Receiver<Result<Vec<Answer>>>>,
+    /// Calls into decoupled models read one response at a time.
+    streams: HashMap<u64, super::call_stream::CallStream>,
     next_handle: u64,
 }
 
@@ -134,6 +121,7 @@ impl BatchDoor {
             completed: None,
             refused_call: None,
             started: HashMap::new(),
+            streams: HashMap::new(),
             next_handle: 1,
         }
     }
@@ -185,6 +173,8 @@ impl BatchDoor {
         struct SendHeader {
             index: usize,
             #[serde(default)]
+            flags: u32,
+            #[serde(default)]
             response: Option<ResponseHeader>,
         }
         let frame = Frame::<SendHeader>::parse(body)?;
@@ -204,8 +194,17 @@ impl BatchDoor {
                 self.model.name
             )));
         };
+        let last = frame.header.flags & 1 != 0;
         if let Some(e) = &response.error {
-            return Err(protocol::from_triton_code(&e.code, e.message.clone()));
+            // In order with the other responses; the stream goes on.
+            let error = protocol::from_triton_code(&e.code, e.message.clone());
+            let streamed = crate::inference::StreamedResponse {
+                error: Some(error),
+                last,
+                ..Default::default()
+            };
+            sink.send_blocking(streamed, self.deadline)?;
+            return Ok(serde_json::Value::Null);
         }
         let tensors = response
             .outputs
@@ -215,6 +214,8 @@ impl BatchDoor {
         let streamed = crate::inference::StreamedResponse {
             outputs: self.model.outputs(&self.outputs, tensors)?,
             parameters: protocol::parameters_from_json(&response.parameters)?,
+            last,
+            error: None,
         };
         sink.send_blocking(streamed, self.deadline)?;
         Ok(serde_json::Value::Null)
@@ -369,6 +370,49 @@ impl BatchDoor {
         self.call_answer(result)
     }
 
+    /// `exec(decoupled=True)`: the call starts; the model reads its responses with
+    /// [`Self::stream_next`].
+    fn stream_open(&mut self, body: &[u8]) -> Result<serde_json::Value> {
+        if self.streams.len() >= MAX_STARTED_CALLS {
+            return Err(Error::unavailable(format!(
+                "model '{}' reads {MAX_STARTED_CALLS} decoupled calls already",
+                self.model.name
+            )));
+        }
+        let (request, _) = self.call_request(body)?;
+        let stream = super::call_stream::CallStream::start(self.caller()?, request)?;
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.streams.insert(handle, stream);
+        Ok(serde_json::Value::from(handle))
+    }
+
+    /// The next response of a stream (none once it has ended).
+    fn stream_next(&mut self, body: &[u8]) -> Vec<u8> {
+        let handle = serde_json::from_slice::<u64>(body).unwrap_or_default();
+        let next = match self.streams.get_mut(&handle) {
+            Some(stream) => stream.next(),
+            None => None,
+        };
+        match next {
+            Some(answer) => self.call_answer(answer.map(|a| vec![a])),
+            None => {
+                self.streams.remove(&handle);
+                self.call_answer(Ok(Vec::new()))
+            }
+        }
+    }
+
+    /// The stream's iterator was cancelled: so is its call.
+    fn stream_cancel(&mut self, body: &[u8]) -> Result<serde_json::Value> {
+        let handle = serde_json::from_slice::<u64>(body)
+            .map_err(|e| Error::invalid(format!("bad stream handle: {e}")))?;
+        if let Some(stream) = self.streams.get(&handle) {
+            stream.cancel();
+        }
+        Ok(serde_json::Value::Null)
+    }
+
     fn log(&self, body: &[u8]) {
         let (level, message) = body.split_first().unwrap_or((&0, &[]));
         let message = String::from_utf8_lossy(message);
@@ -488,6 +532,9 @@ impl Door for BatchDoor {
             Some(Op::Infer) => self.infer(body),
             Some(Op::Start) => protocol::answer(self.start(body)),
             Some(Op::Wait) => self.wait(body),
+            Some(Op::StreamOpen) => protocol::answer(self.stream_open(body)),
+            Some(Op::StreamNext) => self.stream_next(body),
+            Some(Op::StreamCancel) => protocol::answer(self.stream_cancel(body)),
             Some(Op::Log) => {
                 self.log(body);
                 Vec::new()

@@ -7,6 +7,7 @@
 //! cap and a deadline per call. A trap discards the interpreter; the next batch gets a fresh
 //! one, loaded and initialised again.
 
+mod call_stream;
 mod door;
 mod instance;
 pub mod interpreter;

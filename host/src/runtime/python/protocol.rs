@@ -29,6 +29,12 @@ pub enum Op {
     Start,
     /// The answer of a call started with `Start`.
     Wait,
+    /// A call into a decoupled model whose responses the model reads one at a time.
+    StreamOpen,
+    /// The next response of a call opened with `StreamOpen` (none: it has ended).
+    StreamNext,
+    /// Cancels a call opened with `StreamOpen`.
+    StreamCancel,
     /// A log line.
     Log,
     /// Whether a request of the batch was cancelled.
@@ -54,6 +60,9 @@ impl Op {
             b'I' => Self::Infer,
             b'A' => Self::Start,
             b'W' => Self::Wait,
+            b'O' => Self::StreamOpen,
+            b'X' => Self::StreamNext,
+            b'Z' => Self::StreamCancel,
             b'L' => Self::Log,
             b'C' => Self::Cancelled,
             b'F' => Self::Failed,

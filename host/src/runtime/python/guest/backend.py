@@ -318,9 +318,6 @@ class _Backend:
         final flag when execute ended."""
         sender = self.senders.get(i)
         if self.decoupled:
-            if sender is not None and sender._error is not None:
-                e = sender._error
-                return {"error": {"message": e.message(), "code": e._code_name()}}
             if error is not None and not finished:
                 return {"error": error}
             return None

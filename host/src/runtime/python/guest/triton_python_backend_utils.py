@@ -306,7 +306,6 @@ class InferenceResponseSender:
         self._closed = False
         self._sent = 0
         self._response = None  # a default-mode model's one response, sent with the batch
-        self._error = None  # a decoupled model's error response: its stream ends with it
 
     def _count(self, response, flags):
         if not _backend.decoupled:
@@ -339,10 +338,6 @@ class InferenceResponseSender:
             return
         if not _backend.decoupled:
             self._response = response
-            return
-        if response.has_error():
-            if self._error is None:
-                self._error = response.error()
             return
         w = _Writer()
         header = {"index": self._index, "flags": int(flags), "response": w.response(response)}
@@ -531,13 +526,29 @@ class InferenceRequest:
 
     def exec(self, decoupled=False):
         """Runs the request on its model and returns the response (or, with
-        `decoupled=True`, an iterator over the responses)."""
-        return _responses(_host.call(b"I" + self._call_frame(decoupled)), decoupled)
+        `decoupled=True`, an iterator over the responses as the model sends them)."""
+        if decoupled:
+            return _ResponseIterator(handle=_call_checked(b"O", self._call_frame(True)))
+        return _responses(_host.call(b"I" + self._call_frame(False)), False)
 
     def async_exec(self, decoupled=False):
-        """`exec` that can be awaited; several run at once under `asyncio.gather`."""
-        handle = _call_checked(b"A", self._call_frame(decoupled))
-        return _Pending(handle, decoupled)
+        """`exec` that can be awaited; several run at once under `asyncio.gather`. With
+        `decoupled=True` the call starts now and awaiting gives its response iterator."""
+        if decoupled:
+            return _Ready(self.exec(decoupled=True))
+        handle = _call_checked(b"A", self._call_frame(False))
+        return _Pending(handle, False)
+
+
+class _Ready:
+    """An awaitable whose value is already there."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def __await__(self):
+        return self._value
+        yield  # a generator: awaiting it returns at once
 
 
 def _responses(data, decoupled):
@@ -552,25 +563,41 @@ def _responses(data, decoupled):
                 if error.get("code") in TritonError._NAMES else TritonError.INTERNAL),
             r.get("parameters")))
     if decoupled:
-        return _ResponseIterator(out)
+        return _ResponseIterator(responses=out)
     return out[0] if out else InferenceResponse(error=TritonError("no response"))
 
 
 class _ResponseIterator:
-    """The responses of a call into a decoupled model (`exec(decoupled=True)`), in order."""
+    """The responses of a call into a decoupled model (`exec(decoupled=True)`), in order:
+    each taken from the host as the called model sends it (or, after `async_exec`, all
+    collected already)."""
 
-    def __init__(self, responses):
-        self._responses = iter(responses)
+    def __init__(self, handle=None, responses=None):
+        self._handle = handle
+        self._responses = iter(responses) if responses is not None else None
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return next(self._responses)
+        if self._responses is not None:
+            return next(self._responses)
+        if self._handle is None:
+            raise StopIteration
+        out = _responses(_host.call(b"X" + _json.dumps(self._handle).encode()), True)
+        try:
+            return next(out)
+        except StopIteration:
+            self._handle = None
+            raise
 
     def cancel(self):
-        """Stops taking responses: the call has ended by the time its iterator is read."""
-        self._responses = iter(())
+        """Cancels the call: the called model sees `is_cancelled()`; the responses it still
+        sends (often a CANCELLED error) can be read to the end."""
+        if self._handle is not None:
+            _call_checked(b"Z", _json.dumps(self._handle).encode())
+        elif self._responses is not None:
+            self._responses = iter(())
 
 
 class _Pending:

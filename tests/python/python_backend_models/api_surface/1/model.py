@@ -25,7 +25,10 @@ class TritonPythonModel:
                 out = pb_utils.get_output_tensor_by_name(response, "OUT")
                 if out is not None:
                     first = out.as_numpy()
-                    stream.cancel()  # the first response is enough
+                    # The first response is enough: the call is cancelled (responses the
+                    # called model still sends would be read by iterating on).
+                    stream.cancel()
+                    break
             report = {
                 "context": request.trace().get_context(),
                 "flags": call.flags(),

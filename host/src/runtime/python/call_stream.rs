@@ -1,0 +1,114 @@
+//! A call into a decoupled model that `model.py` reads one response at a time
+//! (`InferenceRequest(...).exec(decoupled=True)`): each response reaches the model as the called
+//! model sends it, and the iterator's `cancel()` cancels the call, as on Triton. The stream
+//! ends after the response sent with the final flag, or with an empty response when the final
+//! flag came alone, as Triton's iterator does.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use super::door::Answer;
+use crate::{
+    cancellation::Cancellation,
+    error::{Error, Result},
+    inference::{InferRequest, InferResponse, ResponseSink, StreamedResponse},
+};
+
+/// How many responses of the called model wait unread before it waits for the reader.
+const CAPACITY: usize = 64;
+
+/// Where the iterator is: reading the stream (then the call's own last response), or done.
+enum Stage {
+    Reading,
+    Ended,
+}
+
+/// One call in flight, read by the model.
+pub(super) struct CallStream {
+    rx: tokio::sync::mpsc::Receiver<StreamedResponse>,
+    cancel: Cancellation,
+    call: Option<std::thread::JoinHandle<Result<InferResponse>>>,
+    stage: Stage,
+    /// The last response read came with the final flag: no empty one follows it.
+    final_read: bool,
+}
+
+impl CallStream {
+    /// Starts `request` on its own thread, its responses kept for [`Self::next`].
+    pub(super) fn start(
+        caller: Arc<dyn crate::runtime::ModelCaller>,
+        mut request: InferRequest,
+    ) -> Result<Self> {
+        let stall = request.deadline.map_or(Duration::from_secs(60), |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let (sink, rx) = ResponseSink::channel(CAPACITY, stall);
+        request.responses = Some(sink);
+        // The iterator's `cancel()` reaches the called model only: the wait ends early only
+        // when the calling batch's own requests are cancelled.
+        let watch = request.cancel.clone();
+        request.cancel = watch.child();
+        let cancel = request.cancel.clone();
+        let call = std::thread::Builder::new()
+            .name("python-call".into())
+            .spawn(move || caller.infer_watching(request, watch))
+            .map_err(|e| Error::internal(format!("cannot start a call: {e}")))?;
+        Ok(Self {
+            rx,
+            cancel,
+            call: Some(call),
+            stage: Stage::Reading,
+            final_read: false,
+        })
+    }
+
+    /// The next response, waiting for it; an error ends the stream; `None` once it ended.
+    pub(super) fn next(&mut self) -> Option<Result<Answer>> {
+        match self.stage {
+            Stage::Ended => None,
+            Stage::Reading => {
+                if let Some(streamed) = self.rx.blocking_recv() {
+                    self.final_read = streamed.last;
+                    return Some(match streamed.error {
+                        Some(e) => Err(e),
+                        None => Ok(Answer::from(streamed)),
+                    });
+                }
+                // The called model has answered: its final response, if it has outputs.
+                let last = match self.call.take().map(std::thread::JoinHandle::join) {
+                    Some(Ok(result)) => result,
+                    Some(Err(_)) => Err(Error::internal("a call into another model panicked")),
+                    None => Err(Error::internal("the call ended without an answer")),
+                };
+                match last {
+                    // A final response with outputs (a model that is not decoupled).
+                    Ok(last) if !last.outputs.is_empty() => {
+                        self.stage = Stage::Ended;
+                        Some(Ok(Answer::from(last)))
+                    }
+                    // The model's last response had the final flag: the stream ends with it.
+                    Ok(_) if self.final_read => {
+                        self.stage = Stage::Ended;
+                        None
+                    }
+                    // It sent the final flag alone: Triton's iterator gives an empty response.
+                    Ok(_) => {
+                        self.stage = Stage::Ended;
+                        Some(Ok(Answer::default()))
+                    }
+                    Err(e) => {
+                        self.stage = Stage::Ended;
+                        Some(Err(e))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cancels the call: the called model sees its request cancelled.
+    pub(super) fn cancel(&self) {
+        self.cancel.cancel();
+    }
+}
