@@ -119,7 +119,7 @@ def run_triton_tests(server, tests, *args, cwd=None):
     done = subprocess.run(
         [sys.executable, os.path.join(HERE, "run_example_client.py"), server.http, server.grpc,
          server.metrics, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         os.path.join(QA, "tests", tests), *args],
+         "--confcutdir", os.path.join(QA, "tests"), os.path.join(QA, "tests", tests), *args],
         capture_output=True, text=True, timeout=600, env=env,
         cwd=cwd or os.path.join(QA, "tests"))
     out = done.stdout[-4000:] + done.stderr[-2000:]
