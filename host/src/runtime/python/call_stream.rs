@@ -9,12 +9,36 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::door::Answer;
 use crate::{
     cancellation::Cancellation,
     error::{Error, Result},
     inference::{InferRequest, InferResponse, ResponseSink, StreamedResponse},
 };
+
+/// One response of a called model: outputs and parameters.
+#[derive(Default)]
+pub struct Answer {
+    pub(super) outputs: Vec<crate::tensor::Tensor>,
+    pub(super) parameters: crate::inference::Parameters,
+}
+
+impl From<crate::inference::StreamedResponse> for Answer {
+    fn from(r: crate::inference::StreamedResponse) -> Self {
+        Self {
+            outputs: r.outputs,
+            parameters: r.parameters,
+        }
+    }
+}
+
+impl From<InferResponse> for Answer {
+    fn from(r: InferResponse) -> Self {
+        Self {
+            outputs: r.outputs,
+            parameters: r.parameters,
+        }
+    }
+}
 
 /// How many responses of the called model wait unread before it waits for the reader.
 const CAPACITY: usize = 64;

@@ -10,6 +10,7 @@ use std::{
 };
 
 use super::{
+    call_stream::Answer,
     interpreter::Door,
     protocol::{self, CallHeader, Frame, FrameWriter, Op, RequestHeader, ResponseHeader},
     PythonModel,
@@ -17,36 +18,11 @@ use super::{
 use crate::{
     cancellation::Cancellation,
     error::{Code, Error, Result},
-    inference::{InferRequest, InferResponse, RequestedOutput, ResponseSink, Trace},
+    inference::{InferRequest, RequestedOutput, ResponseSink, Trace},
 };
 
 /// The most calls into other models one batch may have in flight with `async_exec`.
 const MAX_STARTED_CALLS: usize = 64;
-
-/// One response of a called model: outputs and parameters.
-#[derive(Default)]
-pub struct Answer {
-    outputs: Vec<crate::tensor::Tensor>,
-    parameters: crate::inference::Parameters,
-}
-
-impl From<crate::inference::StreamedResponse> for Answer {
-    fn from(r: crate::inference::StreamedResponse) -> Self {
-        Self {
-            outputs: r.outputs,
-            parameters: r.parameters,
-        }
-    }
-}
-
-impl From<InferResponse> for Answer {
-    fn from(r: InferResponse) -> Self {
-        Self {
-            outputs: r.outputs,
-            parameters: r.parameters,
-        }
-    }
-}
 
 /// Runs a call into another model; a decoupled model's responses are all collected, as
 /// its response iterator gives them.
