@@ -104,12 +104,17 @@ class Stream:
         self.responses = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
 
-    def send(self, model, ids, timeout_us=None, **params):
+    def send(self, model, ids, timeout_us=None, stream=True, **params):
+        """`stream`: the tokens as they come (the `stream` input; without it, one answer)."""
         inputs = []
         ids = np.asarray([ids], dtype=np.int32)
         t = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
         t.set_data_from_numpy(ids)
         inputs.append(t)
+        if stream is not None:
+            t = grpcclient.InferInput("stream", [1, 1], "BOOL")
+            t.set_data_from_numpy(np.array([[stream]], dtype=bool))
+            inputs.append(t)
         types = {"max_tokens": ("INT32", np.int32), "end_id": ("INT32", np.int32),
                  "top_k": ("INT32", np.int32), "temperature": ("FP32", np.float32),
                  "top_p": ("FP32", np.float32), "seed": ("UINT64", np.uint64)}
@@ -477,7 +482,9 @@ def test_the_ensemble_streams_over_grpc_to_tritonclient(server):
         text.set_data_from_numpy(np.array([[chat(PROMPTS[0]).encode()]], dtype=object))
         max_tokens = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
         max_tokens.set_data_from_numpy(np.array([[32]], dtype=np.int32))
-        client.async_stream_infer("smollm2", [text, max_tokens])
+        stream = grpcclient.InferInput("stream", [1, 1], "BOOL")
+        stream.set_data_from_numpy(np.array([[True]], dtype=bool))
+        client.async_stream_infer("smollm2", [text, max_tokens, stream])
         pieces = []
         while True:
             result, error = responses.get(timeout=300)

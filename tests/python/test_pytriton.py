@@ -278,7 +278,8 @@ def test_the_decoupled_client_streams_a_generation_model(tmp_path):
         with DecoupledModelClient(f"grpc://{server.grpc}", "smollm2") as client:
             parts = list(client.infer_sample(text_input=np.array([b"The capital of France is"]),
                                              max_tokens=np.array([4], np.int32),
-                                             temperature=np.array([0.0], np.float32)))
+                                             temperature=np.array([0.0], np.float32),
+                                             stream=np.array([True])))
         assert len(parts) == 4
         text = b"".join(p["text_output"][0] for p in parts).decode()
         assert text.startswith(" Paris")

@@ -123,6 +123,34 @@ def test_the_older_guide_client_streams_and_answers_whole(server):
     assert whole == reference and "Paris" in whole
 
 
+def test_without_a_stream_input_the_answer_comes_whole_as_tensorrt_llm_gives_it(server):
+    """The guide's client when not streaming sends no `stream` at all: TensorRT-LLM answers
+    once, the whole text (with the prompt, exclude_input_in_output being false); with
+    `stream: true` one response per token."""
+    inputs = newer_guide_inputs(PROMPT, 8, False, exclude_input_in_output=False)
+    del inputs["stream"]
+    client = grpcclient.InferenceServerClient(server.grpc)
+    results = queue.Queue()
+    client.start_stream(callback=partial(callback, results))
+    client.async_stream_infer("ensemble", [prepare_tensor(k, v) for k, v in inputs.items()])
+    client.stop_stream()
+    answers = []
+    while not results.empty():
+        answers.append(results.get())
+    client.close()
+    assert len(answers) == 1 and not isinstance(answers[0], InferenceServerException), answers
+    whole = answers[0].as_numpy("text_output")[0].decode("utf-8")
+    assert whole.startswith(PROMPT) and "Paris" in whole[len(PROMPT):], whole
+    inputs = newer_guide_inputs(PROMPT, 8, True)
+    client = grpcclient.InferenceServerClient(server.grpc)
+    results = queue.Queue()
+    client.start_stream(callback=partial(callback, results))
+    client.async_stream_infer("ensemble", [prepare_tensor(k, v) for k, v in inputs.items()])
+    client.stop_stream()
+    assert results.qsize() == 8
+    client.close()
+
+
 def test_the_newer_guide_client_with_log_probs_and_the_prompt(server):
     inputs = newer_guide_inputs(PROMPT, 6, False, exclude_input_in_output=False,
                                 return_log_probs=True, end_id=2, pad_id=2)

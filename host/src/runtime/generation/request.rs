@@ -329,7 +329,9 @@ pub fn parse(request: &InferRequest, settings: &Settings) -> Result<Parsed> {
                 .into(),
         ));
     }
-    let stream = scalar(request, "stream")?.is_none_or(|v| v != 0.0);
+    // As TensorRT-LLM (and vLLM's backend): one answer unless `stream` asks for tokens as
+    // they come (`…/generate_stream` asks for them when the body does not say).
+    let stream = scalar(request, "stream")?.is_some_and(|v| v != 0.0);
     // TensorRT-LLM answers the prompt too unless told to exclude it; a stream never has it.
     let include_prompt = scalar(request, "exclude_input_in_output")?.is_some_and(|v| v == 0.0);
     Ok(Parsed {

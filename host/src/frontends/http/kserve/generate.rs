@@ -121,10 +121,11 @@ fn top_level_count(raw: &RawValue) -> usize {
     serde::Deserializer::deserialize_seq(&mut de, Count).unwrap_or(1)
 }
 
-/// For `…/generate`, which answers once: a model that takes a BOOL `stream` input (a
-/// generation model or ensemble) and was not told is told `false`, so that it answers with one
-/// response as TensorRT-LLM does when `stream` is not sent.
-pub fn ask_for_one_response(config: &ModelConfig, request: &mut InferRequest) {
+/// A model that takes a BOOL `stream` input (a generation model or ensemble) and was not told
+/// is told what the endpoint asks for: `false` for `…/generate`, which answers once (what
+/// TensorRT-LLM does when `stream` is not sent, on every protocol), `true` for
+/// `…/generate_stream`, whose name asks for the tokens as they come.
+pub fn default_stream(config: &ModelConfig, request: &mut InferRequest, stream: bool) {
     let takes_stream = config.input.iter().any(|i| {
         i.name == "stream" && DataType::from_config_value(i.data_type) == Some(DataType::Bool)
     });
@@ -144,7 +145,7 @@ pub fn ask_for_one_response(config: &ModelConfig, request: &mut InferRequest) {
         name: "stream".into(),
         datatype: DataType::Bool,
         shape,
-        data: vec![0u8].into(),
+        data: vec![u8::from(stream)].into(),
     });
 }
 

@@ -204,9 +204,7 @@ async fn generate_request(
         generate::to_request(&for_request, &name, version, &body)
     })
     .await??;
-    if one_response {
-        generate::ask_for_one_response(target.config(), &mut request);
-    }
+    generate::default_stream(target.config(), &mut request, !one_response);
     request.trace = st
         .tracing
         .request_span(&model, "http", &|name| header_text(headers, name));
