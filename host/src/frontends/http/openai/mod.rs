@@ -93,19 +93,31 @@ fn completion_id(kind: Kind) -> String {
     format!("{prefix}-{:x}{n:x}", now())
 }
 
-/// The models that generate text or embed it, as the caller may see them.
+/// The models that generate text or embed it, as the caller may see them: the generation
+/// models first (clients take `data[0]` to chat with), then the embedding models.
 fn model_cards(st: &HttpState, caller: &Caller) -> Vec<ModelCard> {
     let created = now();
-    st.server
+    let mut models: Vec<(bool, String)> = st
+        .server
         .models()
         .loaded()
         .into_iter()
-        .filter(|m| {
-            (request::generates_text(&m.config) || embeddings::embedding_model(&m.config).is_some())
-                && caller.may(ModelAction::See, &m.name)
+        .filter(|m| caller.may(ModelAction::See, &m.name))
+        .filter_map(|m| {
+            if request::generates_text(&m.config) {
+                Some((false, m.name.clone()))
+            } else if embeddings::embedding_model(&m.config).is_some() {
+                Some((true, m.name.clone()))
+            } else {
+                None
+            }
         })
-        .map(|m| ModelCard {
-            id: m.name.clone(),
+        .collect();
+    models.sort();
+    models
+        .into_iter()
+        .map(|(_, id)| ModelCard {
+            id,
             object: "model",
             created,
             owned_by: "wasmtron",
