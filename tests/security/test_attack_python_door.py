@@ -13,7 +13,8 @@ from attack import ROOT, Server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATTACKS = ["empty", "unknown_op", "short_header", "bad_json", "tensor_past_end", "bad_datatype",
-           "huge_shape", "send_elsewhere", "wait_unknown", "cancelled_unknown", "metric_shadow",
+           "huge_shape", "send_elsewhere", "wait_unknown", "cancelled_unknown",
+           "stream_next_unknown", "stream_cancel_junk", "stream_flood", "metric_shadow",
            "metric_junk", "metric_buckets", "log_flood", "repository_junk", "repository_unknown",
            "repository_bad_version", "repository_traversal", "repository_bad_base64",
            "repository_self"]
@@ -54,6 +55,11 @@ def test_a_malformed_frame_is_answered_and_the_server_serves_on(server, how):
     assert answer.startswith(("answered", "raised")), answer
     add_sub_works(server)
     assert server.proc.poll() is None
+
+
+def test_decoupled_calls_a_model_opens_are_bounded(server):
+    flood = ask(server, "stream_flood")
+    assert "reads 64 decoupled calls already" in flood, flood
 
 
 def test_a_model_cannot_shadow_or_flood_the_servers_metrics(server):

@@ -15,7 +15,7 @@ def frame(op, header, data=b""):
 
 ATTACKS = {
     "empty": lambda: _host.call(b""),
-    "unknown_op": lambda: _host.call(b"Z" + b"\xff" * 64),
+    "unknown_op": lambda: _host.call(b"Q" + b"\xff" * 64),
     "short_header": lambda: _host.call(b"I" + struct.pack("<I", 1 << 30) + b"{}"),
     "bad_json": lambda: _host.call(frame(b"I", b"{not json")),
     "tensor_past_end": lambda: _host.call(frame(b"I", {
@@ -31,6 +31,12 @@ ATTACKS = {
     "send_elsewhere": lambda: _host.call(frame(b"S", {"index": 1 << 40, "response": {}})),
     "wait_unknown": lambda: _host.call(b"W" + b"123456789"),
     "cancelled_unknown": lambda: _host.call(b"C" + b'{"index": 99}'),
+    "stream_next_unknown": lambda: _host.call(b"X" + b"987654321"),
+    "stream_cancel_junk": lambda: _host.call(b"Z" + b"\xff" * 64),
+    # Decoupled calls opened and never read: the 65th is refused; the rest end with the batch.
+    "stream_flood": lambda: [_host.call(frame(b"O", {"model": "add_sub", "inputs": [],
+                                                     "decoupled": True}))
+                             for _ in range(70)][-1],
     "metric_shadow": lambda: _host.call(b"M" + json.dumps(
         {"op": "family", "name": "nv_inference_count", "description": "x", "kind": "counter"}).encode()),
     "metric_junk": lambda: _host.call(b"M" + b"\x00\x01"),
