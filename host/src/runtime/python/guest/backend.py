@@ -203,6 +203,7 @@ class _Backend:
         self.model_config = {}
         self.decoupled = False
         self.senders = {}
+        self.returned = None  # what the current batch's execute returned, once it has
         self.model = None
 
     def _fail(self, e):
@@ -280,6 +281,8 @@ class _Backend:
         sender = self.senders.get(index)
         if sender is None:
             sender = self.senders[index] = pb.InferenceResponseSender(index)
+            if self.returned is not None and self.returned[index] is not None:
+                sender._count(self.returned[index], pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return sender
 
     def _returned(self, result, n):
@@ -307,10 +310,12 @@ class _Backend:
                 raise pb.TritonModelException(
                     "Expected an 'InferenceResponse' object in the execute function return "
                     "list, found type '%s'." % type(r).__name__)
-        # A returned response is sent at once, final: the request's sender closes with it.
-        for i, r in enumerate(result):
-            if r is not None:
-                self.sender(i)._count(r, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        # A returned response is sent at once, final: the request's sender closes with it
+        # (one the model takes later, from a thread, starts closed: see `sender`).
+        self.returned = result
+        for i, sender in self.senders.items():
+            if result[i] is not None:
+                sender._count(result[i], pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return list(result)
 
     def _answer(self, w, i, returned, error, finished):
@@ -350,6 +355,7 @@ class _Backend:
             req._index = i
             requests.append(req)
         self.senders = {}
+        self.returned = None
         n = len(requests)
         returned = [None] * n
         error = None
