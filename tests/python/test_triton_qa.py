@@ -146,14 +146,13 @@ def test_triton_decoupled_unittests_pass_unchanged(decoupled_server):
     """decoupled_test.py: errors among a decoupled model's responses, returning from a
     decoupled execute, sending after the final flag, cooperative cancellation, and BLS into
     decoupled models read as they stream (`cancel()` reaching the called model, or ignored by
-    it). Left out: test_decoupled_bls (its model needs PyTorch) and test_decoupled_execute_error
-    (it needs a stream's two requests to reach the batcher in the order sent)."""
+    it), a stream's requests batched in the order sent (test_decoupled_execute_error). Left out:
+    test_decoupled_bls (its model needs PyTorch)."""
     said = run_triton_tests(
         decoupled_server, "decoupled_test.py",
-        "-k", "not (test_decoupled_bls and not _cancel and not _stream) "
-              "and not test_decoupled_execute_error",
+        "-k", "not (test_decoupled_bls and not _cancel and not _stream)",
         cwd=decoupled_server.run_in)
-    assert "9 passed" in said, said
+    assert "10 passed" in said, said
 
 
 def test_error_codes_become_the_grpc_status_triton_gives(server):

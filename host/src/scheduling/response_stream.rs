@@ -2,7 +2,7 @@
 //! decoupled model sends as it sends it, then its final one, each counted per index as
 //! Triton's response statistics; a reader that stops taking them cancels the request.
 
-use std::{sync::Arc, time::Instant};
+use std::{future::Future, sync::Arc, time::Instant};
 
 use super::{
     door::Target,
@@ -53,6 +53,23 @@ impl Server {
         let (sink, mut produced) = crate::inference::ResponseSink::channel(16, stall);
         request.responses = Some(sink);
         let server = self.clone();
+        let (name, id) = (request.model_name.clone(), request.id.clone());
+        // Polled once here, before the task starts, so the request reaches its model's queue
+        // now: requests a stream reads one after another are queued (and batched) in the
+        // order they were sent, as on Triton, not in the order tasks happen to be polled.
+        let mut running = Box::pin({
+            let (server, model) = (server.clone(), model.clone());
+            async move { server.infer_with(model, request).await }
+        });
+        let early = running
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        let final_response = async move {
+            match early {
+                std::task::Poll::Ready(result) => result,
+                std::task::Poll::Pending => running.await,
+            }
+        };
         tokio::spawn(async move {
             let version = model.version;
             // A decoupled model's responses are counted per index, as Triton's response_stats.
@@ -65,8 +82,6 @@ impl Server {
                 parameters: streamed.parameters,
                 outputs: streamed.outputs,
             };
-            let (name, id) = (request.model_name.clone(), request.id.clone());
-            let final_response = server.infer_with(model, request);
             tokio::pin!(final_response);
             // A reader that takes nothing for `stall` is treated as gone: returning drops the
             // request's future, which cancels it.
