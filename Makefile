@@ -12,7 +12,7 @@ STAGE_OUT := target/$(WASM_TARGET)/stage
 STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_pool ocr vad llm_preprocessing llm_postprocessing stable_diffusion terrain
 
 .PHONY: run test deps toolchain venv onnxruntime python-runtime models stages perf-analyzer triton build build-release python-package \
-        test-rust test-python ray-deps bentoml-deps redis custom-ops diffusion-models lint bench bench-isolation fuzz clean llama-cpp
+        test-rust test-python convert-env ray-deps bentoml-deps redis custom-ops diffusion-models lint bench bench-isolation fuzz clean llama-cpp
 
 run: deps build-release
 	./target/release/wasmtron --model-repository model_repository \
@@ -234,12 +234,21 @@ redis:
 custom-ops:
 	$(CARGO) build --locked -p wasmtron-test-custom-ops
 
-test-python: build python-package ray-deps bentoml-deps redis custom-ops $(AZURITE) $(PYTRITON_VENV)/.installed
+# The converter environment: the frameworks the server converts PyTorch and TensorFlow models
+# with (--converter-python), for the conversion tests; `make run` does not need it.
+CONVERT_VENV := .venv-convert
+convert-env: $(CONVERT_VENV)/.installed
+$(CONVERT_VENV)/.installed: scripts/convert-requirements.txt
+	test -x $(CONVERT_VENV)/bin/python || $(PYTHON) -m venv $(CONVERT_VENV)
+	$(CONVERT_VENV)/bin/python -m pip install -q -r scripts/convert-requirements.txt
+	touch $@
+
+test-python: build python-package ray-deps bentoml-deps redis custom-ops $(AZURITE) $(PYTRITON_VENV)/.installed convert-env
 	# Python-backend models start in seconds once the interpreter is compiled (minutes, once).
 	target/debug/wasmtron compile-python
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
 	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python PYTRITON_PYTHON=$(CURDIR)/$(PYTRITON_VENV)/bin/python \
-	  DIFFUSION_PYTHON=$(CURDIR)/$(DIFFUSION_VENV)/bin/python \
+	  DIFFUSION_PYTHON=$(CURDIR)/$(DIFFUSION_VENV)/bin/python CONVERTER_PYTHON=$(CURDIR)/$(CONVERT_VENV)/bin/python \
 	  $(VPY) -m pytest -q -p no:cacheprovider tests/python tests/security
 
 lint: venv
@@ -279,4 +288,4 @@ bench-isolation: deps perf-analyzer build-release
 
 clean:
 	$(CARGO) clean
-	rm -rf .cache $(VENV) $(BENTO_VENV)
+	rm -rf .cache $(VENV) $(BENTO_VENV) $(CONVERT_VENV)

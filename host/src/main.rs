@@ -179,6 +179,53 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
             }
             return Ok(());
         }
+        Some(Command::Convert {
+            repository,
+            converter_python,
+            converter_timeout_secs,
+            wasm_cache_dir,
+        }) => {
+            let options = wasmtron::runtime::RuntimeOptions {
+                wasm_cache_dir: wasm_cache_dir
+                    .or_else(wasmtron::runtime::wasm::engine::default_cache_dir),
+                converter: Some(wasmtron::runtime::conversion::ConverterSettings {
+                    python: converter_python,
+                    timeout: Duration::from_secs(converter_timeout_secs.max(1)),
+                }),
+                ..Default::default()
+            };
+            let done = tokio::task::spawn_blocking(move || {
+                wasmtron::runtime::conversion::convert_repository(&repository, &options)
+            })
+            .await??;
+            let mut failed = 0;
+            for d in &done {
+                match &d.outcome {
+                    Ok(c) => println!(
+                        "{} (version {}): {}{}",
+                        d.model,
+                        d.version,
+                        c.manifest.summary(),
+                        if c.cached {
+                            " (already in the cache)".to_owned()
+                        } else {
+                            format!(", in {:.1} s", c.manifest.seconds)
+                        }
+                    ),
+                    Err(e) => {
+                        failed += 1;
+                        println!("{} (version {}): {}", d.model, d.version, e.message);
+                    }
+                }
+            }
+            if done.is_empty() {
+                println!("no PyTorch or TensorFlow models to convert");
+            }
+            if failed > 0 {
+                bail!("{failed} model version(s) could not be converted");
+            }
+            return Ok(());
+        }
         Some(Command::HashKey { key }) => {
             let key = match key {
                 Some(k) => k,
@@ -332,6 +379,12 @@ async fn server_options(
                 .or(defaults.runtime.wasm_cache_dir),
             wasm_cache_max_bytes: cli.wasm_cache_max_mb.map(|mb| mb.saturating_mul(1 << 20)),
             python_runtime: cli.python_runtime.clone(),
+            converter: cli.converter_python.clone().map(|python| {
+                wasmtron::runtime::conversion::ConverterSettings {
+                    python,
+                    timeout: Duration::from_secs(cli.converter_timeout_secs.max(1)),
+                }
+            }),
             allow_custom_op_libraries: cli.allow_custom_op_libraries,
             ..defaults.runtime
         },

@@ -144,6 +144,12 @@ impl ScratchDir {
         self.dir.path()
     }
 
+    /// Keeps the directory (it is no longer removed when dropped) and gives its path: to
+    /// publish a finished directory by renaming it.
+    pub fn keep(self) -> PathBuf {
+        self.dir.keep()
+    }
+
     /// Writes `content` as the new file `relative` (made of plain components, checked by the
     /// caller), creating the folders on the way inside this directory.
     pub fn write_new(&self, relative: &[String], content: &[u8]) -> io::Result<PathBuf> {

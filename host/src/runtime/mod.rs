@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod buckets;
+pub mod conversion;
 pub mod generation;
 pub mod gpu;
 pub mod heap;
@@ -219,6 +220,9 @@ pub struct LoadedBackend {
     pub warmup: Option<warmup::WarmupReport>,
     /// The counters of a generation model.
     pub generation: Option<Arc<generation::stats::GenerationStats>>,
+    /// Where the served model came from when it is not the version's own file (a
+    /// conversion), shown as the version's status.
+    pub origin: Option<String>,
 }
 
 /// Crash accounting for a model version: instances that trap are replaced, and a version
@@ -290,6 +294,9 @@ pub struct RuntimeOptions {
     pub model_caller: Option<Arc<dyn ModelCaller>>,
     /// The tenants, whose `[tenant.wasm]` limits bound the stages they may load.
     pub tenancy: Option<Arc<crate::tenancy::Tenancy>>,
+    /// Converts PyTorch and TensorFlow models to ONNX at load (`--converter-python`); `None`:
+    /// only conversions already cached are served.
+    pub converter: Option<conversion::ConverterSettings>,
     /// Load ONNX Runtime custom operator libraries (`model_operations`): native code run
     /// inside the server (`--allow-custom-op-libraries`).
     pub allow_custom_op_libraries: bool,
@@ -312,6 +319,55 @@ pub fn family(config: &ModelConfig) -> crate::repository::config_fields::Family 
         Some(generation::BACKEND) => Family::Generation,
         _ => Family::Onnx,
     }
+}
+
+/// A PyTorch or TensorFlow model, converted to ONNX (or taken from the conversion cache) and
+/// served by ONNX Runtime; the conversion's summary becomes the version's status line.
+fn converted(
+    backend: &str,
+    config: ModelConfig,
+    version_dir: &std::path::Path,
+    options: &RuntimeOptions,
+) -> Result<LoadedBackend> {
+    let framework = conversion::Framework::of(backend)
+        .ok_or_else(|| Error::internal(format!("no converter for '{backend}'")))?;
+    let name = config.name.clone();
+    let converted = conversion::convert(framework, &config, version_dir, options)?;
+    let summary = converted.manifest.summary();
+    if converted.cached {
+        tracing::info!(model = %name, "{summary} (from the conversion cache)");
+    } else {
+        tracing::info!(
+            model = %name,
+            seconds = converted.manifest.seconds,
+            "{summary}"
+        );
+    }
+    // The framework backends' own tuning parameters are set aside while ONNX Runtime loads
+    // the model (they would read as unknown ONNX Runtime parameters), said once here, and
+    // kept in the configuration the server reports.
+    let mut onnx_config = config.clone();
+    for key in conversion::FRAMEWORK_PARAMETERS {
+        if onnx_config.parameters.remove(*key).is_some()
+            && !matches!(*key, "TF_SIGNATURE_DEF" | "TF_GRAPH_TAG")
+        {
+            tracing::warn!(
+                model = %name,
+                "parameter '{key}' tunes Triton's {backend} backend and has no effect here: \
+                 the model runs converted to ONNX on ONNX Runtime"
+            );
+        }
+    }
+    let mut loaded = onnx::load_file(onnx_config, &converted.onnx, version_dir, options)?;
+    for (key, value) in &config.parameters {
+        loaded
+            .config
+            .parameters
+            .entry(key.clone())
+            .or_insert_with(|| value.clone());
+    }
+    loaded.origin = Some(summary);
+    Ok(loaded)
 }
 
 /// Loads one version of a model with the backend its configuration names.
@@ -337,6 +393,9 @@ pub fn load(
     }
     let mut loaded = match backend.as_str() {
         ONNXRUNTIME => onnx::load(config, version_dir, options),
+        other if conversion::Framework::of(other).is_some() => {
+            converted(other, config, version_dir, options)
+        }
         wasm::BACKEND => wasm::load(config, version_dir, options),
         generation::BACKEND => generation::load(config, version_dir, options),
         python::BACKEND => python::load(config, version_dir, options),

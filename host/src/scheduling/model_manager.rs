@@ -55,6 +55,9 @@ pub struct ModelVersion {
     pub generation: Option<Arc<crate::runtime::generation::stats::GenerationStats>>,
     /// Its outputs' labels (`label_filename`), for the classification extension.
     pub labels: Arc<crate::classification::Labels>,
+    /// Where the served model came from when not the version's own file (a PyTorch or
+    /// TensorFlow model's conversion): the version's status line in the repository index.
+    pub origin: Option<String>,
     /// The files given to the load API, kept while the version lives: its backends may open
     /// them again later (a new stage instance), and nobody else can swap them in between.
     /// Held only to keep the folder; removed with the last version that uses it.
@@ -309,14 +312,14 @@ impl ModelManager {
                     continue;
                 }
                 out.remove(&(name.clone(), None));
-                for v in entry.versions.keys() {
+                for (v, loaded) in entry.versions.iter() {
                     out.insert(
                         (name.clone(), Some(*v)),
                         IndexEntry {
                             name: name.clone(),
                             version: Some(*v),
                             state: ModelState::Ready,
-                            reason: String::new(),
+                            reason: loaded.origin.clone().unwrap_or_default(),
                         },
                     );
                 }

@@ -191,5 +191,6 @@ pub fn load(
         buckets: None,
         warmup: None,
         generation: Some(stats),
+        origin: None,
     })
 }

@@ -37,11 +37,23 @@ pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
 
 /// Loads every instance of one model version.
 pub fn load(
-    mut config: ModelConfig,
+    config: ModelConfig,
     version_dir: &Path,
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
     let model_path = onnx_file(&config, version_dir)?;
+    load_file(config, &model_path, version_dir, options)
+}
+
+/// [`load`] with the ONNX file given (a model converted from another framework); the version
+/// folder still holds what the configuration refers to (operator libraries, engine caches).
+pub fn load_file(
+    mut config: ModelConfig,
+    model_path: &Path,
+    version_dir: &Path,
+    options: &RuntimeOptions,
+) -> Result<LoadedBackend> {
+    let model_path = model_path.to_path_buf();
     let env = environment(options)?;
     gpu::normalize_instance_groups(&mut config, gpu::DEFAULT_CPU_INSTANCE_COUNT);
     let mut settings = SessionSettings::of(&config)?;
@@ -165,6 +177,7 @@ pub fn load(
         buckets,
         warmup: None,
         generation: None,
+        origin: None,
     })
 }
 

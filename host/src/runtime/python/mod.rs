@@ -166,5 +166,6 @@ pub fn load(
         buckets: None,
         warmup: None,
         generation: None,
+        origin: None,
     })
 }

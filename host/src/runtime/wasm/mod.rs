@@ -485,5 +485,6 @@ pub fn load(
         buckets: None,
         warmup: None,
         generation: None,
+        origin: None,
     })
 }

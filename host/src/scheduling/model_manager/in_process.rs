@@ -92,6 +92,7 @@ impl ModelManager {
             health: Default::default(),
             generation: None,
             labels: Default::default(),
+            origin: None,
             _staged: None,
         });
         let mut models = self.models.write().map_err(|_| super::poisoned())?;

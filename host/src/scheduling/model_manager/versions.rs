@@ -192,6 +192,7 @@ impl ModelManager {
                         health: Default::default(),
                         generation: None,
                         labels: labels.clone(),
+                        origin: None,
                         _staged: None,
                     }),
                 );
@@ -263,6 +264,7 @@ impl ModelManager {
                     health,
                     generation,
                     labels: labels.clone(),
+                    origin: loaded.origin,
                     _staged: staged.clone(),
                 }),
             );
