@@ -98,6 +98,33 @@ pub struct InferRequest {
     /// The parameters the model sets on its (final) response, as Triton's Python backend's
     /// `InferenceResponse(parameters=...)`: filled by the backend while it runs the request.
     pub reply_parameters: ReplyParameters,
+    /// Set by a backend whose model released the request to run again in a later batch
+    /// (Triton's request rescheduling): the scheduler queues it again instead of answering.
+    pub reschedule: Reschedule,
+}
+
+/// Whether a model released a request for rescheduling (a Python model's
+/// `set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`).
+#[derive(Debug, Clone, Default)]
+pub struct Reschedule(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Reschedule {
+    /// The request runs again in a later batch.
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether it was set; cleared for the next execution.
+    pub fn take(&self) -> bool {
+        self.0.swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for Reschedule {
+    /// Part of the execution, not of the request.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Where a backend leaves the parameters of a request's response for the scheduler, which

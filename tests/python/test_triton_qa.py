@@ -250,3 +250,133 @@ def test_the_logger_takes_triton_levels(server):
     log = log_of(server)
     for line in ("Initialize-Specific Msg!", "Execute-Warning Msg!", "Execute-Error Msg!"):
         assert line in log
+
+
+READINESS = os.path.join(QA, "readiness_models")
+
+
+@pytest.fixture(scope="module")
+def readiness_server(tmp_path_factory):
+    """qa/L0_backend_python/model_readiness/test.sh's second server: identity models whose
+    `is_ready()` returns True, False, raises, returns a string, sleeps 8 s or is a coroutine,
+    and a decoupled one."""
+    repo = str(tmp_path_factory.mktemp("triton_qa_readiness"))
+    with open(os.path.join(MODELS, "identity_fp32", "config.pbtxt")) as f:
+        identity = [ln for ln in f.read().splitlines() if not ln.startswith("name:")]
+    for name, value, delay in [
+        ("is_ready_fn_returns_true", "true", "0.1"),
+        ("is_ready_fn_returns_false", "false", "0.1"),
+        ("is_ready_fn_raises_error", "exception", "0.1"),
+        ("is_ready_fn_returns_non_boolean", "non_boolean", "0.1"),
+        ("is_ready_fn_timeout", "true", "8"),
+        ("is_ready_fn_coroutine_returns_true", "coroutine", "0.1"),
+    ]:
+        os.makedirs(os.path.join(repo, name, "1"))
+        source = ("readiness_coroutine_model.py" if "coroutine" in name
+                  else "readiness_model.py")
+        shutil.copy(os.path.join(READINESS, source), os.path.join(repo, name, "1", "model.py"))
+        with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+            f.write('name: "%s"\n' % name + "\n".join(identity) + "\n" +
+                    'parameters: { key: "READINESS_FN_RETURN_VALUE" value: { string_value: '
+                    '"%s" } }\nparameters: { key: "READINESS_FN_DELAY_SECS" value: { '
+                    'string_value: "%s" } }\n' % (value, delay))
+    shutil.copytree(os.path.join(READINESS, "is_ready_fn_returns_true_decoupled"),
+                    os.path.join(repo, "is_ready_fn_returns_true_decoupled", "1"))
+    shutil.move(os.path.join(repo, "is_ready_fn_returns_true_decoupled", "1", "config.pbtxt"),
+                os.path.join(repo, "is_ready_fn_returns_true_decoupled", "config.pbtxt"))
+    log_file = os.path.join(str(tmp_path_factory.mktemp("triton_qa_readiness_log")),
+                            "server.log")
+    s = Server(repo, "--log-file", log_file, "--log-verbose", "1", "--strict-readiness=false")
+    s.log_file = log_file
+    yield s
+    s.stop()
+
+
+def test_triton_model_readiness_unittests_pass_unchanged(readiness_server):
+    """test_model_readiness.py TestUserDefinedModelReadinessFunction: a model's own
+    `is_ready()` (plain or `async def`) answers the model readiness endpoints over HTTP and
+    gRPC: False, an exception or a value that is not a bool is "not ready", inference is
+    unaffected, and readiness checks run alongside inference, decoupled too. Left out:
+    test_is_ready_takes_long_time (ten 13-second rounds; one round is checked below)."""
+    said = run_triton_tests(
+        readiness_server, "test_model_readiness.py", "-k",
+        "TestUserDefinedModelReadinessFunction and not test_is_ready_takes_long_time")
+    assert "7 passed" in said, said
+
+
+def test_a_readiness_check_past_its_timeout_is_not_ready_and_its_late_answer_is_kept(
+        readiness_server):
+    """One round of Triton's test_is_ready_takes_long_time: `is_ready()` sleeps 8 s; the
+    check gives up after 5 s (not ready) while the model goes on; the next readiness request
+    gets the answer the model gave late instead of starting another 8-second check."""
+    name = "is_ready_fn_timeout"
+    data = np.ones((1, 8), dtype=np.float32)
+    with httpclient.InferenceServerClient(readiness_server.http) as h, \
+            grpcclient.InferenceServerClient(readiness_server.grpc) as g:
+        assert not h.is_model_ready(name)
+        inp = httpclient.InferInput("INPUT0", [1, 8], "FP32")
+        inp.set_data_from_numpy(data)
+        np.testing.assert_array_equal(h.infer(name, [inp]).as_numpy("OUTPUT0"), data)
+        assert g.is_model_ready(name)
+        # The server itself stays ready throughout.
+        assert h.is_server_ready()
+
+
+@pytest.fixture(scope="module")
+def rescheduling_server(tmp_path_factory):
+    """qa/L0_backend_python/request_rescheduling/test.sh's repository and flags (explicit
+    model control, every model loaded), less the BLS model that drives Triton's leak probe."""
+    repo = str(tmp_path_factory.mktemp("triton_qa_rescheduling"))
+    for name in ("iterative_sequence", "request_rescheduling_addsub", "wrong_return_type"):
+        place(repo, name, name)
+    # The same model without iterative sequences configured.
+    place(repo, "addsub_not_iterative", "request_rescheduling_addsub")
+    config = os.path.join(repo, "addsub_not_iterative", "config.pbtxt")
+    with open(config) as f:
+        text = f.read()
+    start = text.index("sequence_batching")
+    with open(config, "w") as f:
+        f.write(text[:start] + text[text.index("}", start) + 1:])
+    log_file = os.path.join(str(tmp_path_factory.mktemp("triton_qa_rescheduling_log")),
+                            "server.log")
+    s = Server(repo, "--log-file", log_file, "--log-verbose", "1",
+               "--model-control-mode=explicit", "--load-model=*")
+    s.log_file = log_file
+    yield s
+    s.stop()
+
+
+def test_triton_request_rescheduling_unittests_pass_unchanged(rescheduling_server):
+    """grpc_endpoint_test.py: a model that releases a request with
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE gets it again in a later batch — a decoupled
+    iterative sequence answers 3, 2, 1 over one stream, a default-mode model answers once
+    on its second execution."""
+    said = run_triton_tests(rescheduling_server, "grpc_endpoint_test.py")
+    assert "2 passed" in said, said
+
+
+def test_a_rescheduled_request_must_not_be_answered(rescheduling_server):
+    """Triton's check (bls_request_rescheduling's test_wrong_return_type): returning a
+    response for a request released for rescheduling fails the batch with Triton's words."""
+    with httpclient.InferenceServerClient(rescheduling_server.http) as c:
+        inp = httpclient.InferInput("INPUT0", [4], "FP32")
+        inp.set_data_from_numpy(np.ones(4, dtype=np.float32))
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("wrong_return_type", [inp])
+    assert "Expected a None object in the execute function return list for reschduled " \
+           "request" in str(e.value), e.value
+
+
+def test_rescheduling_needs_iterative_sequences_configured(rescheduling_server):
+    with httpclient.InferenceServerClient(rescheduling_server.http) as c:
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            inp = httpclient.InferInput(name, [16], "FP32")
+            inp.set_data_from_numpy(np.ones(16, dtype=np.float32))
+            inputs.append(inp)
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("addsub_not_iterative", inputs)
+        assert "iterative_sequence: true" in str(e.value), e.value
+        # The model serves on: its next request is answered.
+        result = c.infer("addsub_not_iterative", inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full(16, 2.0))

@@ -112,11 +112,18 @@ pub fn sequence_spec(config: &ModelConfig) -> Result<Option<SequenceSpec>, Strin
         return Ok(None);
     };
     if sb.iterative_sequence {
-        return Err(
-            "field 'sequence_batching.iterative_sequence': iterative sequences are not \
-                    supported; remove the setting"
-                .to_owned(),
-        );
+        // Iterative sequences (Triton's request rescheduling): each request is its own
+        // sequence, run again in a later batch whenever the model releases it for that; the
+        // model keeps what it needs, so there are no control inputs or state to manage.
+        if !sb.control_input.is_empty() || !sb.state.is_empty() {
+            return Err(
+                "field 'sequence_batching.iterative_sequence': iterative sequences run each \
+                 request as its own sequence; control inputs and state are not supported with \
+                 it (remove 'control_input' and 'state', or the setting)"
+                    .to_owned(),
+            );
+        }
+        return Ok(None);
     }
     let declared = |name: &str| {
         config.input.iter().any(|i| i.name == name) || config.output.iter().any(|o| o.name == name)

@@ -70,6 +70,13 @@ pub trait ModelInstance: Send {
     ) -> Result<(Vec<Tensor>, ExecTimings)> {
         execute_alone(self, request, outputs)
     }
+
+    /// The model's own readiness check (a `model.py`'s `is_ready()`), run between batches
+    /// when a client asks whether the model is ready; `None`: the model has none, and its
+    /// readiness is its instances' health.
+    fn check_ready(&mut self) -> Option<bool> {
+        None
+    }
 }
 
 /// [`ModelInstance::execute`]'s default: the request as a batch of one.
@@ -223,6 +230,8 @@ pub struct LoadedBackend {
     /// Where the served model came from when it is not the version's own file (a
     /// conversion), shown as the version's status.
     pub origin: Option<String>,
+    /// The model has a readiness check of its own ([`ModelInstance::check_ready`]).
+    pub checks_readiness: bool,
 }
 
 /// Crash accounting for a model version: instances that trap are replaced, and a version

@@ -467,6 +467,7 @@ impl Ensemble {
             .collect();
         InferRequest {
             reply_parameters: Default::default(),
+            reschedule: Default::default(),
             model_name: step.model.clone(),
             model_version: step.version,
             id: request.id.clone(),

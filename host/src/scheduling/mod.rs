@@ -11,6 +11,7 @@ pub mod model_manager;
 pub mod options;
 pub mod queue;
 pub mod rate_limiter;
+mod readiness;
 pub mod redis_cache;
 pub mod response_cache;
 pub mod response_stream;

@@ -242,6 +242,22 @@ impl ModelManager {
         self.get(name, version).is_ok_and(|m| m.health.is_healthy())
     }
 
+    /// [`is_ready`](Self::is_ready), then the model's own readiness check where it has one
+    /// (a `model.py`'s `is_ready()`, run on an instance; "not ready" past its timeout), as
+    /// Triton answers a model readiness request.
+    pub async fn check_ready(&self, name: &str, version: Option<i64>) -> bool {
+        let Ok(model) = self.get(name, version) else {
+            return false;
+        };
+        if !model.health.is_healthy() {
+            return false;
+        }
+        match &model.executor {
+            Executor::Scheduler(scheduler) => scheduler.check_readiness().await.unwrap_or(true),
+            _ => true,
+        }
+    }
+
     /// Versions loaded for `name`, ascending.
     pub fn versions(&self, name: &str) -> Vec<i64> {
         self.models

@@ -20,6 +20,7 @@ use super::{
     execution_share::{Execution, ExecutionShare, Wake, ACTIVE_WINDOW},
     queue::{BatchPolicy, Batchable, Decision, Entry, Refusal, RequestQueue, Share},
     rate_limiter::{Claim, Permit},
+    readiness,
     stats::{FailureReason, ModelStats},
 };
 use crate::{
@@ -84,6 +85,15 @@ struct State {
     queue: RequestQueue<Job>,
     closed: bool,
     next_seq: u64,
+    /// The model's own readiness checks, run by a free instance before queued batches.
+    checks: readiness::Checks,
+}
+
+/// What a free worker does next.
+enum Work {
+    Batch(Taken),
+    /// Run the model's readiness check.
+    ReadinessCheck,
 }
 
 /// Responses held back until every earlier request has been answered (`preserve_ordering`).
@@ -207,6 +217,7 @@ impl Scheduler {
                 queue: RequestQueue::new(&policy.levels, queue_capacity),
                 closed: false,
                 next_seq: 0,
+                checks: Default::default(),
             }),
             reorder: policy.preserve_ordering.then(Default::default),
             policy,
@@ -228,6 +239,33 @@ impl Scheduler {
                 })?;
         }
         Ok(Self { shared })
+    }
+
+    /// Readiness checks run the model's own check on an instance
+    /// ([`ModelInstance::check_ready`](crate::runtime::ModelInstance::check_ready)).
+    pub fn enable_readiness_checks(&self) {
+        lock(&self.shared.state).checks.enabled = true;
+    }
+
+    /// The model's own readiness check, run on a free instance (at most
+    /// [`readiness::CHECK_TIMEOUT`] waited for); `None` when the model has none.
+    pub async fn check_readiness(&self) -> Option<bool> {
+        let ask = {
+            let mut state = lock(&self.shared.state);
+            if !state.checks.enabled {
+                return None;
+            }
+            if state.closed {
+                return Some(false);
+            }
+            let (ask, wake) = state.checks.ask();
+            if wake {
+                // Every idle worker looks; a busy one takes it after its batch.
+                self.shared.work.notify_all();
+            }
+            ask
+        };
+        Some(readiness::answer(ask).await)
     }
 
     /// Queues a validated request and waits for its response. `outputs` are the output names
@@ -365,8 +403,18 @@ impl Drop for Waiting<'_> {
 
 impl WorkQueue {
     fn work_loop(&self, mut instance: Box<dyn ModelInstance>, claim: Option<Arc<Claim>>) {
-        while let Some(taken) = self.next_batch(claim.as_ref()) {
-            self.run_batch(instance.as_mut(), taken);
+        while let Some(work) = self.next_batch(claim.as_ref()) {
+            match work {
+                Work::Batch(taken) => self.run_batch(instance.as_mut(), taken),
+                Work::ReadinessCheck => {
+                    // A check that panics or has nothing to run says "not ready".
+                    let ready = catch_unwind(AssertUnwindSafe(|| instance.check_ready()))
+                        .ok()
+                        .flatten()
+                        .unwrap_or(false);
+                    lock(&self.state).checks.finish(ready);
+                }
+            }
         }
         if let Some(claim) = &claim {
             claim.withdraw();
@@ -375,10 +423,14 @@ impl WorkQueue {
 
     /// Waits until the queue says a batch should run, its tenant's part of the server's
     /// executions allows it and (with the rate limiter) the instance's resources are free,
-    /// and takes it with its slot and resources; `None` once closed and empty.
-    fn next_batch(&self, claim: Option<&Arc<Claim>>) -> Option<Taken> {
+    /// and takes it with its slot and resources (a readiness check asked for goes first);
+    /// `None` once closed and empty.
+    fn next_batch(&self, claim: Option<&Arc<Claim>>) -> Option<Work> {
         let mut state = lock(&self.state);
         loop {
+            if state.checks.start() {
+                return Some(Work::ReadinessCheck);
+            }
             let now = Instant::now();
             let expired = state.queue.expire(now);
             if !expired.is_empty() {
@@ -441,11 +493,11 @@ impl WorkQueue {
                         // More work: another free worker may take it.
                         self.work.notify_one();
                     }
-                    return Some(Taken {
+                    return Some(Work::Batch(Taken {
                         batch,
                         execution,
                         permit,
-                    });
+                    }));
                 }
                 _ if state.queue.is_empty() && claim.is_some_and(|c| c.pending()) => {
                     // No work left for resources it waits for or was given: let others have
@@ -570,9 +622,45 @@ impl WorkQueue {
             );
         }
         for ((job, queued), result) in jobs.into_iter().zip(results) {
+            let again = job.request.reschedule.take();
             match result {
+                Ok(_) if again => self.reschedule(job),
                 Ok(outputs) => self.succeed(job, queued, &timings, outputs),
                 Err(err) => self.fail(job, FailureReason::Backend, err),
+            }
+        }
+    }
+
+    /// Queues a request its model released to run again (Triton's request rescheduling):
+    /// it keeps its reply, its response stream and its order of arrival, and takes no new
+    /// queue timeout.
+    fn reschedule(&self, job: Job) {
+        let level = self
+            .policy
+            .level_of(uint_param(&job.request, "priority").unwrap_or(0));
+        let mut state = lock(&self.state);
+        if state.closed {
+            drop(state);
+            let err = Error::unavailable(format!(
+                "model '{}' version {} is unloading: a rescheduled request cannot run again",
+                self.model, self.version
+            ));
+            self.fail(job, FailureReason::Rejected, err);
+            return;
+        }
+        match state.queue.push(level, job, None, Instant::now()) {
+            Ok(()) => {
+                self.stats.pending.fetch_add(1, Relaxed);
+                self.work.notify_one();
+            }
+            Err((job, _)) => {
+                drop(state);
+                let err = Error::unavailable(format!(
+                    "model '{}' version {}: the queue is full, a rescheduled request cannot \
+                     run again",
+                    self.model, self.version
+                ));
+                self.fail(job, FailureReason::Rejected, err);
             }
         }
     }

@@ -57,7 +57,9 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<ModelReadyResponse>, Status> {
         let caller = self.caller(&r, ApiGroup::Health)?;
         let r = r.into_inner();
-        let ready = model_ready(&self.server, &caller, &r.name, &r.version).map_err(to_status)?;
+        let ready = model_ready(&self.server, &caller, &r.name, &r.version)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 

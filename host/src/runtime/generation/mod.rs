@@ -192,5 +192,6 @@ pub fn load(
         warmup: None,
         generation: Some(stats),
         origin: None,
+        checks_readiness: false,
     })
 }

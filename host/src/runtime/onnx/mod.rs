@@ -178,6 +178,7 @@ pub fn load_file(
         warmup: None,
         generation: None,
         origin: None,
+        checks_readiness: false,
     })
 }
 

@@ -102,6 +102,15 @@ impl BatchDoor {
         }
     }
 
+    /// A door for a readiness check: the guest runs the model's `is_ready()` and answers
+    /// `{"ready": bool}` as its responses frame.
+    pub(super) fn for_readiness_check(model: Arc<PythonModel>, deadline: Instant) -> Self {
+        let mut door = Self::idle(model);
+        door.batch = FrameWriter::default().finish(&serde_json::json!({ "probe": true }));
+        door.deadline = Some(deadline);
+        door
+    }
+
     /// A door for one batch: its frame is written now.
     pub(super) fn for_batch(
         model: Arc<PythonModel>,
@@ -237,6 +246,7 @@ impl BatchDoor {
         }
         let request = InferRequest {
             reply_parameters: Default::default(),
+            reschedule: Default::default(),
             model_name: h.model.clone(),
             model_version: (h.version > 0).then_some(h.version),
             id: h.id.clone(),
@@ -288,6 +298,7 @@ impl BatchDoor {
                     outputs: r.outputs.iter().map(|t| w.tensor(t)).collect(),
                     error: None,
                     parameters: protocol::parameters_to_json(&r.parameters),
+                    reschedule: false,
                 })
                 .collect(),
             Err(e) => {

@@ -319,9 +319,43 @@ impl ModelInstance for PythonInstance {
         };
         (answers, timings)
     }
+
+    fn check_ready(&mut self) -> Option<bool> {
+        self.model
+            .checks_readiness()
+            .then(|| self.run_readiness_check())
+    }
+}
+
+/// The header of the guest's answer to a readiness check.
+#[derive(serde::Deserialize)]
+struct ReadyHeader {
+    #[serde(default)]
+    ready: Option<bool>,
 }
 
 impl PythonInstance {
+    /// Runs the model's `is_ready()` between batches, within the model's execution deadline;
+    /// anything but `True` (`False`, another value, an exception, a trap) is not ready.
+    fn run_readiness_check(&mut self) -> bool {
+        let deadline = Instant::now() + self.model.timeout();
+        let door = BatchDoor::for_readiness_check(self.model.clone(), deadline);
+        let (tx, rx) = mpsc::channel();
+        lock(&self.inbox).job = Some(Job { door, reply: tx });
+        if self.drive().is_err() {
+            lock(&self.inbox).job = None;
+            return false;
+        }
+        let Ok(Ok(door)) = rx.try_recv() else {
+            return false;
+        };
+        door.responses
+            .as_deref()
+            .and_then(|frame| Frame::<ReadyHeader>::parse(frame).ok())
+            .and_then(|frame| frame.header.ready)
+            .unwrap_or(false)
+    }
+
     /// Each request's answer from the guest's responses frame.
     fn answers(
         &self,
@@ -350,6 +384,18 @@ impl PythonInstance {
             .iter()
             .zip(requests)
             .map(|(r, request)| {
+                if r.as_ref().is_some_and(|r| r.reschedule) {
+                    if !model.iterative {
+                        return Err(Error::invalid(format!(
+                            "Python model '{}' released a request for rescheduling, which \
+                             needs 'sequence_batching {{ iterative_sequence: true }}' in its \
+                             configuration",
+                            model.name
+                        )));
+                    }
+                    request.reschedule.set();
+                    return Ok(Vec::new());
+                }
                 let Some(r) = r else {
                     if model.decoupled {
                         // Its stream has ended: the senders sent what it had.

@@ -140,6 +140,13 @@ pub fn load(
             single_instance: count == 1,
             decoupled: crate::runtime::is_decoupled(config),
             metrics_owner: metrics::owner(),
+            has_is_ready: Default::default(),
+            iterative: matches!(
+                &config.scheduling_choice,
+                Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(
+                    sb
+                )) if sb.iterative_sequence
+            ),
         })
     };
     let mut model = build(&config, runtime.clone());
@@ -167,5 +174,6 @@ pub fn load(
         warmup: None,
         generation: None,
         origin: None,
+        checks_readiness: model.checks_readiness(),
     })
 }

@@ -53,6 +53,11 @@ pub(crate) struct PythonModel {
     pub(super) decoupled: bool,
     /// Names this loaded version's custom metric families, released when it goes.
     pub(super) metrics_owner: u64,
+    /// `TritonPythonModel` defines `is_ready()` (learnt when the first instance loads).
+    pub(super) has_is_ready: std::sync::atomic::AtomicBool,
+    /// Requests may be released for rescheduling (`sequence_batching { iterative_sequence:
+    /// true }`).
+    pub(super) iterative: bool,
 }
 
 /// Turns that set up an interpreter: the utilities module, then the backend's driver.
@@ -75,6 +80,11 @@ impl Drop for PythonModel {
 }
 
 impl PythonModel {
+    /// Whether readiness checks run the model's own `is_ready()`.
+    pub(super) fn checks_readiness(&self) -> bool {
+        self.has_is_ready.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(super) fn timeout(&self) -> Duration {
         Duration::from_millis(self.limits.execution_timeout_ms)
     }
@@ -246,6 +256,15 @@ impl PythonModel {
                 "Python model '{}' failed to load: {failure}",
                 self.name
             )));
+        }
+        // The guest says what its class defines once `initialize` has run.
+        if let Some(said) = &door.completed {
+            let defines = serde_json::from_slice::<serde_json::Value>(said)
+                .ok()
+                .and_then(|v| v.get("is_ready").and_then(|r| r.as_bool()))
+                .unwrap_or(false);
+            self.has_is_ready
+                .store(defines, std::sync::atomic::Ordering::Relaxed);
         }
         tracing::debug!(model = %self.name, instance, ms = started.elapsed().as_millis() as u64, "Python instance started");
         Ok(interp)

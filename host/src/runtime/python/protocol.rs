@@ -112,6 +112,10 @@ pub struct ResponseHeader {
     /// Response parameters.
     #[serde(default)]
     pub parameters: BTreeMap<String, serde_json::Value>,
+    /// The model released the request to run again in a later batch
+    /// (`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reschedule: bool,
 }
 
 /// One request of a batch, as the guest sees it (what is empty or zero is left out: the

@@ -70,6 +70,7 @@ impl wit_host::Host for StageState {
         ));
         let request = InferRequest {
             reply_parameters: Default::default(),
+            reschedule: Default::default(),
             model_name: model,
             model_version: version,
             id: String::new(),

@@ -486,5 +486,6 @@ pub fn load(
         warmup: None,
         generation: None,
         origin: None,
+        checks_readiness: false,
     })
 }

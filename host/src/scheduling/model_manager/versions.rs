@@ -241,6 +241,9 @@ impl ModelManager {
                     claims,
                 },
             )?;
+            if loaded.checks_readiness {
+                scheduler.enable_readiness_checks();
+            }
             let executor = match sequence_spec(&loaded.config).map_err(Error::invalid)? {
                 Some(spec) => Executor::Sequence(Box::new(SequenceBatcher::new(
                     name,

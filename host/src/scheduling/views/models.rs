@@ -35,11 +35,17 @@ fn seen(server: &Server, caller: &Caller, name: &str, version: &str) -> Result<A
     server.models().get(name, parse_version(name, version)?)
 }
 
-/// Whether `name` (at `version`, or the policy's versions) is loaded and ready.
-pub fn model_ready(server: &Server, caller: &Caller, name: &str, version: &str) -> Result<bool> {
+/// Whether `name` (at `version`, or the policy's versions) is loaded and ready, its own
+/// readiness check included.
+pub async fn model_ready(
+    server: &Server,
+    caller: &Caller,
+    name: &str,
+    version: &str,
+) -> Result<bool> {
     caller.require(ModelAction::See, name)?;
     let version = parse_version(name, version)?;
-    Ok(server.models().is_ready(name, version))
+    Ok(server.models().check_ready(name, version).await)
 }
 
 /// Model metadata: loaded versions, platform and tensor signatures (batch dimension as -1).

@@ -48,7 +48,9 @@ pub(crate) async fn model_ready(
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<StatusCode> {
     let (model, version) = path_parts(&p);
-    Ok(health(ready_of(&st.server, &caller, &model, &version)?))
+    Ok(health(
+        ready_of(&st.server, &caller, &model, &version).await?,
+    ))
 }
 
 pub(crate) async fn config(

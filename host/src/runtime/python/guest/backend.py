@@ -197,6 +197,10 @@ def _failure(e):
     return text
 
 
+def _rescheduled(request):
+    return request._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+
+
 class _Backend:
     def __init__(self):
         self.args = {}
@@ -264,8 +268,31 @@ class _Backend:
                 if inspect.isawaitable(result):
                     _run(result)
             _drain()
+            # Readiness checks run the model's own `is_ready()` only when it defines one.
+            if callable(getattr(self.model, "is_ready", None)):
+                _host.call(b"K" + b'{"is_ready": true}')
         except BaseException as e:
             self._fail(e)
+
+    def check_ready(self):
+        """Runs `is_ready()` (plain or `async def`) for a readiness check: only `True` is
+        ready; another value or an exception is logged and not ready, as on Triton."""
+        name = self.args.get("model_name")
+        try:
+            result = self.model.is_ready()
+            if inspect.isawaitable(result):
+                result = _run(result)
+            _drain()
+            if isinstance(result, bool):
+                ready = result
+            else:
+                pb._log(2, "is_ready() of model '%s' returned %s, not a bool: the model is "
+                           "reported not ready" % (name, type(result).__name__))
+                ready = False
+        except BaseException as e:
+            pb._log(2, "is_ready() of model '%s' raised: %s" % (name, _failure(e)))
+            ready = False
+        _host.call(b"R" + pb._Writer().finish({"ready": ready}))
 
     def serve(self):
         """Runs batches as the host hands them over, until it hands over none."""
@@ -285,9 +312,11 @@ class _Backend:
                 sender._count(self.returned[index], pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return sender
 
-    def _returned(self, result, n):
+    def _returned(self, result, requests):
         """What `execute` returned, checked as Triton checks it: None, or (default mode
-        only) a list of one InferenceResponse or None per request."""
+        only) a list of one InferenceResponse or None per request (None for a request
+        released for rescheduling)."""
+        n = len(requests)
         if result is None:
             return [None] * n
         # Triton names the instance (`<model>_0_0`) in these messages.
@@ -305,7 +334,11 @@ class _Backend:
                 "Number of InferenceResponse objects do not match the number of "
                 "InferenceRequest objects. InferenceRequest(s) size is:%d, and "
                 "InferenceResponse(s) size is:%d" % (n, len(result)))
-        for r in result:
+        for r, request in zip(result, requests):
+            if r is not None and _rescheduled(request):
+                raise pb.TritonModelException(
+                    "Expected a None object in the execute function return list for "
+                    "reschduled request, found type '%s'." % type(r))
             if r is not None and not isinstance(r, pb.InferenceResponse):
                 raise pb.TritonModelException(
                     "Expected an 'InferenceResponse' object in the execute function return "
@@ -340,6 +373,8 @@ class _Backend:
 
     def execute(self, frame):
         header, blob = pb._read_frame(frame)
+        if header.get("probe"):
+            return self.check_ready()
         requests = []
         for i, r in enumerate(header["requests"]):
             req = pb.InferenceRequest(
@@ -363,7 +398,7 @@ class _Backend:
             result = self.model.execute(requests)
             if inspect.isawaitable(result):
                 result = _run(result)
-            returned = self._returned(result, n)
+            returned = self._returned(result, requests)
         except BaseException as e:
             # Triton's wording, which clients match on.
             message = "Failed to process the request(s) for model '%s', message: %s" % (
@@ -381,7 +416,9 @@ class _Backend:
         _drain()
         try:
             w = pb._Writer()
-            responses = [self._answer(w, i, returned, error, i in finished) for i in range(n)]
+            responses = [{"reschedule": True} if error is None and _rescheduled(requests[i])
+                         else self._answer(w, i, returned, error, i in finished)
+                         for i in range(n)]
         except BaseException as e:
             w = pb._Writer()
             failed = {"error": {"message": _failure(e), "code": "INTERNAL"}}

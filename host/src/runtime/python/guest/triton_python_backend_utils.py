@@ -460,6 +460,7 @@ class InferenceRequest:
         self._parameters = _parameters(parameters)
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         self._index = None  # the position in the batch, for received requests
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def inputs(self):
         return self._inputs
@@ -505,7 +506,9 @@ class InferenceRequest:
         return _is_cancelled(self._index)
 
     def set_release_flags(self, flags):
-        pass
+        """`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`: the request runs again in a later batch
+        (the model's config must say `sequence_batching { iterative_sequence: true }`)."""
+        self._release_flags = _want(flags, int, "flags")
 
     def _call_frame(self, decoupled):
         w = _Writer()
