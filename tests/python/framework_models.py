@@ -80,6 +80,27 @@ parameters: { key: "INFERENCE_MODE" value: { string_value: "true" } }
     reference("mix_ts", {"features": features, "scale": scale},
               {"projected__0": p.numpy(), "total__1": t.numpy()})
 
+    # One Dict(str, Tensor) argument keyed by the config's input names, as Triton's PyTorch
+    # backend passes such a model its inputs.
+    from typing import Dict
+
+    class Keyed(torch.nn.Module):
+        def forward(self, inputs: Dict[str, torch.Tensor]):
+            return inputs["left"] * 2 - inputs["right"]
+
+    d = model_dir("dict_ts", """platform: "pytorch_libtorch"
+max_batch_size: 4
+input [
+  { name: "right" data_type: TYPE_FP32 dims: [ 3 ] },
+  { name: "left" data_type: TYPE_FP32 dims: [ 3 ] }
+]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+""")
+    torch.jit.script(Keyed()).save(os.path.join(d, "model.pt"))
+    left = rng.standard_normal((2, 3)).astype(np.float32)
+    right = rng.standard_normal((2, 3)).astype(np.float32)
+    reference("dict_ts", {"left": left, "right": right}, {"OUTPUT__0": left * 2 - right})
+
     # An ExportedProgram (torch.export) addressed by torch_aoti's call names.
     class Heads(torch.nn.Module):
         def forward(self, x, *, bias):

@@ -18,7 +18,7 @@ from conftest import ROOT, Server
 
 CONVERTER = os.environ.get("CONVERTER_PYTHON",
                            os.path.join(ROOT, ".venv-convert", "bin", "python"))
-CONVERTED = ["resnet18_ts", "mix_ts", "heads_ep", "keras_tf"]
+CONVERTED = ["resnet18_ts", "mix_ts", "dict_ts", "heads_ep", "keras_tf"]
 REFUSED = {
     "corrupt_ts": ["model.pt", "torch.jit.load cannot read"],
     "compiled_aoti": ["AOTInductor-compiled package", "torch.export.save"],
@@ -76,7 +76,8 @@ def answers_as_the_framework_did(server, refs, model):
 
 def test_pytorch_and_tensorflow_models_answer_as_their_framework(converting, repository):
     """TorchScript (traced resnet18 by INPUT__0/OUTPUT__0; a scripted model by forward()'s
-    argument names and out-of-order <name>__<index> outputs, named `backend: "pytorch"`), an
+    argument names and out-of-order <name>__<index> outputs, named `backend: "pytorch"`; one
+    taking a Dict(str, Tensor) keyed by the config's input names), an
     ExportedProgram by torch_aoti's ARGS/KWARGS/RESULT names, and a Keras SavedModel whose
     config names only the platform: each served through tritonclient within 1e-4 + 1e-3·|x| of
     what the framework answered on the same input."""

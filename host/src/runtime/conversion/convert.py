@@ -97,7 +97,7 @@ def torchscript_positions(job, module):
     args = [a for a in schema.arguments if a.name != "self"]
     names = [a.name for a in args]
     inputs = job["inputs"]
-    if len(args) == 1 and str(args[0].type).startswith("Dict("):
+    if len(args) == 1 and args[0].type.kind() == "DictType":
         return "dict", None
     if len(names) != len(inputs):
         raise Refused("configuration expects %d inputs, model provides %d (forward(%s))"
@@ -144,8 +144,7 @@ def convert_torchscript(job, rng):
     out_convention, out_positions = output_positions(job)
     inputs, outputs = job["inputs"], job["outputs"]
     if positions is None:
-        raise Refused("forward() takes one Dict(str, Tensor) argument; the converter takes "
-                      "tensor arguments", "give forward() one tensor argument per input")
+        return convert_dict_input(job, torch, module, out_convention, out_positions, rng)
 
     def ordered(xs):
         placed = [None] * len(xs)
@@ -179,6 +178,50 @@ def convert_torchscript(job, rng):
         keep_outputs(path, [o["name"] for o in outputs])
 
     notes = ["inputs by %s" % convention, "outputs by %s" % out_convention]
+    return export_torch(job, torch, run, export, rng, notes)
+
+
+def convert_dict_input(job, torch, module, out_convention, out_positions, rng):
+    """A forward() that takes one Dict(str, Tensor), keyed by the config's input names (as
+    Triton's PyTorch backend passes them): the TorchScript program is turned into an
+    ExportedProgram first, whose module the exporter can trace with the dict built inside."""
+    from torch._export.converter import TS2EPConverter
+
+    inputs, outputs = job["inputs"], job["outputs"]
+    names = [i["name"] for i in inputs]
+
+    def pick(result):
+        flat = flat_outputs(torch, result)
+        for p in out_positions:
+            if p >= len(flat):
+                raise Refused("the config names output position %d, but forward() returns "
+                              "%d tensors" % (p, len(flat)))
+        return [flat[p] for p in out_positions]
+
+    def run(xs):
+        return pick(module(dict(zip(names, xs))))
+
+    def export(xs, path, dynamo):
+        program = TS2EPConverter(module, (dict(zip(names, xs)),)).convert()
+        inner = program.module()
+        # The exporters switch training mode, which an ExportedProgram's module refuses.
+        inner.train = lambda mode=True: inner
+
+        class Keyed(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, *tensors):
+                return tuple(pick(self.inner(dict(zip(names, tensors)))))
+
+        torch.onnx.export(Keyed(), tuple(xs), path, input_names=names,
+                          output_names=[o["name"] for o in outputs],
+                          dynamic_axes=dynamic_axes(job, inputs + outputs) or None,
+                          opset_version=opset(job), dynamo=dynamo)
+
+    notes = ["inputs as the keys of forward()'s Dict(str, Tensor) argument",
+             "outputs by %s" % out_convention]
     return export_torch(job, torch, run, export, rng, notes)
 
 
