@@ -206,8 +206,9 @@ pub struct Cli {
     pub python_runtime: Option<PathBuf>,
     /// A Python interpreter with the frameworks (torch, tensorflow + tf2onnx, onnx,
     /// onnxruntime): PyTorch (`pytorch_libtorch`, `torch_aoti`) and TensorFlow
-    /// (`tensorflow_savedmodel`) models are converted to ONNX with it once, checked and cached.
-    /// Without it only conversions already in the cache are served.
+    /// (`tensorflow_savedmodel`) models are converted to ONNX with it once, checked and cached
+    /// (default: WASMTRON_CONVERTER_PYTHON, else the .venv-convert `make convert-env` made;
+    /// `none`: only conversions already in the cache are served).
     #[arg(long, value_name = "PYTHON")]
     pub converter_python: Option<PathBuf>,
     /// The most one conversion may take, in seconds.

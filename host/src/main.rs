@@ -350,6 +350,16 @@ fn start_tracing(
     Ok((Arc::new(tracing_settings), trace_exporter))
 }
 
+/// The converter to use: the one named (`none`: no converter, only cached conversions load),
+/// else the default ([`wasmtron::runtime::conversion::default_python`]).
+fn converter_python(named: Option<&std::path::Path>) -> Option<PathBuf> {
+    match named {
+        Some(p) if p.as_os_str() == "none" => None,
+        Some(p) => Some(p.to_path_buf()),
+        None => wasmtron::runtime::conversion::default_python(),
+    }
+}
+
 /// The server core's options from the command line, on top of [`ServerOptions::default`].
 async fn server_options(
     cli: &Cli,
@@ -379,7 +389,7 @@ async fn server_options(
                 .or(defaults.runtime.wasm_cache_dir),
             wasm_cache_max_bytes: cli.wasm_cache_max_mb.map(|mb| mb.saturating_mul(1 << 20)),
             python_runtime: cli.python_runtime.clone(),
-            converter: cli.converter_python.clone().map(|python| {
+            converter: converter_python(cli.converter_python.as_deref()).map(|python| {
                 wasmtron::runtime::conversion::ConverterSettings {
                     python,
                     timeout: Duration::from_secs(cli.converter_timeout_secs.max(1)),

@@ -124,9 +124,9 @@ def test_conversions_are_cached_and_a_server_without_frameworks_serves_them(conv
     for m in manifests:
         assert len(m["source_sha256"]) == 64 and m["opset"] == 17, m
         assert m["checks"] and all(c["ok"] for c in m["checks"]), m
-    # No --converter-python, and no framework on the PATH: the cache serves them.
+    # No converter, and no framework on the PATH: the cache serves them.
     env = dict(os.environ, WASMTRON_CACHE_DIR=cache, PATH="/usr/bin:/bin")
-    second = Server(repo, env=env)
+    second = Server(repo, "--converter-python", "none", env=env)
     try:
         index = index_of(second)
         for model in CONVERTED:
@@ -150,7 +150,7 @@ def test_a_changed_model_file_is_converted_again(repository, tmp_path):
     shutil.copy(os.path.join(repo, "resnet18_ts", "1", "model.pt"),
                 copy / "mix_ts" / "1" / "model.pt")
     env = dict(os.environ, WASMTRON_CACHE_DIR=cache)
-    server = Server(str(copy), env=env)
+    server = Server(str(copy), "--converter-python", "none", env=env)
     try:
         entry = index_of(server)["mix_ts"]
         assert entry["state"] == "UNAVAILABLE" and "no conversion of this file is cached" \
@@ -177,8 +177,24 @@ def test_wasmtron_convert_fills_the_cache_ahead_of_time(repository, tmp_path):
                             CONVERTER, "--wasm-cache-dir", cache], capture_output=True,
                            text=True, timeout=900)
     assert "already in the cache" in again.stdout, again.stdout
-    server = Server(str(only), "--wasm-cache-dir", cache)
+    server = Server(str(only), "--wasm-cache-dir", cache, "--converter-python", "none")
     try:
         assert index_of(server)["mix_ts"]["state"] == "READY"
+    finally:
+        server.stop()
+
+
+def test_the_converter_environment_make_installs_is_the_default(repository, tmp_path):
+    """Without --converter-python the server converts with WASMTRON_CONVERTER_PYTHON (else the
+    .venv-convert that `make convert-env` made)."""
+    repo, refs, _ = repository
+    only = tmp_path / "repo"
+    shutil.copytree(os.path.join(repo, "dict_ts"), only / "dict_ts")
+    env = dict(os.environ, WASMTRON_CACHE_DIR=str(tmp_path / "cache"),
+               WASMTRON_CONVERTER_PYTHON=CONVERTER)
+    server = Server(str(only), env=env)
+    try:
+        assert index_of(server)["dict_ts"]["state"] == "READY"
+        answers_as_the_framework_did(server, refs, "dict_ts")
     finally:
         server.stop()

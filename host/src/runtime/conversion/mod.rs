@@ -86,6 +86,22 @@ impl Framework {
     }
 }
 
+/// The converter environment's Python when none is named: `WASMTRON_CONVERTER_PYTHON`, else
+/// the `.venv-convert` that `make convert-env` made beside the sources, if it exists.
+pub fn default_python() -> Option<PathBuf> {
+    if let Some(python) = std::env::var_os("WASMTRON_CONVERTER_PYTHON") {
+        return Some(PathBuf::from(python));
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let made = manifest
+        .parent()
+        .unwrap_or(manifest)
+        .join(".venv-convert")
+        .join("bin")
+        .join("python");
+    made.is_file().then_some(made)
+}
+
 /// How conversions run: the converter environment's Python and the time one may take.
 #[derive(Debug, Clone)]
 pub struct ConverterSettings {
@@ -236,7 +252,7 @@ pub fn convert(
         return Err(Error::invalid(format!(
             "model '{name}': platform '{}' is served by converting {file} to ONNX once, and no \
              conversion of this file is cached: start the server with --converter-python \
-             <a Python with {}>, or convert ahead of time with `wasmtron convert <repository> \
+             <a Python with {}> (`make convert-env` makes one), or convert ahead of time with `wasmtron convert <repository> \
              --converter-python <python>` into the same cache",
             framework.platform(),
             framework.needs()
