@@ -242,13 +242,13 @@ impl Scheduler {
     }
 
     /// Readiness checks run the model's own check on an instance
-    /// ([`ModelInstance::check_ready`](crate::runtime::ModelInstance::check_ready)).
+    /// ([`ModelInstance::check_ready`]).
     pub fn enable_readiness_checks(&self) {
         lock(&self.shared.state).checks.enabled = true;
     }
 
-    /// The model's own readiness check, run on a free instance (at most
-    /// [`readiness::CHECK_TIMEOUT`] waited for); `None` when the model has none.
+    /// The model's own readiness check, run on a free instance (its answer waited for at
+    /// most 5 s, as on Triton); `None` when the model has none.
     pub async fn check_readiness(&self) -> Option<bool> {
         let ask = {
             let mut state = lock(&self.shared.state);
