@@ -273,3 +273,82 @@ def test_penalties_user_and_stop_lists_change_the_answer_as_documented(server):
     r = chat(server, messages=ask, max_tokens=48, stop=["zebra", first])
     assert first not in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
     assert plain.startswith(r.choices[0].message.content)
+
+
+def open_schemas():
+    """Fifty schemas as users write them: strings, integers and numbers with no bounds,
+    nested objects, arrays, enums, booleans, optional fields."""
+    leaves = [
+        {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"},
+        {"type": "string", "enum": ["red", "green", "blue"]},
+        {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer"}},
+        {"type": "object", "properties": {"city": {"type": "string"},
+                                          "zip": {"type": "integer"}},
+         "required": ["city", "zip"]},
+        {"type": ["string", "null"]},
+        {"type": "number", "minimum": 0, "maximum": 1},
+    ]
+    names = ["name", "age", "score", "active", "color", "tags", "counts", "address", "note",
+             "ratio", "title", "id", "weight", "valid", "mood"]
+    schemas = []
+    for i in range(50):
+        width = 1 + i % 4
+        props = {}
+        for k in range(width):
+            props[names[(i + 3 * k) % len(names)]] = leaves[(i * 7 + k * 3) % len(leaves)]
+        required = list(props) if i % 3 else list(props)[:1]
+        schemas.append({"type": "object", "properties": props, "required": required})
+    return schemas
+
+
+def shortest(schema):
+    """The shortest instance of one of these schemas (required fields only)."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema["type"][0] if isinstance(schema["type"], list) else schema["type"]
+    if kind == "object":
+        return {k: shortest(schema["properties"][k]) for k in schema.get("required", [])}
+    return {"array": [], "string": "", "integer": 0, "number": 0, "boolean": False,
+            "null": None}[kind]
+
+
+def test_fifty_open_schemas_with_small_budgets_all_parse_and_validate(server):
+    """Issue 46: numbers and strings with no bounds and a small max_tokens used to end cut
+    mid-value ({"name": "A person", "age": 1000000000000000...); the grammar bounds them and
+    the decoder steers to close the answer as the budget runs out, so every answer parses,
+    validates and says finish_reason "stop". Each budget is small: the shortest valid
+    answer's length in bytes (a token can be a single byte) and a few tokens more."""
+    from concurrent.futures import ThreadPoolExecutor
+    schemas = open_schemas()
+    budgets = [len(json.dumps(shortest(s))) + 8 for s in schemas]
+    asks = ["Describe a person.", "Describe a city.", "Give some data.", "Write a record."]
+
+    def ask(i):
+        r = chat(server, response_format=schema_format(schemas[i], name="s%d" % i),
+                 messages=[{"role": "user", "content": asks[i % len(asks)]}],
+                 max_tokens=budgets[i], temperature=0.8 if i % 2 else 0, seed=i)
+        return i, r.choices[0].message.content, r.choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(len(schemas))))
+    broken = []
+    for i, content, finish in answers:
+        try:
+            jsonschema.validate(json.loads(content), schemas[i])
+            assert finish == "stop", finish
+        except (ValueError, AssertionError, jsonschema.ValidationError) as e:
+            broken.append((i, content, finish, str(e)[:100]))
+    assert not broken, broken
+
+
+def test_the_issue_s_schema_closes_within_sixty_four_tokens(server):
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    for seed in range(3):
+        r = chat(server, response_format=schema_format(schema), max_tokens=64,
+                 temperature=1.0, seed=seed)
+        answer = json.loads(r.choices[0].message.content)
+        jsonschema.validate(answer, schema)
+        assert abs(answer["age"]) < 10 ** 16, answer

@@ -31,6 +31,8 @@ use llguidance::{
 use super::stop::TokenBytes;
 use crate::error::{Error, Result};
 
+pub mod steering;
+
 /// The guide types a request may name (TensorRT-LLM's, and `lark` for llguidance's own).
 pub const GUIDE_TYPES: &[&str] = &["json", "json_schema", "regex", "lark"];
 
@@ -58,6 +60,8 @@ pub struct Guides {
     vocab: usize,
     end_ids: Vec<u32>,
     factory: OnceLock<std::result::Result<ParserFactory, String>>,
+    /// What each token spells, classed for steering JSON answers to close.
+    closing: OnceLock<Arc<steering::TokenClasses>>,
 }
 
 impl std::fmt::Debug for Guides {
@@ -80,7 +84,18 @@ impl Guides {
                 .filter_map(|&t| u32::try_from(t).ok())
                 .collect(),
             factory: OnceLock::new(),
+            closing: OnceLock::new(),
         }
+    }
+
+    fn token_classes(&self) -> Arc<steering::TokenClasses> {
+        self.closing
+            .get_or_init(|| {
+                Arc::new(steering::TokenClasses::of(
+                    (0..self.vocab as u32).map(|t| self.text.of(t)),
+                ))
+            })
+            .clone()
     }
 
     fn factory(&self) -> Result<&ParserFactory> {
@@ -123,8 +138,10 @@ impl Guides {
                 guide.len()
             )));
         }
+        // For JSON guides: the tokens the shortest answer takes (steering starts that early).
+        let mut shortest = 2;
         let grammar = match kind {
-            "json" => json_grammar(serde_json::json!({})),
+            "json" => json_grammar(steering::bounded_any_json()),
             "json_schema" => {
                 let schema: serde_json::Value =
                     serde_json::from_str(guide).map_err(|e| bad(format!("not JSON: {e}")))?;
@@ -137,7 +154,8 @@ impl Guides {
                         "it has {refs} '$ref's, more than {MAX_GUIDE_RULES}"
                     )));
                 }
-                json_grammar(schema)
+                shortest = steering::shortest_answer_tokens(&schema);
+                json_grammar(steering::bound_schema(schema))
             }
             "regex" => TopLevelGrammar::from_regex(guide),
             _ => {
@@ -174,7 +192,7 @@ impl Guides {
                 // The turn is held until compiling ends, also past the budget: a slow guide
                 // keeps its turn, so at most COMPILERS of them ever run.
                 let _turn = turn;
-                let _ = tx.send(this.compile_here(&owned_kind, grammar));
+                let _ = tx.send(this.compile_here(&owned_kind, grammar, shortest));
             })
             .map_err(|e| Error::internal(format!("cannot start compiling the guide: {e}")))?;
         let left = COMPILE_BUDGET.saturating_sub(started.elapsed());
@@ -191,7 +209,7 @@ impl Guides {
     }
 
     /// Compiles `grammar` on this thread (one with a compiling thread's stack).
-    fn compile_here(&self, kind: &str, grammar: TopLevelGrammar) -> Result<Guide> {
+    fn compile_here(&self, kind: &str, grammar: TopLevelGrammar, shortest: usize) -> Result<Guide> {
         let bad = |what: String| invalid_guide(kind, what);
         let factory = self.factory()?;
         // The engine is third-party code fed request text: a panic in it fails this request.
@@ -202,10 +220,17 @@ impl Guides {
         if let Some(e) = matcher.get_error() {
             return Err(bad(engine_message(&e)));
         }
+        let steering = matches!(kind, "json" | "json_schema").then(|| Steering {
+            classes: self.token_classes(),
+            text: self.text.clone(),
+            shape: Default::default(),
+            shortest,
+        });
         let mut guide = Guide {
             matcher,
             mask: None,
             end_ids: self.end_ids.clone(),
+            steering,
         };
         guide.prepare();
         match guide.mask {
@@ -341,6 +366,18 @@ pub struct Guide {
     mask: Option<Result<SimpleVob>>,
     /// The model's end tokens: the only ones allowed once the guide is complete.
     end_ids: Vec<u32>,
+    /// For JSON guides: what steers the answer to close before the token budget ends.
+    steering: Option<Steering>,
+}
+
+/// A JSON guide's steering: the vocabulary's classes, what tokens spell, and where the
+/// answer is.
+struct Steering {
+    classes: Arc<steering::TokenClasses>,
+    text: Arc<TokenBytes>,
+    shape: steering::JsonShape,
+    /// Tokens the shortest answer the schema allows takes.
+    shortest: usize,
 }
 
 impl std::fmt::Debug for Guide {
@@ -390,6 +427,25 @@ impl Guide {
         }
     }
 
+    /// [`apply`](Self::apply), then, for a JSON guide with `remaining` tokens left of its
+    /// budget, only the allowed tokens that close the answer soonest once that is about what
+    /// closing takes (see [`steering`]).
+    pub fn apply_within(&mut self, logits: &mut [f32], remaining: usize) -> Result<()> {
+        self.apply(logits)?;
+        if let Some(s) = &self.steering {
+            steering::steer(&s.classes, &s.shape, s.shortest, remaining, logits);
+        }
+        Ok(())
+    }
+
+    /// Whether the text so far is a whole JSON answer nothing may extend: its object or
+    /// array is closed and the grammar accepts it (the answer is complete even when the budget
+    /// leaves no room for the end token).
+    pub fn is_complete(&mut self) -> bool {
+        self.steering.as_ref().is_some_and(|s| s.shape.closed())
+            && self.matcher.is_accepting().unwrap_or(false)
+    }
+
     /// Whether `token` ends the text the guide allows (the model's end tokens, which a guide
     /// allows only where its grammar is complete).
     pub fn ends_on(&self, token: u32) -> bool {
@@ -399,6 +455,9 @@ impl Guide {
     /// Moves the guide past `token`.
     pub fn advance(&mut self, token: u32) -> Result<()> {
         self.mask = None;
+        if let Some(s) = &mut self.steering {
+            s.shape.advance(s.text.of(token));
+        }
         if self.matcher.is_stopped() {
             return Ok(());
         }
@@ -545,6 +604,24 @@ mod tests {
             e.message.contains("'$ref's, more than 1000"),
             "{}",
             e.message
+        );
+    }
+
+    #[test]
+    fn bounded_schemas_compile_quickly() {
+        let g = guides();
+        let started = Instant::now();
+        let open = r#"{"type": "object", "properties": {"x": {"type": "number"},
+            "n": {"type": "integer"}, "s": {"type": "string"},
+            "l": {"type": "array", "items": {"type": ["number", "null"]}}}}"#;
+        g.compile("json_schema", open).unwrap();
+        g.compile("json", "").unwrap();
+        let object = steering::bounded_json_object().to_string();
+        g.compile("json_schema", &object).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
         );
     }
 

@@ -121,7 +121,11 @@ fn format_guide(req: &mut CompletionRequest) -> Result<Option<(&'static str, Str
         Some(ResponseFormat { kind, .. }) if kind == "text" => {}
         Some(ResponseFormat { kind, .. }) if kind == "json_object" => asked.push((
             "response_format",
-            ("json_schema", text_of(&json!({"type": "object"}))),
+            (
+                "json_schema",
+                // Any object, its numbers and strings bounded so that the answer ends.
+                text_of(&crate::runtime::generation::guided::steering::bounded_json_object()),
+            ),
         )),
         Some(ResponseFormat {
             kind,
@@ -596,10 +600,12 @@ mod tests {
             json!({"response_format": {"type": "json_object"}}),
         ))
         .unwrap();
-        assert_eq!(
-            s.guide,
-            Some(("json_schema", r#"{"type":"object"}"#.into()))
-        );
+        let (kind, schema) = s.guide.unwrap();
+        assert_eq!(kind, "json_schema");
+        let schema: serde_json::Value = serde_json::from_str(&schema).unwrap();
+        assert_eq!(schema["type"], "object");
+        // Its values are bounded: the answer cannot grow a string or a number forever.
+        assert!(schema.to_string().contains("maxLength"), "{schema}");
         let s = structure(&mut request(json!({"guided_choice": ["yes", "no way"]}))).unwrap();
         assert_eq!(s.guide, Some(("regex", r"(yes|no\ way)".into())));
         let s = structure(&mut request(json!({"response_format": {"type": "text"}}))).unwrap();

@@ -215,7 +215,9 @@ fn sample(row: &mut Row, logits: &mut [f32]) -> Result<u32> {
 
 fn sample_unguarded(row: &mut Row, logits: &mut [f32]) -> Result<u32> {
     if let Some(guide) = &mut row.sub.guide {
-        guide.apply(logits)?;
+        // The token budget left after this one: a JSON guide steers to close within it.
+        let remaining = row.sub.max_tokens.saturating_sub(row.generated.len() + 1);
+        guide.apply_within(logits, remaining)?;
     }
     let token = row.sampler.sample(logits, &row.sub.prompt, &row.generated);
     if let Some(guide) = &mut row.sub.guide {
@@ -538,6 +540,10 @@ impl Worker {
                     .push_back((row.sampler.last_log_prob(), top));
             }
             let mut finish = (generated >= row.sub.max_tokens).then_some(Finish::Length);
+            // A guided answer that is whole with its last token stopped, not was cut.
+            if finish.is_some() && row.sub.guide.as_mut().is_some_and(|g| g.is_complete()) {
+                finish = Some(Finish::Stop);
+            }
             let mut tokens = vec![token];
             if let Some(stop) = &mut row.sub.stop {
                 match stop.push(token) {
