@@ -1,6 +1,6 @@
 //! OpenAI-compatible endpoints on the HTTP port, as Triton's OpenAI frontend offers them:
-//! `GET /v1/models` (and `/v1/models/{model}`), `POST /v1/completions` and
-//! `POST /v1/chat/completions`, streamed
+//! `GET /v1/models` (and `/v1/models/{model}`), `POST /v1/completions`,
+//! `POST /v1/chat/completions` and `POST /v1/responses` (`responses.rs`), streamed
 //! (server-sent events ending in `data: [DONE]`) or not, with `usage` and `finish_reason`;
 //! and `POST /v1/embeddings` for models that answer an embedding (`embeddings.rs`).
 //!
@@ -16,6 +16,7 @@ mod errors;
 mod invalid;
 mod prompts;
 pub mod request;
+mod responses;
 mod stream;
 mod structured;
 pub mod types;
@@ -62,6 +63,22 @@ pub(crate) fn routes() -> axum::Router<HttpState> {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/responses", post(responses))
+}
+
+/// `POST /v1/responses`: OpenAI's Responses API over the chat path (`responses.rs`).
+pub async fn responses(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    st.server
+        .serve(&caller, |door| {
+            responses::respond(&st, door, &headers, body)
+        })
+        .await
+        .unwrap_or_else(invalid_response)
 }
 
 /// The request body within the caller's size quota, admitted under its quotas before

@@ -1,0 +1,546 @@
+//! `POST /v1/responses`: OpenAI's Responses API over the same generation path as chat: the
+//! `input` (a string, or messages whose content is text) after the `instructions` as the
+//! system message, `max_output_tokens`, `temperature`, `top_p`, `text.format` (text, any JSON
+//! object, or JSON valid under a schema); answered whole (`object: "response"`, its
+//! `output` one assistant message of `output_text`) or streamed as the Responses events
+//! (`response.created` … `response.output_text.delta` … `response.completed`). Nothing is
+//! stored: `previous_response_id` and tools are refused by name, as is any unknown field.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::{
+    body::Body,
+    http::HeaderMap,
+    response::{
+        sse::{Event, Sse},
+        IntoResponse, Response,
+    },
+    Json,
+};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use super::{
+    choices::{merge, piece},
+    decode, now, read_admitted,
+    request::{self, Kind},
+    Invalid,
+};
+use crate::{
+    error::{Error, Result},
+    frontends::http::{body::off_runtime, state::HttpState},
+    inference::InferResponse,
+    scheduling::door::Door,
+    tenancy::Admission,
+};
+
+/// The Responses request, as far as it is served (anything else is refused by name).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResponsesRequest {
+    model: String,
+    input: Input,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    max_output_tokens: Option<i64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    text: Option<TextOptions>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+    /// Nothing is stored whatever it says (`store` is reported false).
+    #[serde(default)]
+    #[allow(dead_code)]
+    store: Option<bool>,
+    #[serde(default)]
+    user: Option<String>,
+    /// Accepted only when it asks for no continuation.
+    #[serde(default)]
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    truncation: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Input {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputItem {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    role: String,
+    content: ItemContent,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ItemContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TextOptions {
+    #[serde(default)]
+    format: Option<Map<String, Value>>,
+    /// Accepted; this server has one verbosity.
+    #[serde(default)]
+    #[allow(dead_code)]
+    verbosity: Option<String>,
+}
+
+fn field(name: &str, message: String) -> Invalid {
+    Invalid {
+        error: Error::invalid(message),
+        param: Some(name.to_owned()),
+    }
+}
+
+impl ResponsesRequest {
+    /// The same request as a chat completion's body.
+    fn as_chat(&self) -> std::result::Result<Value, Invalid> {
+        if self.previous_response_id.is_some() {
+            return Err(field(
+                "previous_response_id",
+                "'previous_response_id': responses are not stored here; send the whole \
+                 conversation in 'input'"
+                    .into(),
+            ));
+        }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(field(
+                "tools",
+                "'tools': tools are served on /v1/chat/completions, not on /v1/responses".into(),
+            ));
+        }
+        if let Some(choice) = &self.tool_choice {
+            if choice != "none" && choice != "auto" {
+                return Err(field(
+                    "tool_choice",
+                    format!("'tool_choice' is {choice}; without tools only 'none' or 'auto'"),
+                ));
+            }
+        }
+        if let Some(t) = self.truncation.as_deref().filter(|t| *t != "disabled") {
+            return Err(field(
+                "truncation",
+                format!("'truncation' is '{t}'; only 'disabled' is supported"),
+            ));
+        }
+        let mut messages = Vec::new();
+        if let Some(instructions) = &self.instructions {
+            messages.push(json!({"role": "system", "content": instructions}));
+        }
+        match &self.input {
+            Input::Text(text) => messages.push(json!({"role": "user", "content": text})),
+            Input::Items(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    if let Some(kind) = item.kind.as_deref().filter(|k| *k != "message") {
+                        return Err(field(
+                            "input",
+                            format!(
+                                "'input[{i}].type' is '{kind}'; only 'message' items are \
+                                 served"
+                            ),
+                        ));
+                    }
+                    let role = match item.role.as_str() {
+                        "developer" | "system" => "system",
+                        "user" => "user",
+                        "assistant" => "assistant",
+                        other => {
+                            return Err(field(
+                                "input",
+                                format!(
+                                    "'input[{i}].role' is '{other}'; expected user, \
+                                     assistant, system or developer"
+                                ),
+                            ))
+                        }
+                    };
+                    let text = match &item.content {
+                        ItemContent::Text(t) => t.clone(),
+                        ItemContent::Parts(parts) => {
+                            let mut text = String::new();
+                            for (j, part) in parts.iter().enumerate() {
+                                match (part.kind.as_str(), &part.text) {
+                                    ("input_text" | "output_text" | "text", Some(t)) => {
+                                        text.push_str(t)
+                                    }
+                                    (kind, _) => {
+                                        return Err(field(
+                                            "input",
+                                            format!(
+                                                "'input[{i}].content[{j}].type' is '{kind}'; \
+                                                 only text parts are served"
+                                            ),
+                                        ))
+                                    }
+                                }
+                            }
+                            text
+                        }
+                    };
+                    messages.push(json!({"role": role, "content": text}));
+                }
+            }
+        }
+        let mut chat = json!({
+            "model": self.model,
+            "messages": messages,
+            "stream": self.stream.unwrap_or(false),
+        });
+        let put = |chat: &mut Value, key: &str, value: Value| {
+            if let Some(map) = chat.as_object_mut() {
+                map.insert(key.to_owned(), value);
+            }
+        };
+        if let Some(n) = self.max_output_tokens {
+            put(&mut chat, "max_tokens", json!(n));
+        }
+        if let Some(t) = self.temperature {
+            put(&mut chat, "temperature", json!(t));
+        }
+        if let Some(p) = self.top_p {
+            put(&mut chat, "top_p", json!(p));
+        }
+        if let Some(u) = &self.user {
+            put(&mut chat, "user", json!(u));
+        }
+        if let Some(format) = self.text.as_ref().and_then(|t| t.format.as_ref()) {
+            put(&mut chat, "response_format", response_format(format)?);
+        }
+        Ok(chat)
+    }
+}
+
+/// `text.format` as chat's `response_format`: the schema's fields sit beside `type` here.
+fn response_format(format: &Map<String, Value>) -> std::result::Result<Value, Invalid> {
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(json!({"type": "text"})),
+        Some("json_object") => Ok(json!({"type": "json_object"})),
+        Some("json_schema") => {
+            let mut schema = format.clone();
+            schema.remove("type");
+            Ok(json!({"type": "json_schema", "json_schema": schema}))
+        }
+        other => Err(field(
+            "text",
+            format!(
+                "'text.format.type' is {}; expected 'text', 'json_object' or 'json_schema'",
+                other.map_or("missing".to_owned(), |t| format!("'{t}'"))
+            ),
+        )),
+    }
+}
+
+fn next_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}_{:x}{:x}",
+        now(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// What the answer reports of the request and of itself.
+struct Shape {
+    id: String,
+    message_id: String,
+    created_at: u64,
+    model: String,
+    echo: Value,
+}
+
+impl Shape {
+    fn of(req: &ResponsesRequest) -> Self {
+        let format = req
+            .text
+            .as_ref()
+            .and_then(|t| t.format.clone())
+            .map_or(json!({"type": "text"}), Value::Object);
+        Self {
+            id: next_id("resp"),
+            message_id: next_id("msg"),
+            created_at: now(),
+            model: req.model.clone(),
+            echo: json!({
+                "instructions": req.instructions,
+                "max_output_tokens": req.max_output_tokens,
+                "temperature": req.temperature.unwrap_or(1.0),
+                "top_p": req.top_p.unwrap_or(1.0),
+                "metadata": req.metadata.clone().unwrap_or_default(),
+                "user": req.user,
+                "text": {"format": format},
+                "tools": [],
+                "tool_choice": "auto",
+                "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
+                "truncation": "disabled",
+                "store": false,
+                "previous_response_id": null,
+                "reasoning": null,
+                "error": null,
+            }),
+        }
+    }
+
+    fn message(&self, text: &str, status: &str) -> Value {
+        json!({
+            "type": "message",
+            "id": self.message_id,
+            "status": status,
+            "role": "assistant",
+            "content": if text.is_empty() && status == "in_progress" {
+                json!([])
+            } else {
+                json!([{"type": "output_text", "text": text, "annotations": []}])
+            },
+        })
+    }
+
+    /// The response object: in progress (no output yet), or done with `text`.
+    fn response(&self, done: Option<(&str, &str, i64, i64)>) -> Value {
+        let mut r = json!({
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "model": self.model,
+            "status": "in_progress",
+            "incomplete_details": null,
+            "output": [],
+            "usage": null,
+        });
+        if let Some((text, finish, input, output)) = done {
+            let cut = finish == "length";
+            r["status"] = json!(if cut { "incomplete" } else { "completed" });
+            if cut {
+                r["incomplete_details"] = json!({"reason": "max_output_tokens"});
+            }
+            r["output"] = json!([self.message(text, if cut { "incomplete" } else { "completed" })]);
+            r["usage"] = json!({
+                "input_tokens": input,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input + output,
+            });
+        }
+        if let (Some(r), Some(echo)) = (r.as_object_mut(), self.echo.as_object()) {
+            for (k, v) in echo {
+                r.insert(k.clone(), v.clone());
+            }
+        }
+        r
+    }
+}
+
+/// `POST /v1/responses` for one caller, through its door.
+pub(super) async fn respond(
+    st: &HttpState,
+    door: Door,
+    headers: &HeaderMap,
+    body: Body,
+) -> std::result::Result<Response, Invalid> {
+    let (body, admission) = read_admitted(st, door.caller(), headers, body).await?;
+    let lookup = move |model: &str| {
+        let target = door.resolve(model, "")?;
+        if !request::generates_text(target.config()) {
+            return Err(Error::not_found(format!(
+                "model '{model}' does not generate text (it needs input 'text_input' or \
+                 'messages' and output 'text_output')"
+            )));
+        }
+        Ok(target)
+    };
+    let (target, parsed, req) = off_runtime(body.len(), move || {
+        let req: ResponsesRequest = decode::read(&body)?;
+        let chat = serde_json::to_vec(&req.as_chat()?)
+            .map_err(|e| Invalid::from(Error::internal(e.to_string())))?;
+        let (target, parsed) = request::parse(Kind::Chat, &chat, lookup)?;
+        Ok::<_, Invalid>((target, parsed, req))
+    })
+    .await??;
+    let shape = Shape::of(&req);
+    let items = merge(vec![st
+        .server
+        .infer_stream_on(&target, parsed.request_for(0))]);
+    if req.stream.unwrap_or(false) {
+        return Ok(Sse::new(events(items, admission, shape)).into_response());
+    }
+    let (text, finish, input, output) = gather(items).await?;
+    drop(admission);
+    Ok(Json(shape.response(Some((&text, &finish, input, output)))).into_response())
+}
+
+/// The whole answer: its text, finish reason and token counts.
+async fn gather(
+    mut items: mpsc::Receiver<(usize, Result<InferResponse>)>,
+) -> Result<(String, String, i64, i64)> {
+    let (mut text, mut finish, mut input, mut output) = (String::new(), None, 0, 0);
+    while let Some((_, item)) = items.recv().await {
+        let p = piece(&item?);
+        text.push_str(&p.text);
+        finish = p.finish.or(finish);
+        input = p.prompt_tokens.unwrap_or(input);
+        output = p.generated_tokens.unwrap_or(output);
+    }
+    Ok((text, finish.unwrap_or_else(|| "stop".into()), input, output))
+}
+
+/// The Responses API's events for one answer, each with its `sequence_number`.
+fn events(
+    items: mpsc::Receiver<(usize, Result<InferResponse>)>,
+    admission: Admission,
+    shape: Shape,
+) -> impl futures::Stream<Item = std::result::Result<Event, std::convert::Infallible>> {
+    struct Streaming {
+        items: mpsc::Receiver<(usize, Result<InferResponse>)>,
+        _admission: Admission,
+        shape: Shape,
+        sequence: u64,
+        text: String,
+        finish: Option<String>,
+        input: i64,
+        output: i64,
+        pending: std::collections::VecDeque<Event>,
+        started: bool,
+        done: bool,
+    }
+    impl Streaming {
+        fn push(&mut self, kind: &str, mut data: Value) {
+            data["type"] = json!(kind);
+            data["sequence_number"] = json!(self.sequence);
+            self.sequence += 1;
+            self.pending
+                .push_back(Event::default().event(kind).data(data.to_string()));
+        }
+        fn start(&mut self) {
+            let r = self.shape.response(None);
+            self.push("response.created", json!({"response": r.clone()}));
+            self.push("response.in_progress", json!({"response": r}));
+            let item = self.shape.message("", "in_progress");
+            self.push(
+                "response.output_item.added",
+                json!({"output_index": 0, "item": item}),
+            );
+            let part = json!({"type": "output_text", "text": "", "annotations": []});
+            self.push(
+                "response.content_part.added",
+                json!({"item_id": self.shape.message_id, "output_index": 0,
+                       "content_index": 0, "part": part}),
+            );
+        }
+        fn finish(&mut self) {
+            let finish = self.finish.clone().unwrap_or_else(|| "stop".into());
+            let text = self.text.clone();
+            let id = self.shape.message_id.clone();
+            self.push(
+                "response.output_text.done",
+                json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text}),
+            );
+            let part = json!({"type": "output_text", "text": text, "annotations": []});
+            self.push(
+                "response.content_part.done",
+                json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
+            );
+            let r = self
+                .shape
+                .response(Some((&text, &finish, self.input, self.output)));
+            let item = r["output"][0].clone();
+            self.push(
+                "response.output_item.done",
+                json!({"output_index": 0, "item": item}),
+            );
+            let kind = if finish == "length" {
+                "response.incomplete"
+            } else {
+                "response.completed"
+            };
+            self.push(kind, json!({"response": r}));
+        }
+    }
+    let state = Streaming {
+        items,
+        _admission: admission,
+        shape,
+        sequence: 0,
+        text: String::new(),
+        finish: None,
+        input: 0,
+        output: 0,
+        pending: Default::default(),
+        started: false,
+        done: false,
+    };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(e) = s.pending.pop_front() {
+                return Some((Ok(e), s));
+            }
+            if s.done {
+                return None;
+            }
+            if !s.started {
+                s.started = true;
+                s.start();
+                continue;
+            }
+            match s.items.recv().await {
+                Some((_, Ok(response))) => {
+                    let p = piece(&response);
+                    s.finish = p.finish.or(s.finish.take());
+                    s.input = p.prompt_tokens.unwrap_or(s.input);
+                    s.output = p.generated_tokens.unwrap_or(s.output);
+                    if !p.text.is_empty() {
+                        s.text.push_str(&p.text);
+                        let id = s.shape.message_id.clone();
+                        s.push(
+                            "response.output_text.delta",
+                            json!({"item_id": id, "output_index": 0, "content_index": 0,
+                                   "delta": p.text}),
+                        );
+                    }
+                }
+                Some((_, Err(e))) => {
+                    s.push(
+                        "error",
+                        json!({"code": format!("{:?}", e.code), "message": e.message,
+                               "param": null}),
+                    );
+                    s.done = true;
+                }
+                None => {
+                    s.finish();
+                    s.done = true;
+                }
+            }
+        }
+    })
+}
