@@ -376,19 +376,14 @@ class _Backend:
         if header.get("probe"):
             return self.check_ready()
         requests = []
+        name = self.args.get("model_name")
+        tensor, received = pb._tensor_from, pb.InferenceRequest._received
         for i, r in enumerate(header["requests"]):
-            req = pb.InferenceRequest(
-                model_name=self.args.get("model_name"),
-                inputs=[pb._tensor_from(t, blob) for t in r["inputs"]],
-                requested_output_names=r["outputs"],
-                correlation_id=r.get("correlation_id", 0),
-                request_id=r.get("id", ""),
-                flags=r.get("flags", 0),
-            )
-            # As the client sent them (numbers with a fraction too).
-            req._parameters = r.get("parameters") or {}
-            req._index = i
-            requests.append(req)
+            # Parameters as the client sent them (numbers with a fraction too).
+            requests.append(received(
+                name, [tensor(t, blob) for t in r["inputs"]], r["outputs"],
+                r.get("correlation_id", 0), r.get("id", ""), r.get("flags", 0),
+                r.get("parameters") or {}, i))
         self.senders = {}
         self.returned = None
         n = len(requests)

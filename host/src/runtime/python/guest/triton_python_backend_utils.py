@@ -403,7 +403,12 @@ def _tensor_from(h, blob):
         raise TritonModelException("tensor '%s' is BF16, which numpy has no type for" % h["name"])
     else:
         arr = _np.frombuffer(raw, dtype=_TRITON_TO_NUMPY[dtype]).reshape(shape)
-    return Tensor(h["name"], arr, dtype)
+    # The host's tensor: made without the checks a model's own Tensor(...) gets.
+    t = Tensor.__new__(Tensor)
+    t._name = h["name"]
+    t._array = arr
+    t._dtype = dtype
+    return t
 
 
 def _answer(data):
@@ -434,6 +439,9 @@ class InferenceTrace:
         return self._context
 
 
+_NO_TRACE = InferenceTrace()
+
+
 class InferenceRequest:
     """A request: one the model received, or one it builds to call another model (BLS)."""
 
@@ -461,6 +469,26 @@ class InferenceRequest:
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         self._index = None  # the position in the batch, for received requests
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    @classmethod
+    def _received(cls, model_name, inputs, outputs, correlation_id, request_id, flags,
+                  parameters, index):
+        """A request of the batch the host handed over: its fields come from the host, so
+        the argument checks a model's own requests get are skipped (they cost per request)."""
+        self = cls.__new__(cls)
+        self._model_name = model_name
+        self._inputs = inputs
+        self._outputs = outputs
+        self._model_version = -1
+        self._correlation_id = correlation_id
+        self._request_id = request_id
+        self._flags = flags
+        self._timeout = 0
+        self._parameters = parameters
+        self._trace = _NO_TRACE
+        self._index = index
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        return self
 
     def inputs(self):
         return self._inputs
