@@ -238,8 +238,12 @@ custom-ops:
 # with (--converter-python), for the conversion tests; `make run` does not need it.
 CONVERT_VENV := .venv-convert
 convert-env: $(CONVERT_VENV)/.installed
-$(CONVERT_VENV)/.installed: scripts/convert-requirements.txt
+# torch, onnx, onnxscript and onnxruntime are the diffusion environment's (the same pins), seen
+# through a .pth file: one copy of PyPI's 5 GB torch per checkout; pip installs the rest.
+$(CONVERT_VENV)/.installed: scripts/convert-requirements.txt $(DIFFUSION_VENV)/.installed
 	test -x $(CONVERT_VENV)/bin/python || $(PYTHON) -m venv $(CONVERT_VENV)
+	$(DIFFUSION_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(CONVERT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/wasmtron-diffusion-packages.pth"
 	$(CONVERT_VENV)/bin/python -m pip install -q -r scripts/convert-requirements.txt
 	touch $@
 
