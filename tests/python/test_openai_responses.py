@@ -3,14 +3,13 @@
 same text, events in order), `max_output_tokens` reported as an incomplete response, JSON
 under a schema through `text.format`, and what is not served refused by name."""
 import json
-import os
 
 import jsonschema
 import openai
 import pytest
 
-from conftest import ROOT, Server
-from test_generation import link_model
+# The smollm2 pipeline's server, as the structured-output tests start it.
+from test_openai_structured import server  # noqa: F401
 
 PERSON = {
     "type": "object",
@@ -18,16 +17,6 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("responses")
-    for name in ("smollm2", "smollm2_decoder", "llm_preprocessing", "llm_postprocessing"):
-        link_model(str(repo), os.path.join(ROOT, "model_repository", name))
-    s = Server(str(repo))
-    yield s
-    s.stop()
 
 
 def client(server):

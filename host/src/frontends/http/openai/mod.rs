@@ -239,6 +239,18 @@ async fn complete(
         .unwrap_or_else(invalid_response)
 }
 
+/// The model a request names, for the caller, when it generates text.
+fn text_model(door: &Door, model: &str) -> Result<crate::scheduling::door::Target, Error> {
+    let target = door.resolve(model, "")?;
+    if !request::generates_text(target.config()) {
+        return Err(Error::not_found(format!(
+            "model '{model}' does not generate text (it needs input 'text_input' or \
+             'messages' and output 'text_output')"
+        )));
+    }
+    Ok(target)
+}
+
 /// A completion or chat: streamed as server-sent events (accounted as answered once the
 /// stream starts; its errors travel in-band), or gathered into one answer.
 async fn answer(
@@ -249,16 +261,7 @@ async fn answer(
     body: Body,
 ) -> Result<Response, Invalid> {
     let (body, mut admission) = read_admitted(st, door.caller(), headers, body).await?;
-    let lookup = move |model: &str| {
-        let target = door.resolve(model, "")?;
-        if !request::generates_text(target.config()) {
-            return Err(Error::not_found(format!(
-                "model '{model}' does not generate text (it needs input 'text_input' or \
-                 'messages' and output 'text_output')"
-            )));
-        }
-        Ok(target)
-    };
+    let lookup = move |model: &str| text_model(&door, model);
     let (target, parsed) =
         off_runtime(body.len(), move || request::parse(kind, &body, lookup)).await??;
     // Each sequence the request starts counts against the tenant's concurrency quota.

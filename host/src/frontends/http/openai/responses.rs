@@ -25,7 +25,7 @@ use super::{
     choices::{merge, piece},
     decode, now, read_admitted,
     request::{self, Kind},
-    Invalid,
+    text_model, Invalid,
 };
 use crate::{
     error::{Error, Result},
@@ -369,16 +369,7 @@ pub(super) async fn respond(
     body: Body,
 ) -> std::result::Result<Response, Invalid> {
     let (body, admission) = read_admitted(st, door.caller(), headers, body).await?;
-    let lookup = move |model: &str| {
-        let target = door.resolve(model, "")?;
-        if !request::generates_text(target.config()) {
-            return Err(Error::not_found(format!(
-                "model '{model}' does not generate text (it needs input 'text_input' or \
-                 'messages' and output 'text_output')"
-            )));
-        }
-        Ok(target)
-    };
+    let lookup = move |model: &str| text_model(&door, model);
     let (target, parsed, req) = off_runtime(body.len(), move || {
         let req: ResponsesRequest = decode::read(&body)?;
         let chat = serde_json::to_vec(&req.as_chat()?)
