@@ -136,6 +136,15 @@ ATTACKS = [
      lambda: json.dumps({"model": "smollm2", "max_tokens": 2,
                          "messages": [{"role": "user", "content": "a"}] * MIB}),
      "admin", 400, "'messages' holds 1048576 messages; at most 4096", 3),
+    # The same through the Responses API, and a million parts in one message.
+    ("/v1/responses",
+     lambda: json.dumps({"model": "smollm2", "max_output_tokens": 2,
+                         "input": [{"role": "user", "content": "a"}] * MIB}),
+     "admin", 400, "'input' holds 1048576 items; at most 4096", 3),
+    ("/v1/responses",
+     lambda: json.dumps({"model": "smollm2", "max_output_tokens": 2, "input": [
+         {"role": "user", "content": [{"type": "input_text", "text": "a"}] * MIB}]}),
+     "admin", 400, "'input[0].content' holds 1048576 parts; at most 4096", 3),
     # 16 MiB of texts to embed.
     ("/v1/embeddings", lambda: json.dumps({"model": "embed_text", "input": ["ab"] * (3 * MIB)}),
      "admin", 400, "'input' holds 3145728 texts; at most 2048", 3),
@@ -213,8 +222,8 @@ def test_a_compressed_bomb_is_refused_at_the_size_limit(server, encoding, compre
     still_generates(server)
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/embeddings", "/v2/models/smollm2/generate",
-                                  "/v2/models/simple/infer"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/embeddings", "/v1/responses",
+                                  "/v2/models/smollm2/generate", "/v2/models/simple/infer"])
 def test_deeply_nested_bodies_are_refused_without_recursing(server, path):
     # 200,000 nested lists: read by a parser with a recursion limit, never by the stack.
     body = b'{"model": "smollm2", "prompt": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"

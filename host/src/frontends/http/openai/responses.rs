@@ -17,13 +17,17 @@ use axum::{
     },
     Json,
 };
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde::{
+    de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor},
+    Deserialize, Serialize,
+};
+use serde_json::{json, value::RawValue, Map, Value};
 use tokio::sync::mpsc;
 
 use super::{
     choices::{merge, piece},
-    decode, now, read_admitted,
+    decode::{self, Listed},
+    now, read_admitted,
     request::{self, Kind},
     text_model, Invalid,
 };
@@ -54,7 +58,7 @@ struct ResponsesRequest {
     #[serde(default)]
     text: Option<TextOptions>,
     #[serde(default)]
-    metadata: Option<Map<String, Value>>,
+    metadata: Option<Metadata>,
     /// Nothing is stored whatever it says (`store` is reported false).
     #[serde(default)]
     #[allow(dead_code)]
@@ -64,8 +68,9 @@ struct ResponsesRequest {
     /// Accepted only when it asks for no continuation.
     #[serde(default)]
     previous_response_id: Option<String>,
+    /// Only whether it is empty matters: read without keeping more than one entry.
     #[serde(default)]
-    tools: Option<Vec<Value>>,
+    tools: Option<Listed<IgnoredAny, 1>>,
     #[serde(default)]
     tool_choice: Option<Value>,
     #[serde(default)]
@@ -74,11 +79,66 @@ struct ResponsesRequest {
     truncation: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// `input`: a string, or message items read one by one (at most `LIST_KEPT` kept, the rest
+/// counted, never buffered whole).
+#[derive(Debug)]
 enum Input {
     Text(String),
-    Items(Vec<InputItem>),
+    Items(Listed<InputItem>),
+}
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Input;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list of messages")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Input, E> {
+                Ok(Input::Text(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Input, E> {
+                Ok(Input::Text(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Input, A::Error> {
+                decode::read_listed(seq, Vec::new()).map(Input::Items)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `metadata`: at most 16 string pairs, as OpenAI takes it (read pair by pair).
+#[derive(Debug, Default, Clone)]
+struct Metadata(Map<String, Value>);
+
+const METADATA_KEYS: usize = 16;
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Metadata;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of at most 16 strings")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Metadata, A::Error> {
+                let mut out = Map::new();
+                while let Some((k, v)) = map.next_entry::<String, String>()? {
+                    if out.len() == METADATA_KEYS {
+                        return Err(de::Error::custom(format!("at most {METADATA_KEYS} keys")));
+                    }
+                    out.insert(k, Value::String(v));
+                }
+                Ok(Metadata(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,11 +150,36 @@ struct InputItem {
     content: ItemContent,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// A message's `content`: a string or parts, read one by one like `input`.
+#[derive(Debug)]
 enum ItemContent {
     Text(String),
-    Parts(Vec<ContentPart>),
+    Parts(Listed<ContentPart>),
+}
+
+impl<'de> Deserialize<'de> for ItemContent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ItemContent;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list of content parts")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<ItemContent, E> {
+                Ok(ItemContent::Text(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<ItemContent, E> {
+                Ok(ItemContent::Text(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> std::result::Result<ItemContent, A::Error> {
+                decode::read_listed(seq, Vec::new()).map(ItemContent::Parts)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,11 +194,64 @@ struct ContentPart {
 #[serde(deny_unknown_fields)]
 struct TextOptions {
     #[serde(default)]
-    format: Option<Map<String, Value>>,
+    format: Option<TextFormat>,
     /// Accepted; this server has one verbosity.
     #[serde(default)]
     #[allow(dead_code)]
     verbosity: Option<String>,
+}
+
+/// `text.format`: its type, and for `json_schema` the schema kept as sent (never parsed here).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct TextFormat {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    schema: Option<Box<RawValue>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    strict: Option<bool>,
+}
+
+/// The chat body a Responses request becomes (the schema passed through as raw JSON).
+#[derive(Serialize)]
+struct ChatBody<'a> {
+    model: &'a str,
+    messages: Vec<Value>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<ChatFormat<'a>>,
+}
+
+#[derive(Serialize)]
+struct ChatFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    json_schema: Option<ChatSchema<'a>>,
+}
+
+#[derive(Serialize)]
+struct ChatSchema<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schema: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    strict: Option<bool>,
 }
 
 fn field(name: &str, message: String) -> Invalid {
@@ -125,7 +263,7 @@ fn field(name: &str, message: String) -> Invalid {
 
 impl ResponsesRequest {
     /// The same request as a chat completion's body.
-    fn as_chat(&self) -> std::result::Result<Value, Invalid> {
+    fn as_chat(&self) -> std::result::Result<ChatBody<'_>, Invalid> {
         if self.previous_response_id.is_some() {
             return Err(field(
                 "previous_response_id",
@@ -134,7 +272,7 @@ impl ResponsesRequest {
                     .into(),
             ));
         }
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        if self.tools.as_ref().is_some_and(|t| t.total > 0) {
             return Err(field(
                 "tools",
                 "'tools': tools are served on /v1/chat/completions, not on /v1/responses".into(),
@@ -161,7 +299,17 @@ impl ResponsesRequest {
         match &self.input {
             Input::Text(text) => messages.push(json!({"role": "user", "content": text})),
             Input::Items(items) => {
-                for (i, item) in items.iter().enumerate() {
+                if items.total > items.kept.len() {
+                    return Err(field(
+                        "input",
+                        format!(
+                            "'input' holds {} items; at most {}",
+                            items.total,
+                            decode::LIST_KEPT
+                        ),
+                    ));
+                }
+                for (i, item) in items.kept.iter().enumerate() {
                     if let Some(kind) = item.kind.as_deref().filter(|k| *k != "message") {
                         return Err(field(
                             "input",
@@ -188,8 +336,18 @@ impl ResponsesRequest {
                     let text = match &item.content {
                         ItemContent::Text(t) => t.clone(),
                         ItemContent::Parts(parts) => {
+                            if parts.total > parts.kept.len() {
+                                return Err(field(
+                                    "input",
+                                    format!(
+                                        "'input[{i}].content' holds {} parts; at most {}",
+                                        parts.total,
+                                        decode::LIST_KEPT
+                                    ),
+                                ));
+                            }
                             let mut text = String::new();
-                            for (j, part) in parts.iter().enumerate() {
+                            for (j, part) in parts.kept.iter().enumerate() {
                                 match (part.kind.as_str(), &part.text) {
                                     ("input_text" | "output_text" | "text", Some(t)) => {
                                         text.push_str(t)
@@ -212,50 +370,44 @@ impl ResponsesRequest {
                 }
             }
         }
-        let mut chat = json!({
-            "model": self.model,
-            "messages": messages,
-            "stream": self.stream.unwrap_or(false),
-        });
-        let put = |chat: &mut Value, key: &str, value: Value| {
-            if let Some(map) = chat.as_object_mut() {
-                map.insert(key.to_owned(), value);
-            }
+        let response_format = match self.text.as_ref().and_then(|t| t.format.as_ref()) {
+            Some(format) => Some(response_format(format)?),
+            None => None,
         };
-        if let Some(n) = self.max_output_tokens {
-            put(&mut chat, "max_tokens", json!(n));
-        }
-        if let Some(t) = self.temperature {
-            put(&mut chat, "temperature", json!(t));
-        }
-        if let Some(p) = self.top_p {
-            put(&mut chat, "top_p", json!(p));
-        }
-        if let Some(u) = &self.user {
-            put(&mut chat, "user", json!(u));
-        }
-        if let Some(format) = self.text.as_ref().and_then(|t| t.format.as_ref()) {
-            put(&mut chat, "response_format", response_format(format)?);
-        }
-        Ok(chat)
+        Ok(ChatBody {
+            model: &self.model,
+            messages,
+            stream: self.stream.unwrap_or(false),
+            max_tokens: self.max_output_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            user: self.user.as_deref(),
+            response_format,
+        })
     }
 }
 
 /// `text.format` as chat's `response_format`: the schema's fields sit beside `type` here.
-fn response_format(format: &Map<String, Value>) -> std::result::Result<Value, Invalid> {
-    match format.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(json!({"type": "text"})),
-        Some("json_object") => Ok(json!({"type": "json_object"})),
-        Some("json_schema") => {
-            let mut schema = format.clone();
-            schema.remove("type");
-            Ok(json!({"type": "json_schema", "json_schema": schema}))
-        }
+fn response_format(format: &TextFormat) -> std::result::Result<ChatFormat<'_>, Invalid> {
+    match format.kind.as_str() {
+        kind @ ("text" | "json_object") => Ok(ChatFormat {
+            kind,
+            json_schema: None,
+        }),
+        "json_schema" => Ok(ChatFormat {
+            kind: "json_schema",
+            json_schema: Some(ChatSchema {
+                name: format.name.as_deref().unwrap_or(""),
+                description: format.description.as_deref(),
+                schema: format.schema.as_deref(),
+                strict: format.strict,
+            }),
+        }),
         other => Err(field(
             "text",
             format!(
-                "'text.format.type' is {}; expected 'text', 'json_object' or 'json_schema'",
-                other.map_or("missing".to_owned(), |t| format!("'{t}'"))
+                "'text.format.type' is '{other}'; expected 'text', 'json_object' or \
+                 'json_schema'"
             ),
         )),
     }
@@ -281,11 +433,13 @@ struct Shape {
 
 impl Shape {
     fn of(req: &ResponsesRequest) -> Self {
+        // The request was parsed as chat first, which bounds the schema's size.
         let format = req
             .text
             .as_ref()
-            .and_then(|t| t.format.clone())
-            .map_or(json!({"type": "text"}), Value::Object);
+            .and_then(|t| t.format.as_ref())
+            .and_then(|f| serde_json::to_value(f).ok())
+            .unwrap_or_else(|| json!({"type": "text"}));
         Self {
             id: next_id("resp"),
             message_id: next_id("msg"),
@@ -296,7 +450,7 @@ impl Shape {
                 "max_output_tokens": req.max_output_tokens,
                 "temperature": req.temperature.unwrap_or(1.0),
                 "top_p": req.top_p.unwrap_or(1.0),
-                "metadata": req.metadata.clone().unwrap_or_default(),
+                "metadata": req.metadata.clone().unwrap_or_default().0,
                 "user": req.user,
                 "text": {"format": format},
                 "tools": [],
