@@ -383,3 +383,83 @@ def test_rescheduling_needs_iterative_sequences_configured(rescheduling_server):
         # The model serves on: its next request is answered.
         result = c.infer("addsub_not_iterative", inputs)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full(16, 2.0))
+
+
+@pytest.fixture(scope="module")
+def async_execute_server(tmp_path_factory):
+    """qa/L0_backend_python/async_execute/test.sh's repository: decoupled models whose
+    `async def execute` awaits (asyncio.sleep, a BLS call into a decoupled model)."""
+    repo = str(tmp_path_factory.mktemp("triton_qa_async_execute"))
+    for name in ("async_execute_decouple", "async_execute_decouple_bls"):
+        place(repo, name, name)
+    log_file = os.path.join(str(tmp_path_factory.mktemp("triton_qa_async_log")),
+                            "concurrency_test.server.log")
+    s = Server(repo, "--log-file", log_file, "--log-verbose", "1")
+    s.log_file = log_file
+    yield s
+    s.stop()
+
+
+def test_triton_async_execute_unittests_pass_unchanged(async_execute_server):
+    """concurrency_test.py: a decoupled model's `async def execute` runs in the background as
+    on Triton — four 4-second executes (or one batch of four, or the same through a BLS
+    model awaiting `async_exec(decoupled=True)`) all answer within 8 seconds on one instance,
+    a 2-second request sent after a 10-second one is answered first, and an exception a
+    coroutine raises reaches the log."""
+    said = run_triton_tests(async_execute_server, "concurrency_test.py")
+    assert "6 passed" in said, said
+
+
+def test_background_executes_overlap_and_each_stream_ends_after_its_answer(
+        async_execute_server):
+    """Eight requests on one instance, each awaiting 1 to 3 seconds: every one is answered
+    once, with its own batch size, and its stream then ends (the client's stream closes
+    cleanly); the server stays ready."""
+    answers = queue.Queue()
+    with grpcclient.InferenceServerClient(async_execute_server.grpc) as c:
+        c.start_stream(lambda result, error: answers.put((result, error)))
+        for i in range(8):
+            shape = [1 + i % 4, 1]
+            inp = grpcclient.InferInput("WAIT_SECONDS", shape, "FP32")
+            inp.set_data_from_numpy(np.full(shape, 1 + i % 3, dtype=np.float32))
+            c.async_stream_infer("async_execute_decouple", [inp], request_id=str(i))
+        got = {}
+        for _ in range(8):
+            result, error = answers.get(timeout=120)
+            assert error is None, error
+            got[result.get_response().id] = result.as_numpy("DUMMY_OUT").shape[0]
+        c.stop_stream()
+    assert got == {str(i): 1 + i % 4 for i in range(8)}
+    assert answers.empty()
+    with httpclient.InferenceServerClient(async_execute_server.http) as h:
+        assert h.is_model_ready("async_execute_decouple")
+
+
+def test_a_background_batch_whose_client_left_is_stopped(async_execute_server):
+    """A client that cancels its stream while its execute awaits a minute: the model sees the
+    request cancelled, and 5 s later the batch's coroutine is cancelled (logged) instead of
+    holding the instance's slot for the minute; the instance serves other clients meanwhile."""
+    said = "a background batch whose requests were all cancelled 5 s ago was stopped"
+    before = log_of(async_execute_server).count(said)
+    slow = grpcclient.InferInput("WAIT_SECONDS", [1, 1], "FP32")
+    slow.set_data_from_numpy(np.full([1, 1], 60, dtype=np.float32))
+    with grpcclient.InferenceServerClient(async_execute_server.grpc) as c:
+        c.start_stream(lambda result, error: None)
+        c.async_stream_infer("async_execute_decouple", [slow], request_id="left")
+        time.sleep(1)
+        c.stop_stream(cancel_requests=True)
+    answers = queue.Queue()
+    with grpcclient.InferenceServerClient(async_execute_server.grpc) as c:
+        c.start_stream(lambda result, error: answers.put((result, error)))
+        quick = grpcclient.InferInput("WAIT_SECONDS", [2, 1], "FP32")
+        quick.set_data_from_numpy(np.full([2, 1], 0.1, dtype=np.float32))
+        c.async_stream_infer("async_execute_decouple", [quick], request_id="quick")
+        result, error = answers.get(timeout=60)
+        assert error is None, error
+        assert result.as_numpy("DUMMY_OUT").shape[0] == 2
+        c.stop_stream()
+    for _ in range(120):
+        if log_of(async_execute_server).count(said) > before:
+            break
+        time.sleep(0.5)
+    assert log_of(async_execute_server).count(said) == before + 1

@@ -389,7 +389,9 @@ impl Ensemble {
                 }
             }
         };
-        while let Ok(step_reply) = produced.try_recv() {
+        // Until every sender is gone: a step that answers in the background (a decoupled
+        // `async def execute`) sends after its execution has returned.
+        while let Some(step_reply) = produced.recv().await {
             if let Some(e) = step_reply.error {
                 return Err(self.step_error(d, e));
             }

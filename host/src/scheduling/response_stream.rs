@@ -118,10 +118,25 @@ impl Server {
                     }
                 }
             };
-            // Everything sent during execution is queued ahead of the final response.
-            while let Ok(outputs) = produced.try_recv() {
-                if !send(outputs, &mut responses).await {
-                    return;
+            // Everything sent during execution is queued ahead of the final response. The
+            // stream ends once every sender is gone: a model that answers in the background
+            // (a decoupled `async def execute`) holds it open until it has sent everything.
+            loop {
+                tokio::select! {
+                    next = produced.recv() => match next {
+                        Some(outputs) => {
+                            if !send(outputs, &mut responses).await {
+                                return;
+                            }
+                        }
+                        None => break,
+                    },
+                    () = out.closed() => {
+                        if let Some(clock) = &mut responses {
+                            clock.ended(ResponseOutcome::Cancel);
+                        }
+                        return;
+                    }
                 }
             }
             match result {

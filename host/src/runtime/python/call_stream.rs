@@ -57,6 +57,8 @@ pub(super) struct CallStream {
     stage: Stage,
     /// The last response read came with the final flag: no empty one follows it.
     final_read: bool,
+    /// A response taken by [`Self::has_next`], given by the next [`Self::next`].
+    buffered: Option<StreamedResponse>,
 }
 
 impl CallStream {
@@ -85,6 +87,7 @@ impl CallStream {
             call: Some(call),
             stage: Stage::Reading,
             final_read: false,
+            buffered: None,
         })
     }
 
@@ -93,7 +96,7 @@ impl CallStream {
         match self.stage {
             Stage::Ended => None,
             Stage::Reading => {
-                if let Some(streamed) = self.rx.blocking_recv() {
+                if let Some(streamed) = self.buffered.take().or_else(|| self.rx.blocking_recv()) {
                     self.final_read = streamed.last;
                     return Some(match streamed.error {
                         Some(e) => Err(e),
@@ -129,6 +132,31 @@ impl CallStream {
                 }
             }
         }
+    }
+
+    /// Whether [`Self::next`] would answer without waiting.
+    pub(super) fn has_next(&mut self) -> bool {
+        use tokio::sync::mpsc::error::TryRecvError;
+        if matches!(self.stage, Stage::Ended) || self.buffered.is_some() {
+            return true;
+        }
+        match self.rx.try_recv() {
+            Ok(streamed) => {
+                self.buffered = Some(streamed);
+                true
+            }
+            Err(TryRecvError::Empty) => false,
+            // The stream is closed: the call's own answer follows once its thread is done.
+            Err(TryRecvError::Disconnected) => self
+                .call
+                .as_ref()
+                .is_none_or(std::thread::JoinHandle::is_finished),
+        }
+    }
+
+    /// [`Self::next`] if it would answer without waiting, else `None`.
+    pub(super) fn try_next(&mut self) -> Option<Option<Result<Answer>>> {
+        self.has_next().then(|| self.next())
     }
 
     /// Cancels the call: the called model sees its request cancelled.

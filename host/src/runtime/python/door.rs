@@ -51,6 +51,13 @@ pub struct RequestSlot {
     pub cancel: Cancellation,
 }
 
+impl RequestSlot {
+    /// Cancelled, or a streamed request whose reader has gone.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled() || self.sink.as_ref().is_some_and(ResponseSink::is_closed)
+    }
+}
+
 /// The door of one turn: `load`, `execute` or `finalize`.
 pub struct BatchDoor {
     pub(super) model: Arc<PythonModel>,
@@ -75,10 +82,37 @@ pub struct BatchDoor {
     /// The first call into another model that the batch's callers may not make: the batch
     /// fails with it whatever the model answers.
     pub refused_call: Option<Error>,
-    started: HashMap<u64, mpsc::Receiver<Result<Vec<Answer>>>>,
+    started: HashMap<u64, Started>,
     /// Calls into decoupled models read one response at a time.
     streams: HashMap<u64, super::call_stream::CallStream>,
+    /// Background mode: the calls and streams a task waits for ([`Op::Poll`] and
+    /// [`Op::StreamPoll`] found nothing yet).
+    awaited: std::collections::HashSet<u64>,
+    /// Background mode: told when a started call has its answer.
+    pub(super) wake: Option<Arc<dyn Fn() + Send + Sync>>,
     next_handle: u64,
+}
+
+/// A call started with `async_exec`: its answer once it has come.
+struct Started {
+    rx: mpsc::Receiver<Result<Vec<Answer>>>,
+    answer: Option<Result<Vec<Answer>>>,
+}
+
+impl Started {
+    /// Whether the answer has come (taken from the channel and kept).
+    fn arrived(&mut self) -> bool {
+        if self.answer.is_none() {
+            self.answer = match self.rx.try_recv() {
+                Ok(answer) => Some(answer),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    Some(Err(Error::internal("the call ended without an answer")))
+                }
+            };
+        }
+        self.answer.is_some()
+    }
 }
 
 impl BatchDoor {
@@ -98,6 +132,8 @@ impl BatchDoor {
             refused_call: None,
             started: HashMap::new(),
             streams: HashMap::new(),
+            awaited: Default::default(),
+            wake: None,
             next_handle: 1,
         }
     }
@@ -334,27 +370,107 @@ impl BatchDoor {
         let (request, decoupled) = self.call_request(body)?;
         let caller = self.caller()?;
         let (tx, rx) = mpsc::channel();
+        let wake = self.wake.clone();
         std::thread::Builder::new()
             .name("python-call".into())
             .spawn(move || {
                 let _ = tx.send(run_call(&caller, request, decoupled));
+                if let Some(wake) = wake {
+                    wake();
+                }
             })
             .map_err(|e| Error::internal(format!("cannot start a call: {e}")))?;
         let handle = self.next_handle;
         self.next_handle += 1;
-        self.started.insert(handle, rx);
+        self.started.insert(handle, Started { rx, answer: None });
         Ok(serde_json::Value::from(handle))
     }
 
     fn wait(&mut self, body: &[u8]) -> Vec<u8> {
         let handle = serde_json::from_slice::<u64>(body).ok();
-        let Some(rx) = handle.and_then(|h| self.started.remove(&h)) else {
+        let Some(started) = handle.and_then(|h| self.started.remove(&h)) else {
             return self.call_answer(Err(Error::invalid("no such call in flight")));
         };
-        let result = rx
-            .recv()
-            .unwrap_or_else(|_| Err(Error::internal("the call ended without an answer")));
+        let result = match started.answer {
+            Some(answer) => answer,
+            None => started
+                .rx
+                .recv()
+                .unwrap_or_else(|_| Err(Error::internal("the call ended without an answer"))),
+        };
         self.call_answer(result)
+    }
+
+    /// [`Op::Poll`]: the call's answer if it has come; else nothing, and the call is awaited.
+    fn poll_call(&mut self, body: &[u8]) -> Vec<u8> {
+        let handle = serde_json::from_slice::<u64>(body).unwrap_or_default();
+        if self
+            .started
+            .get_mut(&handle)
+            .is_some_and(|started| !started.arrived())
+        {
+            self.awaited.insert(handle);
+            return Vec::new();
+        }
+        self.awaited.remove(&handle);
+        self.wait(body)
+    }
+
+    /// [`Op::StreamPoll`]: the stream's next response if it has come (or its end); else
+    /// nothing, and the stream is awaited.
+    fn stream_poll(&mut self, body: &[u8]) -> Vec<u8> {
+        let handle = serde_json::from_slice::<u64>(body).unwrap_or_default();
+        let next = match self.streams.get_mut(&handle) {
+            Some(stream) => match stream.try_next() {
+                Some(next) => next,
+                None => {
+                    self.awaited.insert(handle);
+                    return Vec::new();
+                }
+            },
+            None => None,
+        };
+        self.awaited.remove(&handle);
+        match next {
+            Some(answer) => self.call_answer(answer.map(|a| vec![a])),
+            None => {
+                self.streams.remove(&handle);
+                self.call_answer(Ok(Vec::new()))
+            }
+        }
+    }
+
+    /// Background mode: whether a call or stream the model awaits has something for it, and
+    /// whether one of them is a stream (streams are looked at again a tick later: nothing
+    /// tells when their responses come).
+    pub(super) fn awaited_ready(&mut self) -> (bool, bool) {
+        let mut streams = false;
+        for handle in &self.awaited {
+            if let Some(started) = self.started.get_mut(handle) {
+                if started.arrived() {
+                    return (true, streams);
+                }
+            } else if let Some(stream) = self.streams.get_mut(handle) {
+                streams = true;
+                if stream.has_next() {
+                    return (true, streams);
+                }
+            } else {
+                return (true, streams);
+            }
+        }
+        (false, streams)
+    }
+
+    /// The answer to a batch's frame (a call, a send) after the batch has ended (past its
+    /// deadline, or its instance closing): `error`, in the shape the guest reads for the op.
+    pub(super) fn refuse(&mut self, frame: &[u8], error: &Error) -> Vec<u8> {
+        match frame.first().copied().and_then(Op::of) {
+            Some(Op::Infer | Op::Wait | Op::StreamNext | Op::Poll | Op::StreamPoll) => {
+                self.call_answer(Err(error.clone()))
+            }
+            _ => protocol::error_answer(error),
+        }
     }
 
     /// `exec(decoupled=True)`: the call starts; the model reads its responses with
@@ -424,7 +540,7 @@ impl BatchDoor {
             .slots
             .get(index)
             .ok_or_else(|| Error::invalid(format!("request {index} is not in the batch")))?;
-        Ok(serde_json::Value::from(slot.cancel.is_cancelled()))
+        Ok(serde_json::Value::from(slot.is_cancelled()))
     }
 }
 
@@ -522,6 +638,10 @@ impl Door for BatchDoor {
             Some(Op::StreamOpen) => protocol::answer(self.stream_open(body)),
             Some(Op::StreamNext) => self.stream_next(body),
             Some(Op::StreamCancel) => protocol::answer(self.stream_cancel(body)),
+            Some(Op::Poll) => self.poll_call(body),
+            Some(Op::StreamPoll) => self.stream_poll(body),
+            // Handled by a background serving loop's door; nothing to do in a batch's.
+            Some(Op::Events | Op::Select) => Vec::new(),
             Some(Op::Log) => {
                 self.log(body);
                 Vec::new()

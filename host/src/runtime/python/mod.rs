@@ -7,6 +7,7 @@
 //! cap and a deadline per call. A trap discards the interpreter; the next batch gets a fresh
 //! one, loaded and initialised again.
 
+mod background;
 mod call_stream;
 mod door;
 mod instance;
@@ -20,7 +21,10 @@ use std::{
     sync::Arc,
 };
 
-use self::{instance::PythonInstance, interpreter::Runtime, model::PythonModel};
+use self::{
+    background::BackgroundInstance, instance::PythonInstance, interpreter::Runtime,
+    model::PythonModel,
+};
 use super::{
     instance_count, wasm::sandbox::SandboxLimits, InstanceHealth, LoadedBackend, ModelInstance,
     RuntimeOptions,
@@ -141,6 +145,7 @@ pub fn load(
             decoupled: crate::runtime::is_decoupled(config),
             metrics_owner: metrics::owner(),
             has_is_ready: Default::default(),
+            runs_in_background: Default::default(),
             iterative: matches!(
                 &config.scheduling_choice,
                 Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(
@@ -164,7 +169,15 @@ pub fn load(
         } else {
             None
         };
-        instances.push(Box::new(PythonInstance::new(model.clone(), index, first)?));
+        if model.runs_in_background() {
+            instances.push(Box::new(BackgroundInstance::new(
+                model.clone(),
+                index,
+                first,
+            )?));
+        } else {
+            instances.push(Box::new(PythonInstance::new(model.clone(), index, first)?));
+        }
     }
     Ok(LoadedBackend {
         config,

@@ -55,6 +55,9 @@ pub(crate) struct PythonModel {
     pub(super) metrics_owner: u64,
     /// `TritonPythonModel` defines `is_ready()` (learnt when the first instance loads).
     pub(super) has_is_ready: std::sync::atomic::AtomicBool,
+    /// A decoupled model whose `execute` is `async def`: its batches run in the background
+    /// ([`super::background`]; learnt when the first instance loads).
+    pub(super) runs_in_background: std::sync::atomic::AtomicBool,
     /// Requests may be released for rescheduling (`sequence_batching { iterative_sequence:
     /// true }`).
     pub(super) iterative: bool,
@@ -83,6 +86,12 @@ impl PythonModel {
     /// Whether readiness checks run the model's own `is_ready()`.
     pub(super) fn checks_readiness(&self) -> bool {
         self.has_is_ready.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether batches run in the background (a decoupled `async def execute`).
+    pub(super) fn runs_in_background(&self) -> bool {
+        self.runs_in_background
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(super) fn timeout(&self) -> Duration {
@@ -259,12 +268,14 @@ impl PythonModel {
         }
         // The guest says what its class defines once `initialize` has run.
         if let Some(said) = &door.completed {
-            let defines = serde_json::from_slice::<serde_json::Value>(said)
-                .ok()
-                .and_then(|v| v.get("is_ready").and_then(|r| r.as_bool()))
-                .unwrap_or(false);
+            let said = serde_json::from_slice::<serde_json::Value>(said).unwrap_or_default();
+            let says = |key: &str| said.get(key).and_then(|r| r.as_bool()).unwrap_or(false);
             self.has_is_ready
-                .store(defines, std::sync::atomic::Ordering::Relaxed);
+                .store(says("is_ready"), std::sync::atomic::Ordering::Relaxed);
+            self.runs_in_background.store(
+                self.decoupled && says("background"),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         tracing::debug!(model = %self.name, instance, ms = started.elapsed().as_millis() as u64, "Python instance started");
         Ok(interp)

@@ -48,6 +48,17 @@ pub enum Op {
     /// The model loading API: whether a model is ready, a load, an unload
     /// (`pb_utils.is_model_ready`, `load_model`, `unload_model`).
     Repository,
+    /// Background mode: waits (up to the milliseconds given, `-1`: no limit) for something
+    /// to do, and says what: `{"batches", "closing", "calls"}`.
+    Events,
+    /// Background mode: the batch (by the id [`Op::Next`] gave it) that the frames after this
+    /// one belong to.
+    Select,
+    /// The answer of a call started with `Start` if it has come, else nothing (the call is
+    /// then awaited: [`Op::Events`] says when an awaited call has its answer).
+    Poll,
+    /// The next response of a call opened with `StreamOpen` if it has come, else nothing.
+    StreamPoll,
 }
 
 impl Op {
@@ -69,6 +80,10 @@ impl Op {
             b'K' => Self::Completed,
             b'M' => Self::Metric,
             b'P' => Self::Repository,
+            b'E' => Self::Events,
+            b'B' => Self::Select,
+            b'Q' => Self::Poll,
+            b'Y' => Self::StreamPoll,
             _ => return None,
         })
     }

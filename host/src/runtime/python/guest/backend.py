@@ -7,10 +7,12 @@ takes each batch from the host).
 """
 
 import asyncio
+import contextvars
 import importlib.machinery
 import importlib.util
 import inspect
 import json
+import math
 import os
 import selectors
 import sys
@@ -91,6 +93,12 @@ class _IdleSelector(selectors.BaseSelector):
         raise KeyError(fileobj)
 
     def select(self, timeout=None):
+        if _wasmtron.background:
+            # The host waits for what the loop waits for: a batch, an awaited call's answer,
+            # the next timer.
+            ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+            _wasmtron.events(_host.call(b"E" + str(ms).encode()))
+            return []
         if timeout:
             time.sleep(min(timeout, 1.0))
         return []
@@ -197,6 +205,25 @@ def _failure(e):
     return text
 
 
+# --- background mode: a decoupled `async def execute`, batches overlapping ------------------
+# Each batch's coroutine runs as a task whose context names its batch; what it asks of the
+# host reaches that batch's door (the host is told the batch first when it changes).
+
+_batch_var = contextvars.ContextVar("wasmtron_batch", default=None)
+
+
+class _HostCalls:
+    """`_host` as pb_utils sees it in background mode."""
+
+    def call(self, frame):
+        return _wasmtron.call_for(_batch_var.get(), frame)
+
+
+class _BatchState:
+    def __init__(self):
+        self.senders = {}
+
+
 def _rescheduled(request):
     return request._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
@@ -209,6 +236,21 @@ class _Backend:
         self.senders = {}
         self.returned = None  # what the current batch's execute returned, once it has
         self.model = None
+        # Background mode (a decoupled `async def execute`): batches overlap as tasks.
+        self.background = False
+        self._selected = None
+        self._states = {}
+        self._closing = False
+        self._wakeup = None
+        self._call_waiters = []
+        self._tasks = {}  # batch -> its task
+
+    def call_for(self, batch, frame):
+        """A host call for `batch` (`None`: outside the background mode)."""
+        if batch is not None and batch != self._selected:
+            _host.call(b"B" + str(batch).encode())
+            self._selected = batch
+        return _host.call(frame)
 
     def _fail(self, e):
         _host.call(b"F" + _failure(e).encode("utf-8", "replace"))
@@ -268,9 +310,19 @@ class _Backend:
                 if inspect.isawaitable(result):
                     _run(result)
             _drain()
+            said = {}
             # Readiness checks run the model's own `is_ready()` only when it defines one.
             if callable(getattr(self.model, "is_ready", None)):
-                _host.call(b"K" + b'{"is_ready": true}')
+                said["is_ready"] = True
+            # As Triton's stub: a decoupled model's coroutine runs in the background, and the
+            # instance takes the next batch while it awaits.
+            if self.decoupled and inspect.iscoroutinefunction(
+                    getattr(self.model, "execute", None)):
+                said["background"] = True
+                self.background = True
+                pb._host = _HostCalls()
+            if said:
+                _host.call(b"K" + json.dumps(said).encode())
         except BaseException as e:
             self._fail(e)
 
@@ -303,8 +355,17 @@ class _Backend:
             self.execute(frame)
         self.finalize()
 
-    def sender(self, index):
+    def sender(self, index, batch=None):
         """The response sender of request `index` of the batch (one per request)."""
+        if batch is not None:
+            state = self._states.get(batch)
+            if state is None:
+                raise pb.TritonModelException(
+                    "Unable to get response sender: the request's batch has ended")
+            sender = state.senders.get(index)
+            if sender is None:
+                sender = state.senders[index] = pb.InferenceResponseSender(index, batch)
+            return sender
         sender = self.senders.get(index)
         if sender is None:
             sender = self.senders[index] = pb.InferenceResponseSender(index)
@@ -419,6 +480,138 @@ class _Backend:
             failed = {"error": {"message": _failure(e), "code": "INTERNAL"}}
             responses = [failed] * n
         _host.call(b"R" + w.finish({"responses": responses}))
+
+    # --- background mode ---------------------------------------------------------------
+
+    def serve_background(self):
+        """Takes batches as the host hands them over and runs each as a task, until the
+        host says the loop ends; then `finalize()`."""
+        _run(self._serve_background())
+        self._selected = None
+        self.finalize()
+
+    async def _serve_background(self):
+        loop = asyncio.get_running_loop()
+        tasks = self._tasks
+        while not self._closing:
+            while True:
+                frame = _host.call(b"N")
+                if not frame:
+                    break
+                batch = int.from_bytes(bytes(frame[:8]), "little")
+                task = self._start_batch(loop, batch, frame)
+                tasks[batch] = task
+                task.add_done_callback(lambda _, batch=batch: tasks.pop(batch, None))
+            if self._closing:
+                break
+            self._wakeup = loop.create_future()
+            await self._wakeup
+        # The instance closes: batches still running are cancelled.
+        running = list(tasks.values())
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running)
+
+    def events(self, data):
+        """What the host's wait ended with: batches to take, the loop to end, answers of
+        awaited calls."""
+        said = json.loads(bytes(data)) if data else {}
+        if said.get("closing"):
+            self._closing = True
+        if (said.get("batches") or said.get("closing")) and self._wakeup is not None \
+                and not self._wakeup.done():
+            self._wakeup.set_result(None)
+        for batch in said.get("cancel") or ():
+            task = self._tasks.get(batch)
+            if task is not None:
+                task.cancel()
+        if said.get("calls"):
+            waiters, self._call_waiters = self._call_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def call_event(self):
+        """A future done when the host next says an awaited call has its answer."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._call_waiters.append(waiter)
+        return waiter
+
+    def _start_batch(self, loop, batch, frame):
+        header, blob = pb._read_frame(bytes(frame[8:]))
+        context = contextvars.copy_context()
+        context.run(_batch_var.set, batch)
+        if header.get("probe"):
+            return loop.create_task(self._probe(batch), context=context)
+        name = self.args.get("model_name")
+        tensor, received = pb._tensor_from, pb.InferenceRequest._received
+        requests = []
+        for i, r in enumerate(header["requests"]):
+            request = received(
+                name, [tensor(t, blob) for t in r["inputs"]], r["outputs"],
+                r.get("correlation_id", 0), r.get("id", ""), r.get("flags", 0),
+                r.get("parameters") or {}, i)
+            request._batch = batch
+            requests.append(request)
+        self._states[batch] = _BatchState()
+        return loop.create_task(self._run_batch(batch, requests), context=context)
+
+    async def _run_batch(self, batch, requests):
+        name = self.args.get("model_name")
+        state = self._states[batch]
+        error = None
+        try:
+            result = self.model.execute(requests)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is not None:
+                raise pb.TritonModelException(
+                    "Python model '%s' is using the decoupled mode and the execute function "
+                    "must return None." % (self.args.get("model_instance_name") or name))
+        except asyncio.CancelledError:
+            error = "model '%s' is being unloaded: the request was cancelled" % name
+        except BaseException as e:
+            error = "Failed to process the request(s) for model '%s', message: %s" % (
+                name, _failure(e))
+            pb._log(2, error)
+        finished = {i for i, sender in state.senders.items() if sender._closed}
+        if error is not None:
+            for i in range(len(requests)):
+                self.sender(i, batch)._closed = True
+        try:
+            # Threads the model started, then tasks this batch created, end before it does.
+            while _deferred:
+                _thread_run(_deferred.pop(0))
+            current = asyncio.current_task()
+            mine = [t for t in asyncio.all_tasks() if t is not current and not t.done()
+                    and t.get_context().get(_batch_var) == batch]
+            if mine:
+                await asyncio.wait(mine)
+        except BaseException as e:
+            pb._log(2, "model '%s': %s" % (name, _failure(e)))
+        responses = [None if error is None or i in finished
+                     else {"error": {"message": error, "code": "INTERNAL"}}
+                     for i in range(len(requests))]
+        del self._states[batch]
+        self.call_for(batch, b"R" + pb._Writer().finish({"responses": responses}))
+
+    async def _probe(self, batch):
+        name = self.args.get("model_name")
+        try:
+            result = self.model.is_ready()
+            if inspect.isawaitable(result):
+                result = await result
+            if isinstance(result, bool):
+                ready = result
+            else:
+                pb._log(2, "is_ready() of model '%s' returned %s, not a bool: the model is "
+                           "reported not ready" % (name, type(result).__name__))
+                ready = False
+        except BaseException as e:
+            pb._log(2, "is_ready() of model '%s' raised: %s" % (name, _failure(e)))
+            ready = False
+        self.call_for(batch, b"R" + pb._Writer().finish({"ready": ready}))
 
     def finalize(self):
         try:

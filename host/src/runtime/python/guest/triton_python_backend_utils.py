@@ -301,8 +301,9 @@ class InferenceResponseSender:
     final flag; a default-mode model (Triton 24.06+) sends exactly one, with the final flag
     or before a flag-only send."""
 
-    def __init__(self, index):
+    def __init__(self, index, batch=None):
         self._index = index
+        self._batch = batch
         self._closed = False
         self._sent = 0
         self._response = None  # a default-mode model's one response, sent with the batch
@@ -341,10 +342,10 @@ class InferenceResponseSender:
             return
         w = _Writer()
         header = {"index": self._index, "flags": int(flags), "response": w.response(response)}
-        _call_checked(b"S", w.finish(header))
+        _answer(_backend.call_for(self._batch, b"S" + w.finish(header)))
 
     def is_cancelled(self):
-        return _is_cancelled(self._index)
+        return _is_cancelled(self._index, self._batch)
 
 
 class _Writer:
@@ -423,8 +424,9 @@ def _call_checked(op, body=b""):
     return _answer(_host.call(op + body))
 
 
-def _is_cancelled(index):
-    return bool(_call_checked(b"C", _json.dumps({"index": index}).encode()))
+def _is_cancelled(index, batch=None):
+    frame = b"C" + _json.dumps({"index": index}).encode()
+    return bool(_answer(_backend.call_for(batch, frame)))
 
 
 class InferenceTrace:
@@ -468,6 +470,7 @@ class InferenceRequest:
         self._parameters = _parameters(parameters)
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         self._index = None  # the position in the batch, for received requests
+        self._batch = None  # the batch, for received requests in background mode
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
@@ -487,6 +490,7 @@ class InferenceRequest:
         self._parameters = parameters
         self._trace = _NO_TRACE
         self._index = index
+        self._batch = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return self
 
@@ -526,12 +530,12 @@ class InferenceRequest:
         if self._index is None:
             raise TritonModelException(
                 "Unable to get response sender: the request was not received by this model")
-        return _backend.sender(self._index)
+        return _backend.sender(self._index, self._batch)
 
     def is_cancelled(self):
         if self._index is None:
             return False
-        return _is_cancelled(self._index)
+        return _is_cancelled(self._index, self._batch)
 
     def set_release_flags(self, flags):
         """`TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`: the request runs again in a later batch
@@ -566,6 +570,9 @@ class InferenceRequest:
         """`exec` that can be awaited; several run at once under `asyncio.gather`. With
         `decoupled=True` the call starts now and awaiting gives its response iterator."""
         if decoupled:
+            if _backend.background:
+                # As Triton: awaiting gives the iterator once the first response has come.
+                return _FirstResponse(_call_checked(b"O", self._call_frame(True)))
             return _Ready(self.exec(decoupled=True))
         handle = _call_checked(b"A", self._call_frame(False))
         return _Pending(handle, False)
@@ -612,7 +619,10 @@ class _ResponseIterator:
 
     def __next__(self):
         if self._responses is not None:
-            return next(self._responses)
+            response = next(self._responses, None)
+            if response is not None:
+                return response
+            self._responses = None
         if self._handle is None:
             raise StopIteration
         out = _responses(_host.call(b"X" + _json.dumps(self._handle).encode()), True)
@@ -641,7 +651,35 @@ class _Pending:
     def __await__(self):
         # Let the other coroutines of a gather start their calls before this one waits.
         yield None
-        return _responses(_host.call(b"W" + _json.dumps(self._handle).encode()), self._decoupled)
+        handle = _json.dumps(self._handle).encode()
+        if _backend.background:
+            # Other batches run while the answer is on its way.
+            while True:
+                data = _host.call(b"Q" + handle)
+                if data:
+                    return _responses(data, self._decoupled)
+                yield from _backend.call_event().__await__()
+        return _responses(_host.call(b"W" + handle), self._decoupled)
+
+
+class _FirstResponse:
+    """`async_exec(decoupled=True)` in background mode: awaiting waits (letting other
+    batches run) for the first response, then gives the iterator."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def __await__(self):
+        handle = _json.dumps(self._handle).encode()
+        while True:
+            data = _host.call(b"Y" + handle)
+            if data:
+                break
+            yield from _backend.call_event().__await__()
+        first = list(_responses(data, True))
+        if not first:
+            return _ResponseIterator(responses=[])
+        return _ResponseIterator(handle=self._handle, responses=first)
 
 
 class _LogLevel(_enum.Enum):
