@@ -69,7 +69,7 @@ def server(tmp_path_factory):
         place(repo, name, name)
     # qa/L0_backend_python/lifecycle/test.sh, argument_validation, the main test.sh
     for name in ("error_code", "execute_cancel", "execute_grpc_error", "argument_validation",
-                 "identity_fp32_logging"):
+                 "identity_fp32_logging", "bls_parameters", "dlpack_identity"):
         place(repo, name, name)
     place(repo, "multi_file", "multi_file")
     shutil.copy(os.path.join(MODELS, "identity_fp32", "config.pbtxt"),
@@ -137,6 +137,7 @@ def log_of(server):
     "response_sender_test.py",
     "response_sender_complete_final_test.py",
     "response_parameters_test.py",
+    "bls_parameters_test.py",
 ])
 def test_triton_unittests_pass_unchanged(server, tests):
     run_triton_tests(server, tests)
@@ -236,6 +237,17 @@ def test_triton_argument_checks_hold(server):
     c = httpclient.InferenceServerClient(server.http)
     result = c.infer("argument_validation", [], timeout=240)
     assert result.as_numpy("OUTPUT0").tolist() == [1], log_of(server)[-6000:]
+
+
+def test_an_input_passes_through_dlpack_unchanged(server):
+    """dlpack_identity: `Tensor.from_dlpack(name, input.to_dlpack())`, Triton's zero-copy
+    idiom, on the server's (read-only) input tensors."""
+    data = np.arange(12, dtype=np.float32).reshape(2, 6)
+    with httpclient.InferenceServerClient(server.http) as c:
+        inp = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+        inp.set_data_from_numpy(data)
+        np.testing.assert_array_equal(
+            c.infer("dlpack_identity", [inp]).as_numpy("OUTPUT0"), data)
 
 
 def test_a_model_imports_the_modules_beside_it(server):

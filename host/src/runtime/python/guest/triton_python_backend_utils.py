@@ -235,7 +235,12 @@ class Tensor:
         return True
 
     def to_dlpack(self):
-        return self._array.__dlpack__()
+        array = self._array
+        if not array.flags.writeable:
+            # A legacy capsule cannot say "read-only" (the server's input tensors are), so
+            # it gets a copy, as numpy refuses to export the array itself.
+            array = array.copy()
+        return array.__dlpack__()
 
     def __dlpack__(self, **kwargs):
         return self._array.__dlpack__(**kwargs)
