@@ -237,6 +237,22 @@ def test_a_model_reads_its_own_folder_and_nothing_else(server):
     assert "No module named 'torch'" in message and "BLS" in message
 
 
+def test_thread_pools_queues_and_events_work_with_one_thread(server):
+    """The sandbox has one thread: a ThreadPoolExecutor runs each piece of work when it is
+    submitted (map, submit().result(), asyncio.to_thread), a waiting Queue.get runs the thread
+    that fills the queue, a wait with a timeout sleeps it out, and a wait that could never end
+    fails with the reason instead of crashing the instance."""
+    assert ask_sandbox(server, "pool") == "[0, 1, 4, 9, 16] 30"
+    assert ask_sandbox(server, "to_thread") == "42"
+    assert ask_sandbox(server, "producer") == "[0, 1, 2]"
+    assert ask_sandbox(server, "event_timeout") == "False"
+    with pytest.raises(InferenceServerException) as e:
+        ask_sandbox(server, "wait_forever")
+    assert "waiting without a timeout for another thread" in str(e.value), e.value
+    assert "trapped" not in str(e.value)
+    assert ask_sandbox(server, "pool") == "[0, 1, 4, 9, 16] 30"
+
+
 def test_tensors_pass_through_dlpack(server):
     assert ask_sandbox(server, "dlpack") == "y [0.0, 1.0, 2.0] [0.0, 1.0, 2.0]"
 

@@ -7,6 +7,8 @@ takes each batch from the host).
 """
 
 import asyncio
+import concurrent.futures
+import concurrent.futures.thread
 import contextvars
 import importlib.machinery
 import importlib.util
@@ -123,6 +125,17 @@ class _Loop(asyncio.SelectorEventLoop):
     def _write_to_self(self):
         pass
 
+    async def shutdown_default_executor(self, timeout=None):
+        # The default one shuts its executor down from a thread of its own.
+        self._executor_shutdown_called = True
+        if self._default_executor is not None:
+            self._default_executor.shutdown(wait=True)
+
+
+# `asyncio.run(...)` and `asyncio.new_event_loop()` in a model get this loop too (the default
+# one needs a socket pair to wake itself, which the sandbox does not have).
+asyncio.events.new_event_loop = _Loop
+asyncio.new_event_loop = _Loop
 
 _loop = None
 
@@ -174,9 +187,80 @@ def _thread_is_alive(self):
     return getattr(self, "_wasmtron_state", None) in ("pending", "running")
 
 
+def _condition_wait(self, timeout=None):
+    """`Condition.wait` with one thread (under `Event.wait`, `Queue.get`/`put`, `Semaphore`):
+    the threads the model started and that have not run yet run now, as they are the only ones
+    that could notify; if none did, a wait with a timeout sleeps it out and one without fails
+    with the reason instead of waiting forever."""
+    if not self._is_owned():
+        raise RuntimeError("cannot wait on un-acquired lock")
+    waiter = threading._allocate_lock()
+    waiter.acquire()
+    self._waiters.append(waiter)
+    saved = self._release_save()
+    notified = False
+    try:
+        while _deferred and not notified:
+            _thread_run(_deferred.pop(0))
+            notified = waiter.acquire(False)
+        if not notified:
+            if timeout is None:
+                raise RuntimeError(
+                    "waiting without a timeout for another thread to notify, but every thread "
+                    "this model started has run: Wasmtron runs model.py with one thread, "
+                    "threads running when joined or when execute returns")
+            if timeout > 0:
+                time.sleep(timeout)
+        return notified
+    finally:
+        self._acquire_restore(saved)
+        if not notified:
+            try:
+                self._waiters.remove(waiter)
+            except ValueError:
+                pass
+
+
 threading.Thread.start = _thread_start
 threading.Thread.join = _thread_join
 threading.Thread.is_alive = _thread_is_alive
+threading.Condition.wait = _condition_wait
+
+
+class _InlineExecutor(concurrent.futures.Executor):
+    """`concurrent.futures.ThreadPoolExecutor` in the sandbox: each piece of work runs when
+    it is submitted, so `submit(...).result()`, `map` and asyncio's `run_in_executor` /
+    `to_thread` give their answers (a pool's threads could never run beside the waiting one)."""
+
+    def __init__(self, max_workers=None, thread_name_prefix="", initializer=None, initargs=()):
+        if max_workers is not None and max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+        self._initializer = initializer
+        self._initargs = initargs
+        self._shutdown = False
+
+    def submit(self, fn, /, *args, **kwargs):
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        if self._initializer is not None:
+            initializer, self._initializer = self._initializer, None
+            initializer(*self._initargs)
+        future = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:
+            future.set_exception(e)
+        else:
+            future.set_result(result)
+        return future
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        self._shutdown = True
+
+
+concurrent.futures.ThreadPoolExecutor = _InlineExecutor
+concurrent.futures.thread.ThreadPoolExecutor = _InlineExecutor
 
 
 def _drain():

@@ -60,6 +60,30 @@ class TritonPythonModel:
         if what == "select":
             import select
             select.select([], [], [], 3600)
+        if what == "pool":
+            # A thread pool, as models use one for parallel BLS calls.
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                squares = list(pool.map(lambda i: i * i, range(5)))
+                total = pool.submit(sum, squares).result(timeout=5)
+            return "%s %d" % (squares, total)
+        if what == "to_thread":
+            import asyncio
+            return str(asyncio.run(asyncio.to_thread(lambda: 6 * 7)))
+        if what == "producer":
+            import queue
+            import threading
+            q = queue.Queue(maxsize=8)
+            producer = threading.Thread(target=lambda: [q.put(i) for i in range(3)])
+            producer.start()
+            return str([q.get(timeout=5) for _ in range(3)])
+        if what == "event_timeout":
+            import threading
+            return str(threading.Event().wait(0.05))
+        if what == "wait_forever":
+            import threading
+            threading.Event().wait()
+            return "woken"
         if what == "torch":
             try:
                 import torch  # noqa: F401
