@@ -292,6 +292,14 @@ pub struct Cli {
     /// The private key (PEM) of --http-ssl-cert.
     #[arg(long)]
     pub http_ssl_key: Option<PathBuf>,
+    /// Publish generation models' prefix-cache changes as vLLM's KV-cache events (vLLM's
+    /// flag and JSON: `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+    /// "tcp://*:5557", "topic": ""}`), for routers that place requests by cache.
+    #[arg(long)]
+    pub kv_events_config: Option<String>,
+    /// Tokens per KV-cache block in those events (vLLM's `--block-size`).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
     /// Load ONNX Runtime custom operator libraries that models name in `model_operations`
     /// (Triton loads them always): native code that runs inside the server, outside any
     /// sandbox, so off unless asked for.

@@ -103,6 +103,27 @@ fn tune_malloc() {
     }
 }
 
+/// The publisher of vLLM's KV-cache events, when `--kv-events-config` enables them.
+async fn kv_events(
+    cli: &Cli,
+) -> anyhow::Result<Option<wasmtron::runtime::generation::kv::events::KvEvents>> {
+    let Some(json) = cli.kv_events_config.as_deref() else {
+        return Ok(None);
+    };
+    if cli.block_size == 0 {
+        anyhow::bail!("--block-size must be at least 1");
+    }
+    let Some(config) = wasmtron::frontends::kv_events::KvEventsConfig::parse(json)? else {
+        return Ok(None);
+    };
+    if config.hwm != 100_000 {
+        tracing::warn!("--kv-events-config: hwm has no effect here (the queue is max_queue_size)");
+    }
+    let events = wasmtron::frontends::kv_events::start(&config, cli.block_size).await?;
+    tracing::info!(endpoint = %config.endpoint, topic = %config.topic, block_size = cli.block_size, "publishing KV-cache events");
+    Ok(Some(events))
+}
+
 fn main() -> anyhow::Result<()> {
     tune_malloc();
     // One TLS crypto provider for the process (aws-lc-rs, as the listeners use), so that
@@ -396,6 +417,7 @@ async fn server_options(
                 }
             }),
             allow_custom_op_libraries: cli.allow_custom_op_libraries,
+            kv_events: kv_events(cli).await?,
             ..defaults.runtime
         },
         queue_capacity: cli.model_queue_capacity,

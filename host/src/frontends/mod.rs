@@ -8,6 +8,7 @@
 pub mod connections;
 pub mod grpc;
 pub mod http;
+pub mod kv_events;
 pub mod listeners;
 pub mod logging;
 pub mod metrics;

@@ -69,7 +69,7 @@ impl ApiGroup {
                 Some("ready") => ApiGroup::Health,
                 Some("infer" | "generate" | "generate_stream") => ApiGroup::Inference,
                 Some("config") => ApiGroup::ModelConfig,
-                Some("stats") => ApiGroup::Statistics,
+                Some("stats" | "kv_cache") => ApiGroup::Statistics,
                 Some("setting") => ApiGroup::Trace,
                 _ => ApiGroup::Metadata,
             },

@@ -309,6 +309,9 @@ pub struct RuntimeOptions {
     /// Load ONNX Runtime custom operator libraries (`model_operations`): native code run
     /// inside the server (`--allow-custom-op-libraries`).
     pub allow_custom_op_libraries: bool,
+    /// Generation models tell their prefix cache's changes as vLLM's KV-cache events here
+    /// (`--kv-events-config`).
+    pub kv_events: Option<generation::kv::events::KvEvents>,
 }
 
 /// Whether the model answers 0..N times per request (`model_transaction_policy.decoupled`).

@@ -127,7 +127,11 @@ pub fn load(
     super::heap::release_freed();
     let element_bytes = if spec.half { 2 } else { 4 };
     let bytes_per_token = (spec.layers * 2 * spec.kv_heads * spec.head_dim * element_bytes) as u64;
-    let stats = Arc::new(GenerationStats::new(cache_tokens as u64, bytes_per_token));
+    let stats = Arc::new(GenerationStats::new(
+        cache_tokens as u64,
+        bytes_per_token,
+        prefix_cache_tokens > 0,
+    ));
     tracing::info!(
         model = %name,
         layers = spec.layers,
@@ -150,6 +154,7 @@ pub fn load(
             pad_id,
             max_prefill_tokens,
             prefix_cache_tokens,
+            kv_events: options.kv_events.clone(),
         },
         stats.clone(),
     )?);

@@ -99,15 +99,19 @@ pub struct GenerationStats {
     pub cache_capacity_tokens: u64,
     /// Bytes one cached token takes (keys and values of every layer).
     pub bytes_per_token: u64,
+    /// Prompts' caches are kept for later prompts (`prefix_cache_max_tokens` > 0).
+    pub prefix_cache_enabled: bool,
     /// From arrival to the first generated token.
     pub time_to_first_token: Histogram,
     /// Between consecutive generated tokens of a request.
     pub inter_token_latency: Histogram,
+    /// With KV-cache events on: tokens per block and the blocks the prefix cache holds.
+    kv_blocks: std::sync::Mutex<Option<(usize, Vec<u64>)>>,
 }
 
 impl GenerationStats {
     /// Counters for a cache of `capacity` tokens of `bytes_per_token` each.
-    pub fn new(capacity: u64, bytes_per_token: u64) -> Self {
+    pub fn new(capacity: u64, bytes_per_token: u64, prefix_cache_enabled: bool) -> Self {
         Self {
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
@@ -123,9 +127,19 @@ impl GenerationStats {
             cache_used_tokens: AtomicI64::new(0),
             cache_capacity_tokens: capacity,
             bytes_per_token,
+            prefix_cache_enabled,
             time_to_first_token: Histogram::new(TTFT_BOUNDS),
             inter_token_latency: Histogram::new(ITL_BOUNDS),
+            kv_blocks: std::sync::Mutex::new(None),
         }
+    }
+
+    /// With KV-cache events on: tokens per block and the blocks the prefix cache holds
+    /// (their hashes, increasing), as the events have told them.
+    pub fn lock_kv_blocks(&self) -> std::sync::MutexGuard<'_, Option<(usize, Vec<u64>)>> {
+        self.kv_blocks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The share of the cache in use, 0 to 1.

@@ -7,7 +7,8 @@ pub mod metrics;
 pub mod models;
 
 pub use models::{
-    metadata_json, model_config, model_metadata, model_ready, model_statistics, stats_json,
+    kv_cache_blocks, metadata_json, model_config, model_metadata, model_ready, model_statistics,
+    stats_json,
 };
 
 /// Server name reported by the metadata endpoints.

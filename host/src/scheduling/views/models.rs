@@ -286,3 +286,23 @@ pub fn stats_json(stats: Vec<ModelStatistics>) -> Value {
         .collect();
     json!({ "model_stats": models })
 }
+
+/// The blocks a generation model's prefix cache holds, as its KV-cache events told them
+/// (`GET /v2/models/<name>/kv_cache`): tokens per block and the blocks' hashes, increasing.
+pub fn kv_cache_blocks(server: &Server, caller: &Caller, name: &str) -> Result<(usize, Vec<u64>)> {
+    caller.require(ModelAction::See, name)?;
+    let model = server.models().get(name, None)?;
+    let blocks = model
+        .generation
+        .as_ref()
+        .and_then(|stats| stats.lock_kv_blocks().clone());
+    blocks.ok_or_else(|| {
+        crate::error::Error::new(
+            crate::error::Code::NotFound,
+            format!(
+                "model '{name}' publishes no KV-cache events (a generation model, with \
+                 --kv-events-config)"
+            ),
+        )
+    })
+}

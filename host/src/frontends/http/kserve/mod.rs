@@ -55,6 +55,7 @@ pub(crate) fn routes() -> Router<HttpState> {
         .route("/v2/models/{model}/config", get(config))
         .route("/v2/models/{model}/versions/{version}/config", get(config))
         .route("/v2/models/{model}/stats", get(stats))
+        .route("/v2/models/{model}/kv_cache", get(models::kv_cache))
         .route("/v2/models/{model}/versions/{version}/stats", get(stats))
         .route("/v2/repository/index", post(index))
         .route("/v2/repository/{repository}/index", post(index))

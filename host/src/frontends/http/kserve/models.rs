@@ -14,8 +14,8 @@ use crate::{
     frontends::http::{error::ApiResult, state::HttpState},
     repository::config::to_json,
     scheduling::views::{
-        metadata_json, model_config, model_metadata, model_ready as ready_of, model_statistics,
-        stats_json, EXTENSIONS, SERVER_VERSION,
+        kv_cache_blocks, metadata_json, model_config, model_metadata, model_ready as ready_of,
+        model_statistics, stats_json, EXTENSIONS, SERVER_VERSION,
     },
     tenancy::Caller,
 };
@@ -82,4 +82,15 @@ pub(crate) async fn stats(
     Ok(Json(stats_json(model_statistics(
         &st.server, &caller, &model, &version,
     )?)))
+}
+
+/// `GET /v2/models/<name>/kv_cache`: the blocks a generation model's prefix cache holds, as
+/// its KV-cache events told them (`{"block_size": 16, "blocks": [hash, ...]}`).
+pub(crate) async fn kv_cache(
+    State(st): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(model): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let (block_size, blocks) = kv_cache_blocks(&st.server, &caller, &model)?;
+    Ok(Json(json!({ "block_size": block_size, "blocks": blocks })))
 }

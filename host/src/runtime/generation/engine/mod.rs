@@ -82,6 +82,8 @@ pub struct EngineLimits {
     pub max_prefill_tokens: usize,
     /// Tokens of recent prompts kept for prefix caching (0: none).
     pub prefix_cache_tokens: usize,
+    /// Where the prefix cache's changes are told as vLLM's KV-cache events, if anywhere.
+    pub kv_events: Option<crate::runtime::generation::kv::events::KvEvents>,
 }
 
 /// Why a sequence ended.
@@ -258,7 +260,11 @@ impl Engine {
         stats: Arc<GenerationStats>,
     ) -> Result<Self> {
         let (submit, submissions) = mpsc::channel();
-        let prefixes = PrefixCache::new(limits.prefix_cache_tokens);
+        let mut prefixes = PrefixCache::new(limits.prefix_cache_tokens);
+        if let Some(events) = &limits.kv_events {
+            prefixes = prefixes.with_block_events(events.block_size);
+            *stats.lock_kv_blocks() = prefixes.blocks();
+        }
         let names = CacheNames {
             inputs: (0..spec.layers)
                 .flat_map(|i| {
@@ -348,7 +354,12 @@ impl Worker {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(&submissions)));
             match step {
                 Ok(true) => {}
-                Ok(false) => return,
+                Ok(false) => {
+                    // The model goes: so do its blocks.
+                    self.prefixes.clear();
+                    self.publish_kv_events();
+                    return;
+                }
                 Err(_) => {
                     let e = Error::internal("the generation loop failed on this batch");
                     tracing::error!("{}", e.message);
@@ -359,6 +370,22 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Tells the prefix cache's changes since the last call (KV-cache events), and keeps
+    /// the blocks it holds for the model's statistics.
+    fn publish_kv_events(&mut self) {
+        let Some(sink) = self.limits.kv_events.as_ref().map(|e| e.sink.clone()) else {
+            return;
+        };
+        let events = self.prefixes.take_events();
+        if events.is_empty() {
+            return;
+        }
+        *self.stats.lock_kv_blocks() = self.prefixes.blocks();
+        sink(crate::runtime::generation::kv::events::KvEventBatch::now(
+            events,
+        ));
     }
 
     /// Takes what arrived, admits what fits, prefills it and runs one decode step; false once

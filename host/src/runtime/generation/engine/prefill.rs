@@ -178,6 +178,7 @@ impl Worker {
             let values = self.store.prefix_values(part, r, s.prompt.len())?;
             self.prefixes.insert(&s.namespace, &s.prompt, values);
         }
+        self.publish_kv_events();
         self.stats
             .prefix_cache_tokens
             .store(self.prefixes.used_tokens() as i64, Relaxed);

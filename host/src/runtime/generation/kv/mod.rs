@@ -21,6 +21,7 @@ use ort::{
 
 pub mod buffer;
 pub mod cache;
+pub mod events;
 pub mod prefix;
 
 use self::{

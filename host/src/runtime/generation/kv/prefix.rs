@@ -14,6 +14,8 @@
 
 use std::sync::Arc;
 
+use super::events::{BlockIndex, KvEvent};
+
 /// The fewest shared tokens worth reusing (below this a prefill is cheap anyway).
 pub const MIN_PREFIX_TOKENS: usize = 32;
 
@@ -65,6 +67,10 @@ pub struct PrefixCache {
     entries: Vec<(Arc<Entry>, u64)>,
     used: usize,
     clock: u64,
+    /// The entries as blocks, when their changes are published ([`super::events`]).
+    blocks: Option<BlockIndex>,
+    /// Changes of the blocks not taken yet.
+    events: Vec<KvEvent>,
 }
 
 impl PrefixCache {
@@ -75,6 +81,34 @@ impl PrefixCache {
             entries: Vec::new(),
             used: 0,
             clock: 0,
+            blocks: None,
+            events: Vec::new(),
+        }
+    }
+
+    /// Tells every change of the entries as blocks of `block_size` tokens
+    /// ([`Self::take_events`]).
+    pub fn with_block_events(mut self, block_size: usize) -> Self {
+        self.blocks = Some(BlockIndex::new(block_size));
+        self
+    }
+
+    /// The changes of the blocks since the last call.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// The blocks held (their hashes, increasing) and tokens per block, when told.
+    pub fn blocks(&self) -> Option<(usize, Vec<u64>)> {
+        self.blocks.as_ref().map(|b| (b.block_size(), b.blocks()))
+    }
+
+    /// Drops every entry (and tells it).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.used = 0;
+        if let Some(blocks) = &mut self.blocks {
+            blocks.clear(&mut self.events);
         }
     }
 
@@ -187,32 +221,53 @@ impl PrefixCache {
             return;
         }
         let mut used = self.used;
+        let mut dropped = Vec::new();
         self.entries.retain(|(e, _)| {
             let extended = e.namespace == namespace && prompt.starts_with(&e.tokens);
             if extended {
                 used -= e.len();
+                dropped.push(e.clone());
             }
             !extended
         });
         self.used = used;
-        if prompt.len() > self.share(namespace) {
-            return;
+        let kept = self.make_room(namespace, prompt.len(), &mut dropped);
+        if kept {
+            self.clock += 1;
+            self.used += prompt.len();
+            let entry = Entry {
+                namespace: namespace.to_owned(),
+                tokens: prompt.to_vec(),
+                values,
+            };
+            self.entries.push((Arc::new(entry), self.clock));
         }
-        while self.used + prompt.len() > self.capacity {
-            let Some(oldest) = self.victim(namespace, prompt.len()) else {
-                return;
+        // The new entry's blocks first, so that those it shares with an entry it replaces
+        // are not told as removed and stored again.
+        if let Some(blocks) = &mut self.blocks {
+            if kept {
+                blocks.add(namespace, prompt, &mut self.events);
+            }
+            for gone in dropped {
+                blocks.remove(&gone.namespace, &gone.tokens, &mut self.events);
+            }
+        }
+    }
+
+    /// Drops entries until `adding` tokens of `namespace` fit; whether they do.
+    fn make_room(&mut self, namespace: &str, adding: usize, dropped: &mut Vec<Arc<Entry>>) -> bool {
+        if adding > self.share(namespace) {
+            return false;
+        }
+        while self.used + adding > self.capacity {
+            let Some(oldest) = self.victim(namespace, adding) else {
+                return false;
             };
             let (gone, _) = self.entries.swap_remove(oldest);
             self.used -= gone.len();
+            dropped.push(gone);
         }
-        self.clock += 1;
-        self.used += prompt.len();
-        let entry = Entry {
-            namespace: namespace.to_owned(),
-            tokens: prompt.to_vec(),
-            values,
-        };
-        self.entries.push((Arc::new(entry), self.clock));
+        true
     }
 }
 
@@ -316,6 +371,47 @@ mod tests {
         assert!(cache.wants("c", &prompt(150, 90_000)));
         cache.insert("c", &prompt(150, 90_000), Values::F32(vec![]));
         assert_eq!(cache.held_by("c"), 0);
+    }
+
+    #[test]
+    fn the_blocks_told_are_the_blocks_held() {
+        let mut cache = PrefixCache::new(250).with_block_events(16);
+        let mut held = std::collections::HashSet::new();
+        let mut replay = |cache: &mut PrefixCache| {
+            for event in cache.take_events() {
+                match event {
+                    KvEvent::BlockStored { block_hashes, .. } => {
+                        for h in block_hashes {
+                            assert!(held.insert(h), "stored twice");
+                        }
+                    }
+                    KvEvent::BlockRemoved { block_hashes, .. } => {
+                        for h in block_hashes {
+                            assert!(held.remove(&h), "removed but not held");
+                        }
+                    }
+                    KvEvent::AllBlocksCleared {} => held.clear(),
+                }
+            }
+            let mut sorted: Vec<u64> = held.iter().copied().collect();
+            sorted.sort_unstable();
+            assert_eq!(Some(sorted), cache.blocks().map(|(_, b)| b));
+        };
+        cache.insert("", &prompt(50, 0), Values::F32(vec![]));
+        replay(&mut cache);
+        // Extends it: the shared blocks stay, the new ones are stored.
+        cache.insert("", &prompt(100, 0), Values::F32(vec![]));
+        replay(&mut cache);
+        cache.insert("", &prompt(100, 1000), Values::F32(vec![]));
+        replay(&mut cache);
+        // Evicts the least recently used.
+        cache.insert("", &prompt(100, 2000), Values::F32(vec![]));
+        replay(&mut cache);
+        cache.insert("b", &prompt(100, 2000), Values::F32(vec![]));
+        replay(&mut cache);
+        cache.clear();
+        replay(&mut cache);
+        assert_eq!(cache.blocks().map(|(_, b)| b.len()), Some(0));
     }
 
     #[test]

@@ -88,6 +88,27 @@ pub fn render(server: &Server) -> String {
             let _ = writeln!(out, "{name}{{{}}} {}", labels(m, *v), read(s));
         }
     }
+    // The cache's shape as vLLM reports it (the endpoint pickers of the Gateway API
+    // Inference Extension read the block size and count from its labels): blocks of the KV
+    // events' size (vLLM's default 16 without them).
+    let name = "vllm:cache_config_info";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Information of the KV cache (blocks of block_size tokens).\n# TYPE {name} gauge"
+    );
+    for (m, v, s) in &models {
+        let block_size = s.lock_kv_blocks().as_ref().map_or(
+            crate::runtime::generation::kv::events::DEFAULT_BLOCK_SIZE,
+            |b| b.0,
+        );
+        let _ = writeln!(
+            out,
+            "{name}{{{},block_size=\"{block_size}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"{}\"}} 1",
+            labels(m, *v),
+            s.cache_capacity_tokens / block_size as u64,
+            if s.prefix_cache_enabled { "True" } else { "False" },
+        );
+    }
     let name = "vllm:request_success_total";
     let _ = writeln!(out, "# HELP {name} Count of finished requests by finish reason (abort: the client went away).\n# TYPE {name} counter");
     for (m, v, s) in &models {
