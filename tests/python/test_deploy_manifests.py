@@ -10,6 +10,7 @@ covers the drain."""
 import copy
 import os
 import re
+import socket
 import shutil
 import signal
 import subprocess
@@ -32,7 +33,8 @@ from conftest import ROOT, Server, copy_models, simple_inputs
 DEPLOY = os.path.join(ROOT, "deploy")
 KUSTOMIZATIONS = ["kubernetes/base", "kubernetes/overlays/volume-repository",
                   "kubernetes/overlays/s3-repository"]
-PLAIN = ["kserve/clusterservingruntime.yaml", "kserve/inferenceservice.yaml"]
+PLAIN = ["kserve/clusterservingruntime.yaml", "kserve/inferenceservice.yaml",
+         "kserve/llm-servingruntime.yaml"]
 K8S_VERSION = "1.32.0"
 
 
@@ -286,3 +288,75 @@ def test_the_kserve_runtime_serves_v2_and_grpc_v2_from_mnt_models(documents, tmp
         assert "nv_inference_request_success" in server.metrics_text()
     finally:
         server.stop()
+
+
+def test_the_kserve_llm_runtime_publishes_kv_events_and_the_pickers_metrics(documents, tmp_path):
+    """deploy/kserve/llm-servingruntime.yaml run with its own arguments (the pod's name put in
+    as Kubernetes expands `$(POD_NAME)`, the event sockets moved to loopback): a generation
+    request's prefix-cache blocks reach a ZeroMQ subscriber under the `kv@<pod>` topic, and
+    the metrics the endpoint picker reads are served with the manifest's block size."""
+    import json as json_
+
+    import msgpack
+    import zmq
+
+    from test_generation import TINY, link_model
+
+    runtime = documents[("kserve/llm-servingruntime.yaml", "ClusterServingRuntime",
+                         "kserve-wasmtron-llm")]
+    container = runtime["spec"]["containers"][0]
+    assert container["name"] == "kserve-container"
+    assert any(e["name"] == "POD_NAME" and e["valueFrom"]["fieldRef"]["fieldPath"] ==
+               "metadata.name" for e in container["env"])
+    args, ports = split_args(container["args"], tmp_path)
+    assert ports == {"http": 8080, "grpc": 9000, "metrics": 8002}
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt_string(zmq.SUBSCRIBE, "kv@")
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    local = []
+    for arg in args:
+        if arg.startswith("--kv-events-config="):
+            config = json_.loads(arg.split("=", 1)[1].replace("$(POD_NAME)", "check-pod"))
+            assert config["endpoint"] == "tcp://*:5557" and config["replay_endpoint"] == "tcp://*:5558"
+            config["endpoint"] = f"tcp://127.0.0.1:{port}"
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                config["replay_endpoint"] = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+            arg = "--kv-events-config=" + json_.dumps(config)
+        local.append(arg)
+    assert "--block-size=16" in local
+    link_model(str(tmp_path), TINY, "llm")
+    env = dict(os.environ, **{e["name"]: e["value"].replace("/tmp", str(tmp_path))
+                              for e in container["env"] if "value" in e})
+    server = Server(None, *local, env=env)
+    try:
+        ids = [[7 + i % 200 for i in range(40)]]
+        for _ in range(30):  # the first batches may go before the subscription arrives
+            client = grpcclient.InferenceServerClient(server.grpc)
+            client.start_stream(callback=lambda result, error: None)
+            inputs = []
+            for name, value in [("input_ids", ids), ("max_tokens", [[2]])]:
+                t = grpcclient.InferInput(name, list(np.shape(value)), "INT32")
+                t.set_data_from_numpy(np.array(value, dtype=np.int32))
+                inputs.append(t)
+            client.async_stream_infer("llm", inputs)
+            client.stop_stream()
+            client.close()
+            if sub.poll(1000):
+                break
+            ids = [[i + 1 for i in ids[0]]]
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b"kv@check-pod" and len(seq) == 8
+        event = msgpack.unpackb(payload)["events"][0]
+        assert event["type"] == "BlockStored" and event["block_size"] == 16, event
+        text = server.metrics_text()
+        assert re.search(r'^vllm:cache_config_info\{model="llm",version="1",block_size="16",',
+                         text, re.M), text[-2000:]
+        for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                     "vllm:kv_cache_usage_perc"):
+            assert f"# TYPE {name} gauge" in text
+    finally:
+        server.stop()
+        sub.close(linger=0)
+        ctx.term()
