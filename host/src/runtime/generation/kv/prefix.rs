@@ -189,10 +189,28 @@ impl PrefixCache {
     /// is at or over its share, else one of the namespace most over its share.
     fn victim(&self, namespace: &str, adding: usize) -> Option<usize> {
         let share = self.share(namespace);
+        // Within a namespace, an entry whose beginning another entry also holds (one turn of
+        // several on the same system prompt) goes first, least recently used first: dropping
+        // it keeps every cached beginning reachable, as a block cache keeps the shared blocks
+        // that every turn touches.
         let oldest_of = |name: &str| {
-            (self.entries.iter().enumerate())
-                .filter(|(_, (e, _))| e.namespace == name)
+            let own =
+                || (self.entries.iter().enumerate()).filter(move |(_, (e, _))| e.namespace == name);
+            let redundant = |i: usize, e: &Entry| {
+                own().any(|(j, (other, _))| {
+                    j != i
+                        && e.tokens
+                            .iter()
+                            .zip(&other.tokens)
+                            .take_while(|(a, b)| a == b)
+                            .count()
+                            >= MIN_PREFIX_TOKENS
+                })
+            };
+            own()
+                .filter(|(i, (e, _))| redundant(*i, e))
                 .min_by_key(|(_, (_, last_used))| *last_used)
+                .or_else(|| own().min_by_key(|(_, (_, last_used))| *last_used))
                 .map(|(i, _)| i)
         };
         if self.held_by(namespace) + adding > share {
@@ -345,6 +363,32 @@ mod tests {
         // Off, or longer than the budget: nothing kept.
         assert!(!PrefixCache::new(0).wants("", &prompt(50, 0)));
         assert!(!cache.wants("", &prompt(300, 5000)));
+    }
+
+    #[test]
+    fn a_turn_whose_system_prompt_another_entry_holds_goes_before_the_last_holder() {
+        let turn = |system: i64, question: i64| {
+            let mut p = prompt(90, system);
+            p.extend(prompt(10, question));
+            p
+        };
+        // Room for three entries: one turn on system prompt B, then two on A, used since.
+        let mut cache = PrefixCache::new(300);
+        cache.insert("", &turn(1000, 700), Values::F32(vec![]));
+        cache.insert("", &turn(0, 500), Values::F32(vec![]));
+        cache.insert("", &turn(0, 600), Values::F32(vec![]));
+        cache.lookup("", &turn(0, 500));
+        cache.lookup("", &turn(0, 600));
+        // A third turn on A: B's only entry is the least recently used, but an A turn goes.
+        cache.insert("", &turn(0, 800), Values::F32(vec![]));
+        assert_eq!(
+            cache.lookup("", &turn(1000, 900)).map(|h| h.tokens),
+            Some(90)
+        );
+        assert_eq!(cache.lookup("", &turn(0, 900)).map(|h| h.tokens), Some(90));
+        // The A turn used longest ago is the one that went.
+        assert_eq!(cache.lookup("", &turn(0, 500)).map(|h| h.tokens), Some(90));
+        assert_eq!(cache.lookup("", &turn(0, 600)).map(|h| h.tokens), Some(99));
     }
 
     #[test]
