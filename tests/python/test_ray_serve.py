@@ -30,7 +30,11 @@ def netns_available():
     return True
 
 
-def test_the_adapter_and_the_in_process_deployments_serve():
+def run_in_netns(models, script, *args, **env):
+    """Runs `script args...` (`{repo}` in them: a fresh repository of `models`) in a network
+    namespace that has only loopback, with `env` added (`{scratch}` in it: a scratch
+    folder), and returns the JSON line it printed
+    last. Skips without Ray, the wasmtron package or network namespaces."""
     pytest.importorskip("ray.serve", reason="ray[serve] is not installed (make ray-deps)")
     pytest.importorskip("wasmtron", reason="the wasmtron package is not installed (make python-package)")
     if not netns_available():
@@ -40,22 +44,30 @@ def test_the_adapter_and_the_in_process_deployments_serve():
     scratch = tempfile.mkdtemp(prefix="/tmp/wtray")  # short: Ray's socket paths are limited
     repo = os.path.join(scratch, "repo")
     os.makedirs(repo)
-    copy_models(repo, ["simple"])
+    copy_models(repo, models)
+    argv = [a.replace("{repo}", repo) for a in args]
     subprocess.run(["ip", "netns", "add", namespace], check=True)
     try:
         subprocess.run(["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"],
                        check=True)
         out = subprocess.run(
-            ["ip", "netns", "exec", namespace, sys.executable, SMOKE, BINARY, repo,
-             os.path.join(ROOT, "model_repository")],
+            ["ip", "netns", "exec", namespace, sys.executable, script, *argv],
             capture_output=True, text=True, timeout=900,
-            env=dict(os.environ, REQUESTS="48", RAY_TMP=os.path.join(scratch, "ray"),
-                     RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0"))
+            env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+                     **{k: v.replace("{scratch}", scratch) for k, v in env.items()}))
     finally:
         subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # Ray's own log lines may follow the result.
+    return json.loads(next(line for line in reversed(out.stdout.splitlines())
+                           if line.startswith("{")))
+
+
+def test_the_adapter_and_the_in_process_deployments_serve():
+    result = run_in_netns(["simple"], SMOKE, BINARY, "{repo}",
+                          os.path.join(ROOT, "model_repository"), REQUESTS="48",
+                          RAY_TMP="{scratch}/ray")
     print("ray serve adapter:", json.dumps(result))
     assert result["servers_started"] == 2, result
     assert result["ready_through_serve"] and result["infer_through_serve"], result
@@ -94,35 +106,12 @@ def test_a_ray_cluster_keeps_serving_when_a_node_goes():
     removed (another joins). Every request is answered correctly with at
     most one retry, Serve is back to two running replicas on distinct nodes within 180 s, and
     Ray's own replica-health gauge showed two, then fewer, then two again."""
-    pytest.importorskip("ray.serve", reason="ray[serve] is not installed (make ray-deps)")
-    pytest.importorskip("wasmtron", reason="the wasmtron package is not installed (make python-package)")
-    if not netns_available():
-        pytest.skip("creating a network namespace needs root and iproute2; Ray cannot be "
-                    "kept on loopback without one (see deploy/ray/README.md to run by hand)")
-    namespace = f"wt_raymn_{os.getpid()}"
-    scratch = tempfile.mkdtemp(prefix="/tmp/wtrmn")
-    repo = os.path.join(scratch, "repo")
-    os.makedirs(repo)
-    copy_models(repo, ["embed_text", "bert_tokenizer", "minilm", "mean_pool"])
-    subprocess.run(["ip", "netns", "add", namespace], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"],
-                       check=True)
-        out = subprocess.run(
-            ["ip", "netns", "exec", namespace, sys.executable, MULTINODE, repo, str(REQUESTS)],
-            capture_output=True, text=True, timeout=900,
-            env=dict(os.environ, RAY_TMPDIR=os.path.join(scratch, "ray"), MULTINODE_S3="1",
-                     RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-                     RAY_SERVE_CONTROLLER_METRICS_INCLUDE_HIGH_CARDINALITY_TAGS="0",
-                     # The gauge reaches the metrics agent twice a second, not every 10 s.
-                     RAY_metrics_report_interval_ms="500"))
-    finally:
-        subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
-        shutil.rmtree(scratch, ignore_errors=True)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    # Ray's own log lines may follow the result.
-    result = json.loads(next(line for line in reversed(out.stdout.splitlines())
-                             if line.startswith("{")))
+    result = run_in_netns(
+        ["embed_text", "bert_tokenizer", "minilm", "mean_pool"], MULTINODE, "{repo}",
+        str(REQUESTS), MULTINODE_S3="1", RAY_TMPDIR="{scratch}/ray",
+        RAY_SERVE_CONTROLLER_METRICS_INCLUDE_HIGH_CARDINALITY_TAGS="0",
+        # The gauge reaches the metrics agent twice a second, not every 10 s.
+        RAY_metrics_report_interval_ms="500")
     print("ray multi-node failover:", json.dumps({k: v for k, v in result.items()
                                                    if k != "samples"}))
     assert result["replica_nodes"] == 2 and result["victim_held_a_replica"], result

@@ -410,24 +410,27 @@ class _Backend:
         except BaseException as e:
             self._fail(e)
 
-    def check_ready(self):
-        """Runs `is_ready()` (plain or `async def`) for a readiness check: only `True` is
-        ready; another value or an exception is logged and not ready, as on Triton."""
+    async def _readiness(self):
+        """`is_ready()` (plain or `async def`) for a readiness check: only `True` is ready;
+        another value or an exception is logged and not ready, as on Triton."""
         name = self.args.get("model_name")
         try:
             result = self.model.is_ready()
             if inspect.isawaitable(result):
-                result = _run(result)
-            _drain()
-            if isinstance(result, bool):
-                ready = result
-            else:
-                pb._log(2, "is_ready() of model '%s' returned %s, not a bool: the model is "
-                           "reported not ready" % (name, type(result).__name__))
-                ready = False
+                result = await result
         except BaseException as e:
             pb._log(2, "is_ready() of model '%s' raised: %s" % (name, _failure(e)))
-            ready = False
+            return False
+        if isinstance(result, bool):
+            return result
+        pb._log(2, "is_ready() of model '%s' returned %s, not a bool: the model is "
+                   "reported not ready" % (name, type(result).__name__))
+        return False
+
+    def check_ready(self):
+        """A readiness check between batches."""
+        ready = _run(self._readiness())
+        _drain()
         _host.call(b"R" + pb._Writer().finish({"ready": ready}))
 
     def serve(self):
@@ -681,20 +684,8 @@ class _Backend:
         self.call_for(batch, b"R" + pb._Writer().finish({"responses": responses}))
 
     async def _probe(self, batch):
-        name = self.args.get("model_name")
-        try:
-            result = self.model.is_ready()
-            if inspect.isawaitable(result):
-                result = await result
-            if isinstance(result, bool):
-                ready = result
-            else:
-                pb._log(2, "is_ready() of model '%s' returned %s, not a bool: the model is "
-                           "reported not ready" % (name, type(result).__name__))
-                ready = False
-        except BaseException as e:
-            pb._log(2, "is_ready() of model '%s' raised: %s" % (name, _failure(e)))
-            ready = False
+        """A readiness check in background mode, as a task beside the batches."""
+        ready = await self._readiness()
         self.call_for(batch, b"R" + pb._Writer().finish({"ready": ready}))
 
     def finalize(self):
