@@ -40,8 +40,8 @@ def run_in_netns(models, script, *args, **env):
     if not netns_available():
         pytest.skip("creating a network namespace needs root and iproute2; Ray cannot be "
                     "kept on loopback without one (see deploy/ray/README.md to run by hand)")
-    namespace = f"wt_ray_{os.getpid()}"
     scratch = tempfile.mkdtemp(prefix="/tmp/wtray")  # short: Ray's socket paths are limited
+    namespace = "wt_" + os.path.basename(scratch)  # one per run
     repo = os.path.join(scratch, "repo")
     os.makedirs(repo)
     copy_models(repo, models)
@@ -53,7 +53,10 @@ def run_in_netns(models, script, *args, **env):
         out = subprocess.run(
             ["ip", "netns", "exec", namespace, sys.executable, script, *argv],
             capture_output=True, text=True, timeout=900,
+            # A loaded machine (the previous cluster still going away) may take a raylet
+            # longer than Ray's default 30 s to register.
             env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+                     RAY_raylet_start_wait_time_s="180",
                      **{k: v.replace("{scratch}", scratch) for k, v in env.items()}))
     finally:
         subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
