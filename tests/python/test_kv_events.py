@@ -241,3 +241,30 @@ def test_vllm_s_config_errors_are_named(tmp_path):
                                "--kv-events-config", bad],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and said in done.stderr, done.stderr
+
+
+def test_malformed_replay_requests_are_ignored_and_replay_still_answers(server, subscriber):
+    """The replay socket is reachable by any client that can reach the port: requests of the
+    wrong shape (no start, a start of the wrong size, many frames, a flood of them) get no
+    answer and break nothing; a well-formed request is still answered up to the end marker,
+    and the server keeps serving."""
+    ctx, _, _, replay = subscriber
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(replay)
+    for bad in ([b""], [b"", b"\x01\x02"], [b"", b"x" * 100_000], [b"", b"a", b"b", b"c"]):
+        for _ in range(50):
+            dealer.send_multipart(bad)
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    seqs = []
+    while True:
+        assert dealer.poll(30_000), "the replay socket stopped answering"
+        frames = dealer.recv_multipart()
+        assert len(frames) == 3, frames[:2]
+        seq = struct.unpack(">q", frames[1])[0]
+        if seq == -1:
+            break
+        seqs.append(seq)
+    dealer.close(linger=0)
+    assert seqs == sorted(seqs)
+    generate(server, list(range(10, 50)))
+    assert server_blocks(server) is not None
