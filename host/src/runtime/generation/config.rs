@@ -2,6 +2,7 @@
 //! names TensorRT-LLM's model takes), the decoder's signature read into a [`DecoderSpec`], and
 //! the `parameters` the backend reads.
 
+use super::speculation::NgramConfig;
 use super::*;
 
 /// Reads `generation_config.json` (Hugging Face's), if there is one.
@@ -275,7 +276,7 @@ pub(super) fn decoder_spec(
 }
 
 /// The model `parameters` the generation backend reads; any other is refused at load.
-pub(super) const PARAMETERS: [&str; 9] = [
+pub(super) const PARAMETERS: [&str; 10] = [
     "max_sequence_length",
     "kv_cache_max_tokens",
     "end_ids",
@@ -285,6 +286,7 @@ pub(super) const PARAMETERS: [&str; 9] = [
     "prefix_cache_scope",
     "intra_op_thread_count",
     "past_present_share_buffer",
+    "speculative_config",
 ];
 
 /// The backend's parameters, read and checked before anything is loaded.
@@ -309,6 +311,8 @@ pub(super) struct Parameters {
     pub share_buffer: Option<bool>,
     /// ONNX Runtime's threads within one run.
     pub intra_threads: usize,
+    /// N-gram speculative decoding (vLLM's `speculative_config`), if asked for.
+    pub speculation: Option<NgramConfig>,
 }
 
 /// Reads the parameters of a completed configuration, with `generation_config.json` from the
@@ -432,6 +436,11 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         super::super::parameter::<usize>(config, "intra_op_thread_count", "a positive integer")?
             .filter(|&n| n > 0)
             .unwrap_or(cores);
+    let speculation = config
+        .parameters
+        .get("speculative_config")
+        .map(|p| NgramConfig::parse(name, &p.string_value))
+        .transpose()?;
     Ok(Parameters {
         max_sequence_length,
         cache_tokens,
@@ -443,5 +452,6 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         shared_prefixes,
         share_buffer,
         intra_threads,
+        speculation,
     })
 }

@@ -20,6 +20,7 @@ pub mod kv;
 mod request;
 mod response;
 pub mod sampling;
+pub mod speculation;
 pub mod stats;
 pub mod stop;
 pub mod token_rules;
@@ -107,6 +108,7 @@ pub fn load(
         shared_prefixes,
         share_buffer,
         intra_threads,
+        speculation,
     } = read_parameters(&config, version_dir)?;
     let rows = config.max_batch_size as usize;
     let path = super::model_file(&config, version_dir, super::onnx::DEFAULT_MODEL_FILENAME)?;
@@ -123,6 +125,14 @@ pub fn load(
     let session = open_decoder(&name, &path, options, intra_threads)?;
     let (spec, vocab) = decoder_spec(&session, &name, share_buffer)?;
     let prompt_logits = spec.prompt_logits;
+    if speculation.is_some() && !spec.shared_buffer {
+        return Err(Error::invalid(format!(
+            "model '{name}': parameter 'speculative_config' needs a decoder in the shared-buffer \
+             layout (GroupQueryAttention over a cache bound as past and present, as \
+             scripts/llm_export.py --shared-cache writes): a growing cache cannot run a draft \
+             after its past"
+        )));
+    }
     // The file's protobuf and the weights ONNX Runtime repacked are freed by now.
     super::heap::release_freed();
     let element_bytes = if spec.half { 2 } else { 4 };
@@ -155,6 +165,7 @@ pub fn load(
             max_prefill_tokens,
             prefix_cache_tokens,
             kv_events: options.kv_events.clone(),
+            speculation,
         },
         stats.clone(),
     )?);

@@ -108,6 +108,12 @@ impl Sampler {
         self.last_log_prob
     }
 
+    /// Whether it always picks the likeliest token (after penalties and rules): what n-gram
+    /// speculation can check a draft against without changing the answer.
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0 || self.params.top_k == 1
+    }
+
     /// Picks the next token from `logits` (modified in place by the penalties and rules), given
     /// the prompt and the tokens generated so far.
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[i64], generated: &[i64]) -> u32 {

@@ -89,6 +89,12 @@ pub struct GenerationStats {
     pub finished_cancelled: AtomicU64,
     /// Sequences taken out of the batch for a party below its share of the rows.
     pub preemptions: AtomicU64,
+    /// Drafts run by n-gram speculation (one per sequence and step that had one).
+    pub spec_drafts: AtomicU64,
+    /// Draft tokens run.
+    pub spec_draft_tokens: AtomicU64,
+    /// Draft tokens accepted (the ones greedy decoding picked too).
+    pub spec_accepted_tokens: AtomicU64,
     /// Sequences in the running batch.
     pub running: AtomicI64,
     /// Requests admitted by the scheduler but waiting for room in the cache.
@@ -122,6 +128,9 @@ impl GenerationStats {
             finished_length: AtomicU64::new(0),
             finished_cancelled: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
+            spec_drafts: AtomicU64::new(0),
+            spec_draft_tokens: AtomicU64::new(0),
+            spec_accepted_tokens: AtomicU64::new(0),
             running: AtomicI64::new(0),
             waiting: AtomicI64::new(0),
             cache_used_tokens: AtomicI64::new(0),

@@ -23,6 +23,7 @@ use std::{
 use ort::session::Session;
 
 mod admission;
+mod decode;
 mod prefill;
 
 use super::{
@@ -33,6 +34,7 @@ use super::{
         CacheShape, Joining, KvStore, Part, Prefilled, Seq,
     },
     sampling::{self, PromptLogProbs, Sampler, SamplingParams},
+    speculation::NgramConfig,
     stats::GenerationStats,
     stop::StopStrings,
     token_rules::TokenRules,
@@ -84,6 +86,8 @@ pub struct EngineLimits {
     pub prefix_cache_tokens: usize,
     /// Where the prefix cache's changes are told as vLLM's KV-cache events, if anywhere.
     pub kv_events: Option<crate::runtime::generation::kv::events::KvEvents>,
+    /// N-gram speculative decoding, if configured.
+    pub speculation: Option<NgramConfig>,
 }
 
 /// Why a sequence ended.
@@ -471,77 +475,6 @@ impl Worker {
         let slots = self.store.retain(&self.session, &seqs)?;
         for (row, slot) in self.rows.iter_mut().zip(slots) {
             row.slot = slot;
-        }
-        Ok(())
-    }
-
-    /// One token further for every row.
-    fn decode(&mut self) -> Result<()> {
-        let b = self.rows.len();
-        let seqs: Vec<(Seq, i64)> = self.rows.iter().map(|r| (r.seq(), r.next)).collect();
-        let mut rows = std::mem::take(&mut self.rows);
-        let mut guides: Vec<&mut Guide> = rows
-            .iter_mut()
-            .filter_map(|r| r.sub.guide.as_mut())
-            .collect();
-        let (store, session, pad_id) = (&mut self.store, &mut self.session, self.limits.pad_id);
-        let shrink = std::mem::take(&mut self.shrink_next);
-        let result = if guides.is_empty() {
-            store.decode(session, &seqs, pad_id, shrink)
-        } else {
-            // The guides' next masks are computed while the decoder runs the step, split
-            // among helpers: one costly guide does not make every other row's mask wait.
-            let helpers = std::thread::available_parallelism().map_or(2, |n| n.get());
-            let per_helper = guides.len().div_ceil(helpers).max(1);
-            std::thread::scope(|scope| {
-                let spawned: Vec<_> = guides
-                    .chunks_mut(per_helper)
-                    .map(|chunk| {
-                        std::thread::Builder::new()
-                            .name("guided-masks".into())
-                            .spawn_scoped(scope, || chunk.iter_mut().for_each(|g| g.prepare()))
-                    })
-                    .collect();
-                let result = store.decode(session, &seqs, pad_id, shrink);
-                for helper in spawned.into_iter().flatten() {
-                    let _ = helper.join();
-                }
-                result
-            })
-        };
-        self.rows = rows;
-        let logits = result?;
-        let (_, values) = logits.try_extract_tensor::<f32>().map_err(run_error)?;
-        let vocab = values.len() / self.store.batch_rows(b);
-        let mut keep = vec![true; b];
-        let mut rows = std::mem::take(&mut self.rows);
-        for (r, row) in rows.iter_mut().enumerate() {
-            row.len += 1;
-            row.generated.push(row.next);
-            let at = row.slot * vocab;
-            let Some(slice) = values.get(at..at + vocab) else {
-                let _ = row.sub.steps.send(Err(run_error("no logits for the row")));
-                keep[r] = false;
-                continue;
-            };
-            let mut row_logits = slice.to_vec();
-            let token = match sample(row, &mut row_logits) {
-                Ok(token) => token,
-                Err(e) => {
-                    let _ = row.sub.steps.send(Err(e));
-                    keep[r] = false;
-                    continue;
-                }
-            };
-            self.stats
-                .inter_token_latency
-                .observe(row.last_token_at.elapsed());
-            row.last_token_at = Instant::now();
-            keep[r] = self.emit(row, token);
-        }
-        self.rows = rows;
-        if keep.iter().any(|k| !k) {
-            self.retain(&keep)?;
         }
         Ok(())
     }

@@ -48,6 +48,9 @@ pub struct KvBuffer<T: CacheElement> {
     head_dim: usize,
     tensors: Vec<OrtTensor<T>>,
     binding: IoBinding,
+    /// Logit positions per row of the last run: after a run the binding keeps its logits, of
+    /// that shape, so a run answering another number of positions binds them afresh.
+    logit_positions: Option<usize>,
 }
 
 impl<T: CacheElement> KvBuffer<T> {
@@ -72,6 +75,7 @@ impl<T: CacheElement> KvBuffer<T> {
             head_dim,
             tensors,
             binding,
+            logit_positions: None,
         })
     }
 
@@ -108,6 +112,7 @@ impl<T: CacheElement> KvBuffer<T> {
         self.rows = rows;
         self.columns = columns;
         self.binding = bind(session, names, &mut self.tensors)?;
+        self.logit_positions = None;
         Ok(())
     }
 
@@ -154,13 +159,19 @@ impl<T: CacheElement> KvBuffer<T> {
                 .bind_input("all_logits", &switch(all)?)
                 .map_err(run_error)?;
         }
+        let positions = if all_logits == Some(true) { width } else { 1 };
         if let Some(vocab) = memory.own_logits {
             let logits = OrtTensor::<f32>::new(&Allocator::default(), [self.rows, width, vocab])
                 .map_err(run_error)?;
             self.binding
                 .bind_output("logits", logits)
                 .map_err(run_error)?;
+        } else if self.logit_positions.is_some_and(|p| p != positions) {
+            self.binding
+                .bind_output_to_device("logits", Allocator::default().memory_info())
+                .map_err(run_error)?;
         }
+        self.logit_positions = Some(positions);
         let options = memory.shrink.then(shrinking).transpose()?;
         let mut outputs = match &options {
             Some(options) => session.run_binding_with_options(&self.binding, options),

@@ -152,6 +152,17 @@ impl KvStore {
         }
     }
 
+    /// Columns of the shared layout's buffer (a row's tokens, cached and run, fit in them);
+    /// none in the growing layout or before the buffer exists.
+    pub fn shared_columns(&self) -> Option<usize> {
+        match self {
+            KvStore::Shared {
+                buffer: Some(b), ..
+            } => Some(b.columns()),
+            _ => None,
+        }
+    }
+
     /// Drops everything (after a failed step).
     pub fn clear(&mut self) {
         match self {
@@ -484,14 +495,18 @@ impl KvStore {
         }
     }
 
-    /// One token further for each of `seqs` (`next` is its token not yet in the cache).
-    /// Answers logits `[rows, 1, vocab]` by slot.
-    /// One step for every row; with `shrink`, ONNX Runtime's arena gives its free memory back
-    /// at the end of the step (after a scored prompt, see [`buffer::shrinking`]).
+    /// One token further for each of `seqs` (`next` is its token not yet in the cache), and
+    /// with it the row's draft (`drafts`, by the same index; the shared layout only), which
+    /// the run puts in the cache after `next`. Answers logits by slot: `[rows, 1, vocab]`, or
+    /// `[rows, width, vocab]` when drafts run (`width` is 1 + the longest draft; position `j`
+    /// of a row scores the token after its `j`th draft token). With `shrink`, ONNX Runtime's
+    /// arena gives its free memory back at the end of the step (after a scored prompt, see
+    /// [`buffer::shrinking`]).
     pub fn decode(
         &mut self,
         session: &mut Session,
         seqs: &[(Seq, i64)],
+        drafts: &[Vec<i64>],
         pad_id: i64,
         shrink: bool,
     ) -> Result<DynValue> {
@@ -502,6 +517,9 @@ impl KvStore {
                 cache,
                 columns,
             } => {
+                if drafts.iter().any(|d| !d.is_empty()) {
+                    return Err(run_error("a growing cache runs no drafts"));
+                }
                 let b = seqs.len();
                 let ids: Vec<i64> = seqs.iter().map(|(_, next)| *next).collect();
                 let positions: Vec<i64> = seqs.iter().map(|(s, _)| s.len as i64).collect();
@@ -530,20 +548,30 @@ impl KvStore {
                     return Err(run_error("no key/value buffer"));
                 };
                 let rows = buffer.rows();
-                let mut ids = vec![pad_id; rows];
-                let mut lens = vec![0usize; rows];
-                for (s, next) in seqs {
-                    ids[s.slot] = *next;
-                    lens[s.slot] = s.len + 1;
+                let width = 1 + drafts.iter().map(Vec::len).max().unwrap_or(0);
+                if width > 1 && !shape.all_logits {
+                    return Err(run_error("drafts need a decoder that takes all_logits"));
+                }
+                let mut ids = vec![pad_id; rows * width];
+                // A free row runs pad tokens from its first column: one token needs no room
+                // (length 0), more do.
+                let mut lens = vec![if width > 1 { width } else { 0 }; rows];
+                for (i, (s, next)) in seqs.iter().enumerate() {
+                    let at = s.slot * width;
+                    ids[at] = *next;
+                    if let Some(draft) = drafts.get(i) {
+                        ids[at + 1..at + 1 + draft.len()].copy_from_slice(draft);
+                    }
+                    lens[s.slot] = s.len + width;
                 }
                 let total = lens.iter().copied().max().unwrap_or(1).max(1);
                 let mask = buffer::mask(&lens, total);
                 buffer.run(
                     session,
                     ids,
-                    1,
+                    width,
                     mask,
-                    shape.all_logits.then_some(false),
+                    shape.all_logits.then_some(width > 1),
                     RunMemory {
                         shrink,
                         own_logits: None,

@@ -25,7 +25,7 @@ pub fn render(server: &Server) -> String {
     let labels =
         |name: &str, version: i64| format!("model=\"{}\",version=\"{version}\"", escape(name));
     type Read = fn(&GenerationStats) -> f64;
-    let scalars: [(&str, &str, &str, Read); 9] = [
+    let scalars: [(&str, &str, &str, Read); 12] = [
         (
             "vllm:num_requests_running",
             "gauge",
@@ -74,6 +74,24 @@ pub fn render(server: &Server) -> String {
             "Cumulative number of preemptions (a sequence taken out of the batch for a party \
              below its share of the rows).",
             |s| s.preemptions.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:spec_decode_num_drafts_total",
+            "counter",
+            "Number of spec decoding drafts.",
+            |s| s.spec_drafts.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:spec_decode_num_draft_tokens_total",
+            "counter",
+            "Number of draft tokens.",
+            |s| s.spec_draft_tokens.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Number of accepted tokens.",
+            |s| s.spec_accepted_tokens.load(Relaxed) as f64,
         ),
         (
             "wasmtron:prefix_cache_tokens",
