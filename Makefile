@@ -209,10 +209,16 @@ $(PYTRITON_VENV)/.installed: tests/pytriton/requirements.txt
 # server in .venv-llama (built from source for this CPU), and llama.cpp's own llama-server from
 # the same source tree (parallel slots, as its users run it), in .cache/llama.cpp.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+# This CPU's vector extensions, named one by one rather than -march=native: a VM's CPU may
+# report AMX while its kernel does not enable the tiles (ldtilecfg faults, llama.cpp dies at
+# start), and ggml's native build uses AMX whenever the CPU reports it.
+LLAMA_CPU_FLAGS := -DGGML_NATIVE=OFF $(shell for f in avx512f:AVX512 avx512_vnni:AVX512_VNNI \
+  avx512vbmi:AVX512_VBMI avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do \
+  grep -qw $${f%%:*} /proc/cpuinfo 2>/dev/null && printf -- '-DGGML_%s=ON ' $${f##*:}; done)
 llama-cpp: .venv-llama/.installed .cache/llama.cpp/llama-server
 .venv-llama/.installed:
 	test -x .venv-llama/bin/python || $(PYTHON) -m venv .venv-llama
-	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+	CMAKE_ARGS="$(LLAMA_CPU_FLAGS) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
 	  .venv-llama/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36' cmake
 	touch $@
 .cache/llama.cpp/llama-server: .venv-llama/.installed
@@ -221,7 +227,7 @@ llama-cpp: .venv-llama/.installed .cache/llama.cpp/llama-server
 	tar xzf .cache/llama.cpp/src/llama_cpp_python-*.tar.gz -C .cache/llama.cpp/src
 	cd .cache/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp && PATH=$(CURDIR)/.venv-llama/bin:$$PATH \
 	  cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-	    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+	    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CPU_FLAGS) -DLLAMA_BUILD_TESTS=OFF \
 	    -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null && \
 	  PATH=$(CURDIR)/.venv-llama/bin:$$PATH cmake --build build --target llama-server -j2 >/dev/null
 	cp .cache/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-server $@

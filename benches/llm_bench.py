@@ -29,6 +29,7 @@ import http.client
 import itertools
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -252,7 +253,12 @@ def main():
     ap.add_argument("--max-prefill-tokens", type=int, help="the decoder's max_prefill_tokens for B")
     ap.add_argument("--decoder", help="another model.onnx for B/O/J (e.g. the 8-bit export)")
     ap.add_argument("--no-prefix-cache", action="store_true",
-                    help="prefix_cache_max_tokens 0 for wasmtron (llama.cpp's prompt cache is off too)")
+                    help="prefix_cache_max_tokens 0 for wasmtron, and llama.cpp's prompt cache off "
+                    "(without it: both servers' defaults)")
+    ap.add_argument("--speculative-config", help="vLLM's speculative_config JSON for wasmtron's decoder (B/O/J), "
+                    "instead of the repository's")
+    ap.add_argument("--no-speculation", action="store_true",
+                    help="wasmtron's decoder without the repository's n-gram speculation")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary for C")
     ap.add_argument("--llama-python", default=os.path.join(ROOT, ".venv-llama", "bin", "python"),
                     help="a python with llama-cpp-python[server] for C")
@@ -271,9 +277,24 @@ def main():
             os.makedirs(repo)
             for m in ("smollm2", "llm_preprocessing", "llm_postprocessing", "smollm2_decoder"):
                 shutil.copytree(os.path.join(REPO, m), os.path.join(repo, m))
+            decoder_config = os.path.join(repo, "smollm2_decoder", "config.pbtxt")
             if args.decoder:
+                # Served as model.onnx, instead of the file the repository names.
+                with open(decoder_config) as f:
+                    config = re.sub(r'(?m)^default_model_filename:.*\n', "", f.read())
+                with open(decoder_config, "w") as f:
+                    f.write(config)
                 os.remove(os.path.join(repo, "smollm2_decoder", "1", "model.onnx"))
                 shutil.copy(args.decoder, os.path.join(repo, "smollm2_decoder", "1", "model.onnx"))
+            if args.no_speculation or args.speculative_config:
+                with open(decoder_config) as f:
+                    config = re.sub(r'(?m)^parameters \{ key: "speculative_config".*\n', "", f.read())
+                with open(decoder_config, "w") as f:
+                    f.write(config)
+            if args.speculative_config:
+                with open(os.path.join(repo, "smollm2_decoder", "config.pbtxt"), "a") as f:
+                    f.write(f'parameters {{ key: "speculative_config" value {{ string_value: '
+                            f'{json.dumps(args.speculative_config)} }} }}\n')
             if args.no_prefix_cache:
                 with open(os.path.join(repo, "smollm2_decoder", "config.pbtxt"), "a") as f:
                     f.write('parameters { key: "prefix_cache_max_tokens" value { string_value: "0" } }\n')
@@ -333,14 +354,17 @@ def main():
             http_port = free_ports(1)[0]
             gguf = os.path.join(ROOT, ".cache", "gguf", "SmolLM2-135M-Instruct.Q4_1.gguf")
             body = {"prompt": text, "max_tokens": args.tokens, "temperature": 0,
-                    "logit_bias": {"2": -100}, "cache_prompt": False}
+                    "logit_bias": {"2": -100}}
+            if args.no_prefix_cache:
+                body["cache_prompt"] = False
             results["C"] = {}
             for c in levels:
                 # Prompt caching off; one slot per stream, each with room for its request.
                 if args.llama_server:
                     cmd = [args.llama_server, "-m", gguf, "-t", "2", "-np", str(c), "-c",
-                           str(c * 512), "--host", "127.0.0.1", "--port", str(http_port),
-                           "--cache-reuse", "0", "--no-cache-prompt"]
+                           str(c * 512), "--host", "127.0.0.1", "--port", str(http_port)]
+                    if args.no_prefix_cache:
+                        cmd += ["--cache-reuse", "0", "--no-cache-prompt"]
                 else:
                     cmd = [args.llama_python, "-m", "llama_cpp.server", "--model", gguf,
                            "--n_threads", "2", "--n_ctx", "1024", "--host", "127.0.0.1",

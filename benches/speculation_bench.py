@@ -17,14 +17,13 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import tokenizers
-import tritonclient.grpc as grpcclient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 from conftest import Server  # noqa: E402
-from test_generation import SMOL, chat, link_model, metric  # noqa: E402
+import test_generation  # noqa: E402
+from test_generation import SMOL, chat, link_model, metric, without_speculation  # noqa: E402
 
 CODE = '''def load(path):
     with open(path) as f:
@@ -53,25 +52,10 @@ PROMPTS = {
 
 
 def generate(server, model, ids, max_tokens):
-    client = grpcclient.InferenceServerClient(server.grpc)
-    answers = []
-    client.start_stream(callback=lambda result, error: answers.append((result, error)))
-    inputs = []
-    for name, value in [("input_ids", [ids]), ("max_tokens", [[max_tokens]])]:
-        t = grpcclient.InferInput(name, list(np.shape(value)), "INT32")
-        t.set_data_from_numpy(np.array(value, dtype=np.int32))
-        inputs.append(t)
+    """(tokens, seconds) of one streamed request."""
     start = time.perf_counter()
-    client.async_stream_infer(model, inputs)
-    client.stop_stream()
-    elapsed = time.perf_counter() - start
-    client.close()
-    tokens = []
-    for result, error in answers:
-        if error is not None:
-            raise RuntimeError(str(error))
-        tokens += [int(t) for t in result.as_numpy("output_ids")[0]]
-    return tokens, elapsed
+    tokens = test_generation.generate(server, model, ids, max_tokens=max_tokens)[0]
+    return tokens, time.perf_counter() - start
 
 
 def main():
@@ -86,8 +70,8 @@ def main():
     tokenizer = tokenizers.Tokenizer.from_file(os.path.join(SMOL, "1", "tokenizer.json"))
     with tempfile.TemporaryDirectory() as repo:
         extra = ('parameters { key: "prefix_cache_max_tokens" value { string_value: "0" } }\n')
-        link_model(repo, SMOL, "smol_plain", lambda t: t + extra)
-        link_model(repo, SMOL, "smol_spec", lambda t: t + extra + (
+        link_model(repo, SMOL, "smol_plain", lambda t: without_speculation(t) + extra)
+        link_model(repo, SMOL, "smol_spec", lambda t: without_speculation(t) + extra + (
             f'parameters {{ key: "speculative_config" value {{ string_value: {json.dumps(args.spec)} }} }}\n'))
         if args.decoder:
             for model in ("smol_plain", "smol_spec"):

@@ -51,13 +51,23 @@ def tokenizer():
     return tokenizers.Tokenizer.from_file(os.path.join(SMOL, "1", "tokenizer.json"))
 
 
-def link_model(repo, source, name=None, config=None):
+def without_speculation(text):
+    """A decoder's config.pbtxt without its speculative_config parameter."""
+    return re.sub(r'(?m)^parameters \{ key: "speculative_config".*\n', "", text)
+
+
+def link_model(repo, source, name=None, config=None, served_file=False):
     """`source` in `repo` as `name`: config.pbtxt copied (or `config`), the ONNX model linked,
-    other files copied (Wasm stages may not follow links out of their directory)."""
+    other files copied (Wasm stages may not follow links out of their directory). Unless
+    `served_file`, the decoder served is model.onnx (SmolLM2's FP32 export, whose greedy answers
+    do not depend on how many rows run together: what the tests compare against ONNX Runtime
+    called directly), not the 8-bit file the repository names."""
     dest = os.path.join(repo, name or os.path.basename(source))
     os.makedirs(os.path.join(dest, "1"))
     with open(os.path.join(source, "config.pbtxt")) as f:
         text = f.read()
+    if not served_file:
+        text = re.sub(r'(?m)^default_model_filename: "model_q8.onnx"\n', "", text)
     with open(os.path.join(dest, "config.pbtxt"), "w") as f:
         f.write(config(text) if config else text)
     for file in os.listdir(os.path.join(source, "1")):
@@ -86,6 +96,10 @@ def server(tmp_path_factory):
             f.write(config)
     for name in ("smollm2", "llm_preprocessing", "llm_postprocessing"):
         link_model(repo, os.path.join(ROOT, "model_repository", name))
+    # What the repository serves (the 8-bit export, with n-gram speculation), and the same
+    # file without speculation.
+    link_model(repo, SMOL, "smol_served", served_file=True)
+    link_model(repo, SMOL, "smol_served_plain", without_speculation, served_file=True)
     # Two sequences at a time in a cache of 2048 tokens, for the cancellation and cache tests.
     link_model(repo, SMOL, "smollm2_two",
                lambda t: t.replace("max_batch_size: 32", "max_batch_size: 2")
@@ -240,6 +254,23 @@ def test_greedy_serving_gives_onnx_runtimes_tokens(server, tokenizer):
         assert responses >= len(tokens)
     tokens, _, _ = generate(server, "smollm2_decoder", tokenizer.encode(chat(PROMPTS[0])).ids)
     assert tokenizer.decode(tokens) == "The capital of France is Paris."
+
+
+def test_the_served_decoder_is_the_8_bit_export_and_answers_as_onnx_runtime_on_it(server, tokenizer):
+    """make run serves model_q8.onnx: one request at a time it answers ONNX Runtime's greedy
+    tokens on that file; with the repository's n-gram speculation too, runs of several tokens
+    are rounded by int8 kernels of another shape, so the answer is checked for sense rather
+    than token for token (the FP32 export's are: test_speculation.py)."""
+    q8 = os.path.join(SMOL, "1", "model_q8.onnx")
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(chat(prompt)).ids
+        expected = onnx_greedy(q8, ids, 32, end_ids=(2,))
+        tokens, _, _ = generate(server, "smol_served_plain", ids, max_tokens=32)
+        assert tokens == expected, tokenizer.decode(tokens)
+    tokens, finish, _ = generate(server, "smol_served", tokenizer.encode(chat(PROMPTS[0])).ids)
+    assert "Paris" in tokenizer.decode(tokens) and finish == "stop"
+    with open(os.path.join(server.repo, "smol_served", "config.pbtxt")) as f:
+        assert 'default_model_filename: "model_q8.onnx"' in f.read()
 
 
 @pytest.mark.parametrize("model", ["smollm2_decoder", "tiny_decoder", "tiny_shared", "tiny_half"])

@@ -8,13 +8,12 @@ import os
 import threading
 import urllib.request
 
-import numpy as np
 import pytest
 import tokenizers
-import tritonclient.grpc as grpcclient
 
 from conftest import Server
-from test_generation import SMOL, chat, link_model, metric
+import test_generation
+from test_generation import SMOL, chat, link_model, metric, without_speculation
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 CODE = """def area(width, height):
@@ -37,13 +36,14 @@ PROMPTS = [
 
 
 def with_parameter(key, value):
-    return lambda text: text + f'parameters {{ key: "{key}" value {{ string_value: {json.dumps(value)} }} }}\n'
+    return lambda text: without_speculation(text) + (
+        f'parameters {{ key: "{key}" value {{ string_value: {json.dumps(value)} }} }}\n')
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("speculation"))
-    link_model(repo, SMOL, "smol_plain")
+    link_model(repo, SMOL, "smol_plain", without_speculation)
     link_model(repo, SMOL, "smol_spec", with_parameter("speculative_config", json.dumps(SPEC)))
     link_model(repo, SMOL, "smol_bad_spec", with_parameter(
         "speculative_config", json.dumps(dict(SPEC, prompt_lookup_min=5))))
@@ -61,28 +61,7 @@ def tokenizer():
 
 def generate(server, model, ids, max_tokens=64, **sampling):
     """The tokens of one streamed request."""
-    client = grpcclient.InferenceServerClient(server.grpc)
-    answers = []
-    client.start_stream(callback=lambda result, error: answers.append((result, error)))
-    inputs = []
-    values = [("input_ids", [ids], "INT32", np.int32), ("max_tokens", [[max_tokens]], "INT32", np.int32)]
-    if "temperature" in sampling:
-        values.append(("temperature", [[sampling["temperature"]]], "FP32", np.float32))
-    if "seed" in sampling:
-        values.append(("seed", [[sampling["seed"]]], "UINT64", np.uint64))
-    for name, value, wire, dtype in values:
-        t = grpcclient.InferInput(name, list(np.shape(value)), wire)
-        t.set_data_from_numpy(np.array(value, dtype=dtype))
-        inputs.append(t)
-    client.async_stream_infer(model, inputs)
-    client.stop_stream()
-    client.close()
-    tokens = []
-    for result, error in answers:
-        if error is not None:
-            raise RuntimeError(str(error))
-        tokens += [int(t) for t in result.as_numpy("output_ids")[0]]
-    return tokens
+    return test_generation.generate(server, model, ids, max_tokens=max_tokens, **sampling)[0]
 
 
 def ids_of(tokenizer, text):

@@ -49,6 +49,7 @@ impl Worker {
         let mut rows = std::mem::take(&mut self.rows);
         for (r, row) in rows.iter_mut().enumerate() {
             let draft = drafts.get(r).map_or(&[][..], Vec::as_slice);
+            let mut taken = 0;
             // Position j of the row's run scores the token after its j-th draft token: taken
             // while the draft holds, the first token greedy decoding picks otherwise ends it.
             for j in 0..=draft.len() {
@@ -76,10 +77,19 @@ impl Worker {
                 keep[r] = self.emit(row, token);
                 let confirmed = draft.get(j) == Some(&i64::from(token));
                 if confirmed {
+                    taken += 1;
                     self.stats.spec_accepted_tokens.fetch_add(1, Relaxed);
                 }
                 if !keep[r] || !confirmed {
                     break;
+                }
+            }
+            if !draft.is_empty() {
+                if taken == 0 {
+                    row.draft_misses += 1;
+                    row.draft_wait = 1 << (row.draft_misses - 1).min(3);
+                } else {
+                    row.draft_misses = 0;
                 }
             }
         }
@@ -94,7 +104,7 @@ impl Worker {
     /// greedy row without a grammar running alone in a buffer of one row (ONNX Runtime's
     /// attention takes several new tokens after a past only for a batch of one), as long as
     /// the run fits the cache's columns and the draft the row's token limit.
-    fn drafts(&self) -> Vec<Vec<i64>> {
+    fn drafts(&mut self) -> Vec<Vec<i64>> {
         let none = || vec![Vec::new(); self.rows.len()];
         let (Some(config), Some(columns)) = (&self.limits.speculation, self.store.shared_columns())
         else {
@@ -111,9 +121,13 @@ impl Worker {
             .unwrap_or(0);
         let drafts: Vec<Vec<i64>> = self
             .rows
-            .iter()
+            .iter_mut()
             .map(|row| {
                 if !row.sampler.is_greedy() || row.sub.guide.is_some() {
+                    return Vec::new();
+                }
+                if row.draft_wait > 0 {
+                    row.draft_wait -= 1;
                     return Vec::new();
                 }
                 // The tokens it may still answer after `next`.

@@ -198,6 +198,11 @@ struct Row {
     pending_log_probs: VecDeque<(f32, Vec<(u32, f32)>)>,
     /// The prompt's log-probabilities, until the first step carries them.
     prompt_log_probs: Option<PromptLogProbs>,
+    /// N-gram drafts in a row of which greedy decoding took no token, and the steps to wait
+    /// before the next draft (doubling with each such draft, up to 8): text that does not
+    /// quote its context is not slowed by drafts that keep failing.
+    draft_misses: u32,
+    draft_wait: u32,
 }
 
 impl Row {

@@ -144,6 +144,8 @@ impl Worker {
                     .with_top_log_probs(sub.top_log_probs),
                 pending_log_probs: VecDeque::new(),
                 prompt_log_probs,
+                draft_misses: 0,
+                draft_wait: 0,
                 slot: r,
                 len: sub.prompt.len(),
                 next: 0,
