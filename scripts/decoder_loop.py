@@ -12,7 +12,10 @@ import onnxruntime as ort
 
 
 class DecoderLoop:
-    def __init__(self, path, threads=None):
+    def __init__(self, path, threads=None, lora=None):
+        """`lora`: for a decoder that takes adapters (`llm_export.py --lora`), the inputs
+        `lora.{i}.{p}.a|b` of the adapters to run and a function of the batch's rows answering
+        `lora_mask`; without it, one column of zeros (the base model)."""
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -24,6 +27,19 @@ class DecoderLoop:
         # Exports that can answer every position's logits take `all_logits` (0: the last only).
         self.switch = {"all_logits": np.array(0, np.int64)} if any(
             i.name == "all_logits" for i in inputs) else {}
+        self.adapters = {}
+        self.lora_mask = None
+        if any(i.name == "lora_mask" for i in inputs):
+            self.adapters = {i.name: np.zeros([1 if isinstance(d, str) else d for d in i.shape], np.float32)
+                             for i in inputs if i.name.startswith("lora.")}
+            self.lora_mask = lambda rows: np.zeros((rows, 1, 1), np.float32)
+            if lora is not None:
+                self.adapters, self.lora_mask = lora
+
+    def _adapter_feeds(self, rows):
+        if self.lora_mask is None:
+            return {}
+        return {**self.adapters, "lora_mask": self.lora_mask(rows)}
 
     def prompt_log_probs(self, prompt, top=0):
         """Each prompt token's natural-log probability given the ones before it (the first has
@@ -36,7 +52,7 @@ class DecoderLoop:
                                   np.float16 if p.type == "tensor(float16)" else np.float32)
                  for p in self.pasts}
         feeds.update(input_ids=np.array([prompt], np.int64), attention_mask=np.ones((1, n), np.int64),
-                     all_logits=np.array(1, np.int64))
+                     all_logits=np.array(1, np.int64), **self._adapter_feeds(1))
         if not self.shared:
             feeds["position_ids"] = np.arange(n, dtype=np.int64)[None]
         logits = self.session.run(["logits"], feeds)[0][0].astype(np.float64)
@@ -92,7 +108,7 @@ class DecoderLoop:
         columns = max(lens) + count
         binding = self.session.io_binding()
         binding.bind_output("logits")
-        for name, value in self.switch.items():
+        for name, value in {**self.switch, **self._adapter_feeds(b)}.items():
             binding.bind_cpu_input(name, value)
         for p in self.pasts:
             dtype = np.float16 if p.type == "tensor(float16)" else np.float32

@@ -134,6 +134,12 @@ def gguf_file(requirement, member):
     return path
 
 
+# The projections the served decoders take LoRA adapters on: PEFT's default targets for Llama
+# models. Every projection (`llm_export.py --lora all`) costs about 17% of a one-row decode
+# step, these two about 4% (benches/README.md).
+ADAPTER_TARGETS = ("q_proj", "v_proj")
+
+
 def smollm2(dest):
     """The chat model's decoder and its tokenizer files, and the files its stages read."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -143,7 +149,7 @@ def smollm2(dest):
     os.makedirs(version_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(version_dir)) as tmp:
         # In place: GroupQueryAttention over a cache shared by past and present.
-        llm_export.from_gguf(gguf_file(*SMOLLM2), tmp, shared_cache=True)
+        llm_export.from_gguf(gguf_file(*SMOLLM2), tmp, shared_cache=True, lora=ADAPTER_TARGETS)
         repo = os.path.dirname(os.path.dirname(version_dir))
         for stage in ("llm_preprocessing", "llm_postprocessing", "trtllm_postprocessing"):
             for name in ("tokenizer.json", "chat_template.jinja"):
@@ -162,7 +168,7 @@ def smollm2_q8(dest):
     version_dir = os.path.dirname(dest)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(version_dir)) as tmp:
         llm_export.from_gguf(gguf_file(*SMOLLM2), tmp, accuracy_level=4, eight_bit=True,
-                             shared_cache=True)
+                             shared_cache=True, lora=ADAPTER_TARGETS)
         shutil.move(os.path.join(tmp, "model.onnx"), dest)
 
 

@@ -47,7 +47,11 @@ def _const(nodes, inits, name, array):
     return name
 
 
-def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, fp16_cache=False):
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, fp16_cache=False,
+            lora=()):
     """An ONNX decoder from Hugging Face-layout weights.
 
     weights: `embed` [vocab, hidden]; per layer i `{i}.attn_norm`, `{i}.q` [heads*dim, hidden],
@@ -64,6 +68,13 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, f
     and lengths come from it). fp16_cache: that cache in FP16 (half the memory; on CPU, ONNX
     Runtime converts the whole buffer to FP32 at every step, about 2x slower at 8 rows than
     FP32, so FP32 is the default there).
+
+    lora: the projections (PEFT's module names, `LORA_TARGETS`) that take low-rank adapters,
+    several per batch: per layer i and projection p, inputs `lora.{i}.{p}.a` [in, lora_columns]
+    and `lora.{i}.{p}.b` [lora_columns, out] hold every loaded adapter's A and scaled B side by
+    side (an adapter of rank r takes r columns), and `lora_mask` [batch, 1, lora_columns] says
+    which columns are each row's (1) — the projection adds ((x A) * mask) B. A caller without
+    adapters binds one column of zeros (`decoder_loop.py` does).
     """
     nodes, inits = [], []
     n = iter(range(1_000_000))
@@ -101,6 +112,25 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, f
 
     eps = const("eps", f32(hp["eps"]))
     two = const("two", f32(2.0))
+    unknown = set(lora) - set(LORA_TARGETS)
+    if unknown:
+        raise ValueError(f"no projection named {sorted(unknown)}; LoRA targets are {LORA_TARGETS}")
+    if lora and not shared_cache:
+        raise ValueError("adapters are exported with the shared cache only")
+
+    def lora_input(iname, dims):
+        inputs.append(helper.make_tensor_value_info(iname, TensorProto.FLOAT, dims))
+        return iname
+
+    if lora:
+        lora_mask = lora_input("lora_mask", ["batch_size", 1, "lora_columns"])
+
+    def adapted(x, out, layer, target, n_in, n_out):
+        if target not in lora:
+            return out
+        a = lora_input(f"lora.{layer}.{target}.a", [n_in, "lora_columns"])
+        b = lora_input(f"lora.{layer}.{target}.b", ["lora_columns", n_out])
+        return op("Add", [out, op("MatMul", [op("Mul", [op("MatMul", [x, a]), lora_mask]), b])])
 
     def rms_norm(x, weight_name, weight):
         w = const(weight_name, f32(weight))
@@ -185,9 +215,12 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, f
         residual = x
         h = rms_norm(x, f"model.layers.{i}.input_layernorm.weight", weights[f"{i}.attn_norm"])
         if shared_cache:
-            q = linear(h, f"model.layers.{i}.self_attn.q_proj.weight", weights[f"{i}.q"])
-            k = linear(h, f"model.layers.{i}.self_attn.k_proj.weight", weights[f"{i}.k"])
-            v = linear(h, f"model.layers.{i}.self_attn.v_proj.weight", weights[f"{i}.v"])
+            q = adapted(h, linear(h, f"model.layers.{i}.self_attn.q_proj.weight", weights[f"{i}.q"]),
+                        i, "q_proj", hidden, heads * dim)
+            k = adapted(h, linear(h, f"model.layers.{i}.self_attn.k_proj.weight", weights[f"{i}.k"]),
+                        i, "k_proj", hidden, kv_heads * dim)
+            v = adapted(h, linear(h, f"model.layers.{i}.self_attn.v_proj.weight", weights[f"{i}.v"]),
+                        i, "v_proj", hidden, kv_heads * dim)
             attn = f"attn_{i}"
             nodes.append(helper.make_node(
                 "GroupQueryAttention",
@@ -214,13 +247,21 @@ def decoder(weights, hp, name="decoder", accuracy_level=0, shared_cache=False, f
             probs = op("Softmax", [op("Add", [scores, bias])], axis=-1)
             attn = op("Reshape", [op("MatMul", [probs, present_v]), const(f"attn_shape_{i}", np.array([0, heads, -1, dim]))])
             attn = op("Reshape", [op("Transpose", [attn], perm=[0, 2, 1, 3]), const(f"merge_shape_{i}", np.array([0, 0, heads * dim]))])
-        x = op("Add", [residual, linear(attn, f"model.layers.{i}.self_attn.o_proj.weight", weights[f"{i}.o"])])
+        o = adapted(attn, linear(attn, f"model.layers.{i}.self_attn.o_proj.weight", weights[f"{i}.o"]),
+                    i, "o_proj", heads * dim, hidden)
+        x = op("Add", [residual, o])
         residual = x
         h = rms_norm(x, f"model.layers.{i}.post_attention_layernorm.weight", weights[f"{i}.ffn_norm"])
-        gate = linear(h, f"model.layers.{i}.mlp.gate_proj.weight", weights[f"{i}.gate"])
-        up = linear(h, f"model.layers.{i}.mlp.up_proj.weight", weights[f"{i}.up"])
+        ffn = hp["ffn"]
+        gate = adapted(h, linear(h, f"model.layers.{i}.mlp.gate_proj.weight", weights[f"{i}.gate"]),
+                       i, "gate_proj", hidden, ffn)
+        up = adapted(h, linear(h, f"model.layers.{i}.mlp.up_proj.weight", weights[f"{i}.up"]),
+                     i, "up_proj", hidden, ffn)
         silu = op("Mul", [gate, op("Sigmoid", [gate])])
-        x = op("Add", [residual, linear(op("Mul", [silu, up]), f"model.layers.{i}.mlp.down_proj.weight", weights[f"{i}.down"])])
+        mixed = op("Mul", [silu, up])
+        down = adapted(mixed, linear(mixed, f"model.layers.{i}.mlp.down_proj.weight", weights[f"{i}.down"]),
+                       i, "down_proj", ffn, hidden)
+        x = op("Add", [residual, down])
 
     x = rms_norm(x, "model.norm.weight", weights["norm"])
     # Logits of the last position only unless `all_logits` is 1 (a prompt's log-probabilities,
@@ -455,13 +496,13 @@ def tokenizer_json(reader):
 
 
 def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0, eight_bit=False, shared_cache=False,
-              fp16_cache=False):
+              fp16_cache=False, lora=()):
     """Writes model.onnx, tokenizer.json, chat_template.jinja and generation_config.json."""
     weights, hp, reader = read_gguf(gguf_path, four_bit, eight_bit)
     field = lambda key: reader.fields[key].contents()  # noqa: E731
     os.makedirs(out_dir, exist_ok=True)
     model = decoder(weights, hp, name=str(field("general.name")), accuracy_level=accuracy_level,
-                    shared_cache=shared_cache, fp16_cache=fp16_cache)
+                    shared_cache=shared_cache, fp16_cache=fp16_cache, lora=lora)
     onnx.save(model, os.path.join(out_dir, "model.onnx"))
     with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
         json.dump(tokenizer_json(reader), f, ensure_ascii=False)
@@ -477,7 +518,7 @@ def from_gguf(gguf_path, out_dir, four_bit=False, accuracy_level=0, eight_bit=Fa
 
 
 def tiny(seed=7, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=300, shared_cache=False,
-         fp16_cache=False):
+         fp16_cache=False, lora=()):
     """A small random decoder of another shape (GQA 2:1, untied head) for tests, in either
     layout."""
     rng = np.random.default_rng(seed)
@@ -492,7 +533,7 @@ def tiny(seed=7, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=300, 
                   f"{i}.v": g(kv_heads * head_dim, hidden), f"{i}.o": g(hidden, heads * head_dim),
                   f"{i}.gate": g(ffn, hidden), f"{i}.up": g(ffn, hidden), f"{i}.down": g(hidden, ffn)})
     hp["context"] = 256
-    model = decoder(w, hp, name="tiny_decoder", shared_cache=shared_cache, fp16_cache=fp16_cache)
+    model = decoder(w, hp, name="tiny_decoder", shared_cache=shared_cache, fp16_cache=fp16_cache, lora=lora)
     return model, w, hp
 
 
@@ -510,6 +551,10 @@ if __name__ == "__main__":
     ap.add_argument("--shared-cache", action="store_true",
                     help="GroupQueryAttention over a cache shared by past and present (in place)")
     ap.add_argument("--fp16-cache", action="store_true", help="with --shared-cache: the cache in FP16")
+    ap.add_argument("--lora", default="",
+                    help="with --shared-cache: the projections that take LoRA adapters, comma-separated "
+                         f"(of {','.join(LORA_TARGETS)}; 'all' for every one)")
     a = ap.parse_args()
+    targets = LORA_TARGETS if a.lora == "all" else tuple(t for t in a.lora.split(",") if t)
     print(from_gguf(a.gguf, a.out_dir, a.four_bit, a.accuracy_level, a.eight_bit, a.shared_cache,
-                    a.fp16_cache))
+                    a.fp16_cache, targets))

@@ -89,6 +89,43 @@ impl fmt::Display for ModelName {
     }
 }
 
+/// A LoRA adapter's name, the part after `:` in `model:adapter`: letters, digits, `.`, `_` and
+/// `-`, not starting with `.`, at most 128 bytes, so that it is one plain folder name (an
+/// adapter kept in the repository is the model's `adapters/<name>/`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AdapterName(String);
+
+impl AdapterName {
+    /// Checks an adapter's name from a model name (`model:adapter`) or a request parameter.
+    pub fn parse(name: &str) -> Result<Self> {
+        let plain = !name.is_empty()
+            && name.len() <= 128
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if plain {
+            Ok(Self(name.to_owned()))
+        } else {
+            Err(Error::invalid(format!(
+                "invalid adapter name '{}': an adapter's name is 1 to 128 letters, digits, '.', \
+                 '_' or '-', not starting with '.'",
+                shown(name)
+            )))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// `model:adapter` split at its first `:`, when it has one.
+pub fn split_adapter(name: &str) -> Option<(&str, &str)> {
+    name.split_once(':')
+}
+
 /// A file of a model given to the load API (`file:1/model.onnx`): a relative path of plain
 /// components (each as for [`ModelName`]), no empty part (`1//m`), no `.`/`..`, at most 8 deep.
 #[derive(Debug, Clone, PartialEq, Eq)]

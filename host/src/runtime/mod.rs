@@ -227,6 +227,8 @@ pub struct LoadedBackend {
     pub warmup: Option<warmup::WarmupReport>,
     /// The counters of a generation model.
     pub generation: Option<Arc<generation::stats::GenerationStats>>,
+    /// The LoRA adapters of a generation model whose decoder takes them.
+    pub adapters: Option<Arc<generation::lora::Adapters>>,
     /// Where the served model came from when it is not the version's own file (a
     /// conversion), shown as the version's status.
     pub origin: Option<String>,

@@ -53,6 +53,8 @@ pub struct ModelVersion {
     pub health: Arc<crate::runtime::InstanceHealth>,
     /// A generation model's counters (tokens, batch, cache).
     pub generation: Option<Arc<crate::runtime::generation::stats::GenerationStats>>,
+    /// A generation model's LoRA adapters, when its decoder takes them.
+    pub adapters: Option<Arc<crate::runtime::generation::lora::Adapters>>,
     /// Its outputs' labels (`label_filename`), for the classification extension.
     pub labels: Arc<crate::classification::Labels>,
     /// Where the served model came from when not the version's own file (a PyTorch or
@@ -348,10 +350,15 @@ impl ModelManager {
 
     /// Loads (or reloads) a model from the repository, or from the override content.
     /// An ensemble's composing models that are not loaded yet are loaded first, as in Triton.
+    /// `model:adapter` loads a LoRA adapter of a loaded generation model instead
+    /// ([`ModelManager::adapter_ref`]).
     pub async fn load(self: &Arc<Self>, name: &str, overrides: LoadOverride) -> Result<()> {
         let name = ModelName::parse(name)?;
         // A load request reads the repository as it is now (remote copies brought up to date).
         self.repository.refresh().await;
+        if let Some((model, adapter)) = self.adapter_ref(name.as_str()) {
+            return self.load_adapter(model, adapter, overrides).await;
+        }
         self.load_as_is(name.as_str(), overrides).await
     }
 
@@ -541,8 +548,12 @@ impl ModelManager {
     /// Unloads every version of a model; requests already running finish first. A model that
     /// a loaded ensemble calls is refused; with `unload_dependents`, unloading an ensemble
     /// also unloads the models it calls (those no other loaded ensemble needs), as in Triton.
+    /// `model:adapter` unloads a LoRA adapter ([`ModelManager::adapter_ref`]).
     pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<()> {
         ModelName::parse(name)?;
+        if let Some((model, adapter)) = self.adapter_ref(name) {
+            return self.unload_adapter(model, adapter);
+        }
         let _guard = self.lifecycle.lock().await;
         self.unload_locked(name, unload_dependents)
     }
@@ -612,6 +623,7 @@ impl ModelManager {
     }
 }
 
+mod adapters;
 mod asked_by_models;
 mod bulk;
 use asked_by_models::Loading;

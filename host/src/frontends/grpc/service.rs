@@ -219,7 +219,11 @@ impl GrpcInferenceService for GrpcService {
         self.server.check_model_control().map_err(to_status)?;
         let r = r.into_inner();
         ModelName::parse(&r.model_name).map_err(to_status)?;
-        require(&caller, ModelAction::Load, &r.model_name)?;
+        require(
+            &caller,
+            ModelAction::Load,
+            self.server.models().rights_name(&r.model_name),
+        )?;
         let mut overrides = LoadOverride::default();
         for (key, value) in r.parameters {
             match (key.as_str(), value.parameter_choice) {
@@ -237,7 +241,8 @@ impl GrpcInferenceService for GrpcService {
                 _ => {}
             }
         }
-        if !overrides.files.is_empty() && overrides.config_json.is_none() {
+        let adapter = self.server.models().adapter_ref(&r.model_name).is_some();
+        if !overrides.files.is_empty() && overrides.config_json.is_none() && !adapter {
             return Err(Status::invalid_argument(format!(
                 "failed to load '{}': 'file:' parameters need a 'config' parameter as well",
                 r.model_name
@@ -262,7 +267,11 @@ impl GrpcInferenceService for GrpcService {
         let caller = self.caller(&r, ApiGroup::ModelRepository)?;
         self.server.check_model_control().map_err(to_status)?;
         let r = r.into_inner();
-        require(&caller, ModelAction::Load, &r.model_name)?;
+        require(
+            &caller,
+            ModelAction::Load,
+            self.server.models().rights_name(&r.model_name),
+        )?;
         let unload_dependents = matches!(
             r.parameters
                 .get("unload_dependents")

@@ -276,7 +276,7 @@ pub(super) fn decoder_spec(
 }
 
 /// The model `parameters` the generation backend reads; any other is refused at load.
-pub(super) const PARAMETERS: [&str; 10] = [
+pub(super) const PARAMETERS: [&str; 12] = [
     "max_sequence_length",
     "kv_cache_max_tokens",
     "end_ids",
@@ -287,6 +287,8 @@ pub(super) const PARAMETERS: [&str; 10] = [
     "intra_op_thread_count",
     "past_present_share_buffer",
     "speculative_config",
+    "max_loras",
+    "max_lora_rank",
 ];
 
 /// The backend's parameters, read and checked before anything is loaded.
@@ -313,6 +315,8 @@ pub(super) struct Parameters {
     pub intra_threads: usize,
     /// N-gram speculative decoding (vLLM's `speculative_config`), if asked for.
     pub speculation: Option<NgramConfig>,
+    /// What LoRA adapters it holds at most (vLLM's `max_loras`, `max_lora_rank`).
+    pub lora_limits: super::lora::Limits,
 }
 
 /// Reads the parameters of a completed configuration, with `generation_config.json` from the
@@ -441,6 +445,20 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         .get("speculative_config")
         .map(|p| NgramConfig::parse(name, &p.string_value))
         .transpose()?;
+    let defaults = super::lora::Limits::default();
+    let positive = |key: &str, default: usize| -> Result<usize> {
+        match super::super::parameter::<usize>(config, key, "a positive integer")? {
+            Some(0) => Err(Error::invalid(format!(
+                "model '{name}': parameter '{key}' must be at least 1"
+            ))),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        }
+    };
+    let lora_limits = super::lora::Limits {
+        max_adapters: positive("max_loras", defaults.max_adapters)?,
+        max_rank: positive("max_lora_rank", defaults.max_rank)?,
+    };
     Ok(Parameters {
         max_sequence_length,
         cache_tokens,
@@ -453,5 +471,6 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         share_buffer,
         intra_threads,
         speculation,
+        lora_limits,
     })
 }

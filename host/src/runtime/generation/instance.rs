@@ -48,11 +48,18 @@ impl GenerationInstance {
         };
         // Compiled here, on the request's thread, with its first mask: the engine only steps it.
         let guide = self.guide_of(request, &parsed.guide)?;
+        let adapter = self.adapter_of(request)?;
+        let mut namespace = self.namespace_of(request);
+        if let Some(a) = &adapter {
+            // An adapter changes every key and value: its prompts share no cache with others.
+            namespace.push_str(&format!("\u{0}lora {}", a.id));
+        }
         self.engine.submit(Submission {
             party: party_of(request),
             rules,
             guide,
-            namespace: self.namespace_of(request),
+            namespace,
+            adapter,
             log_probs: parsed.log_probs,
             top_log_probs: parsed.top_log_probs,
             prompt_log_probs: parsed.prompt_log_probs,
@@ -192,6 +199,31 @@ impl GenerationInstance {
                 .and_then(|c| c.tenant())
                 .unwrap_or_default()
                 .to_owned(),
+        }
+    }
+
+    /// The LoRA adapter the request names (request parameter `lora`; an ensemble passes its
+    /// parameters to this step), if any.
+    fn adapter_of(&self, request: &InferRequest) -> Result<Option<Arc<lora::Adapter>>> {
+        let name = match request.parameters.get(LORA_PARAMETER) {
+            None => return Ok(None),
+            Some(crate::inference::ParamValue::String(s)) if s.is_empty() => return Ok(None),
+            Some(crate::inference::ParamValue::String(s)) => s,
+            Some(_) => {
+                return Err(Error::invalid(format!(
+                    "model '{}': parameter '{LORA_PARAMETER}' must be an adapter's name (a string)",
+                    request.model_name
+                )))
+            }
+        };
+        match &self.settings.adapters {
+            Some(adapters) => adapters.get(name).map(Some),
+            None => Err(Error::invalid(format!(
+                "model '{}': parameter '{LORA_PARAMETER}' names adapter '{name}', but the \
+                 decoder takes no LoRA adapters (it was exported without adapter inputs: \
+                 scripts/llm_export.py --lora)",
+                request.model_name
+            ))),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod engine;
 pub mod guided;
 mod instance;
 pub mod kv;
+pub mod lora;
 mod request;
 mod response;
 pub mod sampling;
@@ -61,6 +62,10 @@ pub const CONTEXT_TOKENS: usize = 8;
 
 const DEFAULT_MAX_SEQUENCE_LENGTH: usize = 2048;
 const DEFAULT_MAX_TOKENS: usize = 128;
+
+/// The request parameter that names a LoRA adapter to generate with (`smollm2:<adapter>` as
+/// an OpenAI model name becomes this parameter).
+pub const LORA_PARAMETER: &str = "lora";
 
 /// The most sequences one client request may start (OpenAI's `n` choices of each of its
 /// prompts): the frontends refuse more.
@@ -109,6 +114,7 @@ pub fn load(
         share_buffer,
         intra_threads,
         speculation,
+        lora_limits,
     } = read_parameters(&config, version_dir)?;
     let rows = config.max_batch_size as usize;
     let path = super::model_file(&config, version_dir, super::onnx::DEFAULT_MODEL_FILENAME)?;
@@ -132,6 +138,34 @@ pub fn load(
              scripts/llm_export.py --shared-cache writes): a growing cache cannot run a draft \
              after its past"
         )));
+    }
+    let lora = lora::Signature::of(&session, &name)?;
+    if lora.is_some() && !spec.shared_buffer {
+        return Err(Error::invalid(format!(
+            "model '{name}': the decoder takes LoRA adapters (input 'lora_mask') but not in the \
+             shared-buffer layout, the only one the generation backend runs adapters in"
+        )));
+    }
+    let adapters = lora
+        .clone()
+        .map(|signature| Arc::new(lora::Adapters::new(&name, signature, lora_limits)));
+    // The adapters the repository keeps beside the model are served with it.
+    let kept = version_dir
+        .parent()
+        .map(|dir| dir.join(lora::ADAPTERS_FOLDER))
+        .filter(|dir| dir.is_dir());
+    match (&adapters, kept) {
+        (Some(adapters), Some(dir)) => {
+            adapters.load_folder(&dir)?;
+        }
+        (None, Some(dir)) => {
+            return Err(Error::invalid(format!(
+                "model '{name}': {} holds LoRA adapters, but the decoder takes none (it was \
+                 exported without adapter inputs: scripts/llm_export.py --lora)",
+                dir.display()
+            )))
+        }
+        _ => {}
     }
     // The file's protobuf and the weights ONNX Runtime repacked are freed by now.
     super::heap::release_freed();
@@ -166,6 +200,7 @@ pub fn load(
             prefix_cache_tokens,
             kv_events: options.kv_events.clone(),
             speculation,
+            lora,
         },
         stats.clone(),
     )?);
@@ -185,6 +220,7 @@ pub fn load(
         guides,
         shared_prefixes,
         prompt_logits,
+        adapters: adapters.clone(),
     });
     let decoupled = super::is_decoupled(&config);
     // Each instance waits for one sequence. A request must reach the engine to claim its share
@@ -207,6 +243,7 @@ pub fn load(
         buckets: None,
         warmup: None,
         generation: Some(stats),
+        adapters,
         origin: None,
         checks_readiness: false,
     })

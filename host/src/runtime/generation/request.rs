@@ -36,6 +36,8 @@ pub struct Settings {
     /// Whether the decoder can answer every prompt position's logits (for
     /// `return_prompt_log_probs`).
     pub prompt_logits: bool,
+    /// The LoRA adapters loaded, when the decoder takes them.
+    pub adapters: Option<Arc<super::lora::Adapters>>,
 }
 
 /// A request's generation parameters, checked.

@@ -177,6 +177,7 @@ pub fn load_file(
         buckets,
         warmup: None,
         generation: None,
+        adapters: None,
         origin: None,
         checks_readiness: false,
     })

@@ -186,6 +186,7 @@ pub fn load(
         buckets: None,
         warmup: None,
         generation: None,
+        adapters: None,
         origin: None,
         checks_readiness: model.checks_readiness(),
     })

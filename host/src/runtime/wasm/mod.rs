@@ -485,6 +485,7 @@ pub fn load(
         buckets: None,
         warmup: None,
         generation: None,
+        adapters: None,
         origin: None,
         checks_readiness: false,
     })

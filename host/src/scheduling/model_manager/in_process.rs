@@ -91,6 +91,7 @@ impl ModelManager {
             executor: Executor::Scheduler(scheduler),
             health: Default::default(),
             generation: None,
+            adapters: None,
             labels: Default::default(),
             origin: None,
             _staged: None,

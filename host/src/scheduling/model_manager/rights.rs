@@ -15,6 +15,10 @@ impl ModelManager {
     /// allowed to load each of them too.
     pub fn check_load(&self, caller: &Caller, model: &str, overrides: &LoadOverride) -> Result<()> {
         ModelName::parse(model)?;
+        // An adapter (weights only, checked as read) is the base model's to load.
+        if self.adapter_ref(model).is_some() {
+            return caller.require(ModelAction::Load, self.rights_name(model));
+        }
         caller.require(ModelAction::Load, model)?;
         if overrides.config_json.is_some() || !overrides.files.is_empty() {
             caller.require_admin("load with a configuration or files")?;
@@ -45,10 +49,16 @@ impl ModelManager {
         unload_dependents: bool,
     ) -> Result<()> {
         ModelName::parse(model)?;
-        caller.require(ModelAction::Load, model)?;
+        caller.require(ModelAction::Load, self.rights_name(model))?;
         if unload_dependents {
             caller.require_admin("unload_dependents")?;
         }
         Ok(())
+    }
+
+    /// The model whose rights cover loading and unloading `name`: the model itself, or for
+    /// `model:adapter` the model.
+    pub fn rights_name<'a>(&self, name: &'a str) -> &'a str {
+        self.adapter_ref(name).map_or(name, |(model, _)| model)
     }
 }

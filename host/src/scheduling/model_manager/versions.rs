@@ -191,6 +191,7 @@ impl ModelManager {
                         executor: Executor::Ensemble(plan.clone()),
                         health: Default::default(),
                         generation: None,
+                        adapters: None,
                         labels: labels.clone(),
                         origin: None,
                         _staged: None,
@@ -210,6 +211,7 @@ impl ModelManager {
             }
             let health = loaded.health.clone();
             let generation = loaded.generation.clone();
+            let adapters = loaded.adapters.clone();
             let policy = BatchPolicy {
                 padding: loaded.buckets.clone(),
                 ..BatchPolicy::from_config(&loaded.config)
@@ -266,6 +268,7 @@ impl ModelManager {
                     executor,
                     health,
                     generation,
+                    adapters,
                     labels: labels.clone(),
                     origin: loaded.origin,
                     _staged: staged.clone(),

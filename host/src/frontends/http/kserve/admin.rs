@@ -321,7 +321,7 @@ pub(crate) async fn load(
     st.server.check_model_control()?;
     let (model, _) = path_parts(&p);
     ModelName::parse(&model)?;
-    caller.require(ModelAction::Load, &model)?;
+    caller.require(ModelAction::Load, st.server.models().rights_name(&model))?;
     let body = read_body(&st, &headers, body).await?;
     let request = optional_json(&body)?;
     let mut overrides = LoadOverride::default();
@@ -346,7 +346,8 @@ pub(crate) async fn load(
             }
         }
     }
-    if !overrides.files.is_empty() && overrides.config_json.is_none() {
+    let adapter = st.server.models().adapter_ref(&model).is_some();
+    if !overrides.files.is_empty() && overrides.config_json.is_none() && !adapter {
         return Err(Error::invalid(format!(
             "failed to load '{model}': 'file:' parameters need a 'config' parameter as well"
         ))
@@ -366,7 +367,7 @@ pub(crate) async fn unload(
 ) -> ApiResult<Json<Value>> {
     st.server.check_model_control()?;
     let (model, _) = path_parts(&p);
-    caller.require(ModelAction::Load, &model)?;
+    caller.require(ModelAction::Load, st.server.models().rights_name(&model))?;
     let body = read_body(&st, &headers, body).await?;
     let request = optional_json(&body)?;
     let unload_dependents = request["parameters"]["unload_dependents"].as_bool() == Some(true);

@@ -50,6 +50,7 @@ use super::{
 };
 use crate::{
     error::Error,
+    names::{split_adapter, AdapterName},
     scheduling::door::Door,
     tenancy::{Admission, Caller, ModelAction},
 };
@@ -111,33 +112,34 @@ fn completion_id(kind: Kind) -> String {
 }
 
 /// The models that generate text or embed it, as the caller may see them: the generation
-/// models first (clients take `data[0]` to chat with), then the embedding models.
+/// models first (clients take `data[0]` to chat with), each followed by its LoRA adapters
+/// (`model:adapter`), then the embedding models.
 fn model_cards(st: &HttpState, caller: &Caller) -> Vec<ModelCard> {
     let created = now();
-    let mut models: Vec<(bool, String)> = st
-        .server
-        .models()
-        .loaded()
-        .into_iter()
-        .filter(|m| caller.may(ModelAction::See, &m.name))
-        .filter_map(|m| {
-            if request::generates_text(&m.config) {
-                Some((false, m.name.clone()))
-            } else if embeddings::embedding_model(&m.config).is_some() {
-                Some((true, m.name.clone()))
-            } else {
-                None
+    let models = st.server.models();
+    let mut listed: Vec<(bool, String, Option<String>)> = Vec::new();
+    for m in models.loaded() {
+        if !caller.may(ModelAction::See, &m.name) {
+            continue;
+        }
+        if request::generates_text(&m.config) {
+            listed.push((false, m.name.clone(), None));
+            for adapter in models.adapter_names(&m.name) {
+                listed.push((false, format!("{}:{adapter}", m.name), Some(m.name.clone())));
             }
-        })
-        .collect();
-    models.sort();
-    models
+        } else if embeddings::embedding_model(&m.config).is_some() {
+            listed.push((true, m.name.clone(), None));
+        }
+    }
+    listed.sort();
+    listed
         .into_iter()
-        .map(|(_, id)| ModelCard {
+        .map(|(_, id, parent)| ModelCard {
             id,
             object: "model",
             created,
             owned_by: "wasmtron",
+            parent,
         })
         .collect()
 }
@@ -240,8 +242,18 @@ async fn complete(
 }
 
 /// The model a request names, for the caller, when it generates text.
+/// `model:adapter` (vLLM's names for a LoRA adapter) is the model, run with its adapter.
 fn text_model(door: &Door, model: &str) -> Result<crate::scheduling::door::Target, Error> {
-    let target = door.resolve(model, "")?;
+    let target = match door.resolve(model, "") {
+        Ok(target) => target,
+        Err(e) => match split_adapter(model) {
+            Some((base, adapter)) => {
+                AdapterName::parse(adapter)?;
+                door.resolve(base, "").map_err(|_| e)?
+            }
+            None => return Err(e),
+        },
+    };
     if !request::generates_text(target.config()) {
         return Err(Error::not_found(format!(
             "model '{model}' does not generate text (it needs input 'text_input' or \

@@ -19,8 +19,10 @@ use super::{
 };
 use crate::{
     error::Error,
-    inference::InferRequest,
+    inference::{InferRequest, ParamValue},
+    names::split_adapter,
     proto::inference::ModelConfig,
+    runtime::generation::LORA_PARAMETER,
     tensor::{push_bytes_element, DataType, Tensor},
 };
 
@@ -483,8 +485,16 @@ pub fn parse<T: Borrow<ModelConfig>>(
             ),
         ));
     }
+    let mut request = InferRequest::new(config.name.clone(), None).with_inputs(inputs);
+    // `model:adapter` (vLLM's LoRA model names): the model, with its adapter as a parameter.
+    if let Some((_, adapter)) = split_adapter(&model).filter(|_| config.name != model) {
+        request.parameters.insert(
+            LORA_PARAMETER.into(),
+            ParamValue::String(adapter.to_owned()),
+        );
+    }
     let parsed = Parsed {
-        request: InferRequest::new(model.clone(), None).with_inputs(inputs),
+        request,
         model,
         stream,
         include_usage,

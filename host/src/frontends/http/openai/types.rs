@@ -528,6 +528,9 @@ pub struct ModelCard {
     pub created: u64,
     /// Always `wasmtron`.
     pub owned_by: &'static str,
+    /// For a LoRA adapter (`model:adapter`), the model it adapts (as vLLM lists adapters).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 /// An error as OpenAI answers it.

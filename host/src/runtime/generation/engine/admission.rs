@@ -138,9 +138,10 @@ impl Worker {
             .map(|r| r.sub.prompt.iter().chain(&r.generated).copied().collect())
             .collect();
         let refs: Vec<&[i64]> = tokens.iter().map(Vec::as_slice).collect();
-        let prefilled =
-            self.store
-                .prefill(&mut self.session, &refs, None, self.limits.pad_id, false);
+        let adapters: Vec<Option<&Arc<Adapter>>> =
+            rows.iter().map(|r| r.sub.adapter.as_ref()).collect();
+        let prefilled = self.run_prefill(&refs, &adapters, None, false);
+        drop(adapters);
         let part = match prefilled {
             Ok(p) => p.part,
             Err(e) => {

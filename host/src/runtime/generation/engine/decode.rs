@@ -11,6 +11,16 @@ impl Worker {
         let seqs: Vec<(Seq, i64)> = self.rows.iter().map(|r| (r.seq(), r.next)).collect();
         let drafts = self.drafts();
         let width = 1 + drafts.iter().map(Vec::len).max().unwrap_or(0);
+        // Each slot's adapter (free slots: none).
+        let mut by_slot: Vec<Option<Arc<Adapter>>> = vec![None; self.store.batch_rows(b)];
+        for row in &self.rows {
+            if let Some(slot) = by_slot.get_mut(row.slot) {
+                slot.clone_from(&row.sub.adapter);
+            }
+        }
+        let by_slot: Vec<Option<&Arc<Adapter>>> = by_slot.iter().map(Option::as_ref).collect();
+        let lora = self.stacks.as_mut().map(|s| s.run(&by_slot)).transpose()?;
+        let lora = lora.as_ref();
         let mut rows = std::mem::take(&mut self.rows);
         let mut guides: Vec<&mut Guide> = rows
             .iter_mut()
@@ -19,7 +29,7 @@ impl Worker {
         let (store, session, pad_id) = (&mut self.store, &mut self.session, self.limits.pad_id);
         let shrink = std::mem::take(&mut self.shrink_next);
         let result = if guides.is_empty() {
-            store.decode(session, &seqs, &drafts, pad_id, shrink)
+            store.decode(session, &seqs, &drafts, pad_id, shrink, lora)
         } else {
             // The guides' next masks are computed while the decoder runs the step, split
             // among helpers: one costly guide does not make every other row's mask wait.
@@ -34,7 +44,7 @@ impl Worker {
                             .spawn_scoped(scope, || chunk.iter_mut().for_each(|g| g.prepare()))
                     })
                     .collect();
-                let result = store.decode(session, &seqs, &drafts, pad_id, shrink);
+                let result = store.decode(session, &seqs, &drafts, pad_id, shrink, lora);
                 for helper in spawned.into_iter().flatten() {
                     let _ = helper.join();
                 }

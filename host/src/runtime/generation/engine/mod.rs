@@ -33,6 +33,7 @@ use super::{
         prefix::{self as prefix_cache, Hit, PrefixCache},
         CacheShape, Joining, KvStore, Part, Prefilled, Seq,
     },
+    lora::{Adapter, Signature, Stacks},
     sampling::{self, PromptLogProbs, Sampler, SamplingParams},
     speculation::NgramConfig,
     stats::GenerationStats,
@@ -88,6 +89,8 @@ pub struct EngineLimits {
     pub kv_events: Option<crate::runtime::generation::kv::events::KvEvents>,
     /// N-gram speculative decoding, if configured.
     pub speculation: Option<NgramConfig>,
+    /// The decoder's adapter inputs, when it takes LoRA adapters.
+    pub lora: Option<Signature>,
 }
 
 /// Why a sequence ended.
@@ -156,6 +159,8 @@ pub struct Submission {
     pub guide: Option<Guide>,
     /// Whose cached prefixes the prompt may reuse (and where its own cache is kept).
     pub namespace: String,
+    /// The LoRA adapter it runs with, if any.
+    pub adapter: Option<Arc<Adapter>>,
     /// Whether each step carries its tokens' log-probabilities.
     pub log_probs: bool,
     /// How many likeliest alternatives each step reports per token (0: none).
@@ -297,6 +302,7 @@ impl Engine {
             max_rows: limits.max_rows,
         };
         let mut worker = Worker {
+            stacks: limits.lora.clone().map(Stacks::new),
             prefixes,
             store: KvStore::new(spec.shared_buffer, shape, names),
             session,
@@ -347,6 +353,8 @@ struct Worker {
     preempted: VecDeque<Row>,
     /// Recent prompts' caches.
     prefixes: PrefixCache,
+    /// The adapter inputs bound, for a decoder that takes adapters.
+    stacks: Option<Stacks>,
 }
 
 fn run_error(e: impl std::fmt::Display) -> Error {

@@ -96,10 +96,10 @@ impl Worker {
         let prompts: Vec<&[i64]> = new.iter().map(|s| s.prompt.as_slice()).collect();
         let all = hit.is_none() && new.iter().any(|s| s.prompt_log_probs);
         self.shrink_next |= all;
-        let result = self
-            .store
-            .prefill(&mut self.session, &prompts, hit, self.limits.pad_id, all);
+        let adapters: Vec<Option<&Arc<Adapter>>> = new.iter().map(|s| s.adapter.as_ref()).collect();
+        let result = self.run_prefill(&prompts, &adapters, hit, all);
         drop(prompts);
+        drop(adapters);
         let Prefilled { logits, part } = match result {
             Ok(v) => v,
             Err(e) => {
@@ -168,6 +168,20 @@ impl Worker {
             }
         }
         Ok((joining, part))
+    }
+
+    /// One decoder run of `prompts` (after `hit`), each with its adapter (by prompt).
+    pub(super) fn run_prefill(
+        &mut self,
+        prompts: &[&[i64]],
+        adapters: &[Option<&Arc<Adapter>>],
+        hit: Option<&Hit>,
+        all: bool,
+    ) -> Result<Prefilled> {
+        let lora = self.stacks.as_mut().map(|s| s.run(adapters)).transpose()?;
+        let pad_id = self.limits.pad_id;
+        self.store
+            .prefill(&mut self.session, prompts, hit, pad_id, all, lora.as_ref())
     }
 
     /// Keeps the caches of the prompts just prefilled (rows of `part`) that the prefix cache

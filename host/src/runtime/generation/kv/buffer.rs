@@ -21,6 +21,7 @@ use ort::{
 
 use super::prefix::Values;
 use crate::error::{Error, Result};
+use crate::runtime::generation::lora::{LoraRun, MASK_INPUT};
 
 /// An element a cache may hold.
 pub trait CacheElement: PrimitiveTensorElementType + Copy + Debug + 'static {}
@@ -51,6 +52,8 @@ pub struct KvBuffer<T: CacheElement> {
     /// Logit positions per row of the last run: after a run the binding keeps its logits, of
     /// that shape, so a run answering another number of positions binds them afresh.
     logit_positions: Option<usize>,
+    /// The adapter stack bound (its serial), rebound when the run's differs.
+    bound_stack: Option<u64>,
 }
 
 impl<T: CacheElement> KvBuffer<T> {
@@ -76,6 +79,7 @@ impl<T: CacheElement> KvBuffer<T> {
             tensors,
             binding,
             logit_positions: None,
+            bound_stack: None,
         })
     }
 
@@ -113,6 +117,7 @@ impl<T: CacheElement> KvBuffer<T> {
         self.columns = columns;
         self.binding = bind(session, names, &mut self.tensors)?;
         self.logit_positions = None;
+        self.bound_stack = None;
         Ok(())
     }
 
@@ -129,7 +134,9 @@ impl<T: CacheElement> KvBuffer<T> {
     /// Runs the decoder over every row: `ids` `[rows, width]` (right-padded) and the mask
     /// `[rows, total]` of each row's tokens, cached and new. Answers the logits. `memory`
     /// says whether the arena gives its free memory back at the end of the run, and whether
-    /// the logits are written into memory of their own.
+    /// the logits are written into memory of their own. `lora`: the rows' adapters, for a
+    /// decoder that takes them.
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
         session: &mut Session,
@@ -138,6 +145,7 @@ impl<T: CacheElement> KvBuffer<T> {
         mask: Vec<i64>,
         all_logits: Option<bool>,
         memory: RunMemory,
+        lora: Option<&LoraRun<'_>>,
     ) -> Result<DynValue> {
         let total = mask.len() / self.rows.max(1);
         if total > self.columns {
@@ -157,6 +165,17 @@ impl<T: CacheElement> KvBuffer<T> {
         if let Some(all) = all_logits {
             self.binding
                 .bind_input("all_logits", &switch(all)?)
+                .map_err(run_error)?;
+        }
+        if let Some(lora) = lora {
+            if self.bound_stack != Some(lora.stack.serial) {
+                for (name, tensor) in &lora.stack.tensors {
+                    self.binding.bind_input(name, tensor).map_err(run_error)?;
+                }
+                self.bound_stack = Some(lora.stack.serial);
+            }
+            self.binding
+                .bind_input(MASK_INPUT, &lora.mask(self.rows)?)
                 .map_err(run_error)?;
         }
         let positions = if all_logits == Some(true) { width } else { 1 };
@@ -327,6 +346,7 @@ impl AnyBuffer {
     }
 
     /// See [`KvBuffer::run`].
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
         session: &mut Session,
@@ -335,8 +355,9 @@ impl AnyBuffer {
         mask: Vec<i64>,
         all_logits: Option<bool>,
         memory: RunMemory,
+        lora: Option<&LoraRun<'_>>,
     ) -> Result<DynValue> {
-        each!(self, b => b.run(session, ids, width, mask, all_logits, memory))
+        each!(self, b => b.run(session, ids, width, mask, all_logits, memory, lora))
     }
 
     /// See [`KvBuffer::copy_row`]; buffers of different types are refused.

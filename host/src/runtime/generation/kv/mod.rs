@@ -30,6 +30,7 @@ use self::{
     prefix::{Hit, Values},
 };
 use crate::error::{Error, Result};
+use crate::runtime::generation::lora::LoraRun;
 
 fn run_error(e: impl std::fmt::Display) -> Error {
     Error::internal(format!("the decoder failed: {e}"))
@@ -176,6 +177,7 @@ impl KvStore {
 
     /// Runs `prompts` (after the cached prefix `hit`, for a single prompt) in one decoder run;
     /// with `all`, asks for every position's logits (from decoders that take `all_logits`).
+    /// `lora`: the prompts' adapters (by prompt), for a decoder that takes them.
     pub fn prefill(
         &mut self,
         session: &mut Session,
@@ -183,6 +185,7 @@ impl KvStore {
         hit: Option<&Hit>,
         pad_id: i64,
         all: bool,
+        lora: Option<&LoraRun<'_>>,
     ) -> Result<Prefilled> {
         let n = prompts.len();
         let past_len = hit.map_or(0, |h| h.tokens);
@@ -279,6 +282,7 @@ impl KvStore {
                         shrink: all,
                         own_logits,
                     },
+                    lora,
                 )?;
                 Ok(Prefilled {
                     logits,
@@ -501,7 +505,7 @@ impl KvStore {
     /// `[rows, width, vocab]` when drafts run (`width` is 1 + the longest draft; position `j`
     /// of a row scores the token after its `j`th draft token). With `shrink`, ONNX Runtime's
     /// arena gives its free memory back at the end of the step (after a scored prompt, see
-    /// [`buffer::shrinking`]).
+    /// [`buffer::shrinking`]). `lora`: the adapters by slot, for a decoder that takes them.
     pub fn decode(
         &mut self,
         session: &mut Session,
@@ -509,6 +513,7 @@ impl KvStore {
         drafts: &[Vec<i64>],
         pad_id: i64,
         shrink: bool,
+        lora: Option<&LoraRun<'_>>,
     ) -> Result<DynValue> {
         match self {
             KvStore::Growing {
@@ -576,6 +581,7 @@ impl KvStore {
                         shrink,
                         own_logits: None,
                     },
+                    lora,
                 )
             }
         }

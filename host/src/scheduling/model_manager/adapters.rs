@@ -1,0 +1,157 @@
+//! LoRA adapters through the repository API: `model:adapter` names adapter `adapter` of the
+//! loaded generation model `model`, or of the generation models the ensemble `model` calls.
+//! Loading it reads PEFT's `adapter_config.json` and `adapter_model.safetensors` from the load
+//! request's `file:` parameters, or else from the model's `adapters/<adapter>/` folder in the
+//! repository; loading it again replaces it; unloading drops it (sequences running with it
+//! finish with it).
+
+use super::*;
+use crate::{
+    names::{split_adapter, AdapterName},
+    runtime::generation::lora::{self, Adapters, ADAPTERS_FOLDER, CONFIG_FILE, WEIGHTS_FILE},
+};
+
+impl ModelManager {
+    /// `(model, adapter)` when `name` names an adapter: `model:adapter` where `model` is loaded
+    /// and the repository holds no model called `name`.
+    pub fn adapter_ref<'a>(&self, name: &'a str) -> Option<(&'a str, &'a str)> {
+        let (model, adapter) = split_adapter(name)?;
+        (self.get(model, None).is_ok() && self.repository.find(name).is_err())
+            .then_some((model, adapter))
+    }
+
+    /// The generation models behind `model` that take adapters (itself, or the steps of an
+    /// ensemble), with where the repository keeps them.
+    fn adapter_holders(&self, model: &str) -> Result<Vec<(String, Arc<Adapters>)>> {
+        let version = self.get(model, None)?;
+        let mut holders: Vec<(String, Arc<Adapters>)> = Vec::new();
+        if let Some(a) = &version.adapters {
+            holders.push((model.to_owned(), a.clone()));
+        }
+        if let Executor::Ensemble(ensemble) = &version.executor {
+            for step in ensemble.models() {
+                if holders.iter().any(|(n, _)| n == step) {
+                    continue;
+                }
+                if let Some(a) = self.get(step, None).ok().and_then(|v| v.adapters.clone()) {
+                    holders.push((step.to_owned(), a));
+                }
+            }
+        }
+        if holders.is_empty() {
+            return Err(Error::invalid(format!(
+                "model '{model}' takes no LoRA adapters: it is not a generation model whose \
+                 decoder has adapter inputs (scripts/llm_export.py --lora), nor an ensemble \
+                 calling one"
+            )));
+        }
+        Ok(holders)
+    }
+
+    /// The adapters `model` runs with (its own, or its ensemble's generation models'), sorted.
+    pub fn adapter_names(&self, model: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .adapter_holders(model)
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|(_, a)| a.names())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Loads adapter `adapter` of `model` from the load request's files or the repository.
+    pub(super) async fn load_adapter(
+        &self,
+        model: &str,
+        adapter: &str,
+        overrides: LoadOverride,
+    ) -> Result<()> {
+        let adapter = AdapterName::parse(adapter)?;
+        if overrides.config_json.is_some() {
+            return Err(Error::invalid(format!(
+                "failed to load adapter '{adapter}' of model '{model}': an adapter is loaded \
+                 from 'file:{CONFIG_FILE}' and 'file:{WEIGHTS_FILE}' (or the model's \
+                 {ADAPTERS_FOLDER}/{adapter}/ folder), not a 'config'",
+                adapter = adapter.as_str()
+            )));
+        }
+        if let Some((path, _)) = overrides
+            .files
+            .iter()
+            .find(|(p, _)| ![CONFIG_FILE, WEIGHTS_FILE].contains(&p.to_string().as_str()))
+        {
+            return Err(Error::invalid(format!(
+                "failed to load adapter '{}' of model '{model}': load parameter 'file:{path}' is \
+                 not one of an adapter's files ({CONFIG_FILE}, {WEIGHTS_FILE})",
+                adapter.as_str()
+            )));
+        }
+        let mut jobs = Vec::new();
+        for (holder, adapters) in self.adapter_holders(model)? {
+            let folder = match overrides.files.is_empty() {
+                true => Some(
+                    self.repository
+                        .find(&holder)
+                        .map_err(|e| Error::not_found(e.to_string()))?
+                        .dir
+                        .join(ADAPTERS_FOLDER)
+                        .join(adapter.as_str()),
+                ),
+                false => None,
+            };
+            jobs.push((adapters, folder));
+        }
+        let files = overrides.files;
+        let name = adapter.as_str().to_owned();
+        let model = model.to_owned();
+        // Reading and transposing the weights is file and CPU work: off the async runtime.
+        tokio::task::spawn_blocking(move || {
+            for (adapters, folder) in jobs {
+                let (config, weights) = match &folder {
+                    Some(dir) => lora::read_files(dir)?,
+                    None => (given(&files, CONFIG_FILE)?, given(&files, WEIGHTS_FILE)?),
+                };
+                adapters
+                    .load(&name, &config, &weights)
+                    .map_err(|e| e.within(format_args!("failed to load '{model}:{name}'")))?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::internal(format!("loading the adapter failed: {e}")))?
+    }
+
+    /// Unloads adapter `adapter` of `model`.
+    pub(super) fn unload_adapter(&self, model: &str, adapter: &str) -> Result<()> {
+        let adapter = AdapterName::parse(adapter)?;
+        let mut result = Ok(());
+        let mut unloaded = false;
+        for (_, adapters) in self.adapter_holders(model)? {
+            match adapters.unload(adapter.as_str()) {
+                Ok(()) => unloaded = true,
+                Err(e) => result = Err(e),
+            }
+        }
+        if unloaded {
+            Ok(())
+        } else {
+            result
+        }
+    }
+}
+
+/// One of an adapter's files from the load request.
+fn given(files: &[(ModelFilePath, Vec<u8>)], file: &str) -> Result<Vec<u8>> {
+    files
+        .iter()
+        .find(|(p, _)| p.to_string() == file)
+        .map(|(_, content)| content.clone())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "loading an adapter from the request takes 'file:{CONFIG_FILE}' and \
+                 'file:{WEIGHTS_FILE}'; 'file:{file}' is missing"
+            ))
+        })
+}
