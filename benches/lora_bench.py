@@ -158,7 +158,7 @@ def repository(tmp, adapters, plain):
         f.write(text)
     shutil.copytree(os.path.join(repo, "smollm2_decoder"), os.path.join(repo, "smollm2_plain_decoder"))
     shutil.copy(plain, os.path.join(repo, "smollm2_plain_decoder", "1", "model_q8.onnx"))
-    os.makedirs(os.path.join(repo, "smollm2_plain"))
+    shutil.copytree(os.path.join(repo, "smollm2"), os.path.join(repo, "smollm2_plain"))
     with open(os.path.join(repo, "smollm2", "config.pbtxt")) as f:
         ensemble = f.read().replace('model_name: "smollm2_decoder"', 'model_name: "smollm2_plain_decoder"')
     with open(os.path.join(repo, "smollm2_plain", "config.pbtxt"), "w") as f:

@@ -236,6 +236,20 @@ def test_the_openai_client_chats_with_an_adapter_by_its_model_name(smol):
             max_tokens=12, temperature=0)
         return answer.model, answer.choices[0].message.content
 
+    # While a sequence runs with the adapter, vLLM's gauge names it (what the Gateway API
+    # Inference Extension routes adapters by), read early in an answer of 200 tokens.
+    stream = client.chat.completions.create(
+        model="smollm2:sql", messages=[{"role": "user", "content": "Count."}], max_tokens=200,
+        temperature=0, stream=True, extra_body={"ignore_eos": True})
+    # The third chunk holding text: the first comes from the prefill, before the sequence joins
+    # the batch; the third from the second decode step, after the first step's report.
+    texts = (c for c in stream if c.choices and c.choices[0].delta.content)
+    for _ in range(3):
+        next(texts)
+    info = [line for line in smol.metrics_text().splitlines()
+            if line.startswith('vllm:lora_requests_info{model="smollm2_decoder"')]
+    stream.close()
+    assert len(info) == 1 and 'running_lora_adapters="sql"' in info[0] and 'max_lora="16"' in info[0], info
     base = ask("smollm2")
     adapted = ask("smollm2:sql")
     assert adapted[0] == "smollm2:sql"

@@ -171,11 +171,15 @@ pub fn load(
     super::heap::release_freed();
     let element_bytes = if spec.half { 2 } else { 4 };
     let bytes_per_token = (spec.layers * 2 * spec.kv_heads * spec.head_dim * element_bytes) as u64;
-    let stats = Arc::new(GenerationStats::new(
+    let mut stats = GenerationStats::new(
         cache_tokens as u64,
         bytes_per_token,
         prefix_cache_tokens > 0,
-    ));
+    );
+    if adapters.is_some() {
+        stats = stats.with_lora(lora_limits.max_adapters);
+    }
+    let stats = Arc::new(stats);
     tracing::info!(
         model = %name,
         layers = spec.layers,

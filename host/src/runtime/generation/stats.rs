@@ -113,6 +113,22 @@ pub struct GenerationStats {
     pub inter_token_latency: Histogram,
     /// With KV-cache events on: tokens per block and the blocks the prefix cache holds.
     kv_blocks: std::sync::Mutex<Option<(usize, Vec<u64>)>>,
+    /// For a decoder that takes LoRA adapters: which adapters run and wait.
+    lora: std::sync::Mutex<Option<LoraUse>>,
+}
+
+/// The LoRA adapters a model's sequences use, as vLLM's `vllm:lora_requests_info` tells them
+/// (what the Gateway API Inference Extension's endpoint picker routes adapters by).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoraUse {
+    /// Adapters loaded at most (`max_loras`).
+    pub max: usize,
+    /// Adapters of the running sequences, comma-separated, sorted.
+    pub running: String,
+    /// Adapters of the sequences waiting, comma-separated, sorted.
+    pub waiting: String,
+    /// Unix seconds of the last change (the gauge's value, as vLLM sets it).
+    pub since: f64,
 }
 
 impl GenerationStats {
@@ -140,6 +156,36 @@ impl GenerationStats {
             time_to_first_token: Histogram::new(TTFT_BOUNDS),
             inter_token_latency: Histogram::new(ITL_BOUNDS),
             kv_blocks: std::sync::Mutex::new(None),
+            lora: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Reports LoRA adapters: at most `max` loaded, none in use yet.
+    pub fn with_lora(self, max: usize) -> Self {
+        *self.lock_lora() = Some(LoraUse {
+            max,
+            since: unix_now(),
+            ..LoraUse::default()
+        });
+        self
+    }
+
+    /// The adapters in use, for a decoder that takes them.
+    pub fn lock_lora(&self) -> std::sync::MutexGuard<'_, Option<LoraUse>> {
+        self.lora
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records the adapters the running and the waiting sequences use (names sorted, each
+    /// once), if they changed.
+    pub fn set_lora_use(&self, running: String, waiting: String) {
+        if let Some(usage) = self.lock_lora().as_mut() {
+            if usage.running != running || usage.waiting != waiting {
+                usage.running = running;
+                usage.waiting = waiting;
+                usage.since = unix_now();
+            }
         }
     }
 
@@ -158,4 +204,10 @@ impl GenerationStats {
         }
         self.cache_used_tokens.load(Relaxed).max(0) as f64 / self.cache_capacity_tokens as f64
     }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }

@@ -469,11 +469,32 @@ impl Worker {
                 }
             }
             self.stats.running.store(self.rows.len() as i64, Relaxed);
+            if self.stacks.is_some() {
+                self.report_adapters();
+            }
             self.stats
                 .cache_used_tokens
                 .store(self.store.held_tokens() as i64, Relaxed);
         }
         true
+    }
+
+    /// Tells which adapters the running and the waiting sequences use.
+    fn report_adapters(&self) {
+        fn names<'a>(adapters: impl Iterator<Item = &'a Option<Arc<Adapter>>>) -> String {
+            let mut names: Vec<&str> = adapters.flatten().map(|a| a.name.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            names.join(",")
+        }
+        let running = names(self.rows.iter().map(|r| &r.sub.adapter));
+        let waiting = names(
+            self.waiting
+                .iter()
+                .map(|s| &s.adapter)
+                .chain(self.preempted.iter().map(|r| &r.sub.adapter)),
+        );
+        self.stats.set_lora_use(running, waiting);
     }
 
     /// Keeps the rows marked in `keep`.

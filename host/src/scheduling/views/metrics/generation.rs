@@ -127,6 +127,25 @@ pub fn render(server: &Server) -> String {
             if s.prefix_cache_enabled { "True" } else { "False" },
         );
     }
+    // The adapters in use, as vLLM reports them (its value: when they last changed).
+    let name = "vllm:lora_requests_info";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Running stats on lora requests.\n# TYPE {name} gauge"
+    );
+    for (m, v, s) in &models {
+        if let Some(usage) = s.lock_lora().clone() {
+            let _ = writeln!(
+                out,
+                "{name}{{{},max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {}",
+                labels(m, *v),
+                usage.max,
+                escape(&usage.running),
+                escape(&usage.waiting),
+                usage.since
+            );
+        }
+    }
     let name = "vllm:request_success_total";
     let _ = writeln!(out, "# HELP {name} Count of finished requests by finish reason (abort: the client went away).\n# TYPE {name} counter");
     for (m, v, s) in &models {
