@@ -185,6 +185,16 @@ def test_adapters_the_decoder_cannot_take_are_refused_by_name(tiny):
             "file:adapter_model.safetensors": base64.b64encode(files["file:adapter_model.safetensors"]).decode()}}
         status, answer = post(tiny, "/v2/repository/models/tiny_lora:odd/load", body)
         assert status == 400 and field in answer["error"], answer
+    # Weights that are not a safetensors file (a header claiming more than the file holds).
+    for junk in (b"junk", (1 << 40).to_bytes(8, "little") + b"{}"):
+        body = {"parameters": {
+            "file:adapter_config.json": base64.b64encode(files["file:adapter_config.json"]).decode(),
+            "file:adapter_model.safetensors": base64.b64encode(junk).decode()}}
+        status, answer = post(tiny, "/v2/repository/models/tiny_lora:odd/load", body)
+        assert status == 400 and "adapter_model.safetensors" in answer["error"], answer
+    # The request parameter must name an adapter.
+    status, answer = post(tiny, "/v2/models/tiny_lora/generate", {"input_ids": PROMPTS[0], "lora": 7})
+    assert status == 400 and "'lora'" in answer["error"], answer
     # A file that is not an adapter's, a bad name, a model without adapter inputs.
     body = {"parameters": {"file:1/model.onnx": base64.b64encode(b"x").decode()}}
     status, answer = post(tiny, "/v2/repository/models/tiny_lora:odd/load", body)

@@ -395,5 +395,25 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.message.contains("use_dora"), "{}", err.message);
+        let wide = safetensors_of(&[(
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+            vec![2, 3],
+            vec![0.0; 6],
+        )]);
+        let limits = Limits {
+            max_rank: 1,
+            ..Limits::default()
+        };
+        let err =
+            Adapter::from_peft("x", b"{\"lora_alpha\": 1}", &wide, &sig, &limits).unwrap_err();
+        assert!(err.message.contains("max_lora_rank"), "{}", err.message);
+        let config = b"{\"lora_alpha\": 1}";
+        let err =
+            Adapter::from_peft("x", config, b"not a safetensors file", &sig, &limits).unwrap_err();
+        assert!(
+            err.message.contains("adapter_model.safetensors"),
+            "{}",
+            err.message
+        );
     }
 }
