@@ -1,10 +1,11 @@
-"""Names from requests never walk the filesystem: model names and `file:` keys of the load API
-(HTTP and gRPC), versions and requested outputs are parsed strictly, and a failed load leaves
-nothing behind. Each attack gets a 4xx naming the field, the planted victims stay as they were,
+"""Names from requests never walk the filesystem: model names, LoRA adapters' names and `file:`
+keys of the load API (HTTP and gRPC), versions and requested outputs are parsed strictly, and a
+failed load leaves nothing behind. Each attack gets a 4xx naming the field, the planted victims stay as they were,
 and the server still answers real requests."""
 import base64
 import json
 import os
+import sys
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -203,5 +204,59 @@ def test_models_a_stage_says_it_calls_go_through_the_name_check(server, tmp_path
         assert status == 400, (hostile, status, body)
         assert "invalid model name" in error_text(body), (hostile, body)
         assert raw(server.http, "GET", "/v2/models/caller/ready")[0] != 200
+    untouched()
+    still_serves(server)
+
+
+@pytest.fixture(scope="module")
+def adapter_server(tmp_path_factory):
+    """A generation model that takes LoRA adapters (`model:adapter` names, adapters/ folder)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import llm_export
+    import onnx
+
+    repo = tmp_path_factory.mktemp("adapters")
+    copy_models(str(repo), ["simple"])
+    model = repo / "tiny_lora"
+    (model / "1").mkdir(parents=True)
+    onnx.save(llm_export.tiny(shared_cache=True, lora=("q_proj", "v_proj"))[0], str(model / "1" / "model.onnx"))
+    (model / "1" / "generation_config.json").write_text('{"eos_token_id": 3, "pad_token_id": 0}')
+    (model / "config.pbtxt").write_text(
+        'backend: "generation"\nmax_batch_size: 2\n'
+        'parameters { key: "max_sequence_length" value { string_value: "64" } }\n')
+    s = Server(str(repo), "--model-control-mode", "explicit", "--load-model", "tiny_lora",
+               "--load-model", "simple")
+    yield s
+    s.stop()
+
+
+def test_adapter_names_never_name_a_folder_outside(adapter_server, tmp_path):
+    """`model:adapter` loads read `<model>/adapters/<adapter>/`: an adapter's name is a plain
+    folder name (or the whole name is refused as a model name), `file:` keys are checked as for
+    models, and the `lora` request parameter is only ever looked up, never opened."""
+    server = adapter_server
+    victim, untouched = plant_victim(tmp_path)
+    # The victim looks like an adapter: loading it would mean reading outside the repository.
+    (victim / "adapter_config.json").write_text('{"r": 1, "lora_alpha": 1}')
+    untouched_files = sorted(p.name for p in victim.iterdir())
+    for adapter in ["..", ".", ".hidden", "a b", "x" * 200, "a:b"]:
+        path = f"/v2/repository/models/{quoted('tiny_lora:' + adapter)}/load"
+        status, body = raw(server.http, "POST", path, {})
+        assert status == 400 and "invalid adapter name" in error_text(body), (adapter, status, body)
+    for adapter in [f"../../../../../..{victim}", "../../simple", "..\\..\\x", "a\x00b"]:
+        path = f"/v2/repository/models/{quoted('tiny_lora:' + adapter)}/load"
+        status, body = raw(server.http, "POST", path, {})
+        assert status == 400, (adapter, status, body)
+        assert "invalid model name" in error_text(body) or "invalid adapter name" in error_text(body), body
+    for key in ["../adapter_config.json", "/etc/passwd", "adapters/../../x"]:
+        body = {"parameters": {f"file:{key}": base64.b64encode(b"{}").decode()}}
+        status, answer = raw(server.http, "POST", "/v2/repository/models/tiny_lora:x/load", body)
+        assert status == 400 and "load parameter 'file:" in error_text(answer), (key, answer)
+    for name in [str(victim), "../" * 8 + str(victim)[1:], "victim"]:
+        status, answer = raw(server.http, "POST", "/v2/models/tiny_lora/generate",
+                             {"input_ids": [5, 6], "max_tokens": 2, "lora": name})
+        assert status == 404 and "no adapter" in error_text(answer), (name, answer)
+    assert sorted(p.name for p in victim.iterdir()) == untouched_files
+    (victim / "adapter_config.json").unlink()
     untouched()
     still_serves(server)
