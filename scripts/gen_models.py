@@ -140,6 +140,22 @@ def gguf_file(requirement, member):
 ADAPTER_TARGETS = ("q_proj", "v_proj")
 
 
+# What the SmolLM2 exports are: a checkout whose decoder files were written by an older
+# export (another stamp in smollm2_decoder/1/export.txt) gets them written again.
+SMOLLM2_EXPORT = "shared cache; 8-bit int8 compute beside FP32; LoRA inputs on " + ",".join(ADAPTER_TARGETS)
+
+
+def stale_smollm2(repo):
+    """Removes the decoder exports when they are not of this export (a fresh one follows)."""
+    version_dir = os.path.join(repo, "smollm2_decoder", "1")
+    stamp = os.path.join(version_dir, "export.txt")
+    current = open(stamp).read().strip() if os.path.exists(stamp) else None
+    if current != SMOLLM2_EXPORT:
+        for name in ("model.onnx", "model_q8.onnx", "export.txt"):
+            if os.path.exists(os.path.join(version_dir, name)):
+                os.remove(os.path.join(version_dir, name))
+
+
 def smollm2(dest):
     """The chat model's decoder and its tokenizer files, and the files its stages read."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -313,11 +329,13 @@ def main():
         "trtllm_postprocessing/1/tokenizer.json": lambda p: write(
             p, open(os.path.join(repo, "smollm2_decoder", "1", "tokenizer.json"), "rb").read()),
     }
+    stale_smollm2(repo)
     for name, make in targets.items():
         path = os.path.join(repo, name if "/" in name else os.path.join(name, "1", "model.onnx"))
         if not os.path.exists(path):
             make(path)
             print(f"generated {path}")
+    write(os.path.join(repo, "smollm2_decoder", "1", "export.txt"), (SMOLLM2_EXPORT + "\n").encode())
     if len(sys.argv) > 2:
         # Test images: a plain one and "text lines" running across and down the page.
         ink = (20, 20, 20)
