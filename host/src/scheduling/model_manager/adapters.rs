@@ -21,7 +21,7 @@ impl ModelManager {
     }
 
     /// The generation models behind `model` that take adapters (itself, or the steps of an
-    /// ensemble), with where the repository keeps them.
+    /// ensemble), by name.
     fn adapter_holders(&self, model: &str) -> Result<Vec<(String, Arc<Adapters>)>> {
         let version = self.get(model, None)?;
         let mut holders: Vec<(String, Arc<Adapters>)> = Vec::new();
