@@ -244,6 +244,7 @@ custom-ops:
 # with (--converter-python), for the conversion tests; `make run` does not need it.
 CONVERT_VENV := .venv-convert
 convert-env: $(CONVERT_VENV)/.installed
+	scripts/install-bubblewrap.sh
 # torch, onnx, onnxscript and onnxruntime are the diffusion environment's (the same pins), seen
 # through a .pth file: one copy of PyPI's 5 GB torch per checkout; pip installs the rest.
 $(CONVERT_VENV)/.installed: scripts/convert-requirements.txt $(DIFFUSION_VENV)/.installed

@@ -214,6 +214,26 @@ pub struct Cli {
     /// The most one conversion may take, in seconds.
     #[arg(long, default_value_t = 600)]
     pub converter_timeout_secs: u64,
+    /// How the converter is confined: `bwrap` (bubblewrap: no network, no file outside its
+    /// scratch folder, user nobody, resource limits) or `none` (a plain child process with the
+    /// server's rights: a model file's embedded code could then reach what the server can).
+    #[arg(long, default_value = "bwrap", value_name = "bwrap|none")]
+    pub converter_sandbox: wasmtron::runtime::conversion::confine::Sandbox,
+    /// The converter's address-space limit, in MiB.
+    #[arg(long, default_value_t = wasmtron::runtime::conversion::DEFAULT_MEMORY_MB)]
+    pub converter_memory_mb: u64,
+    /// Convert PyTorch and TensorFlow files that clients send with a load request (HTTP,
+    /// gRPC or a Python model's `load_model`) as well. Off by default: reading such a file
+    /// can run code it carries (a pickle), confined to the converter's sandbox; without this
+    /// flag a client sends ONNX models, and only models placed in the repository are converted.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub convert_uploaded_models: bool,
+    /// Let models load and unload models from their code (Triton's `pb_utils.load_model`,
+    /// which works in explicit model control mode, held to the rights of the tenants a model
+    /// runs for); `false` refuses those calls for every model (one model: its parameter
+    /// `repository_calls: "off"`).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub allow_model_repository_calls: bool,
     /// Path of libonnxruntime.so (default: ORT_DYLIB_PATH, next to the binary, or the copy `make` fetched).
     #[arg(long)]
     pub onnxruntime_library: Option<PathBuf>,
@@ -391,6 +411,12 @@ pub enum Command {
         /// The most one conversion may take, in seconds.
         #[arg(long, default_value_t = 600)]
         converter_timeout_secs: u64,
+        /// How the converter is confined: `bwrap` or `none` (as the server's flag).
+        #[arg(long, default_value = "bwrap", value_name = "bwrap|none")]
+        converter_sandbox: wasmtron::runtime::conversion::confine::Sandbox,
+        /// The converter's address-space limit, in MiB.
+        #[arg(long, default_value_t = wasmtron::runtime::conversion::DEFAULT_MEMORY_MB)]
+        converter_memory_mb: u64,
         /// The cache the server reads (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
         #[arg(long)]
         wasm_cache_dir: Option<PathBuf>,

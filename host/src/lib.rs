@@ -19,6 +19,7 @@
 
 pub mod cancellation;
 pub mod classification;
+pub mod content_hash;
 pub mod error;
 pub mod frontends;
 pub mod inference;

@@ -204,14 +204,20 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
             repository,
             converter_python,
             converter_timeout_secs,
+            converter_sandbox,
+            converter_memory_mb,
             wasm_cache_dir,
         }) => {
             let options = wasmtron::runtime::RuntimeOptions {
                 wasm_cache_dir: wasm_cache_dir
                     .or_else(wasmtron::runtime::wasm::engine::default_cache_dir),
                 converter: Some(wasmtron::runtime::conversion::ConverterSettings {
-                    python: converter_python,
-                    timeout: Duration::from_secs(converter_timeout_secs.max(1)),
+                    sandbox: converter_sandbox,
+                    memory_mb: converter_memory_mb,
+                    ..wasmtron::runtime::conversion::ConverterSettings::new(
+                        converter_python,
+                        Duration::from_secs(converter_timeout_secs.max(1)),
+                    )
                 }),
                 ..Default::default()
             };
@@ -412,11 +418,17 @@ async fn server_options(
             python_runtime: cli.python_runtime.clone(),
             converter: converter_python(cli.converter_python.as_deref()).map(|python| {
                 wasmtron::runtime::conversion::ConverterSettings {
-                    python,
-                    timeout: Duration::from_secs(cli.converter_timeout_secs.max(1)),
+                    sandbox: cli.converter_sandbox,
+                    memory_mb: cli.converter_memory_mb,
+                    convert_uploads: cli.convert_uploaded_models,
+                    ..wasmtron::runtime::conversion::ConverterSettings::new(
+                        python,
+                        Duration::from_secs(cli.converter_timeout_secs.max(1)),
+                    )
                 }
             }),
             allow_custom_op_libraries: cli.allow_custom_op_libraries,
+            forbid_repository_calls: !cli.allow_model_repository_calls,
             kv_events: kv_events(cli).await?,
             ..defaults.runtime
         },

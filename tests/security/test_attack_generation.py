@@ -3,6 +3,7 @@ unbounded work (thousands of banned or stop words, huge `n`, `top_logprobs` or t
 out-of-vocabulary biases, tens of thousands of texts to embed, oversized or hostile guides for
 constrained decoding) are refused with a 400 naming the field or served within bounds, and the
 server answers a real request right after."""
+import json
 import os
 import sys
 
@@ -206,3 +207,36 @@ def test_a_guide_at_the_bound_compiles_on_a_deep_stack_and_is_followed(server):
     assert set(text.replace("a", "")) <= {"b", "z"} and text.count("b") + text.count("z") <= 1, text
     still_generates(server)
 
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+LONG = "word " * ((4 << 20) // 5)  # 4 MiB of text
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/responses", {"model": "smollm2", "input": "Hi", "instructions": LONG,
+                       "max_output_tokens": 2}, "instructions"),
+    ("/v1/responses", {"model": "smollm2", "input": [{"role": "user", "content": LONG}],
+                       "max_output_tokens": 2}, "input"),
+    ("/v1/chat/completions", {"model": "smollm2", "max_tokens": 2, "messages": [
+        {"role": "system", "content": LONG}, {"role": "user", "content": "Hi"}]}, "messages"),
+    ("/v1/chat/completions", {"model": "smollm2", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "x" * 200_000}, {"role": "user", "content": "y" * 200_000}]},
+     "messages"),
+    ("/v1/completions", {"model": "smollm2", "max_tokens": 2, "prompt": LONG}, "prompt"),
+])
+def test_a_prompt_over_the_models_bound_is_refused_before_the_model(server, path, body, param):
+    before = rss_mib(server.proc.pid)
+    sent = len(json.dumps(body))
+    status, answer = raw(server.http, "POST", path, body, timeout=300)
+    assert status == 400, answer
+    error = answer["error"]
+    assert error.get("param") == param, error
+    assert "max_prompt_chars" in error["message"] and "262144" in error["message"], error
+    grown = rss_mib(server.proc.pid) - before
+    assert grown < 7 * sent / (1 << 20), f"+{grown:.0f} MiB for a {sent >> 20} MiB body"
+    still_generates(server)

@@ -35,6 +35,27 @@ const DEFAULT: Settings = Settings {
     count: Some(-1),
 };
 
+/// The model a per-model trace settings request names, checked once for both protocols: a
+/// malformed name is refused (400), a model the server neither serves nor finds in its
+/// repositories is not found (404), so settings are kept only for models that exist; `None`
+/// (the global settings) passes.
+pub fn model_of<'a>(
+    server: &crate::scheduling::server::Server,
+    model: Option<&'a str>,
+) -> Result<Option<&'a str>> {
+    let Some(name) = model else {
+        return Ok(None);
+    };
+    crate::names::ModelName::parse(name)?;
+    let models = server.models();
+    if models.get(name, None).is_err() && models.repository().find(name).is_err() {
+        return Err(Error::not_found(format!(
+            "Request for unknown model: '{name}' is not found"
+        )));
+    }
+    Ok(Some(name))
+}
+
 /// The trace settings of a server and the requests they select.
 #[derive(Debug)]
 pub struct Tracing {

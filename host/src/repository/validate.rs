@@ -27,6 +27,17 @@ pub fn validate(config: &mut ModelConfig, model_name: &str, file: &str) -> Resul
             config.name, model_name
         )));
     }
+    // The file is looked up in each version's folder: a path that climbs out of it (a
+    // configuration sent with a load request may say anything) is refused.
+    if !config.default_model_filename.is_empty() {
+        crate::names::ModelFilePath::parse(&config.default_model_filename).map_err(|_| {
+            invalid(format!(
+                "field 'default_model_filename': \"{}\" must name a file or folder inside the \
+                 version folder (plain names separated by '/', without '.' or '..')",
+                config.default_model_filename.escape_debug()
+            ))
+        })?;
+    }
     if config.max_batch_size < 0 {
         return Err(invalid(format!(
             "field 'max_batch_size': must be 0 (no batching) or positive, got {}",

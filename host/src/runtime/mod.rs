@@ -314,6 +314,14 @@ pub struct RuntimeOptions {
     /// Generation models tell their prefix cache's changes as vLLM's KV-cache events here
     /// (`--kv-events-config`).
     pub kv_events: Option<generation::kv::events::KvEvents>,
+    /// The model's configuration or files came with a load request (a client's, or a
+    /// sandboxed model's `load_model`), not from the repository the operator placed: nothing
+    /// of it may make native code run (no conversion unless `--convert-uploaded-models`, no
+    /// custom operator libraries). Set per load by the model manager.
+    pub sent_by_client: bool,
+    /// Models may not load or unload models from their code (`--allow-model-repository-calls
+    /// =false`); per model, the `repository_calls` parameter says the same.
+    pub forbid_repository_calls: bool,
 }
 
 /// Whether the model answers 0..N times per request (`model_transaction_policy.decoupled`).

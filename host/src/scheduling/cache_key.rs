@@ -1,6 +1,8 @@
 //! A request's identity in the response cache, in memory or in Redis: a hash of the model,
-//! version, tenants, inputs and the outputs asked for (and how: a class count changes the
-//! answer; how a frontend encodes an output does not).
+//! version, what the version was loaded from (its files' and configuration's SHA-256, so a
+//! model loaded again from other files never finds the answers of the old ones, on this server
+//! or any other sharing a Redis), tenants, inputs and the outputs asked for (and how: a class
+//! count changes the answer; how a frontend encodes an output does not).
 
 use sha2::{Digest, Sha256};
 
@@ -9,8 +11,15 @@ use crate::inference::{InferRequest, ParamValue};
 /// A request's identity in the cache.
 pub type Key = [u8; 32];
 
-/// The key of `request` to `model` version `version` for `tenants` (their names, or none).
-pub fn key(model: &str, version: i64, request: &InferRequest, tenants: &[String]) -> Key {
+/// The key of `request` to `model` version `version`, loaded as `generation`, for `tenants`
+/// (their names, or none).
+pub fn key(
+    model: &str,
+    version: i64,
+    generation: &[u8; 32],
+    request: &InferRequest,
+    tenants: &[String],
+) -> Key {
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
         h.update((bytes.len() as u64).to_le_bytes());
@@ -18,6 +27,7 @@ pub fn key(model: &str, version: i64, request: &InferRequest, tenants: &[String]
     };
     field(model.as_bytes());
     field(&version.to_le_bytes());
+    field(generation);
     field(&(tenants.len() as u64).to_le_bytes());
     for tenant in tenants {
         field(tenant.as_bytes());

@@ -60,6 +60,11 @@ pub struct ModelVersion {
     /// Where the served model came from when not the version's own file (a PyTorch or
     /// TensorFlow model's conversion): the version's status line in the repository index.
     pub origin: Option<String>,
+    /// SHA-256 of what it was loaded from (the model folder's files and a configuration sent
+    /// with the load), when the server has a response cache: its answers are kept under it.
+    pub content: Option<[u8; 32]>,
+    /// A cached answer that did not fit the configuration was logged (once per version).
+    pub cache_misfit_logged: std::sync::atomic::AtomicBool,
     /// The files given to the load API, kept while the version lives: its backends may open
     /// them again later (a new stage instance), and nobody else can swap them in between.
     /// Held only to keep the folder; removed with the last version that uses it.
@@ -174,8 +179,9 @@ pub struct ManagerOptions {
     /// Models loaded at once when several load together (start-up, poll): Triton's
     /// `--model-load-thread-count`.
     pub load_threads: usize,
-    /// Whether the server has a response cache (`--cache-config`).
-    pub response_cache: bool,
+    /// The server's response cache (`--cache-config`), if any: a model's answers there are
+    /// dropped when it is loaded again or unloaded.
+    pub response_cache: Option<Arc<super::response_cache::ResponseCache>>,
     /// The rate limiter (`--rate-limit=execution_count`), if on.
     pub rate_limiter: Option<Arc<super::rate_limiter::RateLimiter>>,
     /// The latency metrics each model records (`--metrics-config`).
@@ -520,6 +526,7 @@ impl ModelManager {
         match outcome {
             Ok(versions) => {
                 tracing::info!(model = name, versions = ?versions.keys().collect::<Vec<_>>(), "model loaded");
+                self.forget_answers(name);
                 entry.versions = versions;
                 entry.state = ModelState::Ready;
                 entry.reason.clear();
@@ -597,6 +604,7 @@ impl ModelManager {
                 if users(&models, &model, name).is_empty() {
                     if let Some(entry) = models.get_mut(&model) {
                         Self::unload_entry(&model, entry);
+                        self.forget_answers(&model);
                     }
                 }
             }
@@ -604,12 +612,26 @@ impl ModelManager {
         match models.get_mut(name) {
             Some(entry) if !entry.versions.is_empty() => {
                 Self::unload_entry(name, entry);
+                self.forget_answers(name);
                 Ok(())
             }
             _ => Err(Error::new(
                 Code::InvalidArg,
                 format!("failed to unload '{name}', no version is available"),
             )),
+        }
+    }
+
+    /// Drops the response cache's answers of `name` kept in memory (Redis keeps them under the
+    /// old content's key, which no request of the new content finds).
+    fn forget_answers(&self, name: &str) {
+        if let Some(local) = self
+            .options
+            .response_cache
+            .as_deref()
+            .and_then(super::response_cache::ResponseCache::as_local)
+        {
+            local.forget_model(name);
         }
     }
 

@@ -197,6 +197,11 @@ impl Server {
             }
         }
         let runtime = tokio::runtime::Handle::current();
+        let cache = match &options.response_cache_redis {
+            Some(redis) => Some(Arc::new(ResponseCache::redis(redis.clone()))),
+            None => (options.response_cache_bytes > 0)
+                .then(|| Arc::new(ResponseCache::local(options.response_cache_bytes))),
+        };
         let server = Arc::new_cyclic(|weak| {
             let mut runtime_options = options.runtime.clone();
             runtime_options.model_caller = Some(Arc::new(ServerCaller {
@@ -210,17 +215,11 @@ impl Server {
                     queue_capacity: options.queue_capacity,
                     execution_share: Arc::new(ExecutionShare::new(options.execution_slots)),
                     load_threads: options.load_threads,
-                    response_cache: options.response_cache_bytes > 0
-                        || options.response_cache_redis.is_some(),
+                    response_cache: cache.clone(),
                     latency_metrics: options.latency_metrics.clone(),
                     rate_limiter: options.rate_limiter.clone(),
                 },
             ));
-            let cache = match &options.response_cache_redis {
-                Some(redis) => Some(Arc::new(ResponseCache::redis(redis.clone()))),
-                None => (options.response_cache_bytes > 0)
-                    .then(|| Arc::new(ResponseCache::local(options.response_cache_bytes))),
-            };
             Self {
                 manager,
                 options,
@@ -417,10 +416,27 @@ impl Server {
                 return Err(err);
             }
         };
+        let outputs: Vec<String> = if request.outputs.is_empty() {
+            model.config.output.iter().map(|o| o.name.clone()).collect()
+        } else {
+            request.outputs.iter().map(|o| o.name.clone()).collect()
+        };
         let cached = self.cache_key(&model, &request);
+        // What a kept answer must hold (the request is the executor's once it runs).
+        let expected = cached.as_ref().map(|_| outputs.clone()).unwrap_or_default();
         if let Some((cache, key)) = &cached {
             let looked = Instant::now();
-            if let Some(mut hit) = cache.get(key).await {
+            let hit = cache.get(key).await.filter(|hit| {
+                self.fits_config(
+                    &model,
+                    &expected,
+                    hit,
+                    batch_size,
+                    &classes,
+                    "a cached answer",
+                )
+            });
+            if let Some(mut hit) = hit {
                 // As on Triton, a hit counts as a success but not as an inference.
                 hit.id = request.id.clone();
                 hit.model_name = model.name.clone();
@@ -436,11 +452,6 @@ impl Server {
                 return Ok(hit);
             }
         }
-        let outputs: Vec<String> = if request.outputs.is_empty() {
-            model.config.output.iter().map(|o| o.name.clone()).collect()
-        } else {
-            request.outputs.iter().map(|o| o.name.clone()).collect()
-        };
         let result = match &model.executor {
             Executor::Scheduler(scheduler) => {
                 scheduler
@@ -498,7 +509,16 @@ impl Server {
         });
         if let (Some((cache, key)), Ok(response)) = (&cached, &result) {
             let storing = Instant::now();
-            cache.insert(*key, response);
+            if self.fits_config(
+                &model,
+                &expected,
+                response,
+                batch_size,
+                &classes,
+                "an answer",
+            ) {
+                cache.insert(*key, response);
+            }
             model.stats.cache_miss.record(storing.elapsed());
             model.stats.latency.record_cache(false, storing.elapsed());
         }
@@ -525,8 +545,61 @@ impl Server {
             .iter()
             .filter_map(|c| c.tenant().map(str::to_owned))
             .collect();
-        let key = ResponseCache::key(&model.name, model.version, request, &tenants);
+        let key = ResponseCache::key(
+            &model.name,
+            model.version,
+            &self.generation(model)?,
+            request,
+            &tenants,
+        );
         Some((cache.clone(), key))
+    }
+
+    /// What `model`'s answers depend on: its own content, and for an ensemble the content of
+    /// each step's model as loaded now (a step loaded again changes the ensemble's answers).
+    fn generation(&self, model: &ModelVersion) -> Option<[u8; 32]> {
+        use sha2::Digest;
+        let own = model.content?;
+        let Executor::Ensemble(_) = &model.executor else {
+            return Some(own);
+        };
+        let mut h = sha2::Sha256::new();
+        h.update(own);
+        for (step, version) in super::ensemble::composing_models(&model.config) {
+            let step = self.models().get(&step, version).ok()?;
+            h.update(self.generation(&step)?);
+        }
+        Some(h.finalize().into())
+    }
+
+    /// Whether `answer` is what `model`'s configuration says it answers to `request` (see
+    /// [`super::response_cache::fits`]); the first answer that is not is logged, once per
+    /// version. A cached one that is not is a miss; a fresh one is not kept.
+    fn fits_config(
+        &self,
+        model: &ModelVersion,
+        outputs: &[String],
+        answer: &InferResponse,
+        batch_size: usize,
+        classes: &[(String, usize)],
+        what: &str,
+    ) -> bool {
+        match super::response_cache::fits(&model.config, outputs, answer, batch_size, classes) {
+            Ok(()) => true,
+            Err(why) => {
+                if !model
+                    .cache_misfit_logged
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        model = %model.name,
+                        "the response cache does not serve or keep {what} that does not fit \
+                         the model's configuration: {why}"
+                    );
+                }
+                false
+            }
+        }
     }
 
     /// The latency metrics models record (`--metrics-config`).

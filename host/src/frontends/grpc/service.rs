@@ -386,6 +386,7 @@ impl GrpcInferenceService for GrpcService {
             .map_err(to_status)?;
         let r = r.into_inner();
         let model = (!r.model_name.is_empty()).then_some(r.model_name.as_str());
+        let model = crate::frontends::trace::model_of(&self.server, model).map_err(to_status)?;
         let settings = if r.settings.is_empty() {
             self.tracing.settings(model)
         } else {

@@ -7,18 +7,23 @@
 //! file and needs no framework.
 //!
 //! The conversion runs `convert.py` (beside this file) in a Python environment that has the
-//! framework (`--converter-python`), as a child process with a clean environment and a time
-//! limit: the framework reads the model file exactly as Triton's backend would load it.
+//! framework (`--converter-python`), confined ([`confine`]: no network, no file outside its
+//! scratch folder, an unprivileged user, resource and time limits), since the framework reads
+//! the model file exactly as Triton's backend would load it, and a framework's reader can run
+//! code the file carries. Files a client sent with a load request are not converted at all
+//! unless the operator allows it (`--convert-uploaded-models`).
 
 use std::{
     io::{Read, Write},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+pub mod confine;
 
 use super::RuntimeOptions;
 use crate::{
@@ -102,13 +107,38 @@ pub fn default_python() -> Option<PathBuf> {
     made.is_file().then_some(made)
 }
 
-/// How conversions run: the converter environment's Python and the time one may take.
+/// The converter's address-space limit when `--converter-memory-mb` does not say: importing
+/// torch alone reserves about 4 GB.
+pub const DEFAULT_MEMORY_MB: u64 = 12 << 10;
+
+/// How conversions run: the converter environment's Python, how it is confined, and what it
+/// may take.
 #[derive(Debug, Clone)]
 pub struct ConverterSettings {
     /// A Python interpreter with the frameworks, onnx and onnxruntime.
     pub python: PathBuf,
     /// The most one conversion may take.
     pub timeout: Duration,
+    /// How the converter is confined (`--converter-sandbox`).
+    pub sandbox: confine::Sandbox,
+    /// The converter's address-space limit in MiB (`--converter-memory-mb`).
+    pub memory_mb: u64,
+    /// Whether files a client sent with a load request are converted too
+    /// (`--convert-uploaded-models`); by default only models the operator placed are.
+    pub convert_uploads: bool,
+}
+
+impl ConverterSettings {
+    /// The converter `python` with the default confinement and limits.
+    pub fn new(python: PathBuf, timeout: Duration) -> Self {
+        Self {
+            python,
+            timeout,
+            sandbox: confine::Sandbox::default(),
+            memory_mb: DEFAULT_MEMORY_MB,
+            convert_uploads: false,
+        }
+    }
 }
 
 /// One output's check against the framework.
@@ -223,7 +253,7 @@ pub fn convert(
             framework.platform()
         )));
     }
-    let source_sha256 = hash_source(&source)
+    let source_sha256 = crate::content_hash::sha256_hex(&source)
         .map_err(|e| Error::invalid(format!("model '{name}': cannot read '{file}': {e}")))?;
     let job = Job::of(framework, config, &source);
     let key = cache_key(&source_sha256, &job);
@@ -258,11 +288,23 @@ pub fn convert(
             framework.needs()
         )));
     };
+    if options.sent_by_client && !converter.convert_uploads {
+        return Err(Error::invalid(format!(
+            "model '{name}': {file} came with the load request and would have to be converted \
+             from {} to ONNX: the framework's reader runs code such a file may carry, so files \
+             sent to the server are not converted unless it was started with \
+             --convert-uploaded-models; send an ONNX model instead, or place the model in the \
+             repository",
+            framework.platform()
+        )));
+    }
     let scratch = private_dir::ScratchDir::new_in(&root, ".converting-").map_err(fail_cache)?;
-    let output = scratch.path().join("model.onnx");
+    let (workspace, copied, output) =
+        confine::Workspace::prepare(scratch.path(), &source).map_err(fail_cache)?;
     let started = Instant::now();
-    let answer = run_converter(converter, &job.with_output(&output), scratch.path())
+    let answer = run_converter(converter, &job.at(&copied, &output), scratch.path())
         .map_err(|e| Error::invalid(format!("model '{name}': converting {file}: {e}")))?;
+    workspace.collect().map_err(fail_cache)?;
     let manifest = match answer {
         Answer::Done(done) => Manifest {
             source: file.clone(),
@@ -463,7 +505,9 @@ impl Job {
         }
     }
 
-    fn with_output(mut self, output: &Path) -> Self {
+    /// The job run on the copy `source` of the model, writing `output`.
+    fn at(mut self, source: &Path, output: &Path) -> Self {
+        self.source = source.to_path_buf();
         self.output = output.to_path_buf();
         self
     }
@@ -520,57 +564,7 @@ fn cache_key(source_sha256: &str, job: &Job) -> String {
         h.update([0]);
     }
     h.update(SCRIPT.as_bytes());
-    hex(&h.finalize())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// SHA-256 of a file, or of every file under a directory (relative paths and contents, in
-/// path order).
-fn hash_source(source: &Path) -> std::io::Result<String> {
-    let mut h = Sha256::new();
-    if source.is_dir() {
-        let mut files = Vec::new();
-        collect_files(source, source, &mut files)?;
-        files.sort();
-        for relative in files {
-            h.update(relative.to_string_lossy().as_bytes());
-            h.update([0]);
-            hash_file(&source.join(&relative), &mut h)?;
-        }
-    } else {
-        hash_file(source, &mut h)?;
-    }
-    Ok(hex(&h.finalize()))
-}
-
-fn hash_file(path: &Path, h: &mut Sha256) -> std::io::Result<()> {
-    let mut file = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            return Ok(());
-        }
-        h.update(&buf[..n]);
-    }
-}
-
-fn collect_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            collect_files(root, &entry.path(), out)?;
-        } else if kind.is_file() {
-            if let Ok(relative) = entry.path().strip_prefix(root) {
-                out.push(relative.to_path_buf());
-            }
-        }
-    }
-    Ok(())
+    crate::content_hash::hex(&h.finalize())
 }
 
 /// The converter's answer.
@@ -598,25 +592,15 @@ struct Reply {
     hint: String,
 }
 
-/// Runs the converter on `job` in `scratch` (its working, home and temporary directory), with
-/// none of the server's environment, for at most the configured time.
+/// Runs the converter on `job` in `scratch` (its working, home and temporary directory),
+/// confined ([`confine::command`]), for at most the configured time.
 fn run_converter(
     converter: &ConverterSettings,
     job: &Job,
     scratch: &Path,
 ) -> std::result::Result<Answer, String> {
     let input = serde_json::to_vec(job).map_err(|e| e.to_string())?;
-    let mut child = Command::new(&converter.python)
-        .arg("-c")
-        .arg(SCRIPT)
-        .current_dir(scratch)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", scratch)
-        .env("TMPDIR", scratch)
-        .env("PYTHONNOUSERSITE", "1")
-        .env("TF_CPP_MIN_LOG_LEVEL", "2")
-        .env("CUDA_VISIBLE_DEVICES", "")
+    let mut child = confine::command(converter, SCRIPT, scratch)?
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -669,6 +653,9 @@ fn run_converter(
         tracing::debug!(target: "wasmtron::conversion", "{line}");
     }
     let Some(last) = stdout.lines().rev().find(|l| l.starts_with('{')) else {
+        if let Some(why) = confine::explain_failure(converter, &stderr) {
+            return Err(why);
+        }
         let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
         return Err(format!(
             "the converter ended ({status}) without an answer: {}",

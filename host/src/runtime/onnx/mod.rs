@@ -58,8 +58,7 @@ pub fn load_file(
     gpu::normalize_instance_groups(&mut config, gpu::DEFAULT_CPU_INSTANCE_COUNT);
     let mut settings = SessionSettings::of(&config)?;
     let model_dir = version_dir.parent().unwrap_or(version_dir);
-    settings.op_libraries =
-        operator_libraries(&config, model_dir, options.allow_custom_op_libraries)?;
+    settings.op_libraries = operator_libraries(&config, model_dir, options)?;
     let run_options = settings.run_options(&config.name)?.map(Arc::new);
     for key in config.parameters.keys().filter(|k| !known_parameter(k)) {
         tracing::warn!(

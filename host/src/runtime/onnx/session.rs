@@ -322,13 +322,14 @@ pub(super) fn with_gpu(
 
 /// The custom operator libraries of `model_operations { op_library_filename }`, as Triton's ONNX
 /// Runtime backend registers them with each session: native code run inside the server, so
-/// loaded only when `allowed` (`--allow-custom-op-libraries`), else the load is refused naming
-/// the flag. An absolute path is taken as given; a relative one names a file in the model's
-/// folder (without `.` or `..`).
+/// loaded only when allowed (`--allow-custom-op-libraries`), else the load is refused naming
+/// the flag, and never for a configuration or files sent with a load request. An absolute
+/// path is taken as given; a relative one names a file in the model's folder (without `.` or
+/// `..`).
 pub(super) fn operator_libraries(
     config: &ModelConfig,
     model_dir: &Path,
-    allowed: bool,
+    options: &crate::runtime::RuntimeOptions,
 ) -> Result<Vec<std::path::PathBuf>> {
     let name = &config.name;
     let named: Vec<&String> = config
@@ -339,7 +340,14 @@ pub(super) fn operator_libraries(
     if named.is_empty() {
         return Ok(Vec::new());
     }
-    if !allowed {
+    if options.sent_by_client {
+        return Err(Error::invalid(format!(
+            "model '{name}': field 'model_operations.op_library_filename': custom operator \
+             libraries are native code, and a configuration or files sent with a load request \
+             never name one; place the model and its library in the repository"
+        )));
+    }
+    if !options.allow_custom_op_libraries {
         return Err(Error::invalid(format!(
             "model '{name}': field 'model_operations.op_library_filename': custom operator \
              libraries are native code that would run inside the server, outside any sandbox; \

@@ -588,6 +588,7 @@ impl BatchDoor {
                 config,
                 files,
             } => {
+                self.model.repository_calls.check(by, "load_model")?;
                 let files = files
                     .into_iter()
                     .map(|(key, data)| {
@@ -613,6 +614,7 @@ impl BatchDoor {
                 model,
                 unload_dependents,
             } => {
+                self.model.repository_calls.check(by, "unload_model")?;
                 caller.unload(by, &self.callers, &model, unload_dependents)?;
                 Ok(serde_json::Value::Null)
             }

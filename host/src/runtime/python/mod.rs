@@ -129,6 +129,7 @@ pub fn load(
              requests; set passive: false on at least one"
         )));
     }
+    let repository_calls = RepositoryCalls::of(&config, options)?;
     let build = |config: &ModelConfig, runtime: Arc<Runtime>| {
         let count = instance_count(config);
         Arc::new(PythonModel {
@@ -141,6 +142,7 @@ pub fn load(
             version: version.clone(),
             model_file: model_file.clone(),
             caller: options.model_caller.clone(),
+            repository_calls,
             single_instance: count == 1,
             decoupled: crate::runtime::is_decoupled(config),
             metrics_owner: metrics::owner(),
@@ -190,4 +192,63 @@ pub fn load(
         origin: None,
         checks_readiness: model.checks_readiness(),
     })
+}
+
+/// The model config parameter that switches a model's repository calls (`load_model`,
+/// `unload_model`) off.
+pub const REPOSITORY_CALLS: &str = "repository_calls";
+
+/// Whether a model may load and unload models from its code (Triton's model loading API).
+/// On by default, as on Triton, where `pb_utils.load_model` works whenever the server's model
+/// control mode is explicit: the calls are held to the rights of the batch's tenants (of
+/// whoever loaded the model, in `initialize`), go through the same checks as the repository
+/// API, and files they send are never converted or loaded as native code. Off for the whole
+/// server (`--allow-model-repository-calls=false`) or for one model (`parameters { key:
+/// "repository_calls" value: { string_value: "off" } }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RepositoryCalls {
+    /// Allowed (held to the callers' rights).
+    Allowed,
+    /// Switched off for this model by its configuration.
+    OffForModel,
+    /// Switched off for the whole server.
+    OffForServer,
+}
+
+impl RepositoryCalls {
+    fn of(config: &ModelConfig, options: &RuntimeOptions) -> Result<Self> {
+        let per_model = match config.parameters.get(REPOSITORY_CALLS) {
+            None => true,
+            Some(p) => match p.string_value.trim() {
+                "on" | "true" => true,
+                "off" | "false" => false,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "model '{}': parameter '{REPOSITORY_CALLS}' must be \"on\" or \"off\", \
+                         got \"{other}\"",
+                        config.name
+                    )))
+                }
+            },
+        };
+        Ok(if options.forbid_repository_calls {
+            Self::OffForServer
+        } else if !per_model {
+            Self::OffForModel
+        } else {
+            Self::Allowed
+        })
+    }
+
+    /// The refusal of a call `what` by model `model`, when switched off.
+    pub(crate) fn check(self, model: &str, what: &str) -> Result<()> {
+        let why = match self {
+            Self::Allowed => return Ok(()),
+            Self::OffForModel => format!("its configuration's parameter '{REPOSITORY_CALLS}'"),
+            Self::OffForServer => "the server's --allow-model-repository-calls=false".to_owned(),
+        };
+        Err(Error::permission_denied(format!(
+            "model '{model}' may not call {what}: repository calls are switched off by {why}"
+        )))
+    }
 }

@@ -47,6 +47,8 @@ pub(crate) struct PythonModel {
     pub(super) version: String,
     pub(super) model_file: String,
     pub(super) caller: Option<Arc<dyn crate::runtime::ModelCaller>>,
+    /// Whether its code may load and unload models.
+    pub(super) repository_calls: super::RepositoryCalls,
     pub(super) health: Arc<InstanceHealth>,
     pub(super) single_instance: bool,
     /// Answers through response senders (`model_transaction_policy.decoupled`).

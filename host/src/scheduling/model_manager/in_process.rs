@@ -94,6 +94,13 @@ impl ModelManager {
             adapters: None,
             labels: Default::default(),
             origin: None,
+            // A function has no files to name its answers by: each addition is new.
+            content: self
+                .options
+                .response_cache
+                .as_ref()
+                .map(|_| fresh_generation()),
+            cache_misfit_logged: Default::default(),
             _staged: None,
         });
         let mut models = self.models.write().map_err(|_| super::poisoned())?;
@@ -110,4 +117,25 @@ impl ModelManager {
         tracing::info!(model = %name, "model added in-process");
         Ok(())
     }
+}
+
+/// A generation no other addition (in this process or another) has.
+fn fresh_generation() -> [u8; 32] {
+    use sha2::Digest;
+    static ADDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = sha2::Sha256::new();
+    h.update(std::process::id().to_le_bytes());
+    h.update(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+            .to_le_bytes(),
+    );
+    h.update(
+        ADDED
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .to_le_bytes(),
+    );
+    h.finalize().into()
 }

@@ -39,7 +39,8 @@ impl ModelManager {
     /// Fresh counters for a version of `config`, recording the latency distributions the
     /// server's `--metrics-config` and the model's `model_metrics` ask for.
     pub(super) fn new_stats(&self, config: &ModelConfig) -> Result<Arc<ModelStats>> {
-        let caches = self.options.response_cache && crate::runtime::caches_responses(config);
+        let caches =
+            self.options.response_cache.is_some() && crate::runtime::caches_responses(config);
         let (latency, notes) = crate::scheduling::latency::ModelLatency::for_model(
             config,
             &self.options.latency_metrics,
@@ -73,7 +74,7 @@ impl ModelManager {
                 "a stateful (sequence) model's answers depend on its state and are not cached",
             );
         }
-        if !self.options.response_cache {
+        if self.options.response_cache.is_none() {
             tracing::warn!(
                 model = name,
                 "{file}: field 'response_cache.enable' has no effect here: the server was \
@@ -158,6 +159,7 @@ impl ModelManager {
         let labels = crate::classification::read_labels(&config, &source.dir)
             .map(Arc::new)
             .map_err(|e| Error::invalid(format!("model '{name}': {config_file}: {e}")))?;
+        let content = self.content_digest(name, source, overrides)?;
         let available = source.available_versions();
         let chosen = select_versions(config.version_policy.as_ref(), &available);
         if chosen.is_empty() {
@@ -194,16 +196,29 @@ impl ModelManager {
                         adapters: None,
                         labels: labels.clone(),
                         origin: None,
+                        content,
+                        cache_misfit_logged: Default::default(),
                         _staged: None,
                     }),
                 );
             }
             return Ok(versions);
         }
+        // A configuration or files from a load request are the client's: the backends make
+        // no native code run from them.
+        let sent_by_client = overrides.config_json.is_some() || !overrides.files.is_empty();
+        let runtime_options = if sent_by_client {
+            std::borrow::Cow::Owned(RuntimeOptions {
+                sent_by_client,
+                ..self.options.runtime.clone()
+            })
+        } else {
+            std::borrow::Cow::Borrowed(&self.options.runtime)
+        };
         for version in chosen {
             let started = Instant::now();
             let dir = source.dir.join(version.to_string());
-            let loaded = runtime::load(config.clone(), &dir, &self.options.runtime)
+            let loaded = runtime::load(config.clone(), &dir, &runtime_options)
                 .map_err(|e| Error::new(e.code, format!("{} (version {version})", e.message)))?;
             let stats = self.new_stats(&loaded.config)?;
             if let Some(w) = loaded.warmup {
@@ -271,11 +286,39 @@ impl ModelManager {
                     adapters,
                     labels: labels.clone(),
                     origin: loaded.origin,
+                    content,
+                    cache_misfit_logged: Default::default(),
                     _staged: staged.clone(),
                 }),
             );
         }
         Ok(versions)
+    }
+}
+
+impl ModelManager {
+    /// What the response cache keeps a version's answers under: SHA-256 of the model folder's
+    /// files and of a configuration sent with the load; `None` when the server has no cache.
+    fn content_digest(
+        &self,
+        name: &str,
+        source: &ModelSource,
+        overrides: &LoadOverride,
+    ) -> Result<Option<[u8; 32]>> {
+        use sha2::Digest;
+        if self.options.response_cache.is_none() {
+            return Ok(None);
+        }
+        let mut h = sha2::Sha256::new();
+        h.update(overrides.config_json.as_deref().unwrap_or("").as_bytes());
+        h.update([0]);
+        crate::content_hash::add(&mut h, &source.dir).map_err(|e| {
+            Error::invalid(format!(
+                "model '{name}': cannot read '{}': {e}",
+                source.dir.display()
+            ))
+        })?;
+        Ok(Some(h.finalize().into()))
     }
 }
 

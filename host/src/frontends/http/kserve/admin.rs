@@ -235,6 +235,7 @@ pub(crate) async fn trace_settings(
 ) -> ApiResult<Json<Value>> {
     caller.require_admin("the trace and logging APIs")?;
     let model = p.as_ref().and_then(|p| p.get("model")).map(String::as_str);
+    let model = crate::frontends::trace::model_of(&st.server, model)?;
     Ok(settings_json(st.tracing.settings(model)))
 }
 
@@ -249,6 +250,7 @@ pub(crate) async fn update_trace_settings(
 ) -> ApiResult<Json<Value>> {
     caller.require_admin("the trace and logging APIs")?;
     let model = p.as_ref().and_then(|p| p.get("model")).map(String::as_str);
+    let model = crate::frontends::trace::model_of(&st.server, model)?;
     let body = read_body(&st, &headers, body).await?;
     let Value::Object(fields) = optional_json(&body)? else {
         return Err(Error::invalid("trace settings must be a JSON object").into());

@@ -14,6 +14,7 @@ pub mod decode;
 pub mod embeddings;
 mod errors;
 mod invalid;
+mod prompt_limit;
 mod prompts;
 pub mod request;
 mod responses;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::{
     decode,
     invalid::Invalid,
+    prompt_limit::PromptLimit,
     prompts::{self, Echo, PromptInput},
     structured::{self, Shape, CALL_CLOSE, CALL_OPEN},
     types::{
@@ -243,7 +244,11 @@ fn calls_text(calls: &[ToolCall]) -> String {
 
 /// The chat's messages as the JSON list the chat-template stage reads; `system` (the tools'
 /// description) ends the system message, or becomes one.
-fn messages(list: Option<Listed<Message>>, system: Option<String>) -> Result<String, Invalid> {
+fn messages(
+    list: Option<Listed<Message>>,
+    system: Option<String>,
+    mut limit: PromptLimit<'_>,
+) -> Result<String, Invalid> {
     let Some(list) = list else {
         return Err(Invalid::field(
             "messages",
@@ -270,6 +275,7 @@ fn messages(list: Option<Listed<Message>>, system: Option<String>) -> Result<Str
             role => role,
         };
         let mut content = content_text(i, m.content)?;
+        limit.count("messages", &format!("messages[{i}].content"), &content)?;
         if let Some(calls) = m.tool_calls.map(|c| c.kept).filter(|c| !c.is_empty()) {
             if !content.is_empty() {
                 content.push('\n');
@@ -279,6 +285,7 @@ fn messages(list: Option<Listed<Message>>, system: Option<String>) -> Result<Str
         out.push(TemplateMessage { role, content });
     }
     if let Some(system) = system {
+        limit.count("tools", "tools", &system)?;
         match out.first_mut() {
             Some(first) if first.role == Role::System => {
                 first.content = format!("{}\n\n{system}", first.content);
@@ -395,9 +402,10 @@ pub fn parse<T: Borrow<ModelConfig>>(
     let sampling = sampling_inputs(&req, prompt_only)?;
     let mut inputs = Vec::new();
     let mut prompt_list = Vec::new();
+    let limit = PromptLimit::new(config)?;
     match kind {
         Kind::Chat => {
-            let chat = messages(req.messages, structure.system)?;
+            let chat = messages(req.messages, structure.system, limit)?;
             inputs.push(strings("messages", &[chat.as_str()]));
         }
         Kind::Completion => {
@@ -408,6 +416,13 @@ pub fn parse<T: Borrow<ModelConfig>>(
                 config,
                 &model,
             )?;
+            for (i, prompt) in list.iter().enumerate() {
+                if let PromptInput::Text(text) = prompt {
+                    // Each prompt is a sequence of its own: bounded alone.
+                    let mut each = limit;
+                    each.count("prompt", &format!("prompt[{i}]"), text)?;
+                }
+            }
             inputs.push(tensor);
             prompt_list = list;
             score_prompt |= spell;

@@ -262,8 +262,11 @@ fn field(name: &str, message: String) -> Invalid {
 }
 
 impl ResponsesRequest {
-    /// The same request as a chat completion's body.
-    fn as_chat(&self) -> std::result::Result<ChatBody<'_>, Invalid> {
+    /// The same request as a chat completion's body, its texts counted against `limit`.
+    fn as_chat(
+        &self,
+        mut limit: super::prompt_limit::PromptLimit<'_>,
+    ) -> std::result::Result<ChatBody<'_>, Invalid> {
         if self.previous_response_id.is_some() {
             return Err(field(
                 "previous_response_id",
@@ -294,10 +297,14 @@ impl ResponsesRequest {
         }
         let mut messages = Vec::new();
         if let Some(instructions) = &self.instructions {
+            limit.count("instructions", "instructions", instructions)?;
             messages.push(json!({"role": "system", "content": instructions}));
         }
         match &self.input {
-            Input::Text(text) => messages.push(json!({"role": "user", "content": text})),
+            Input::Text(text) => {
+                limit.count("input", "input", text)?;
+                messages.push(json!({"role": "user", "content": text}))
+            }
             Input::Items(items) => {
                 if items.total > items.kept.len() {
                     return Err(field(
@@ -366,6 +373,7 @@ impl ResponsesRequest {
                             text
                         }
                     };
+                    limit.count("input", &format!("input[{i}].content"), &text)?;
                     messages.push(json!({"role": role, "content": text}));
                 }
             }
@@ -523,12 +531,14 @@ pub(super) async fn respond(
     body: Body,
 ) -> std::result::Result<Response, Invalid> {
     let (body, admission) = read_admitted(st, door.caller(), headers, body).await?;
-    let lookup = move |model: &str| text_model(&door, model);
     let (target, parsed, req) = off_runtime(body.len(), move || {
         let req: ResponsesRequest = decode::read(&body)?;
-        let chat = serde_json::to_vec(&req.as_chat()?)
+        // The model first: its bound on prompts holds before any text is copied.
+        let target = text_model(&door, &req.model)?;
+        let limit = super::prompt_limit::PromptLimit::new(target.config())?;
+        let chat = serde_json::to_vec(&req.as_chat(limit)?)
             .map_err(|e| Invalid::from(Error::internal(e.to_string())))?;
-        let (target, parsed) = request::parse(Kind::Chat, &chat, lookup)?;
+        let (target, parsed) = request::parse(Kind::Chat, &chat, move |_| Ok(target))?;
         Ok::<_, Invalid>((target, parsed, req))
     })
     .await??;
