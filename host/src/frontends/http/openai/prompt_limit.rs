@@ -58,12 +58,7 @@ impl<'a> PromptLimit<'a> {
     /// Counts `text`, the request's `what` (`messages[2].content`), which `param` carries:
     /// refused when it, or everything counted so far with it, is over the bound.
     pub fn count(&mut self, param: &str, what: &str, text: &str) -> Result<(), Invalid> {
-        // A string of n bytes holds at most n characters: counted only when it could be over.
-        let chars = if self.used + text.len() <= self.bound {
-            text.len()
-        } else {
-            text.chars().count()
-        };
+        let chars = text.chars().count();
         self.used = self.used.saturating_add(chars);
         if chars > self.bound || self.used > self.bound {
             let held = if chars > self.bound {
