@@ -18,8 +18,9 @@ use wasmtron::{
 
 use crate::stage_cli;
 
-/// The `name` server metadata answers unless `--id` says otherwise.
-pub const SERVER_ID: &str = "wasmtron";
+/// The `name` server metadata answers unless `--id` says otherwise: Triton's default, which
+/// Triton's clients, scripts and QA tests compare it with (the version says which server it is).
+pub const SERVER_ID: &str = wasmtron::scheduling::options::DEFAULT_SERVER_ID;
 
 /// A boolean as Triton spells it.
 pub fn triton_bool(value: &str) -> Result<bool, String> {

@@ -29,7 +29,8 @@ impl Default for RequestLimits {
             max_rank: 32,
             max_elements: 64 * 1024 * 1024,
             max_string_bytes: 16 * 1024 * 1024,
-            max_json_depth: 64,
+            // Triton's HTTP_MAX_JSON_NESTING_DEPTH.
+            max_json_depth: 100,
         }
     }
 }
@@ -108,9 +109,12 @@ impl RequestLimits {
                 b'[' | b'{' => {
                     depth += 1;
                     if depth > self.max_json_depth {
+                        // Triton's words first (its clients and tests match them).
                         return Err(Error::invalid(format!(
-                            "the request JSON nests arrays and objects more than {} levels deep (--max-json-depth)",
-                            self.max_json_depth
+                            "JSON nesting depth exceeds maximum allowed limit ({}): the request \
+                             JSON nests arrays and objects more than {} levels deep \
+                             (--max-json-depth)",
+                            self.max_json_depth, self.max_json_depth
                         )));
                     }
                 }

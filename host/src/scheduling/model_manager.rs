@@ -154,9 +154,11 @@ pub struct LoadOverride {
 
 impl LoadOverride {
     /// Adds the file of a `file:<path>` load parameter (`key` is what follows `file:`),
-    /// refusing a path that is not a plain relative one or that was given twice.
+    /// refusing a path that is not a plain relative one or that was given twice. As on Triton,
+    /// which joins the key to the model's folder, a leading `/` names the same file
+    /// (`file:/1/model.py` is `file:1/model.py`).
     pub fn add_file(&mut self, key: &str, content: Vec<u8>) -> Result<()> {
-        let path = ModelFilePath::parse(key)?;
+        let path = ModelFilePath::parse(key.trim_start_matches('/'))?;
         if self.files.iter().any(|(p, _)| *p == path) {
             return Err(Error::invalid(format!(
                 "load parameter 'file:{path}' is given twice"
@@ -224,8 +226,11 @@ impl ModelManager {
         &self.repository
     }
 
-    /// The version that serves a request: the given one, or the highest loaded.
+    /// The version that serves a request: the given one, or the highest loaded. Every path
+    /// that names a model comes through here: a malformed name is refused (400) before it is
+    /// looked up, an unknown one is not found (404).
     pub fn get(&self, name: &str, version: Option<i64>) -> Result<Arc<ModelVersion>> {
+        ModelName::parse(name)?;
         let models = self.models.read().map_err(|_| poisoned())?;
         let entry = models
             .get(name)

@@ -6,6 +6,10 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use crate::{limits::RequestLimits, runtime::RuntimeOptions};
 
+/// The `name` server metadata answers by default: Triton's (`--id`'s default), which Triton's
+/// clients, scripts and QA tests compare it with; the version says which server it is.
+pub const DEFAULT_SERVER_ID: &str = "triton";
+
 /// How the set of loaded models may change (`--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ControlMode {
@@ -51,7 +55,8 @@ pub struct ServerOptions {
     /// How long a streamed response waits for a reader that takes nothing before its request
     /// is cancelled (`--response-stall-timeout-secs`).
     pub response_stall_timeout: Duration,
-    /// The server's identifier: the `name` of its metadata (Triton's `--id`).
+    /// The server's identifier: the `name` of its metadata (Triton's `--id`,
+    /// [`DEFAULT_SERVER_ID`] unless set).
     pub server_id: String,
     /// The latency metrics models record (`--metrics-config`).
     pub latency_metrics: super::latency::LatencyMetrics,
@@ -85,7 +90,7 @@ impl Default for ServerOptions {
             limits: RequestLimits::default(),
             execution_slots: 0,
             response_stall_timeout: Duration::from_secs(10),
-            server_id: "wasmtron".to_owned(),
+            server_id: DEFAULT_SERVER_ID.to_owned(),
             latency_metrics: Default::default(),
             rate_limiter: None,
         }

@@ -21,12 +21,12 @@ use std::{
 };
 
 use crate::{
-    inference::{InferRequest, InferResponse, ParamValue},
+    inference::{InferResponse, ParamValue},
     proto::inference::ModelConfig,
     tensor::DataType,
 };
 
-pub use super::cache_key::Key;
+pub use super::cache_key::{key, Key};
 
 /// The response cache shared by the models that enable it.
 #[derive(Debug)]
@@ -61,18 +61,6 @@ impl ResponseCache {
             Store::Local(l) => Some(l),
             Store::Redis(_) => None,
         }
-    }
-
-    /// The key of `request` to `model` version `version`, loaded as `generation`, for
-    /// `tenants` (their names, or none).
-    pub fn key(
-        model: &str,
-        version: i64,
-        generation: &[u8; 32],
-        request: &InferRequest,
-        tenants: &[String],
-    ) -> Key {
-        super::cache_key::key(model, version, generation, request, tenants)
     }
 
     /// The answer cached under `key`, if any. A store that cannot answer (a Redis that is
@@ -334,6 +322,7 @@ pub fn fits(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inference::InferRequest;
     use crate::tensor::{DataType, Tensor};
 
     fn request(value: u8) -> InferRequest {
@@ -366,15 +355,13 @@ mod tests {
 
     #[test]
     fn keys_tell_inputs_versions_and_tenants_apart() {
-        let k = |v, version, tenants: &[String]| {
-            ResponseCache::key("m", version, &[0; 32], &request(v), tenants)
-        };
+        let k = |v, version, tenants: &[String]| key("m", version, &[0; 32], &request(v), tenants);
         assert_eq!(k(1, 1, &[]), k(1, 1, &[]));
         assert_ne!(k(1, 1, &[]), k(2, 1, &[]));
         assert_ne!(k(1, 1, &[]), k(1, 2, &[]));
         assert_ne!(k(1, 1, &["a".into()]), k(1, 1, &["b".into()]));
         assert_ne!(k(1, 1, &[]), k(1, 1, &["a".into()]));
-        let loaded_again = ResponseCache::key("m", 1, &[1; 32], &request(1), &[]);
+        let loaded_again = key("m", 1, &[1; 32], &request(1), &[]);
         assert_ne!(k(1, 1, &[]), loaded_again);
     }
 
@@ -386,15 +373,12 @@ mod tests {
             .insert("p".into(), ParamValue::String("x".repeat(1 << 20)));
         assert!(size_of(&heavy) > 1 << 20);
         let cache = LocalCache::new(1 << 20);
-        cache.insert(
-            ResponseCache::key("m", 1, &[0; 32], &request(1), &[]),
-            &heavy,
-        );
+        cache.insert(key("m", 1, &[0; 32], &request(1), &[]), &heavy);
         assert!(
             cache.is_empty(),
             "an answer over the cache's size is not kept"
         );
-        let key = ResponseCache::key("m", 1, &[0; 32], &request(2), &[]);
+        let key = key("m", 1, &[0; 32], &request(2), &[]);
         cache.insert(key, &answer(10));
         assert_eq!(cache.len(), 1);
         cache.forget_model("other");
@@ -452,18 +436,18 @@ mod tests {
     fn the_least_recently_used_answers_go_first_and_oversized_ones_are_not_kept() {
         let one = size_of(&answer(1000));
         let cache = LocalCache::new(2 * one + 10);
-        let key = |v| ResponseCache::key("m", 1, &[0; 32], &request(v), &[]);
-        cache.insert(key(1), &answer(1000));
-        cache.insert(key(2), &answer(1000));
+        let key_of = |v| key("m", 1, &[0; 32], &request(v), &[]);
+        cache.insert(key_of(1), &answer(1000));
+        cache.insert(key_of(2), &answer(1000));
         // 1 is used again, so 2 is the least recently used when 3 comes.
-        assert!(cache.get(&key(1)).is_some());
-        cache.insert(key(3), &answer(1000));
-        assert!(cache.get(&key(2)).is_none());
-        assert!(cache.get(&key(1)).is_some() && cache.get(&key(3)).is_some());
+        assert!(cache.get(&key_of(1)).is_some());
+        cache.insert(key_of(3), &answer(1000));
+        assert!(cache.get(&key_of(2)).is_none());
+        assert!(cache.get(&key_of(1)).is_some() && cache.get(&key_of(3)).is_some());
         assert_eq!(cache.evictions.load(Relaxed), 1);
         assert!(cache.bytes() <= cache.max_bytes());
-        cache.insert(key(4), &answer(10_000));
-        assert!(cache.get(&key(4)).is_none());
+        cache.insert(key_of(4), &answer(10_000));
+        assert!(cache.get(&key_of(4)).is_none());
         assert_eq!(cache.len(), 2);
     }
 }

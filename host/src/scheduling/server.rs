@@ -292,15 +292,16 @@ impl Server {
 
     /// Refuses model control in modes that do not allow it.
     pub fn check_model_control(&self) -> Result<()> {
-        match self.options.control_mode {
-            ControlMode::Explicit => Ok(()),
-            ControlMode::None => Err(Error::unsupported(
-                "explicit model load / unload is not allowed: start the server with --model-control-mode=explicit",
-            )),
-            ControlMode::Poll => Err(Error::unsupported(
-                "explicit model load / unload is not allowed if polling is enabled",
-            )),
-        }
+        // Triton's words and code (UNAVAILABLE) in both other modes; ours say which it is.
+        let mode = match self.options.control_mode {
+            ControlMode::Explicit => return Ok(()),
+            ControlMode::None => "none",
+            ControlMode::Poll => "poll",
+        };
+        Err(Error::unavailable(format!(
+            "explicit model load / unload is not allowed if polling is enabled (the server's \
+             --model-control-mode is {mode}; load and unload need --model-control-mode=explicit)"
+        )))
     }
 
     /// Runs one inference: picks the version, checks the request, queues it. A tenant whose
@@ -545,7 +546,7 @@ impl Server {
             .iter()
             .filter_map(|c| c.tenant().map(str::to_owned))
             .collect();
-        let key = ResponseCache::key(
+        let key = super::response_cache::key(
             &model.name,
             model.version,
             &self.generation(model)?,

@@ -56,22 +56,24 @@ pub(super) fn reconcile(
         .iter()
         .filter(|s| !state_outputs.contains(&s.name))
         .collect();
-    if !options.disable_auto_complete && config.input.is_empty() && config.output.is_empty() {
-        let batchable = config.max_batch_size == 0
-            && options.default_max_batch_size > 0
-            && inputs
-                .iter()
-                .chain(&outputs)
-                .all(|s| s.shape.first() == Some(&-1));
-        if batchable {
+    // Every tensor of the model has a variable first dimension: it can batch.
+    let can_batch = inputs
+        .iter()
+        .chain(&outputs)
+        .all(|s| s.shape.first() == Some(&-1));
+    let io_given = !config.input.is_empty() || !config.output.is_empty();
+    if !options.disable_auto_complete && can_batch {
+        if !io_given && config.max_batch_size == 0 && options.default_max_batch_size > 0 {
             config.max_batch_size = options.default_max_batch_size;
-            // As Triton's ONNX Runtime backend does: a model it makes batch gets the dynamic
-            // batcher unless the configuration names a scheduler, so requests batch at all.
-            if config.max_batch_size > 1 && config.scheduling_choice.is_none() {
-                config.scheduling_choice =
-                    Some(SchedulingChoice::DynamicBatching(Default::default()));
-            }
         }
+        // As Triton's ONNX Runtime backend does: a model that batches gets the dynamic batcher
+        // unless the configuration names a scheduler (whether or not it gave its tensors), so
+        // that concurrent requests run as batches.
+        if config.max_batch_size > 1 && config.scheduling_choice.is_none() {
+            config.scheduling_choice = Some(SchedulingChoice::DynamicBatching(Default::default()));
+        }
+    }
+    if !options.disable_auto_complete && !io_given {
         let skip = usize::from(config.max_batch_size > 0);
         config.input = inputs
             .iter()

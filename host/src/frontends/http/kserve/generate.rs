@@ -1,10 +1,12 @@
 //! Triton's generate extension: `POST …/generate` and `…/generate_stream` (server-sent
 //! events). A request is one flat JSON object: each field named like a model input becomes
-//! that input (a value or an array, shaped by the configuration), `parameters` and any other
-//! field become request parameters. Each response is one flat object: `model_name`,
-//! `model_version` and one field per output (a single element unwrapped).
+//! that input (a value or an array, shaped by the configuration), `id` (unless an input has
+//! that name) the request's id, `parameters` and any other field request parameters; a field
+//! given twice is refused, naming the first repeated in the order sent. Each response is one
+//! flat object: `model_name`, `model_version`, the request's `id` when it had one, and one
+//! field per output (a single element unwrapped).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde_json::{value::RawValue, Map, Value};
 
@@ -52,14 +54,34 @@ pub fn to_request(
     version: Option<i64>,
     body: &[u8],
 ) -> Result<InferRequest> {
-    let fields: BTreeMap<String, &RawValue> = serde_json::from_slice(body).map_err(|e| {
+    let Fields(fields) = serde_json::from_slice(body).map_err(|e| {
         Error::invalid(format!(
             "generate: the request body must be a JSON object: {e}"
         ))
     })?;
+    let mut seen = HashSet::new();
+    for (key, _) in &fields {
+        if !seen.insert(key.as_str()) {
+            // Triton's words.
+            let kind = if config.input.iter().any(|i| i.name == *key) {
+                "input"
+            } else {
+                "parameter"
+            };
+            return Err(Error::invalid(format!(
+                "{kind} '{key}' already exists in request"
+            )));
+        }
+    }
     let mut parameters = Parameters::new();
     let mut inputs = Vec::new();
+    let mut id = String::new();
     for (key, value) in fields {
+        if key == "id" && !config.input.iter().any(|i| i.name == key) {
+            id = serde_json::from_str::<String>(value.get())
+                .map_err(|_| Error::invalid("generate: 'id' must be a string"))?;
+            continue;
+        }
         if key == "parameters" {
             let nested: BTreeMap<String, &RawValue> = serde_json::from_str(value.get())
                 .map_err(|_| Error::invalid("generate: 'parameters' must be a JSON object"))?;
@@ -93,8 +115,35 @@ pub fn to_request(
         });
     }
     Ok(InferRequest::new(model, version)
+        .with_id(id)
         .with_parameters(parameters)
         .with_inputs(inputs))
+}
+
+/// A JSON object's fields in the order sent, repeats included (a map would keep one).
+struct Fields<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Fields<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Fields<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Fields<'a>, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                    fields.push(entry);
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
 }
 
 /// How many elements a field holds at its top level: a list's length (counted without
@@ -157,6 +206,9 @@ pub fn to_json(response: &InferResponse) -> Value {
         "model_version".into(),
         response.model_version.to_string().into(),
     );
+    if !response.id.is_empty() {
+        out.insert("id".into(), response.id.clone().into());
+    }
     for (key, value) in &response.parameters {
         if let ParamValue::String(s) = value {
             out.insert(key.clone(), s.clone().into());

@@ -277,5 +277,11 @@ pub(crate) async fn generate_stream(
             (items, admission),
         ))
     });
-    Ok(Sse::new(events).into_response())
+    // Triton's content type, which its clients and tests compare exactly.
+    let mut response = Sse::new(events).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    Ok(response)
 }
