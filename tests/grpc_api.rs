@@ -100,7 +100,8 @@ async fn health_metadata_config_and_index() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(meta.name, "wasmtron");
+    // Triton's default `--id`, which its clients and QA tests compare with.
+    assert_eq!(meta.name, "triton");
     assert!(meta.extensions.contains(&"model_repository".to_owned()));
     let m = c
         .model_metadata(ModelMetadataRequest {
@@ -328,7 +329,11 @@ async fn bad_requests_map_to_grpc_codes() {
         })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+    // Triton's code and words, then which mode it is.
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err
+        .message()
+        .contains("explicit model load / unload is not allowed if polling is enabled"));
     assert!(
         err.message().contains("--model-control-mode=explicit"),
         "{}",

@@ -46,7 +46,7 @@ fn health_and_metadata_routes() {
         200
     );
     let meta: Value = c.get(s.url("/v2")).send().unwrap().json().unwrap();
-    assert_eq!(meta["name"], "wasmtron");
+    assert_eq!(meta["name"], "triton");
     assert!(meta["extensions"]
         .as_array()
         .unwrap()

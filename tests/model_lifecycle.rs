@@ -357,7 +357,8 @@ fn poll_mode_follows_the_repository() {
     );
     assert!(infer_ok(&s));
     let resp = post(&s, "/v2/repository/models/simple/unload", json!({}));
-    assert_eq!(resp.status(), 501);
+    // Triton's UNAVAILABLE (503) and words.
+    assert_eq!(resp.status(), 503);
     assert!(resp.text().unwrap().contains("polling is enabled"));
 
     common::copy_dir(
