@@ -413,7 +413,7 @@ impl CoreServer {
     /// The server's metadata as JSON (`GET /v2`: name, version, extensions).
     fn metadata(&self) -> String {
         serde_json::json!({
-            "name": views::SERVER_NAME,
+            "name": self.options.server_id,
             "version": views::SERVER_VERSION,
             "extensions": views::EXTENSIONS,
         })

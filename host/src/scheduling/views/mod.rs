@@ -11,8 +11,6 @@ pub use models::{
     stats_json,
 };
 
-/// Server name reported by the metadata endpoints.
-pub const SERVER_NAME: &str = "wasmtron";
 /// Server version reported by the metadata endpoints.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Protocol extensions this server really implements (CUDA shared memory in GPU builds).
