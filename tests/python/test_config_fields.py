@@ -174,7 +174,8 @@ def test_metric_tags_label_the_models_metrics(tmp_path):
   { key: "tier", value: "gold" }
 ]
 """)
-    write_model(repo, "badly_tagged", ADD_CONFIG + 'metric_tags { key: "9lives" value: "x" }\n')
+    write_model(repo, "digits", ADD_CONFIG + 'metric_tags { key: "9lives" value: "x" }\n')
+    write_model(repo, "badly_tagged", ADD_CONFIG + 'metric_tags { key: "a-b" value: "x" }\n')
     s = Server(str(repo))
     try:
         client = httpclient.InferenceServerClient(s.http)
@@ -183,13 +184,19 @@ def test_metric_tags_label_the_models_metrics(tmp_path):
         line = next(l for l in text.splitlines() if l.startswith("nv_inference_count{")
                     and 'model="tagged"' in l)
         labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-        assert labels == {"model": "tagged", "version": "1", "team": "vision", "tier": "gold"}, line
+        # Triton's reporter prefixes each tag with '_'.
+        assert labels == {"model": "tagged", "version": "1", "_team": "vision",
+                          "_tier": "gold"}, line
+        assert client.is_model_ready("digits")
+        infer(client, "digits")
+        assert any('_9lives="x"' in l and 'model="digits"' in l
+                   for l in s.metrics_text().splitlines()), "a digit-led tag is a valid label"
         assert line.endswith(" 2"), line  # two rows
         assert not client.is_model_ready("badly_tagged")
         with urllib.request.urlopen(f"http://{s.http}/v2/repository/index", data=b"{}") as r:
             index = {m["name"]: m for m in json.loads(r.read())}
         reason = index["badly_tagged"]["reason"]
-        assert "field 'metric_tags': '9lives' is not a metric label name" in reason, reason
+        assert "field 'metric_tags': 'a-b' cannot name a metric label" in reason, reason
     finally:
         s.stop()
 

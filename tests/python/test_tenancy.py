@@ -582,7 +582,10 @@ infer = ["slow"]
 [tenant.quotas]
 max_queued_requests = 2
 """)
-    s = Server(str(repo), "--config", str(config))
+    # One request per execution: the queue's fairness is what these tests watch. Auto-complete
+    # would give the model Triton's dynamic batcher (max_batch_size > 1, no scheduler named),
+    # and a batch's requests all finish together.
+    s = Server(str(repo), "--config", str(config), "--disable-auto-complete-config")
     yield s
     s.stop()
 

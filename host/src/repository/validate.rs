@@ -86,24 +86,17 @@ pub fn validate(config: &mut ModelConfig, model_name: &str, file: &str) -> Resul
     Ok(())
 }
 
-/// A `metric_tags` key becomes a label of the model's metrics: a valid Prometheus label name
-/// that is not one of the metrics' own.
+/// A `metric_tags` key becomes the label `_<key>` of the model's metrics (Triton's reporter
+/// prefixes the underscore, so a tag never collides with the metrics' own labels): letters,
+/// digits and '_', not starting with '_' (labels starting with `__` are Prometheus's own).
 fn check_metric_tag(name: &str) -> Result<(), String> {
-    let mut chars = name.chars();
-    let valid = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !name.starts_with("__");
+    let valid = !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with('_');
     if !valid {
         return Err(format!(
-            "field 'metric_tags': '{name}' is not a metric label name (letters, digits and '_', \
-             not starting with a digit or '__')"
-        ));
-    }
-    if ["model", "version", "reason"].contains(&name) {
-        return Err(format!(
-            "field 'metric_tags': '{name}' is a label the model's metrics already carry"
+            "field 'metric_tags': '{name}' cannot name a metric label '_{name}' (letters, \
+             digits and '_', not starting with '_')"
         ));
     }
     Ok(())

@@ -280,8 +280,8 @@ fn cache_metrics(server: &Server, counters: bool) -> Vec<MetricFamily> {
     kept.iter().flat_map(|c| c.collect()).collect()
 }
 
-/// A model's `metric_tags` as extra labels on each of its metrics, as Triton reports them
-/// (names checked at load: valid label names that are not the metrics' own).
+/// A model's `metric_tags` as extra labels `_<key>` on each of its metrics, as Triton's
+/// reporter names them (keys checked at load).
 fn add_metric_tags(server: &Server, families: &mut [MetricFamily]) {
     let tags: std::collections::HashMap<String, Vec<(String, String)>> = server
         .models()
@@ -293,7 +293,7 @@ fn add_metric_tags(server: &Server, families: &mut [MetricFamily]) {
                 .config
                 .metric_tags
                 .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| (format!("_{k}"), v.clone()))
                 .collect();
             pairs.sort();
             (m.name.clone(), pairs)
