@@ -221,10 +221,49 @@ def _condition_wait(self, timeout=None):
                 pass
 
 
+class _Lock:
+    """`threading.Lock` with one thread: a lock already held can only be released by the code
+    that holds it, which waits; so a blocking acquire fails with the reason (the interpreter's
+    own lock would trap), one with a timeout sleeps it out and answers False, and a
+    non-blocking one answers False at once, as they would if no other thread released it."""
+
+    def __init__(self):
+        self._lock = threading._allocate_lock()
+
+    def acquire(self, blocking=True, timeout=-1):
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        if timeout is None or timeout < 0:
+            raise RuntimeError(
+                "acquiring a lock that is already held, without a timeout, would wait forever: "
+                "Wasmtron runs model.py with one thread, so nothing else can release it")
+        if timeout > 0:
+            time.sleep(timeout)
+        return self._lock.acquire(False)
+
+    def release(self):
+        self._lock.release()
+
+    def locked(self):
+        return self._lock.locked()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return "<%s %s object>" % ("locked" if self.locked() else "unlocked",
+                                   type(self).__name__)
+
+
 threading.Thread.start = _thread_start
 threading.Thread.join = _thread_join
 threading.Thread.is_alive = _thread_is_alive
 threading.Condition.wait = _condition_wait
+threading.Lock = _Lock
 
 
 class _InlineExecutor(concurrent.futures.Executor):

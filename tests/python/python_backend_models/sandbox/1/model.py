@@ -80,6 +80,18 @@ class TritonPythonModel:
         if what == "event_timeout":
             import threading
             return str(threading.Event().wait(0.05))
+        if what in ("lock_timed", "lock_twice"):
+            import threading
+            lock = threading.Lock()
+            lock.acquire()
+            answers = [lock.acquire(False), lock.acquire(timeout=0.05), lock.locked()]
+            with threading.Lock() as other:
+                answers.append(other)
+            lock.release()
+            answers.append(lock.acquire(timeout=0.05))
+            if what == "lock_twice":
+                lock.acquire()
+            return str(answers)
         if what == "wait_forever":
             import threading
             threading.Event().wait()
