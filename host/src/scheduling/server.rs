@@ -573,9 +573,10 @@ impl Server {
         Some(h.finalize().into())
     }
 
-    /// Whether `answer` is what `model`'s configuration says it answers to `request` (see
-    /// [`super::response_cache::fits`]); the first answer that is not is logged, once per
-    /// version. A cached one that is not is a miss; a fresh one is not kept.
+    /// Whether `answer` is what `model`'s configuration says it answers to a request for
+    /// `outputs` of `batch_size` rows (see [`super::response_cache::fits`]); the first answer
+    /// that is not is logged, once per version. A cached one that is not is a miss; a fresh one
+    /// is not kept.
     fn fits_config(
         &self,
         model: &ModelVersion,
