@@ -376,3 +376,61 @@ fn a_client_that_goes_away_frees_its_queue_slot() {
         }
     });
 }
+
+fn simple_rows(rows: usize, k: i32) -> Value {
+    let a: Vec<i32> = (0..16 * rows as i32).map(|i| i + k).collect();
+    let b = vec![k; 16 * rows];
+    json!({"inputs": [
+        {"name": "INPUT0", "shape": [rows, 16], "datatype": "INT32", "data": a},
+        {"name": "INPUT1", "shape": [rows, 16], "datatype": "INT32", "data": b}]})
+}
+
+#[test]
+fn a_batch_past_the_largest_preferred_size_runs_without_waiting_out_the_delay() {
+    // L0_batcher (test_multi_batch_use_biggest_preferred and the like): Triton issues a
+    // batch at once when it cannot grow into a preferred size; the delay here (10 min) is far
+    // past the client's timeout, so waiting it out fails the test.
+    let repo = TempDir::new();
+    let config = std::fs::read_to_string(example_repository().join("simple/config.pbtxt")).unwrap()
+        + "dynamic_batching { preferred_batch_size: [ 2, 4 ] \
+           max_queue_delay_microseconds: 600000000 }";
+    add_model(repo.path(), "simple", "simple", &config);
+    let s = TestServer::start(repo.path(), &[]);
+    let (status, out) = infer(&s, "simple", &simple_rows(5, 1));
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outputs"][0]["shape"], json!([5, 16]));
+    let st = s.model_stats("simple");
+    assert_eq!(st["inference_count"], 5, "{st}");
+    assert_eq!(st["execution_count"], 1, "{st}");
+}
+
+#[test]
+fn triton_delay_scheduler_hook_holds_executions_until_enough_requests_queue() {
+    // Triton's QA tests set TRITONSERVER_DELAY_SCHEDULER=N to line requests up: nothing runs
+    // until N requests are queued, then the batcher sees them all at once.
+    let repo = TempDir::new();
+    let config = std::fs::read_to_string(example_repository().join("simple/config.pbtxt")).unwrap()
+        + "dynamic_batching { }";
+    add_model(repo.path(), "simple", "simple", &config);
+    let s = TestServer::start_with_env(repo.path(), &[], &[("TRITONSERVER_DELAY_SCHEDULER", "3")]);
+    std::thread::scope(|scope| {
+        let first: Vec<_> = (0..2)
+            .map(|k| {
+                let s = &s;
+                scope.spawn(move || infer(s, "simple", &simple_rows(1, k)))
+            })
+            .collect();
+        wait_pending(&s, "simple", 2.0);
+        assert_eq!(s.model_stats("simple")["execution_count"], 0);
+        let (status, out) = infer(&s, "simple", &simple_rows(1, 2));
+        assert_eq!(status, 200, "{out}");
+        for h in first {
+            let (status, out) = h.join().unwrap();
+            assert_eq!(status, 200, "{out}");
+        }
+    });
+    let st = s.model_stats("simple");
+    assert_eq!(st["inference_count"], 3, "{st}");
+    assert_eq!(st["execution_count"], 1, "{st}");
+    assert_eq!(st["batch_stats"][0]["batch_size"], 3, "{st}");
+}

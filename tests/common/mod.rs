@@ -132,7 +132,13 @@ pub struct TestServer {
 impl TestServer {
     /// Starts the server on `repo` with extra arguments and waits until it listens.
     pub fn start(repo: &Path, extra: &[&str]) -> Self {
+        Self::start_with_env(repo, extra, &[])
+    }
+
+    /// [`Self::start`] with environment variables set for the server.
+    pub fn start_with_env(repo: &Path, extra: &[&str], vars: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmtron"));
+        cmd.envs(vars.iter().copied());
         cmd.arg("--model-repository")
             .arg(repo)
             .args([

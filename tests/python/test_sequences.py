@@ -52,11 +52,15 @@ ensemble_scheduling { step [ { model_name: "accumulate" model_version: -1
 def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("sequences"))
     shutil.copytree(os.path.join(TEST_MODELS, "accumulate"), os.path.join(repo, "accumulate"))
+    shutil.copytree(os.path.join(TEST_MODELS, "instance_sum"), os.path.join(repo, "instance_sum"))
     variant(repo, "accumulate_idle",
             [("max_sequence_idle_microseconds: 30000000", "max_sequence_idle_microseconds: 300000")])
-    # Batches of exactly 4: the queue waits (up to 60 s) for four sequences' requests.
+    # Batches of exactly 4: the queue waits (up to 60 s) for four sequences' requests, all on
+    # the one instance (a sequence's requests run on the instance it started on).
     variant(repo, "accumulate_batched",
-            [("max_queue_delay_microseconds: 2000", "max_queue_delay_microseconds: 60000000")])
+            [("max_queue_delay_microseconds: 2000", "max_queue_delay_microseconds: 60000000"),
+             ("sequence_batching {",
+              "instance_group [ { kind: KIND_CPU count: 1 } ]\nsequence_batching {")])
     os.makedirs(os.path.join(repo, "running_sum", "1"))
     with open(os.path.join(repo, "running_sum", "config.pbtxt"), "w") as f:
         f.write(ENSEMBLE)
@@ -64,7 +68,8 @@ def server(tmp_path_factory):
         shutil.copytree(os.path.join(ROOT, "model_repository", name), os.path.join(repo, name))
     variant(repo, "vad_batched",
             [("direct { max_queue_delay_microseconds: 500 }",
-              "oldest { max_queue_delay_microseconds: 60000000 preferred_batch_size: [ 4 ] }")],
+              "oldest { max_queue_delay_microseconds: 60000000 preferred_batch_size: [ 4 ] }"),
+             ("count: 2", "count: 1")],
             source=os.path.join(ROOT, "model_repository", "vad"))
     s = Server(repo)
     yield s
@@ -181,6 +186,48 @@ def test_idle_sequences_are_released(server):
     with pytest.raises(InferenceServerException, match="max_sequence_idle_microseconds"):
         step(grpcclient, c, 1, 5001, model="accumulate_idle")
     assert step(grpcclient, c, 2, 5001, start=True, model="accumulate_idle")["OUTPUT"] == FIRST + 2
+
+
+def test_a_sequence_stays_on_one_instance_of_a_model_that_keeps_state_in_it(server):
+    """L0_sequence_batcher (test_simple_sequence, test_no_sequence_end with a Python model of
+    4 instances): a model that keeps each sequence's sum in its instance sees all of the
+    sequence's requests, and sequences started together spread over the instances."""
+    sequences, steps = 8, 6
+    c = grpcclient.InferenceServerClient(server.grpc)
+
+    def add(sid, value, start=False, end=False):
+        tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        r = c.infer("instance_sum", [tensor], sequence_id=sid, sequence_start=start,
+                    sequence_end=end)
+        return r.as_numpy("SUM").item(), r.as_numpy("INSTANCE").item()
+
+    ids = [7000 + k for k in range(sequences)]
+    # Every sequence is live before any continues, so each starts on the least-loaded instance.
+    seen = {sid: [add(sid, sid, start=True)] for sid in ids}
+    errors = []
+
+    def run(sid):
+        try:
+            for k in range(1, steps):
+                seen[sid].append(add(sid, k, end=k == steps - 1))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(sid,)) for sid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    for sid in ids:
+        sums = [s for s, _ in seen[sid]]
+        assert sums == list(np.cumsum([sid] + list(range(1, steps)))), (sid, sums)
+        assert len({i for _, i in seen[sid]}) == 1, (sid, seen[sid])
+    by_instance = {}
+    for sid in ids:
+        by_instance.setdefault(seen[sid][0][1], []).append(sid)
+    assert sorted(len(v) for v in by_instance.values()) == [2, 2, 2, 2], by_instance
 
 
 def test_requests_of_different_sequences_batch_together(server):

@@ -512,12 +512,15 @@ impl<J: Batchable> RequestQueue<J> {
             .min()
     }
 
-    /// The dynamic batcher's rule. Starting from the first request in dispatch order, gather
-    /// the requests after it that fit with it, in order, up to `max_batch_size` rows, stopping
-    /// at the first that does not fit. Run them at once when they reach `max_batch_size` or
-    /// a request that does not fit waits behind them; run the largest prefix that adds up to
-    /// a preferred size at once; run them all once the oldest has waited `max_queue_delay`;
-    /// otherwise wait for more requests until then.
+    /// The dynamic batcher's rule, Triton's. Starting from the first request in dispatch
+    /// order, gather the requests after it that fit with it, in order, up to
+    /// `max_batch_size` rows, stopping at the first that does not fit. Remember the longest
+    /// prefix that adds up to a preferred size, or (found none) the prefix before the batch
+    /// would grow past the largest preferred size. Until the oldest request has waited
+    /// `max_queue_delay`, run that prefix at once; otherwise run everything gathered at once
+    /// when a request that does not fit waits behind it, when it has reached the largest
+    /// preferred size (`max_batch_size` without preferred sizes) or once the delay is over;
+    /// else wait for more requests until then.
     pub fn decide(&self, policy: &BatchPolicy, now: Instant) -> Decision {
         self.decide_among(policy, now, |_| true)
     }
@@ -537,13 +540,23 @@ impl<J: Batchable> RequestQueue<J> {
         if !policy.batching {
             return Decision::Run(1);
         }
+        let largest_preferred = policy
+            .preferred
+            .last()
+            .copied()
+            .unwrap_or(policy.max_batch_size)
+            .min(policy.max_batch_size);
         let mut rows = first.job.rows();
         let mut count = 1;
         let mut oldest = first.enqueued;
-        let mut preferred_prefix = policy.preferred.contains(&rows).then_some(1);
+        let mut best_prefix = policy.preferred.contains(&rows).then_some(1);
         let mut blocked = false;
         for entry in entries {
             let r = entry.job.rows();
+            if rows + r > largest_preferred && best_prefix.is_none() {
+                // What is gathered is as close to a preferred size as it gets.
+                best_prefix = Some(count);
+            }
             if !entry.job.fits_with(&first.job) || rows + r > policy.max_batch_size {
                 blocked = true;
                 break;
@@ -552,20 +565,17 @@ impl<J: Batchable> RequestQueue<J> {
             count += 1;
             oldest = oldest.min(entry.enqueued);
             if policy.preferred.contains(&rows) {
-                preferred_prefix = Some(count);
+                best_prefix = Some(count);
             }
         }
-        if rows >= policy.max_batch_size || blocked {
-            return Decision::Run(count);
-        }
-        if let Some(n) = preferred_prefix {
-            return Decision::Run(n);
-        }
         let due = oldest + policy.max_queue_delay;
-        if now >= due {
-            return Decision::Run(count);
+        // Without a delay a preferred prefix still goes first, as on Triton.
+        let delay_over = !policy.max_queue_delay.is_zero() && now >= due;
+        match best_prefix {
+            Some(n) if !delay_over => Decision::Run(n),
+            _ if blocked || rows >= largest_preferred || now >= due => Decision::Run(count),
+            _ => Decision::WaitUntil(self.next_expiry().map_or(due, |t| t.min(due))),
         }
-        Decision::WaitUntil(self.next_expiry().map_or(due, |t| t.min(due)))
     }
 }
 
@@ -660,6 +670,40 @@ mod tests {
             queue(&[J(2, 0), J(2, 0), J(1, 0)], now).decide(&full, now),
             Decision::Run(2),
             "the largest prefix that adds up to a preferred size"
+        );
+    }
+
+    #[test]
+    fn a_batch_past_the_largest_preferred_size_runs_at_once() {
+        // L0_batcher: Triton issues these without waiting out max_queue_delay.
+        let now = Instant::now();
+        let p = policy(8, &[4], 10_000_000);
+        assert_eq!(queue(&[J(5, 0)], now).decide(&p, now), Decision::Run(1));
+        assert_eq!(
+            queue(&[J(3, 0), J(3, 0)], now).decide(&p, now),
+            Decision::Run(1),
+            "the prefix before the batch would pass the largest preferred size"
+        );
+        assert_eq!(
+            queue(&[J(2, 0), J(3, 0)], now).decide(&p, now),
+            Decision::Run(1)
+        );
+        assert_eq!(
+            queue(&[J(2, 0), J(1, 0)], now).decide(&p, now),
+            Decision::WaitUntil(now + Duration::from_secs(10)),
+            "below every preferred size it waits"
+        );
+        let no_delay = policy(8, &[2, 4], 0);
+        assert_eq!(
+            queue(&[J(1, 0), J(1, 0), J(1, 0)], now).decide(&no_delay, now),
+            Decision::Run(2),
+            "without a delay the preferred prefix still goes first"
+        );
+        let after = now + Duration::from_secs(10);
+        assert_eq!(
+            queue(&[J(1, 0), J(1, 0), J(1, 0)], now).decide(&p, after),
+            Decision::Run(3),
+            "once the delay is over everything gathered runs"
         );
     }
 

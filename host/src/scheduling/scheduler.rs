@@ -10,7 +10,10 @@
 use std::{
     collections::BTreeMap,
     panic::{catch_unwind, AssertUnwindSafe},
-    sync::{atomic::Ordering::Relaxed, Arc, Condvar, Mutex, MutexGuard, PoisonError},
+    sync::{
+        atomic::{AtomicBool, Ordering::Relaxed},
+        Arc, Condvar, Mutex, MutexGuard, PoisonError,
+    },
     time::{Duration, Instant},
 };
 
@@ -43,6 +46,8 @@ struct Job {
     /// The model's ragged inputs, which may differ in shape within a batch.
     ragged: Option<Arc<[String]>>,
     reply: oneshot::Sender<Result<InferResponse>>,
+    /// The instance that must run it (a sequence's, whose instance may keep its state).
+    instance: Option<usize>,
 }
 
 impl Batchable for Job {
@@ -87,6 +92,9 @@ struct State {
     next_seq: u64,
     /// The model's own readiness checks, run by a free instance before queued batches.
     checks: readiness::Checks,
+    /// Triton's test hook `TRITONSERVER_DELAY_SCHEDULER`: nothing runs until this many
+    /// requests are queued (0: off; once reached, off for good).
+    hold_until_queued: usize,
 }
 
 /// What a free worker does next.
@@ -144,6 +152,9 @@ struct WorkQueue {
     share: Arc<ExecutionShare>,
     /// This, for the share to wake when a tenant's held-back work may run.
     this: std::sync::Weak<WorkQueue>,
+    /// Whether requests pinned to an instance were ever queued: then every worker is woken
+    /// for new work, as the one woken may not be allowed to take it.
+    pinned: AtomicBool,
 }
 
 impl Wake for WorkQueue {
@@ -163,6 +174,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// (without waiting for batches to fill) and exit.
 pub struct Scheduler {
     shared: Arc<WorkQueue>,
+    instances: usize,
 }
 
 impl Drop for Scheduler {
@@ -180,6 +192,15 @@ fn held_back(request: &InferRequest) -> Option<Error> {
         .find_map(|c| c.check_backoff(&request.model_name).err())
 }
 
+/// `TRITONSERVER_DELAY_SCHEDULER`, the number of queued requests Triton's QA tests ask the
+/// batcher to wait for before it runs anything (0 when unset or not a number).
+fn delay_scheduler() -> usize {
+    std::env::var("TRITONSERVER_DELAY_SCHEDULER")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// A request parameter as a non-negative integer.
 fn uint_param(request: &InferRequest, key: &str) -> Option<u64> {
     request.parameters.get(key)?.as_u64()
@@ -195,6 +216,8 @@ impl Scheduler {
 
     /// Starts one worker thread per instance behind a queue of at most `queue_capacity` (0: none)
     /// requests, scheduling by `policy`; executions for tenants wait for their part of `share`.
+    /// As on Triton, the environment variable `TRITONSERVER_DELAY_SCHEDULER=N` (a test hook)
+    /// holds the first executions until `N` requests are queued.
     pub fn start(
         model: &str,
         version: i64,
@@ -218,6 +241,7 @@ impl Scheduler {
                 closed: false,
                 next_seq: 0,
                 checks: Default::default(),
+                hold_until_queued: delay_scheduler(),
             }),
             reorder: policy.preserve_ordering.then(Default::default),
             policy,
@@ -226,19 +250,29 @@ impl Scheduler {
             stats,
             share,
             this: this.clone(),
+            pinned: AtomicBool::new(false),
         });
         let mut claims = claims.into_iter();
+        let count = instances.len();
         for (index, instance) in instances.into_iter().enumerate() {
             let shared = shared.clone();
             let claim = claims.next();
             std::thread::Builder::new()
                 .name(format!("{model}-v{version}-{index}"))
-                .spawn(move || shared.work_loop(instance, claim))
+                .spawn(move || shared.work_loop(index, instance, claim))
                 .map_err(|e| {
                     Error::internal(format!("cannot start a worker for '{model}': {e}"))
                 })?;
         }
-        Ok(Self { shared })
+        Ok(Self {
+            shared,
+            instances: count,
+        })
+    }
+
+    /// How many instances run the model's requests.
+    pub fn instance_count(&self) -> usize {
+        self.instances
     }
 
     /// Readiness checks run the model's own check on an instance
@@ -279,6 +313,19 @@ impl Scheduler {
         rows: u64,
         received: Instant,
     ) -> Result<InferResponse> {
+        self.infer_on(request, outputs, rows, received, None).await
+    }
+
+    /// [`Self::infer`], run by instance `instance` (of [`Self::instance_count`]) when given,
+    /// batched only with requests that instance may run.
+    pub async fn infer_on(
+        &self,
+        request: InferRequest,
+        outputs: Vec<String>,
+        rows: u64,
+        received: Instant,
+        instance: Option<usize>,
+    ) -> Result<InferResponse> {
         let s = &self.shared;
         let level = s
             .policy
@@ -311,6 +358,7 @@ impl Scheduler {
                     .clone()
                     .filter(|p| p.sequence_multiple.is_some()),
                 ragged: s.policy.ragged_inputs.clone(),
+                instance: instance.filter(|&i| i < self.instances),
             };
             let pushed = state.queue.push(level, job, timeout, Instant::now());
             if pushed.is_ok() {
@@ -344,7 +392,10 @@ impl Scheduler {
                 }
             }));
         }
-        s.work.notify_one();
+        if instance.is_some() {
+            s.pinned.store(true, Relaxed);
+        }
+        s.wake_for_work();
         // If the caller goes away (client disconnect, gRPC cancel, a failed ensemble step),
         // this future is dropped and the guard takes the request out of the queue.
         let mut guard = Waiting {
@@ -402,8 +453,22 @@ impl Drop for Waiting<'_> {
 }
 
 impl WorkQueue {
-    fn work_loop(&self, mut instance: Box<dyn ModelInstance>, claim: Option<Arc<Claim>>) {
-        while let Some(work) = self.next_batch(claim.as_ref()) {
+    /// Wakes a worker for new work (every worker when some work is pinned to one).
+    fn wake_for_work(&self) {
+        if self.pinned.load(Relaxed) {
+            self.work.notify_all();
+        } else {
+            self.work.notify_one();
+        }
+    }
+
+    fn work_loop(
+        &self,
+        index: usize,
+        mut instance: Box<dyn ModelInstance>,
+        claim: Option<Arc<Claim>>,
+    ) {
+        while let Some(work) = self.next_batch(index, claim.as_ref()) {
             match work {
                 Work::Batch(taken) => self.run_batch(instance.as_mut(), taken),
                 Work::ReadinessCheck => {
@@ -421,15 +486,27 @@ impl WorkQueue {
         }
     }
 
-    /// Waits until the queue says a batch should run, its tenant's part of the server's
-    /// executions allows it and (with the rate limiter) the instance's resources are free,
-    /// and takes it with its slot and resources (a readiness check asked for goes first);
-    /// `None` once closed and empty.
-    fn next_batch(&self, claim: Option<&Arc<Claim>>) -> Option<Work> {
+    /// Waits until the queue says a batch should run on instance `index`, its tenant's part
+    /// of the server's executions allows it and (with the rate limiter) the instance's
+    /// resources are free, and takes it with its slot and resources (a readiness check asked
+    /// for goes first); `None` once closed and empty.
+    fn next_batch(&self, index: usize, claim: Option<&Arc<Claim>>) -> Option<Work> {
         let mut state = lock(&self.state);
         loop {
             if state.checks.start() {
                 return Some(Work::ReadinessCheck);
+            }
+            if state.hold_until_queued > 0 {
+                if state.queue.len() < state.hold_until_queued && !state.closed {
+                    state = self
+                        .work
+                        .wait_timeout(state, Duration::from_millis(10))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                    continue;
+                }
+                state.hold_until_queued = 0;
+                self.work.notify_all();
             }
             let now = Instant::now();
             let expired = state.queue.expire(now);
@@ -455,9 +532,12 @@ impl WorkQueue {
             let (decision, taken) = {
                 let mut gate = (self.share.slots() > 0).then(|| self.share.gate());
                 // Requests of tenants over their part wait; the others may pass them.
-                let mut eligible = |job: &Job| match (&mut gate, job.slot_owner()) {
-                    (Some(gate), Some(s)) => gate.admits(s.tenant, s.weight),
-                    _ => true,
+                let mut eligible = |job: &Job| {
+                    job.instance.is_none_or(|i| i == index)
+                        && match (&mut gate, job.slot_owner()) {
+                            (Some(gate), Some(s)) => gate.admits(s.tenant, s.weight),
+                            _ => true,
+                        }
                 };
                 let decision = state.queue.decide_among(policy, now, &mut eligible);
                 // With the rate limiter, the instance runs only with its resources.
@@ -491,7 +571,7 @@ impl WorkQueue {
                     self.stats.pending.fetch_sub(batch.len() as i64, Relaxed);
                     if !state.queue.is_empty() {
                         // More work: another free worker may take it.
-                        self.work.notify_one();
+                        self.wake_for_work();
                     }
                     return Some(Work::Batch(Taken {
                         batch,
@@ -651,7 +731,7 @@ impl WorkQueue {
         match state.queue.push(level, job, None, Instant::now()) {
             Ok(()) => {
                 self.stats.pending.fetch_add(1, Relaxed);
-                self.work.notify_one();
+                self.wake_for_work();
             }
             Err((job, _)) => {
                 drop(state);

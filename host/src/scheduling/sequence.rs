@@ -4,8 +4,11 @@
 //! the model declares (START, END, READY, CORRID) and the implicit state the previous request
 //! left behind. Requests of different sequences share the model's queue and batch together.
 //!
-//! A sequence holds no instance: its state lives here between requests, so any instance may
-//! run its next request and no sequence waits for a free slot. A sequence that sees no
+//! Each sequence is pinned to one instance, as on Triton: the one with the fewest live
+//! sequences when it starts. A model may keep a sequence's state in its instance (a
+//! `model.py` adding to `self`), so all of a sequence's requests must reach the same one.
+//! Implicit state (`state` in the configuration) lives here between requests. A sequence
+//! holds no batch slot, so no sequence waits for a free one. A sequence that sees no
 //! request for `max_sequence_idle_microseconds` is released (checked whenever requests
 //! arrive), and a later request for it must start it again.
 
@@ -139,6 +142,38 @@ struct Sequence {
     carried: tokio::sync::Mutex<Carried>,
     /// Its place among `max_candidate_sequences`, given back when the sequence is dropped.
     _candidate: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The instance that runs its requests.
+    instance: Pinned,
+}
+
+/// A sequence's instance, counted among that instance's live sequences until dropped.
+struct Pinned {
+    index: usize,
+    live: Arc<[AtomicUsize]>,
+}
+
+impl Pinned {
+    /// The instance with the fewest live sequences (the first of those on a tie).
+    fn least_loaded(live: &Arc<[AtomicUsize]>) -> Self {
+        let index = (0..live.len())
+            .min_by_key(|&i| live[i].load(Ordering::Acquire))
+            .unwrap_or(0);
+        if let Some(count) = live.get(index) {
+            count.fetch_add(1, Ordering::AcqRel);
+        }
+        Self {
+            index,
+            live: live.clone(),
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if let Some(count) = self.live.get(self.index) {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Sequence {
@@ -210,6 +245,8 @@ pub struct SequenceBatcher {
     table: Mutex<Table>,
     /// `max_candidate_sequences`: places for live sequences, taken in arrival order.
     candidates: Option<Arc<tokio::sync::Semaphore>>,
+    /// Live sequences per instance.
+    live: Arc<[AtomicUsize]>,
 }
 
 impl SequenceBatcher {
@@ -231,9 +268,13 @@ impl SequenceBatcher {
             .collect::<Result<Vec<_>>>()?;
         let candidates = (spec.max_candidates > 0)
             .then(|| Arc::new(tokio::sync::Semaphore::new(spec.max_candidates)));
+        let live = (0..scheduler.instance_count())
+            .map(|_| AtomicUsize::new(0))
+            .collect();
         Ok(Self {
             model: model.to_owned(),
             candidates,
+            live,
             spec,
             batching,
             initial,
@@ -315,7 +356,11 @@ impl SequenceBatcher {
                 outputs.push(state.output.clone());
             }
         }
-        let result = self.scheduler.infer(request, outputs, rows, received).await;
+        let pinned = Some(busy.0.instance.index);
+        let result = self
+            .scheduler
+            .infer_on(request, outputs, rows, received, pinned)
+            .await;
         let result = result.and_then(|mut response| {
             let mut next = Vec::with_capacity(self.spec.states.len());
             for state in &self.spec.states {
@@ -425,6 +470,7 @@ impl SequenceBatcher {
                         ended: false,
                     }),
                     _candidate: candidate,
+                    instance: Pinned::least_loaded(&self.live),
                 });
                 table.sequences.insert(flags.key(), s.clone());
                 s
