@@ -13,9 +13,6 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "debug", "wasmtron"))
 STARTUP_SECONDS = 120
 
-# Triton's vendored QA unittests run only against the server test_triton_qa.py starts.
-collect_ignore = ["triton_qa"]
-
 
 class Server:
     def __init__(self, repo, *extra, binary=None, env=None):

@@ -181,8 +181,9 @@ fn stream_error(id: String, status: Status) -> ModelStreamInferResponse {
     }
 }
 
-/// The responses of one request on a `ModelStreamInfer` stream. For decoupled models each
-/// response says `triton_final_response: false`, and with the request parameter
+/// The responses of one request on a `ModelStreamInfer` stream. A default-mode model's response
+/// says `triton_final_response: true`; for decoupled models each response says
+/// `triton_final_response: false`, and with the request parameter
 /// `triton_enable_empty_final_response` an empty response with `triton_final_response: true`
 /// marks the end, as Triton does.
 pub(super) fn stream_one(
@@ -232,9 +233,10 @@ pub(super) fn stream_one(
         Ok(match item {
             Ok(resp) => {
                 let mut resp = encode_response(resp, &requested);
-                if decoupled {
-                    resp.parameters.extend(final_flag(false));
-                }
+                // A default-mode model's one response is its last; a decoupled model's end
+                // is the empty response below (the stream cannot know a response is the last
+                // without holding it back until the next).
+                resp.parameters.extend(final_flag(!decoupled));
                 ModelStreamInferResponse {
                     error_message: String::new(),
                     infer_response: Some(resp),

@@ -195,12 +195,16 @@ def _text(value, what):
 
 
 def _tensors(values, what):
-    """A list of Tensors: the list itself checked for type, each element for None."""
+    """A list of Tensors. As Triton's bindings: a list of another type or an element of
+    another type is a TypeError; a None element passes the bindings and is refused after."""
     _want(values, (list, tuple), what)
     for t in values:
+        if t is None:
+            raise TritonModelException("%s must hold pb_utils.Tensor objects, found None"
+                                       % what)
         if not isinstance(t, Tensor):
-            raise TritonModelException(
-                "%s must hold pb_utils.Tensor objects, found %s" % (what, type(t).__name__))
+            raise TypeError(
+                "%s must hold pb_utils.Tensor objects, not %s" % (what, type(t).__name__))
     return list(values)
 
 
