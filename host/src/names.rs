@@ -187,7 +187,8 @@ pub struct ShmKey(String);
 impl ShmKey {
     /// Checks a key given to the shared-memory register API.
     pub fn parse(key: &str) -> Result<Self> {
-        let name = key.strip_prefix('/').unwrap_or(key);
+        // shm_open skips every leading slash.
+        let name = key.trim_start_matches('/');
         match component_problem(name) {
             None => Ok(Self(name.to_owned())),
             Some(why) => Err(Error::invalid(format!(

@@ -350,6 +350,68 @@ def test_bls_calls_run_with_the_callers_rights(tmp_path):
         s.stop()
 
 
+LOADER = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # Triton's model loading example: load what execute calls, from initialize.
+        self.ready_before = pb_utils.is_model_ready(model_name="add_sub", model_version="1")
+        if not self.ready_before:
+            pb_utils.load_model(model_name="add_sub")
+
+    def answer(self, action):
+        if action == "ready":
+            return str(pb_utils.is_model_ready("add_sub"))
+        if action == "ready_before":
+            return str(self.ready_before)
+        if action == "call":
+            a = np.array([1, 2, 3, 4], np.float32)
+            request = pb_utils.InferenceRequest(
+                model_name="add_sub", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", a), pb_utils.Tensor("INPUT1", a)])
+            response = request.exec()
+            if response.has_error():
+                return "error: " + response.error().message()
+            return json.dumps(pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy().tolist())
+        if action == "unload":
+            pb_utils.unload_model(model_name="add_sub")
+            return "unloaded"
+        if action == "load":
+            pb_utils.load_model(model_name="add_sub")
+            return "loaded"
+        if action == "load_files":
+            # The example's override: a configuration and the model file as bytes.
+            with open(pb_utils.get_model_dir() + "/1/simple.onnx", "rb") as f:
+                data = f.read()
+            config = json.dumps({"backend": "onnxruntime", "max_batch_size": 8})
+            pb_utils.load_model(model_name="simple_copy", config=config,
+                                files={"file:1/model.onnx": data})
+            return str(pb_utils.is_model_ready("simple_copy"))
+        try:
+            if action == "self":
+                pb_utils.load_model("loader")
+            elif action == "missing":
+                pb_utils.load_model("no_such_model")
+            elif action == "no_config":
+                pb_utils.load_model("x", files={"file:1/model.onnx": b"0"})
+            return "accepted"
+        except pb_utils.TritonModelException as e:
+            return "refused: " + str(e)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            action = pb_utils.get_input_tensor_by_name(request, "ACTION").as_numpy()[0].decode()
+            out = np.array([self.answer(action).encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("ANSWER", out)]))
+        return responses
+'''
+
+
 def write_loader(repo):
     (repo / "loader" / "1").mkdir(parents=True)
     (repo / "loader" / "config.pbtxt").write_text(

@@ -3,6 +3,9 @@ shared memory, the client registers it, and inputs and outputs travel through it
 request and response bodies, over HTTP and gRPC, as in Triton's simple_*_shm_client examples."""
 import base64
 import os
+import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,14 +14,25 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import serving
+from conftest import Server, copy_models
 
 BYTES = 16 * 4  # one [1, 16] INT32 tensor
 
 
+# `simple` holding each request until a second one comes (up to two minutes).
+PAIRS = "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 120000000 }\n"
+
+
 @pytest.fixture(scope="module")
 def shm_server(tmp_path_factory):
-    yield from serving(tmp_path_factory, "shm", ["simple"], "--allow-client-shm=true")
+    repo = tmp_path_factory.mktemp("shm")
+    copy_models(str(repo), ["simple"])
+    shutil.copytree(repo / "simple", repo / "simple_pairs")
+    config = repo / "simple_pairs" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "simple"', 'name: "simple_pairs"') + PAIRS)
+    s = Server(str(repo), "--allow-client-shm=true")
+    yield s
+    s.stop()
 
 
 @pytest.fixture(params=["http", "grpc"])
@@ -118,7 +132,7 @@ def test_mistakes_are_named_and_the_server_keeps_serving(client, regions):
             "not a POSIX shared memory name")
     c.register_system_shared_memory("input_data", in_key, 2 * BYTES)
     refused(lambda: c.register_system_shared_memory("input_data", in_key, 8),
-            "'input_data' is already registered")
+            "shared memory region 'input_data' already in manager")
     # An output region is needed and not registered yet.
     refused(lambda: c.infer("simple", shm_inputs(mod), outputs=shm_outputs(mod)),
             "'output_data'")
@@ -127,8 +141,22 @@ def test_mistakes_are_named_and_the_server_keeps_serving(client, regions):
             "output 'OUTPUT0'", "too small")
     past = shm_inputs(mod)
     past[1].set_shared_memory("input_data", BYTES, offset=BYTES + 4)
-    refused(lambda: c.infer("simple", past), "input 'INPUT1'", "do not fit")
-    refused(lambda: c.get_system_shared_memory_status("nope"), "'nope'")
+    refused(lambda: c.infer("simple", past), "input 'INPUT1'",
+            "Invalid offset + byte size for shared memory region: 'input_data'")
+    past[1].set_shared_memory("input_data", BYTES, offset=2 * BYTES)
+    refused(lambda: c.infer("simple", past),
+            "Invalid offset for shared memory region: 'input_data'")
+    refused(lambda: c.get_system_shared_memory_status("nope"),
+            "Unable to find system shared memory region: 'nope'")
+    # Triton's checks of a key (L0_shared_memory test_register_reserved_names,
+    # test_register_invalid_shm_key): slashes alone, or the Python backend's reserved prefix.
+    for bad in ("/", "///"):
+        refused(lambda: c.register_system_shared_memory("k", bad, 8),
+                f"cannot register shared memory region 'k' - invalid shm key '{bad}'")
+    for bad in ("triton_python_backend_shm_region_x", "///triton_python_backend_shm_region_x"):
+        refused(lambda: c.register_system_shared_memory("k", bad, 8),
+                f"cannot register shared memory region 'k' with key '{bad}' as the key "
+                "contains the reserved prefix 'triton_python_backend_shm_region_'")
 
     # Still serving, from the request body as well as from shared memory.
     a = np.ones((1, 16), dtype=np.int32)
@@ -137,6 +165,42 @@ def test_mistakes_are_named_and_the_server_keeps_serving(client, regions):
         t.set_data_from_numpy(a)
     assert (c.infer("simple", body).as_numpy("OUTPUT0") == 2).all()
     c.infer("simple", shm_inputs(mod), outputs=shm_outputs(mod))
+
+
+def pending(server, model):
+    for line in server.metrics_text().splitlines():
+        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_region_unregistered_during_inference_goes_when_its_last_request_ends(
+        client, regions, shm_server):
+    """L0_shared_memory test_unregister_shm_during_inference_{single,multiple}_req: unregistering
+    regions a request is using only marks them; they stay listed and usable (a second request
+    may use them) until the last request using them is answered, then they are gone."""
+    mod, c = client
+    (in_key, _), (out_key, out_handle) = regions["in"], regions["out"]
+    c.register_system_shared_memory("input_data", in_key, 2 * BYTES)
+    c.register_system_shared_memory("output_data", out_key, 2 * BYTES)
+    address = shm_server.http if mod is httpclient else shm_server.grpc
+    answers = []
+    first = threading.Thread(target=lambda: answers.append(
+        mod.InferenceServerClient(address).infer("simple_pairs", shm_inputs(mod),
+                                                 outputs=shm_outputs(mod))))
+    first.start()
+    deadline = time.time() + 120
+    while pending(shm_server, "simple_pairs") < 1:
+        assert time.time() < deadline, "the first request never queued"
+        time.sleep(0.1)
+    c.unregister_system_shared_memory()
+    assert set(status_names(mod, c)) == {"input_data", "output_data"}
+    answers.append(mod.InferenceServerClient(address).infer("simple_pairs", shm_inputs(mod), outputs=shm_outputs(mod)))
+    first.join(120)
+    assert len(answers) == 2
+    got = shm.get_contents_as_numpy(out_handle, np.int32, [1, 16])
+    assert (got == regions["a"] + regions["b"]).all()
+    assert status_names(mod, c) == {}
 
 
 def test_the_server_lists_the_extension(shm_server):

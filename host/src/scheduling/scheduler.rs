@@ -761,19 +761,35 @@ impl WorkQueue {
                 timings.compute_output,
             ]);
         }
+        let Job {
+            mut request,
+            reply,
+            seq,
+            ..
+        } = job;
         let response = InferResponse {
             model_name: self.model.clone(),
             model_version: self.version,
-            parameters: job.request.reply_parameters.take(),
-            id: job.request.id,
+            parameters: request.reply_parameters.take(),
+            id: std::mem::take(&mut request.id),
             outputs,
         };
-        self.deliver(job.seq, job.reply, Ok(response));
+        // The request (its trace span with it) ends before its answer leaves, so whoever
+        // waits for the answer finds the trace complete.
+        drop(request);
+        self.deliver(seq, reply, Ok(response));
     }
 
     fn fail(&self, job: Job, reason: FailureReason, err: Error) {
         self.stats.record_failure(reason, job.received.elapsed());
-        self.deliver(job.seq, job.reply, Err(err));
+        let Job {
+            request,
+            reply,
+            seq,
+            ..
+        } = job;
+        drop(request);
+        self.deliver(seq, reply, Err(err));
     }
 
     /// Sends a response, or with `preserve_ordering` holds it until every earlier request has

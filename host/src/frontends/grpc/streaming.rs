@@ -198,12 +198,17 @@ pub(super) fn stream_one(
     let caller = target.caller();
     let id = req.id.clone();
     let reader = shm.reader(caller, max_bytes);
-    let shared = |input: &str, params: &Parameters| reader.input(input, params);
-    let decoded = decode_request(req, &shared).and_then(|request| {
-        shm.check_outputs(caller, &request.outputs)?;
-        Ok(request)
+    let decoded = {
+        let shared = |input: &str, params: &Parameters| reader.input(input, params);
+        decode_request(req, &shared)
+    };
+    let inputs_held = reader.into_held();
+    let decoded = decoded.and_then(|request| {
+        let mut held = shm.check_outputs(caller, &request.outputs)?;
+        held.extend(inputs_held);
+        Ok((request, held))
     });
-    let mut request = match decoded {
+    let (mut request, held) = match decoded {
         Ok(r) => r,
         Err(err) => return futures::stream::once(async move { Err(to_status(err)) }).boxed(),
     };
@@ -226,6 +231,8 @@ pub(super) fn stream_one(
     let caller = caller.clone();
     let items = server.infer_stream_on(&target, request);
     let responses = tokio_stream_from(items).map(move |item| {
+        // The request's regions stay registered until its last response is written.
+        let _held = &held;
         let item = item.and_then(|resp| {
             shm.write_outputs(&caller, &requested, &resp)?;
             Ok(resp)

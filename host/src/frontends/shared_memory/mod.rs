@@ -38,6 +38,10 @@ use crate::{
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod in_use;
+
+pub use in_use::HeldRegions;
+use in_use::{Regions, Usage};
 
 /// Most regions one caller (a tenant, or everyone without tenants) may hold at once.
 pub const MAX_REGIONS: usize = 1024;
@@ -106,9 +110,14 @@ enum Backing {
 struct Region {
     status: RegionStatus,
     backing: Backing,
+    usage: Mutex<Usage>,
 }
 
 impl Region {
+    fn usage(&self) -> std::sync::MutexGuard<'_, Usage> {
+        self.usage.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn kind(&self) -> Kind {
         match self.status.location {
             Location::System { .. } => Kind::System,
@@ -184,17 +193,23 @@ impl Region {
     }
 
     /// `len` bytes at `offset` within the region, or an error naming the tensor.
+    /// Triton's words first: an offset past the region, then one whose end is past it.
     fn range(&self, what: &str, offset: u64, len: u64) -> Result<(usize, usize)> {
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= self.status.byte_size);
+        let name = &self.status.name;
+        let size = self.status.byte_size;
+        let refuse = |triton: &str| {
+            Error::invalid(format!(
+                "{triton} for shared memory region: '{name}' ({what}: {len} bytes at offset \
+                 {offset}; the region holds {size} bytes)"
+            ))
+        };
+        if offset >= size && len > 0 {
+            return Err(refuse("Invalid offset"));
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= size);
         match (end, usize::try_from(offset), usize::try_from(len)) {
             (Some(_), Ok(o), Ok(l)) => Ok((o, l)),
-            _ => Err(Error::invalid(format!(
-                "{what}: {len} bytes at offset {offset} do not fit shared memory region '{}' \
-                 of {} bytes",
-                self.status.name, self.status.byte_size
-            ))),
+            _ => Err(refuse("Invalid offset + byte size")),
         }
     }
 }
@@ -203,7 +218,7 @@ type Key = (Option<String>, String);
 
 /// The regions registered with this server.
 pub struct SystemSharedMemory {
-    regions: Mutex<BTreeMap<Key, Arc<Region>>>,
+    regions: Arc<Regions>,
     /// Whether clients may register regions at all (`--allow-client-shm`).
     allowed: bool,
 }
@@ -211,7 +226,7 @@ pub struct SystemSharedMemory {
 impl Default for SystemSharedMemory {
     fn default() -> Self {
         Self {
-            regions: Mutex::default(),
+            regions: Arc::default(),
             allowed: true,
         }
     }
@@ -225,6 +240,27 @@ fn owner(caller: &Caller) -> Option<String> {
 /// accepts it; anything that could name another file is refused.
 fn shm_path(key: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(SHM_DIR).join(ShmKey::parse(key)?.file_name()))
+}
+
+/// Triton's Python backend names its own shared memory with this prefix; clients may not.
+const RESERVED_KEY_PREFIX: &str = "triton_python_backend_shm_region_";
+
+/// Triton's checks of a key before anything is opened, in its words: not slashes alone, and
+/// not (after its leading slashes) the reserved prefix.
+fn check_key(name: &str, key: &str) -> Result<()> {
+    let bare = key.trim_start_matches('/');
+    if bare.is_empty() {
+        return Err(Error::invalid(format!(
+            "cannot register shared memory region '{name}' - invalid shm key '{key}'"
+        )));
+    }
+    if bare.starts_with(RESERVED_KEY_PREFIX) {
+        return Err(Error::invalid(format!(
+            "cannot register shared memory region '{name}' with key '{key}' as the key \
+             contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
+        )));
+    }
+    Ok(())
 }
 
 /// Which file an object is (device and inode), to notice one replaced under the same key.
@@ -289,7 +325,7 @@ impl SystemSharedMemory {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, Arc<Region>>> {
-        self.regions.lock().unwrap_or_else(PoisonError::into_inner)
+        in_use::lock(&self.regions)
     }
 
     /// Maps `byte_size` bytes at `offset` of the shared-memory object `key` as region `name`.
@@ -302,12 +338,13 @@ impl SystemSharedMemory {
         byte_size: u64,
     ) -> Result<()> {
         let id = self.new_region(caller, Kind::System, name)?;
+        check_key(name, key)?;
         let (_, object, size) = open_object(key, name)?;
         let end = offset.checked_add(byte_size);
         if byte_size == 0 || end.is_none_or(|e| e > size) {
             return Err(Error::invalid(format!(
-                "shared memory region '{name}': {byte_size} bytes at offset {offset} do not fit \
-                 key '{key}', which holds {size} bytes"
+                "failed to register shared memory region '{name}': invalid args: {byte_size} \
+                 bytes at offset {offset} do not fit key '{key}', which holds {size} bytes"
             )));
         }
         usize::try_from(byte_size)
@@ -326,6 +363,7 @@ impl SystemSharedMemory {
                 object,
                 start: offset,
             },
+            usage: Mutex::default(),
         };
         tracing::info!(
             region = name,
@@ -340,16 +378,7 @@ impl SystemSharedMemory {
     /// The caller may register a region of `kind` named `name` (checked again on insert).
     fn new_region(&self, caller: &Caller, kind: Kind, name: &str) -> Result<Key> {
         caller.require_admin(kind.api())?;
-        if !self.allowed {
-            return Err(Error::unavailable(format!(
-                "{} shared memory is not allowed on this server: start it with \
-                 --allow-client-shm=true",
-                match kind {
-                    Kind::System => "system",
-                    Kind::Cuda => "CUDA",
-                }
-            )));
-        }
+        self.require_allowed()?;
         if name.is_empty() {
             return Err(Error::invalid("a shared memory region needs a name"));
         }
@@ -424,6 +453,7 @@ impl SystemSharedMemory {
                         location: Location::Cuda { device_id },
                     },
                     backing: Backing::Cuda(buffer),
+                    usage: Mutex::default(),
                 },
             )
         }
@@ -437,22 +467,30 @@ impl SystemSharedMemory {
     }
 
     /// Unregisters the caller's region `name` of this kind, or every one of this kind when
-    /// `None`. Unknown names are not an error (as in Triton). Requests already using a region
-    /// finish with it.
+    /// `None`. Unknown names are not an error (as in Triton). A region a request still uses
+    /// stays, listed and usable, until the last such request ends, as on Triton.
     pub fn unregister(&self, caller: &Caller, kind: Kind, name: Option<&str>) -> Result<()> {
+        self.require_allowed()?;
         caller.require_admin(kind.api())?;
         let owner = owner(caller);
         let mut regions = self.lock();
-        match name {
-            Some(name) => {
-                let id = (owner, name.to_owned());
-                if regions.get(&id).is_some_and(|r| r.kind() == kind) {
-                    regions.remove(&id);
-                }
-            }
-            None => regions.retain(|(o, _), r| *o != owner || r.kind() != kind),
-        }
+        regions.retain(|(o, n), r| {
+            let named = name.is_none_or(|name| name == n);
+            !(*o == owner && named && r.kind() == kind && r.usage().unregister())
+        });
         Ok(())
+    }
+
+    /// Refuses every use of the API while clients may not register regions.
+    fn require_allowed(&self) -> Result<()> {
+        if self.allowed {
+            Ok(())
+        } else {
+            Err(Error::unavailable(
+                "Client shared memory is disabled. Start the server with \
+                 '--allow-client-shm=true' to enable.",
+            ))
+        }
     }
 
     /// The caller's regions of this kind, or the one named (an error if it is not registered).
@@ -470,7 +508,9 @@ impl SystemSharedMemory {
                 .get(&(owner, name.to_owned()))
                 .filter(|r| r.kind() == kind)
                 .map(|r| vec![r.status.clone()])
-                .ok_or_else(|| not_registered(name)),
+                .ok_or_else(|| {
+                    Error::not_found(format!("Unable to find {} region: '{name}'", kind.api()))
+                }),
             None => Ok(regions
                 .iter()
                 .filter(|((o, _), r)| *o == owner && r.kind() == kind)
@@ -486,6 +526,18 @@ impl SystemSharedMemory {
             .ok_or_else(|| not_registered(name))
     }
 
+    /// Region `name` of the caller, held for a request in `held`.
+    fn hold(&self, caller: &Caller, name: &str, held: &mut HeldRegions) -> Result<Arc<Region>> {
+        let key = (owner(caller), name.to_owned());
+        let regions = self.lock();
+        let region = regions
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| not_registered(name))?;
+        held.push(&self.regions, key, region.clone());
+        Ok(region)
+    }
+
     /// A reader of one request's inputs from `caller`'s regions, which copies at most
     /// `max_bytes` in all (the frontend's request size limit: data in shared memory counts as
     /// if it were in the body).
@@ -495,20 +547,27 @@ impl SystemSharedMemory {
             caller,
             left: AtomicU64::new(max_bytes as u64),
             max_bytes,
+            held: Mutex::default(),
         }
     }
 
     /// Checks, before the model runs, that every output the client wants in shared memory
-    /// names a registered region of the caller and fits in it.
-    pub fn check_outputs(&self, caller: &Caller, requested: &[RequestedOutput]) -> Result<()> {
+    /// names a registered region of the caller and fits in it; the regions stay the request's
+    /// until the returned hold is dropped (after its last response).
+    pub fn check_outputs(
+        &self,
+        caller: &Caller,
+        requested: &[RequestedOutput],
+    ) -> Result<HeldRegions> {
+        let mut held = HeldRegions::default();
         for output in requested {
             let what = format!("output '{}'", output.name);
             if let Some(target) = Target::of(&what, &output.parameters)? {
-                let region = self.region(caller, &target.region)?;
+                let region = self.hold(caller, &target.region, &mut held)?;
                 region.range(&what, target.offset, target.size)?;
             }
         }
-        Ok(())
+        Ok(held)
     }
 
     /// Writes every output the client asked to receive in shared memory into its region (the
@@ -552,9 +611,17 @@ pub struct SharedReader<'a> {
     caller: &'a Caller,
     left: AtomicU64,
     max_bytes: usize,
+    held: Mutex<HeldRegions>,
 }
 
 impl SharedReader<'_> {
+    /// The regions the inputs were read from, held for the rest of the request.
+    pub fn into_held(self) -> HeldRegions {
+        self.held
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The data of an input that names a region in its parameters (a copy, so that the client
     /// may reuse the region once the request is sent), or `None` when it does not.
     pub fn input(&self, input: &str, params: &Parameters) -> Result<Option<Bytes>> {
@@ -562,7 +629,10 @@ impl SharedReader<'_> {
         let Some(target) = Target::of(&what, params)? else {
             return Ok(None);
         };
-        let region = self.memory.region(self.caller, &target.region)?;
+        let region = {
+            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            self.memory.hold(self.caller, &target.region, &mut held)?
+        };
         let (offset, len) = region.range(&what, target.offset, target.size)?;
         let Some(left) = self.left.load(Ordering::Relaxed).checked_sub(len as u64) else {
             return Err(Error::invalid(format!(
@@ -588,13 +658,13 @@ impl Kind {
 fn already_registered(name: &str) -> Error {
     Error::new(
         Code::AlreadyExists,
-        format!("shared memory region '{name}' is already registered; unregister it first"),
+        format!("shared memory region '{name}' already in manager; unregister it first"),
     )
 }
 
 fn not_registered(name: &str) -> Error {
     Error::not_found(format!(
-        "no shared memory region named '{name}' is registered"
+        "Unable to find shared memory region: '{name}' (it is not registered)"
     ))
 }
 

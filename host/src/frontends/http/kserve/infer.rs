@@ -126,18 +126,21 @@ async fn run_infer(
         *st.server.limits(),
     );
     let name = model.clone();
-    let mut request = off_runtime(body.len(), move || {
+    let (mut request, inputs_held) = off_runtime(body.len(), move || {
         let reader = memory.reader(&who, max);
-        let shared = |input: &str, params: &Parameters| reader.input(input, params);
-        codec::decode_request(
-            &name,
-            version,
-            body,
-            json_length,
-            config.as_ref(),
-            &limits,
-            &shared,
-        )
+        let decoded = {
+            let shared = |input: &str, params: &Parameters| reader.input(input, params);
+            codec::decode_request(
+                &name,
+                version,
+                body,
+                json_length,
+                config.as_ref(),
+                &limits,
+                &shared,
+            )
+        };
+        decoded.map(|request| (request, reader.into_held()))
     })
     .await??;
     request.trace = st
@@ -149,11 +152,14 @@ async fn run_infer(
     trace.mark("HTTP_RECV_END");
     let parameters = request.parameters.clone();
     let requested = request.outputs.clone();
-    st.shared_memory.check_outputs(caller, &requested)?;
+    // The request's regions stay registered until its outputs are written (as on Triton).
+    let mut held = st.shared_memory.check_outputs(caller, &requested)?;
+    held.extend(inputs_held);
     let response = st.server.infer_on(&target, request).await?;
     trace.mark("HTTP_SEND_START");
     st.shared_memory
         .write_outputs(caller, &requested, &response)?;
+    drop(held);
     let (encoded, encoding) =
         encode_for(caller.tenant(), headers, parameters, requested, response).await?;
     trace.mark("HTTP_SEND_END");
