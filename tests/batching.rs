@@ -386,7 +386,7 @@ fn simple_rows(rows: usize, k: i32) -> Value {
 }
 
 #[test]
-fn a_batch_past_the_largest_preferred_size_runs_without_waiting_out_the_delay() {
+fn a_batch_past_the_largest_preferred_size_or_asking_other_outputs_runs_without_waiting() {
     // L0_batcher (test_multi_batch_use_biggest_preferred and the like): Triton issues a
     // batch at once when it cannot grow into a preferred size; the delay here (10 min) is far
     // past the client's timeout, so waiting it out fails the test.
@@ -399,9 +399,32 @@ fn a_batch_past_the_largest_preferred_size_runs_without_waiting_out_the_delay() 
     let (status, out) = infer(&s, "simple", &simple_rows(5, 1));
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["outputs"][0]["shape"], json!([5, 16]));
+    // test_multi_different_outputs: two requests asking for different outputs make a batch
+    // of 2 (a preferred size) and each gets only its own output.
+    let answers: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ["OUTPUT0", "OUTPUT1"]
+            .into_iter()
+            .map(|output| {
+                let s = &s;
+                scope.spawn(move || {
+                    let mut body = simple_rows(1, 2);
+                    body["outputs"] = json!([{ "name": output }]);
+                    let (status, out) = infer(s, "simple", &body);
+                    assert_eq!(status, 200, "{out}");
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (answer, (name, value)) in answers.iter().zip([("OUTPUT0", 6), ("OUTPUT1", 2)]) {
+        assert_eq!(answer["outputs"].as_array().unwrap().len(), 1, "{answer}");
+        assert_eq!(answer["outputs"][0]["name"], name, "{answer}");
+        assert_eq!(answer["outputs"][0]["data"][2], value, "{answer}");
+    }
     let st = s.model_stats("simple");
-    assert_eq!(st["inference_count"], 5, "{st}");
-    assert_eq!(st["execution_count"], 1, "{st}");
+    assert_eq!(st["inference_count"], 7, "{st}");
+    assert_eq!(st["execution_count"], 2, "{st}");
 }
 
 #[test]

@@ -54,13 +54,14 @@ impl Batchable for Job {
     fn rows(&self) -> usize {
         self.rows as usize
     }
+    /// Requests asking for different outputs batch too, as on Triton: the batch computes
+    /// every output any of them asked for and each gets its own.
     fn fits_with(&self, other: &Self) -> bool {
-        self.outputs == other.outputs
-            && match (&self.padding, &self.ragged) {
-                (Some(p), _) => p.compatible(&self.request, &other.request),
-                (None, Some(r)) => batch::compatible_but(&self.request, &other.request, r),
-                (None, None) => batch::compatible(&self.request, &other.request),
-            }
+        match (&self.padding, &self.ragged) {
+            (Some(p), _) => p.compatible(&self.request, &other.request),
+            (None, Some(r)) => batch::compatible_but(&self.request, &other.request, r),
+            (None, None) => batch::compatible(&self.request, &other.request),
+        }
     }
     fn share(&self) -> Option<Share<'_>> {
         // A stage's call for a batch of several tenants queues as the first of them.
@@ -190,6 +191,31 @@ fn held_back(request: &InferRequest) -> Option<Error> {
         .callers
         .iter()
         .find_map(|c| c.check_backoff(&request.model_name).err())
+}
+
+/// Every output the requests of a batch asked for, the first request's first, in order.
+fn outputs_of<'a>(asked: impl Iterator<Item = &'a Vec<String>>) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for name in asked.flatten() {
+        if !all.contains(name) {
+            all.push(name.clone());
+        }
+    }
+    all
+}
+
+/// The outputs one request asked for, in its order, from what its batch computed (`wanted`).
+fn own_outputs(asked: &[String], wanted: &[String], mut computed: Vec<Tensor>) -> Vec<Tensor> {
+    if asked == wanted {
+        return computed;
+    }
+    asked
+        .iter()
+        .filter_map(|name| {
+            let at = computed.iter().position(|t| &t.name == name)?;
+            Some(computed.swap_remove(at))
+        })
+        .collect()
 }
 
 /// `TRITONSERVER_DELAY_SCHEDULER`, the number of queued requests Triton's QA tests ask the
@@ -661,8 +687,9 @@ impl WorkQueue {
             version = self.version,
             batch = requests.len()
         );
+        let wanted = outputs_of(jobs.iter().map(|(j, _)| &j.outputs));
         let (results, timings) = catch_unwind(AssertUnwindSafe(|| {
-            span.in_scope(|| instance.execute_batch(&requests, &first.outputs))
+            span.in_scope(|| instance.execute_batch(&requests, &wanted))
         }))
         .unwrap_or_else(|_| {
             let err = Error::internal(format!(
@@ -705,7 +732,10 @@ impl WorkQueue {
             let again = job.request.reschedule.take();
             match result {
                 Ok(_) if again => self.reschedule(job),
-                Ok(outputs) => self.succeed(job, queued, &timings, outputs),
+                Ok(outputs) => {
+                    let outputs = own_outputs(&job.outputs, &wanted, outputs);
+                    self.succeed(job, queued, &timings, outputs)
+                }
                 Err(err) => self.fail(job, FailureReason::Backend, err),
             }
         }

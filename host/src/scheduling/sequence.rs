@@ -483,7 +483,7 @@ impl SequenceBatcher {
     fn not_started(&self, id: &SequenceId, hint: &str) -> Error {
         Error::invalid(format!(
             "inference request for sequence {id} to model '{}' must specify the START flag \
-             (parameter 'sequence_start') on the first request of the sequence{hint}",
+             on the first request of the sequence (parameter 'sequence_start'){hint}",
             self.model
         ))
     }
