@@ -90,6 +90,24 @@ def step(mod, c, value, sequence_id, start=False, end=False, model="accumulate")
             for name in ("OUTPUT", "START_OUT", "END_OUT", "READY_OUT", "CORRID_OUT")}
 
 
+def concurrently(run, ids):
+    """Runs `run(id)` for every id at once, each in a thread; raises what any of them raised."""
+    errors = []
+
+    def guarded(sid):
+        try:
+            run(sid)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(sid,)) for sid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_interleaved_sequences_keep_their_own_state(server, protocol):
     mod, c = client(server, protocol)
@@ -205,21 +223,12 @@ def test_a_sequence_stays_on_one_instance_of_a_model_that_keeps_state_in_it(serv
     ids = [7000 + k for k in range(sequences)]
     # Every sequence is live before any continues, so each starts on the least-loaded instance.
     seen = {sid: [add(sid, sid, start=True)] for sid in ids}
-    errors = []
 
     def run(sid):
-        try:
-            for k in range(1, steps):
-                seen[sid].append(add(sid, k, end=k == steps - 1))
-        except Exception as e:  # reported below
-            errors.append(e)
+        for k in range(1, steps):
+            seen[sid].append(add(sid, k, end=k == steps - 1))
 
-    threads = [threading.Thread(target=run, args=(sid,)) for sid in ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
+    concurrently(run, ids)
     for sid in ids:
         sums = [s for s, _ in seen[sid]]
         assert sums == list(np.cumsum([sid] + list(range(1, steps)))), (sid, sums)
@@ -234,25 +243,17 @@ def test_requests_of_different_sequences_batch_together(server):
     """Four sequences at once: every execution holds one request of each (the queue waits for
     four), and each sequence still adds up only its own values."""
     sequences, steps = 4, 10
-    results, errors = {}, []
+    results = {}
 
     def run(sid):
-        try:
-            c = grpcclient.InferenceServerClient(server.grpc)
-            values = [sid * 10 + k for k in range(steps)]
-            outs = [step(grpcclient, c, v, sid, start=k == 0, end=k == steps - 1,
-                         model="accumulate_batched")["OUTPUT"]
-                    for k, v in enumerate(values)]
-            results[sid] = (values, outs)
-        except Exception as e:  # reported below
-            errors.append(e)
+        c = grpcclient.InferenceServerClient(server.grpc)
+        values = [sid * 10 + k for k in range(steps)]
+        outs = [step(grpcclient, c, v, sid, start=k == 0, end=k == steps - 1,
+                     model="accumulate_batched")["OUTPUT"]
+                for k, v in enumerate(values)]
+        results[sid] = (values, outs)
 
-    threads = [threading.Thread(target=run, args=(sid,)) for sid in range(1, sequences + 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
+    concurrently(run, range(1, sequences + 1))
     for sid, (values, outs) in results.items():
         assert outs == list(FIRST + np.cumsum(values)), sid
     stats = grpcclient.InferenceServerClient(server.grpc).get_inference_statistics(
@@ -323,23 +324,15 @@ def test_vad_streams_batched_together_match_silero(server):
     """Four streams at once through a copy of `vad` whose queue waits for four chunks: every
     silero-vad call carries one chunk of each stream, their states side by side."""
     streams = {81 + i: audio(10 + i, i % 2 == 0) for i in range(4)}
-    got, errors = {}, []
+    got = {}
 
     def run(sid):
-        try:
-            c = grpcclient.InferenceServerClient(server.grpc)
-            chunks = streams[sid]
-            got[sid] = [detect(grpcclient, c, "vad_batched", chunks, k, sid)
-                        for k in range(len(chunks))]
-        except Exception as e:  # reported below
-            errors.append(e)
+        c = grpcclient.InferenceServerClient(server.grpc)
+        chunks = streams[sid]
+        got[sid] = [detect(grpcclient, c, "vad_batched", chunks, k, sid)
+                    for k in range(len(chunks))]
 
-    threads = [threading.Thread(target=run, args=(sid,)) for sid in streams]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
+    concurrently(run, streams)
     for sid, chunks in streams.items():
         np.testing.assert_allclose(got[sid], silero_reference(chunks), atol=1e-5, rtol=0)
     stats = grpcclient.InferenceServerClient(server.grpc).get_inference_statistics(
