@@ -150,7 +150,8 @@ def test_bad_sequence_requests_are_refused_by_name(server, protocol):
     # One row per request of a sequence.
     rows = mod.InferInput("INPUT", [2, 1], "INT32")
     rows.set_data_from_numpy(np.array([[1], [2]], dtype=np.int32))
-    with pytest.raises(InferenceServerException, match="holds 2 rows"):
+    with pytest.raises(InferenceServerException,
+                       match="must specify batch-size 1 due to requirements of sequence batcher"):
         c.infer("accumulate", [rows], sequence_id=base + 3, sequence_start=True)
     # The server still serves, and a refused START left nothing behind.
     assert step(mod, c, 4, base + 3, start=True)["OUTPUT"] == FIRST + 4

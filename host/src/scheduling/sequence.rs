@@ -327,9 +327,9 @@ impl SequenceBatcher {
         let refused = |e: Error| (e, true);
         if self.batching && rows != 1 {
             return Err(refused(Error::invalid(format!(
-                "inference request for sequence {} to model '{}' holds {rows} rows; a request \
-                 of a sequence holds one (batch size 1)",
-                flags.id, self.model
+                "inference request to model '{}' must specify batch-size 1 due to requirements \
+                 of sequence batcher (sequence {} sent {rows} rows)",
+                self.model, flags.id
             ))));
         }
         let candidate = match &self.candidates {
