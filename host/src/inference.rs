@@ -217,13 +217,36 @@ impl InferRequest {
 /// of the log).
 pub const TRACE_TARGET: &str = "wasmtron::trace";
 
-/// A request's trace span; requests compare equal whatever their spans.
+/// What a traced request records (Triton's `trace_level`): its activities' timestamps, its
+/// tensors, both, or nothing (`OFF`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TraceLevel {
+    /// `TIMESTAMPS`: `REQUEST_START`, `QUEUE_START`, `COMPUTE_START`, ….
+    pub timestamps: bool,
+    /// `TENSORS`: the inputs as queued and as given to the model, and the outputs.
+    pub tensors: bool,
+}
+
+impl TraceLevel {
+    /// `TIMESTAMPS` alone.
+    pub const TIMESTAMPS: TraceLevel = TraceLevel {
+        timestamps: true,
+        tensors: false,
+    };
+
+    /// Whether anything is traced.
+    pub fn is_on(self) -> bool {
+        self.timestamps || self.tensors
+    }
+}
+
+/// A request's trace span and what it records; requests compare equal whatever their spans.
 #[derive(Clone)]
-pub struct Trace(pub tracing::Span);
+pub struct Trace(pub tracing::Span, pub TraceLevel);
 
 impl Default for Trace {
     fn default() -> Self {
-        Trace(tracing::Span::none())
+        Trace(tracing::Span::none(), TraceLevel::default())
     }
 }
 
@@ -233,24 +256,33 @@ impl Trace {
         !self.0.is_none()
     }
 
+    /// A trace for a call this request makes (an ensemble step, a stage's call), recording
+    /// what this one records; `span` is made with [`trace_span!`](crate::trace_span).
+    pub fn child(&self, span: tracing::Span) -> Trace {
+        Trace(span, self.1)
+    }
+
     /// Records one of Triton's trace activities (`QUEUE_START`, `HTTP_SEND_END`, …) now.
     pub fn mark(&self, activity: &'static str) {
         // Untraced requests (nearly all) do not even read the clock.
-        if self.is_traced() {
+        if self.is_traced() && self.1.timestamps {
             self.mark_at(activity, std::time::Instant::now());
         }
     }
 
     /// Records `activity` as having happened at `at`.
     pub fn mark_at(&self, activity: &'static str, at: std::time::Instant) {
-        if self.is_traced() {
+        if self.is_traced() && self.1.timestamps {
             tracing::info!(target: TRACE_TARGET, parent: &self.0, activity, ns = trace_ns(at));
         }
     }
 
     /// `REQUEST_START` at `at`, naming the version that serves the request and its id.
     pub fn start(&self, version: i64, request_id: &str, at: std::time::Instant) {
-        if self.is_traced() {
+        if !self.is_traced() {
+            return;
+        }
+        if self.1.timestamps {
             tracing::info!(
                 target: TRACE_TARGET,
                 parent: &self.0,
@@ -259,6 +291,24 @@ impl Trace {
                 version,
                 request_id
             );
+        } else {
+            tracing::info!(target: TRACE_TARGET, parent: &self.0, version, request_id);
+        }
+    }
+
+    /// Records `tensors` under one of Triton's tensor activities (`TENSOR_QUEUE_INPUT`,
+    /// `TENSOR_BACKEND_INPUT`, `TENSOR_BACKEND_OUTPUT`) when the level asks for tensors.
+    pub fn tensors<'a>(
+        &self,
+        activity: &'static str,
+        tensors: impl IntoIterator<Item = &'a crate::tensor::Tensor>,
+    ) {
+        if !(self.is_traced() && self.1.tensors) {
+            return;
+        }
+        for t in tensors {
+            let tensor = crate::tensor::trace_json(t);
+            tracing::info!(target: TRACE_TARGET, parent: &self.0, tensor_activity = activity, tensor);
         }
     }
 }

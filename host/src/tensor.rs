@@ -251,6 +251,54 @@ pub fn push_bytes_element(out: &mut Vec<u8>, element: &[u8]) {
     out.extend_from_slice(element);
 }
 
+/// A tensor as Triton's trace files write it at the `TENSORS` level:
+/// `{"name":…,"data":"1,2,3","shape":"1,3","dtype":"INT32"}` — the values joined by commas in
+/// one string, BYTES elements in quotes, FP16 and BF16 left empty (as Triton leaves them).
+pub fn trace_json(t: &Tensor) -> String {
+    use std::fmt::Write as _;
+    fn join<const N: usize, T: std::fmt::Display>(
+        data: &[u8],
+        read: impl Fn([u8; N]) -> T,
+    ) -> String {
+        let mut out = String::new();
+        for (i, chunk) in data.chunks_exact(N).enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            if let Ok(bytes) = <[u8; N]>::try_from(chunk) {
+                let _ = write!(out, "{}", read(bytes));
+            }
+        }
+        out
+    }
+    let data = match t.datatype {
+        DataType::Bool => join(&t.data, |[b]: [u8; 1]| u8::from(b != 0)),
+        DataType::Uint8 => join(&t.data, u8::from_le_bytes),
+        DataType::Int8 => join(&t.data, i8::from_le_bytes),
+        DataType::Uint16 => join(&t.data, u16::from_le_bytes),
+        DataType::Int16 => join(&t.data, i16::from_le_bytes),
+        DataType::Uint32 => join(&t.data, u32::from_le_bytes),
+        DataType::Int32 => join(&t.data, i32::from_le_bytes),
+        DataType::Uint64 => join(&t.data, u64::from_le_bytes),
+        DataType::Int64 => join(&t.data, i64::from_le_bytes),
+        DataType::Fp32 => join(&t.data, f32::from_le_bytes),
+        DataType::Fp64 => join(&t.data, f64::from_le_bytes),
+        DataType::Fp16 | DataType::Bf16 => String::new(),
+        DataType::Bytes => bytes_elements(&t.data)
+            .map(|e| format!("\"{}\"", String::from_utf8_lossy(e)))
+            .collect::<Vec<_>>()
+            .join(","),
+    };
+    let shape: Vec<String> = t.shape.iter().map(i64::to_string).collect();
+    serde_json::json!({
+        "name": t.name,
+        "data": data,
+        "shape": shape.join(","),
+        "dtype": t.datatype.wire_name(),
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,5 +334,32 @@ mod tests {
         };
         let err = t.validate_size().unwrap_err();
         assert!(err.message.contains("INPUT0") && err.message.contains("64"));
+    }
+
+    #[test]
+    fn tensors_are_traced_as_triton_writes_them() {
+        let ints = Tensor {
+            name: "INPUT0".into(),
+            datatype: DataType::Int32,
+            shape: vec![1, 3],
+            data: [1i32, -2, 3].iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        let v: serde_json::Value = serde_json::from_str(&trace_json(&ints)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"name": "INPUT0", "data": "1,-2,3", "shape": "1,3",
+                               "dtype": "INT32"})
+        );
+        let mut buf = Vec::new();
+        push_bytes_element(&mut buf, b"a b");
+        push_bytes_element(&mut buf, b"c");
+        let strings = Tensor {
+            name: "S".into(),
+            datatype: DataType::Bytes,
+            shape: vec![2],
+            data: Bytes::from(buf),
+        };
+        let v: serde_json::Value = serde_json::from_str(&trace_json(&strings)).unwrap();
+        assert_eq!(v["data"], "\"a b\",\"c\"");
     }
 }

@@ -149,7 +149,7 @@ pub fn init(
     let registry = tracing_subscriber::registry().with(log);
     if let Some(path) = &options.file {
         use tracing_subscriber::Layer;
-        let file = std::sync::Arc::new(TraceFile::new(path.clone(), options.log_frequency));
+        let file = std::sync::Arc::new(TraceFile::new(path.clone()));
         let layer = TraceFileLayer(file.clone()).with_filter(
             tracing_subscriber::filter::Targets::new()
                 .with_target(TRACE_TARGET, tracing::Level::INFO),
@@ -161,7 +161,10 @@ pub fn init(
             provider: None,
             file: Some(file.clone()),
         };
-        return Ok((Tracing::to_file(file), Some(exporter)));
+        return Ok((
+            Tracing::to_file(file, options.log_frequency),
+            Some(exporter),
+        ));
     }
     if !options.opentelemetry {
         registry.init();

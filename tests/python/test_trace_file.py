@@ -8,8 +8,10 @@ ensemble's id as `parent_id`."""
 import json
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from conftest import Server, copy_models, simple_inputs
 from test_config_fields import ADD_CONFIG, write_model
@@ -116,3 +118,86 @@ def test_a_log_frequency_writes_indexed_files_with_the_older_flags(tmp_path):
         s.stop()
     assert len(by_id(json.loads((tmp_path / "t.json.1").read_text()))) == 1
     assert not trace_file.exists()
+
+
+def wait_for(path, timeout=30):
+    """The file once it exists (a trace is written as its request's span closes, which may
+    be just after the answer arrives)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def test_trace_settings_change_while_the_server_runs_as_on_triton(tmp_path):
+    """Triton's L0_trace (trace_endpoint_test.py and its test.sh checks), written here: a
+    model's own log_frequency cuts its traces into indexed files, the TENSORS level writes each
+    request's tensors, a trace_count that runs out writes its traces to the next indexed file
+    and reads 0, a cleared field falls back (a model's to the global setting, the global one
+    to the command line), and the refusals carry Triton's words."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_models(str(repo), ["simple"])
+    trace_file = tmp_path / "t.json"
+    s = Server(str(repo), f"--trace-config=triton,file={trace_file}",
+               "--trace-config=level=OFF", "--trace-config=rate=1")
+    try:
+        h = httpclient.InferenceServerClient(s.http)
+        ones = np.ones((1, 16), np.int32)
+        counting = np.arange(16, dtype=np.int32).reshape(1, 16)
+
+        def send(n):
+            for _ in range(n):
+                h.infer("simple", simple_inputs(httpclient, counting, ones))
+
+        started = {"trace_file": str(trace_file), "trace_level": ["OFF"], "trace_rate": "1",
+                   "trace_count": "-1", "log_frequency": "0", "trace_mode": "triton"}
+        assert h.get_trace_settings(model_name="simple") == started
+        with pytest.raises(InferenceServerException) as e:
+            h.get_trace_settings(model_name="nope")
+        assert "Request for unknown model : nope" in e.value.message()
+        with pytest.raises(InferenceServerException) as e:
+            h.update_trace_settings(model_name="simple", settings={"trace_file": "x.json"})
+        assert e.value.message() == \
+            "trace file location can not be updated through network protocol"
+        with pytest.raises(InferenceServerException) as e:
+            h.update_trace_settings(settings={"trace_level": ["OFF", "TIMESTAMPS"]})
+        assert "Expect only one trace level 'OFF' is specified" in e.value.message()
+
+        own = h.update_trace_settings(model_name="simple", settings={
+            "log_frequency": "2", "trace_level": ["TIMESTAMPS", "TENSORS"]})
+        assert own == {**started, "log_frequency": "2", "trace_level": ["TIMESTAMPS", "TENSORS"]}
+        assert h.get_trace_settings() == started, "the global setting is untouched"
+        send(3)
+        first = wait_for(tmp_path / "t.json.0")
+        assert len(by_id(first)) == 2
+        tensors = [o for o in first if "tensor" in o]
+        activities = {o["activity"] for o in tensors}
+        assert activities == {"TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_INPUT",
+                              "TENSOR_BACKEND_OUTPUT"}, tensors
+        queued = [o["tensor"] for o in tensors if o["activity"] == "TENSOR_QUEUE_INPUT"
+                  and o["tensor"]["name"] == "INPUT0"][0]
+        assert queued == {"name": "INPUT0", "data": ",".join(map(str, range(16))),
+                          "shape": "1,16", "dtype": "INT32"}
+        summed = [o["tensor"] for o in tensors if o["tensor"]["name"] == "OUTPUT0"][0]
+        assert summed["data"] == ",".join(str(i + 1) for i in range(16))
+
+        # A global count; the model's own fields cleared: it follows the global setting. The
+        # model's third trace, still held, is written when its setting goes.
+        h.update_trace_settings(settings={"trace_count": "2", "trace_level": ["TIMESTAMPS"]})
+        followed = h.update_trace_settings(model_name="simple", settings={
+            "log_frequency": None, "trace_level": None})
+        assert followed == {**started, "trace_level": ["TIMESTAMPS"], "trace_count": "2"}
+        assert len(by_id(wait_for(tmp_path / "t.json.1"))) == 1
+        send(3)
+        counted = by_id(wait_for(tmp_path / "t.json.2"))
+        assert len(counted) == 2
+        assert h.get_trace_settings()["trace_count"] == "0"
+        assert not any("tensor" in o for o in json.loads((tmp_path / "t.json.2").read_text()))
+        back = h.update_trace_settings(settings={"trace_count": None, "trace_level": None})
+        assert back == started, "cleared global fields return to the command line's"
+    finally:
+        s.stop()
+    assert not (tmp_path / "t.json.3").exists()
+    assert not trace_file.exists(), "no trace was left for the one file"

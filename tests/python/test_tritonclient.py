@@ -295,6 +295,7 @@ def test_the_words_example_streams_words_to_the_stock_client(streaming_server):
 def test_trace_settings_with_the_stock_clients(server, protocol):
     """Triton's trace settings API (global and per model). This default build exports
     nothing (mode triton, no OpenTelemetry): the settings are still kept and reported."""
+    from google.protobuf import json_format
     mod = httpclient if protocol == "http" else grpcclient
     c = mod.InferenceServerClient(server.http if protocol == "http" else server.grpc)
 
@@ -316,9 +317,15 @@ def test_trace_settings_with_the_stock_clients(server, protocol):
     c.update_trace_settings(model_name="simple", settings={"trace_level": None,
                                                            "trace_rate": None})
     assert level(get(model_name="simple")) == ["OFF"]
+    both = c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS", "TENSORS"]})
+    both = both if mod is httpclient else {k: v["value"] for k, v in
+                                            json_format.MessageToDict(both)["settings"].items()}
+    assert level(both) == ["TIMESTAMPS", "TENSORS"]
     with pytest.raises(InferenceServerException) as e:
-        c.update_trace_settings(settings={"trace_level": ["TENSORS"]})
-    assert "TENSORS" in str(e.value)
+        c.update_trace_settings(settings={"trace_level": ["OFF", "TENSORS"]})
+    assert "Expect only one trace level 'OFF' is specified" in str(e.value)
+    c.update_trace_settings(settings={"trace_level": None})
+    assert level(get()) == ["OFF"], "cleared: back to the command line's level"
 
 
 def test_json_nesting_is_bounded_as_on_triton(server):

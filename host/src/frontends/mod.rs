@@ -17,3 +17,4 @@ pub mod shared_memory;
 pub mod tls;
 pub mod trace;
 pub mod trace_file;
+pub mod trace_settings;

@@ -6,33 +6,16 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Mutex, PoisonError,
-    },
+    sync::{Arc, Mutex, PoisonError},
 };
 
+use super::{
+    trace_file::{Stream, TraceFile},
+    trace_settings::{self, Changes, Specified, Values},
+};
 use crate::{
     error::{Error, Result},
     inference::Trace,
-};
-
-/// One level of settings: global, or a model's overrides.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Settings {
-    /// `trace_level`: traced (`TIMESTAMPS`) or not (`OFF`).
-    on: Option<bool>,
-    /// `trace_rate`: one request in this many is traced.
-    rate: Option<u64>,
-    /// `trace_count`: how many more requests may be traced (-1: no limit).
-    count: Option<i64>,
-}
-
-/// Triton's defaults: level OFF, rate 1000, count -1.
-const DEFAULT: Settings = Settings {
-    on: Some(false),
-    rate: Some(1000),
-    count: Some(-1),
 };
 
 /// The model a per-model trace settings request names, checked once for both protocols: a
@@ -49,8 +32,9 @@ pub fn model_of<'a>(
     crate::names::ModelName::parse(name)?;
     let models = server.models();
     if models.get(name, None).is_err() && models.repository().find(name).is_err() {
+        // Triton's words for this API, then ours.
         return Err(Error::not_found(format!(
-            "Request for unknown model: '{name}' is not found"
+            "Request for unknown model : {name} (not served and not in the repository)"
         )));
     }
     Ok(Some(name))
@@ -63,10 +47,50 @@ pub struct Tracing {
     /// a trace file); without it every request is untraced, whatever the settings say.
     exporting: bool,
     /// The trace file, in Triton's mode (`--trace-config triton,file=…`).
-    file: Option<std::sync::Arc<super::trace_file::TraceFile>>,
-    global: Mutex<Settings>,
-    models: Mutex<HashMap<String, Settings>>,
-    seen: AtomicU64,
+    file: Option<Arc<TraceFile>>,
+    levels: Mutex<Levels>,
+}
+
+/// The global setting and the models' own, over what the server started with.
+#[derive(Debug)]
+struct Levels {
+    startup: Values,
+    global: Level,
+    models: HashMap<String, Level>,
+}
+
+/// One level's own fields and the setting they put in force.
+#[derive(Debug)]
+struct Level {
+    specified: Specified,
+    active: Arc<Active>,
+}
+
+/// A setting in force (Triton's `TraceSetting`): replaced, with counters of its own, whenever
+/// it or what it falls back on changes.
+#[derive(Debug)]
+struct Active {
+    values: Values,
+    sampling: Mutex<Sampling>,
+    /// Where its traces are collected (Triton's mode).
+    stream: Option<Arc<Stream>>,
+    file: Option<Arc<TraceFile>>,
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        if let (Some(stream), Some(file)) = (self.stream.take(), &self.file) {
+            file.retire(stream);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Sampling {
+    /// Requests seen while traces could still be taken.
+    seen: u64,
+    /// Traces still allowed (-1: no limit).
+    remaining: i32,
 }
 
 impl Default for Tracing {
@@ -82,53 +106,58 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Tracing {
     /// Settings at Triton's defaults; `exporting` says whether traces leave the process.
     pub fn new(exporting: bool) -> Self {
-        Self {
-            exporting,
-            file: None,
-            global: Mutex::new(DEFAULT),
-            models: Mutex::default(),
-            seen: AtomicU64::new(0),
-        }
+        Self::starting(exporting, None, trace_settings::DEFAULT)
     }
 
-    /// Settings at Triton's defaults, with traces written to `file` (Triton's trace mode).
-    pub fn to_file(file: std::sync::Arc<super::trace_file::TraceFile>) -> Self {
+    /// Settings at Triton's defaults, with traces written to `file` (Triton's trace mode),
+    /// `log_frequency` traces per indexed file.
+    pub fn to_file(file: Arc<TraceFile>, log_frequency: u64) -> Self {
         // The traces' clock starts now, before the first request's timestamps.
         crate::inference::trace_ns(std::time::Instant::now());
+        let startup = Values {
+            log_frequency: u32::try_from(log_frequency).unwrap_or(u32::MAX),
+            ..trace_settings::DEFAULT
+        };
+        Self::starting(true, Some(file), startup)
+    }
+
+    fn starting(exporting: bool, file: Option<Arc<TraceFile>>, startup: Values) -> Self {
+        let global = Level {
+            specified: Specified::default(),
+            active: activate(file.as_ref(), startup),
+        };
         Self {
-            file: Some(file),
-            ..Self::new(true)
+            exporting,
+            file,
+            levels: Mutex::new(Levels {
+                startup,
+                global,
+                models: HashMap::new(),
+            }),
         }
     }
 
-    /// Applies `--trace-config` settings that are not about the exporter (`level=`, `rate=`,
-    /// `count=`).
+    /// Applies a `--trace-config` setting given at start (`level=`, `rate=`, `count=`): what
+    /// clearing a global field at run time falls back to.
     pub fn configure(&self, key: &str, value: &str) -> Result<()> {
-        let name = match key {
-            "level" => "trace_level",
-            "rate" => "trace_rate",
-            "count" => "trace_count",
-            other => {
-                return Err(Error::invalid(format!(
-                    "--trace-config {other}: unknown setting"
-                )))
-            }
-        };
-        self.update(
-            None,
-            BTreeMap::from([(name.to_owned(), Some(vec![value.to_owned()]))]),
-        )
-        .map(|_| ())
+        let mut levels = lock(&self.levels);
+        let mut startup = levels.startup;
+        trace_settings::configure(&mut startup, key, value)?;
+        levels.startup = startup;
+        let values = levels.global.specified.over(startup);
+        levels.global.active = activate(self.file.as_ref(), values);
+        Ok(())
     }
 
-    fn effective(&self, model: &str) -> (bool, u64, i64) {
-        let global = lock(&self.global).clone();
-        let own = lock(&self.models).get(model).cloned().unwrap_or_default();
-        (
-            own.on.or(global.on).unwrap_or(false),
-            own.rate.or(global.rate).unwrap_or(1000).max(1),
-            own.count.or(global.count).unwrap_or(-1),
-        )
+    /// The setting a request to `model` is traced by.
+    fn active(&self, model: &str) -> Arc<Active> {
+        let levels = lock(&self.levels);
+        levels
+            .models
+            .get(model)
+            .unwrap_or(&levels.global)
+            .active
+            .clone()
     }
 
     /// The span of a new request to `model`, or a disabled one when the settings do not pick
@@ -142,70 +171,34 @@ impl Tracing {
         if !self.exporting {
             return Trace::default();
         }
-        let (on, rate, count) = self.effective(model);
-        if !on
-            || count == 0
-            || !self
-                .seen
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(rate)
-        {
+        let active = self.active(model);
+        let Values { level, rate, .. } = active.values;
+        if !level.is_on() || !active.sample(rate) {
             return Trace::default();
-        }
-        if count > 0 {
-            self.take_one(model);
         }
         let span = tracing::info_span!(
             target: "wasmtron::trace",
             "infer",
             model = %model,
-            protocol = protocol
+            protocol = protocol,
+            stream = active.stream.as_ref().map_or(0, |s| s.id())
         );
         continue_trace(&span, header);
-        Trace(span)
+        Trace(span, level)
     }
 
-    /// One trace of a limited `trace_count` used up (the model's own count if it has one).
-    fn take_one(&self, model: &str) {
-        let mut models = lock(&self.models);
-        if let Some(c) = models.get_mut(model).and_then(|s| s.count.as_mut()) {
-            *c = (*c - 1).max(0);
-            return;
-        }
-        drop(models);
-        if let Some(c) = lock(&self.global).count.as_mut() {
-            if *c > 0 {
-                *c -= 1;
-            }
-        }
-    }
-
-    /// The settings as Triton reports them (a model's view includes its overrides).
+    /// The settings as Triton reports them (a model's view includes what it falls back on;
+    /// `trace_count` is what is left of it).
     pub fn settings(&self, model: Option<&str>) -> BTreeMap<String, Vec<String>> {
-        let (on, rate, count) = self.effective(model.unwrap_or_default());
-        BTreeMap::from([
+        let active = self.active(model.unwrap_or_default());
+        let values = active.live_values();
+        let mut out = BTreeMap::from([
             (
                 "trace_level".to_owned(),
-                vec![if on { "TIMESTAMPS" } else { "OFF" }.to_owned()],
+                trace_settings::level_names(values.level),
             ),
-            ("trace_rate".to_owned(), vec![rate.to_string()]),
-            ("trace_count".to_owned(), vec![count.to_string()]),
-            (
-                "log_frequency".to_owned(),
-                vec![self
-                    .file
-                    .as_ref()
-                    .map_or(0, |f| f.log_frequency())
-                    .to_string()],
-            ),
-            (
-                "trace_file".to_owned(),
-                vec![self
-                    .file
-                    .as_ref()
-                    .map(|f| f.path().display().to_string())
-                    .unwrap_or_default()],
-            ),
+            ("trace_rate".to_owned(), vec![values.rate.to_string()]),
+            ("trace_count".to_owned(), vec![values.count.to_string()]),
             (
                 "trace_mode".to_owned(),
                 vec![if self.exporting && self.file.is_none() {
@@ -215,94 +208,113 @@ impl Tracing {
                 }
                 .to_owned()],
             ),
-        ])
+        ]);
+        // As on Triton, the file and its frequency belong to Triton's mode only.
+        if !(self.exporting && self.file.is_none()) {
+            out.insert(
+                "log_frequency".to_owned(),
+                vec![values.log_frequency.to_string()],
+            );
+            out.insert(
+                "trace_file".to_owned(),
+                vec![self
+                    .file
+                    .as_ref()
+                    .map(|f| f.path().display().to_string())
+                    .unwrap_or_default()],
+            );
+        }
+        out
     }
 
-    /// Changes settings, globally or for one model; a `None` value clears a model's override
-    /// (or resets a global one to Triton's default). Returns the settings after the change.
+    /// Changes settings, globally or for one model; a `None` value (or an empty list) clears
+    /// a field, which then falls back (a model's to the global setting, a global one to the
+    /// server's start). Every change puts a new setting in force, with fresh counters; a
+    /// global change does so for the models that fall back on it. Returns the settings after
+    /// the change.
     pub fn update(
         &self,
         model: Option<&str>,
         changes: BTreeMap<String, Option<Vec<String>>>,
     ) -> Result<BTreeMap<String, Vec<String>>> {
-        let mut next = match model {
-            Some(m) => lock(&self.models).get(m).cloned().unwrap_or_default(),
-            None => lock(&self.global).clone(),
-        };
-        for (key, value) in &changes {
-            let value = match value.as_deref() {
-                None | Some([]) => None,
-                Some([one]) => Some(one.trim()),
-                Some(_) if key == "trace_level" => {
-                    return Err(Error::invalid(
-                        "trace_level: give one of OFF or TIMESTAMPS (TENSORS is not supported)",
-                    ))
-                }
-                Some(_) => {
-                    return Err(Error::invalid(format!("{key}: give a single value")));
-                }
-            };
-            fn reset<T>(model: Option<&str>, default: Option<T>) -> Option<T> {
-                if model.is_some() {
-                    None
-                } else {
-                    default
-                }
-            }
-            match key.as_str() {
-                "trace_level" => {
-                    next.on = match value {
-                        None => reset(model, DEFAULT.on),
-                        Some("OFF") => Some(false),
-                        Some("TIMESTAMPS") => Some(true),
-                        Some(other) => {
-                            return Err(Error::invalid(format!(
-                                "trace_level '{other}' is not supported (OFF or TIMESTAMPS)"
-                            )))
-                        }
+        let changes = Changes::parse(changes)?;
+        let file = self.file.as_ref();
+        {
+            let mut levels = lock(&self.levels);
+            match model {
+                Some(m) => {
+                    let current = levels.models.get(m).map(|l| l.specified);
+                    let specified = changes.apply(current.unwrap_or_default());
+                    let values = specified.over(levels.global.active.live_values());
+                    trace_settings::check(&values)?;
+                    if specified.is_empty() {
+                        levels.models.remove(m);
+                    } else {
+                        let active = activate(file, values);
+                        levels
+                            .models
+                            .insert(m.to_owned(), Level { specified, active });
                     }
                 }
-                "trace_rate" => {
-                    next.rate = match value {
-                        None => reset(model, DEFAULT.rate),
-                        Some(v) => Some(v.parse().ok().filter(|&r| r > 0).ok_or_else(|| {
-                            Error::invalid(format!("trace_rate '{v}' must be a positive integer"))
-                        })?),
+                None => {
+                    let specified = changes.apply(levels.global.specified);
+                    let values = specified.over(levels.startup);
+                    trace_settings::check(&values)?;
+                    let global = activate(file, values);
+                    let base = global.live_values();
+                    for level in levels.models.values_mut() {
+                        level.active = activate(file, level.specified.over(base));
                     }
-                }
-                "trace_count" => {
-                    next.count = match value {
-                        None => reset(model, DEFAULT.count),
-                        Some(v) => Some(v.parse().ok().filter(|&c| c >= -1).ok_or_else(|| {
-                            Error::invalid(format!("trace_count '{v}' must be -1 or more"))
-                        })?),
-                    }
-                }
-                "log_frequency" | "trace_file" | "trace_mode" => {
-                    return Err(Error::invalid(format!(
-                        "{key} cannot be changed while the server runs: set it with \
-                         --trace-config at start"
-                    )))
-                }
-                other => {
-                    return Err(Error::invalid(format!(
-                        "unknown trace setting '{other}' (trace_level, trace_rate, trace_count)"
-                    )))
+                    levels.global = Level {
+                        specified,
+                        active: global,
+                    };
                 }
             }
-        }
-        match model {
-            Some(m) => {
-                let mut models = lock(&self.models);
-                if next == Settings::default() {
-                    models.remove(m);
-                } else {
-                    models.insert(m.to_owned(), next);
-                }
-            }
-            None => *lock(&self.global) = next,
         }
         Ok(self.settings(model))
+    }
+}
+
+/// A setting put in force with `values` (its traces collected in `file`, when there is one).
+fn activate(file: Option<&Arc<TraceFile>>, values: Values) -> Arc<Active> {
+    Arc::new(Active {
+        values,
+        sampling: Mutex::new(Sampling {
+            seen: 0,
+            remaining: values.count,
+        }),
+        stream: file.map(|f| f.stream(u64::from(values.log_frequency), values.count >= 0)),
+        file: file.cloned(),
+    })
+}
+
+impl Active {
+    /// Counts a request and says whether it is traced: one in `rate` while the count lasts.
+    fn sample(&self, rate: u32) -> bool {
+        let mut s = lock(&self.sampling);
+        if s.remaining == 0 {
+            return false;
+        }
+        s.seen += 1;
+        if !s.seen.is_multiple_of(u64::from(rate.max(1))) {
+            return false;
+        }
+        if s.remaining > 0 {
+            s.remaining -= 1;
+        }
+        if let Some(stream) = &self.stream {
+            stream.started(s.remaining == 0);
+        }
+        true
+    }
+
+    /// The values with the count that is left.
+    fn live_values(&self) -> Values {
+        Values {
+            count: lock(&self.sampling).remaining,
+            ..self.values
+        }
     }
 }
 
@@ -374,21 +386,68 @@ mod tests {
         );
         t.update(Some("m"), set(&[("trace_rate", None)])).unwrap();
         assert_eq!(t.settings(Some("m"))["trace_rate"], ["1"]);
-        for (bad, says) in [
+        let both = BTreeMap::from([(
+            "trace_level".to_owned(),
+            Some(vec!["TIMESTAMPS".to_owned(), "TENSORS".to_owned()]),
+        )]);
+        assert_eq!(
+            t.update(None, both).unwrap()["trace_level"],
+            ["TIMESTAMPS", "TENSORS"]
+        );
+        let err = t
+            .update(None, set(&[("trace_rate", Some("0"))]))
+            .unwrap_err();
+        assert!(err.message.contains("sample rate must be non-zero"));
+    }
+
+    #[test]
+    fn a_cleared_global_field_returns_to_the_start_and_models_follow_the_global() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Tracing::to_file(Arc::new(TraceFile::new(dir.path().join("t.json"))), 0);
+        t.configure("level", "TIMESTAMPS").unwrap();
+        t.configure("rate", "1").unwrap();
+        t.update(
+            Some("m"),
+            set(&[("trace_rate", Some("12")), ("log_frequency", Some("34"))]),
+        )
+        .unwrap();
+        t.update(
+            None,
+            set(&[
+                ("trace_rate", Some("56")),
+                ("trace_count", Some("78")),
+                ("trace_level", Some("OFF")),
+            ]),
+        )
+        .unwrap();
+        let global = t
+            .update(None, set(&[("trace_rate", None), ("trace_count", None)]))
+            .unwrap();
+        assert_eq!(
             (
-                set(&[("trace_level", Some("TENSORS"))]),
-                "'TENSORS' is not supported",
+                &global["trace_level"][0],
+                &global["trace_rate"][0],
+                &global["trace_count"][0]
             ),
-            (set(&[("trace_rate", Some("0"))]), "positive integer"),
-            (set(&[("trace_file", Some("/tmp/x"))]), "cannot be changed"),
+            (&"OFF".to_owned(), &"1".to_owned(), &"-1".to_owned())
+        );
+        let model = t.settings(Some("m"));
+        assert_eq!(
             (
-                set(&[("trace_colour", Some("red"))]),
-                "unknown trace setting",
+                &model["trace_level"][0],
+                &model["trace_rate"][0],
+                &model["log_frequency"][0]
             ),
-        ] {
-            let err = t.update(None, bad).unwrap_err();
-            assert!(err.message.contains(says), "{}", err.message);
-        }
+            (&"OFF".to_owned(), &"12".to_owned(), &"34".to_owned())
+        );
+        let cleared = t
+            .update(
+                Some("m"),
+                set(&[("trace_rate", None), ("trace_level", None)]),
+            )
+            .unwrap();
+        assert_eq!(cleared["trace_rate"], ["1"]);
+        assert_eq!(cleared["log_frequency"], ["34"]);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
     error::{Error, Result},
-    inference::{InferRequest, InferResponse, RequestedOutput, StepDurations, Trace},
+    inference::{InferRequest, InferResponse, RequestedOutput, StepDurations},
     proto::inference::{model_config::SchedulingChoice, ModelConfig},
     tensor::{shape_string, DataType, Tensor},
 };
@@ -488,9 +488,11 @@ impl Ensemble {
             step_durations: Some(durations.clone()),
             callers: request.callers.clone(),
             from_stage: request.from_stage,
-            trace: Trace(
-                crate::trace_span!(parent: &request.trace.0, "ensemble.step", model = %step.model),
-            ),
+            trace: request.trace.child(crate::trace_span!(
+                parent: &request.trace.0,
+                "ensemble.step",
+                model = %step.model
+            )),
             cancel: request.cancel.child(),
         }
     }

@@ -359,6 +359,7 @@ impl Scheduler {
         let timeout = uint_param(&request, "timeout").map(Duration::from_micros);
         let (reply, response) = oneshot::channel();
         request.trace.mark("QUEUE_START");
+        request.trace.tensors("TENSOR_QUEUE_INPUT", &request.inputs);
         let (refused, seq) = {
             let mut state = lock(&s.state);
             if state.closed {
@@ -703,12 +704,19 @@ impl WorkQueue {
         drop(execution);
         drop(permit);
         // Every traced request of the batch gets the execution's timestamps, as on Triton.
-        for (job, _) in jobs.iter().filter(|(j, _)| j.request.trace.is_traced()) {
+        for ((job, _), result) in jobs.iter().zip(&results) {
             let trace = &job.request.trace;
+            if !trace.is_traced() {
+                continue;
+            }
             trace.mark_at("COMPUTE_START", started);
+            trace.tensors("TENSOR_BACKEND_INPUT", &job.request.inputs);
             trace.mark_at("COMPUTE_INPUT_END", started + timings.compute_input);
             let output_start = ended.checked_sub(timings.compute_output).unwrap_or(started);
             trace.mark_at("COMPUTE_OUTPUT_START", output_start.max(started));
+            if let Ok(outputs) = result {
+                trace.tensors("TENSOR_BACKEND_OUTPUT", outputs);
+            }
             trace.mark_at("COMPUTE_END", ended);
         }
         self.stats

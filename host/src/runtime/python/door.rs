@@ -305,11 +305,15 @@ impl BatchDoor {
             step_durations: None,
             callers: self.callers.clone(),
             from_stage: true,
-            trace: Trace(crate::trace_span!(
-                parent: &tracing::Span::current(),
-                "python.call",
-                model = %h.model
-            )),
+            // Traced as a child of the model's execution, when that is traced (timestamps).
+            trace: Trace(
+                crate::trace_span!(
+                    parent: &tracing::Span::current(),
+                    "python.call",
+                    model = %h.model
+                ),
+                crate::inference::TraceLevel::TIMESTAMPS,
+            ),
             cancel: self
                 .cancel
                 .as_ref()

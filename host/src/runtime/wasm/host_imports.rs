@@ -62,12 +62,11 @@ impl wit_host::Host for StageState {
                  instance_group, or call another model)"
             ))));
         }
-        // Traced as a child of the stage's execution, when that is traced.
-        let trace = Trace(crate::trace_span!(
-            parent: &tracing::Span::current(),
-            "stage.call",
-            model = %model
-        ));
+        // Traced as a child of the stage's execution, when that is traced (its timestamps).
+        let trace = Trace(
+            crate::trace_span!(parent: &tracing::Span::current(), "stage.call", model = %model),
+            crate::inference::TraceLevel::TIMESTAMPS,
+        );
         let request = InferRequest {
             reply_parameters: Default::default(),
             reschedule: Default::default(),
