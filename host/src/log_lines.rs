@@ -21,7 +21,7 @@ use tracing_subscriber::{
     Layer,
 };
 
-use wasmtron::frontends::logging::LogLevels;
+use wasmtron::frontends::logging::{LineFormat, LogLevels};
 
 use crate::command_line::LogFormat;
 
@@ -56,9 +56,10 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     // The levels can change at run time through the logging extension: read on every line.
-    let format_name = match options.format {
-        Some(LogFormat::Iso8601) => "ISO8601",
-        _ => "default",
+    let format = match options.format {
+        Some(LogFormat::Iso8601) => LineFormat::TritonIso8601,
+        Some(LogFormat::Default) => LineFormat::Triton,
+        None => LineFormat::Own,
     };
     let file_name = options
         .file
@@ -71,7 +72,7 @@ where
         options.error,
         options.verbose,
         &file_name,
-        format_name,
+        format,
     )
     .install();
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter_for(None));
@@ -101,26 +102,20 @@ where
         None => None,
     };
     let ansi = file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi);
-    Ok(match (options.format, file) {
-        (None, None) => fmt
+    // The logging extension may change the format at run time: read on every line.
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
+        .event_format(Lines {
+            settings,
+            own: tracing_subscriber::fmt::format::Format::default(),
+        });
+    Ok(match file {
+        None => fmt
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .with_filter(levels)
             .boxed(),
-        (None, Some(file)) => fmt
-            .with_writer(file)
-            .with_filter(filter)
-            .with_filter(levels)
-            .boxed(),
-        (Some(format), None) => fmt
-            .event_format(TritonLines { format })
-            .with_writer(std::io::stderr)
-            .with_filter(filter)
-            .with_filter(levels)
-            .boxed(),
-        (Some(format), Some(file)) => fmt
-            .event_format(TritonLines { format })
+        Some(file) => fmt
             .with_writer(file)
             .with_filter(filter)
             .with_filter(levels)
@@ -128,22 +123,28 @@ where
     })
 }
 
-/// Triton's log line.
-struct TritonLines {
-    format: LogFormat,
+/// The log's lines: the server's own, or Triton's in the format the settings hold now.
+struct Lines {
+    settings: &'static LogLevels,
+    own: tracing_subscriber::fmt::format::Format,
 }
 
-impl<S, N> FormatEvent<S, N> for TritonLines
+impl<S, N> FormatEvent<S, N> for Lines
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
     fn format_event(
         &self,
-        _ctx: &FmtContext<'_, S, N>,
+        ctx: &FmtContext<'_, S, N>,
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
+        let iso = match self.settings.format() {
+            LineFormat::Own => return self.own.format_event(ctx, writer, event),
+            LineFormat::Triton => false,
+            LineFormat::TritonIso8601 => true,
+        };
         let meta = event.metadata();
         let severity = match *meta.level() {
             Level::ERROR => 'E',
@@ -161,8 +162,8 @@ where
             .and_then(|f| f.rsplit('/').next())
             .unwrap_or(meta.target());
         let line = meta.line().unwrap_or(0);
-        match self.format {
-            LogFormat::Default => write!(
+        if !iso {
+            write!(
                 writer,
                 "{severity}{:02}{:02} {:02}:{:02}:{:02}.{:06} {pid} {file}:{line}] ",
                 date.1,
@@ -171,12 +172,13 @@ where
                 time.1,
                 time.2,
                 now.subsec_micros()
-            )?,
-            LogFormat::Iso8601 => write!(
+            )?;
+        } else {
+            write!(
                 writer,
                 "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z {severity} {pid} {file}:{line}] ",
                 date.0, date.1, date.2, time.0, time.1, time.2
-            )?,
+            )?;
         }
         let mut fields = Fields::default();
         event.record(&mut fields);

@@ -159,22 +159,42 @@ def test_the_logging_extension_turns_levels_off_at_run_time(repo):
         assert not any("loading model" in line and "identity_fp32" in line for line in s.log)
         g = grpcclient.InferenceServerClient(s.grpc)
         assert g.get_log_settings(as_json=True)["settings"]["log_info"]["bool_param"] is False
-        # What cannot change at run time is refused by name, and nothing is changed.
-        with pytest.raises(Exception, match="'log_file' is fixed at start"):
+        # The file cannot change at run time: refused in Triton's words (Triton's L0_logging
+        # logging_endpoint_test), and nothing is changed.
+        with pytest.raises(Exception, match="log file location can not be updated through "
+                                            "network protocol"):
             h.update_log_settings({"log_warning": False, "log_file": "/tmp/elsewhere.log"})
         assert h.get_log_settings()["log_warning"] is True
+        # The format can (L0_logging's dynamic format case): the next lines are Triton's.
+        assert h.update_log_settings({"log_format": "ISO8601"})["log_format"] == "ISO8601"
+        h.unload_model("identity_fp32")
+        g.update_log_settings({"log_info": True})
+        h.load_model("identity_fp32")
+        iso = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z I \d+ [\w.]+:\d+\] ")
+        wait_until(lambda: any(iso.match(line) and "identity_fp32" in line for line in s.log))
+        with pytest.raises(Exception, match="invalid argument for --log_format, got: json"):
+            h.update_log_settings({"log_format": "json"})
+        assert h.update_log_settings({"log_format": "default"})["log_format"] == "default"
+        g.update_log_settings({"log_info": False})
         # Verbose lines turned on at run time, though the server started without them.
         assert not any("version ready to schedule" in line for line in s.log)
         g.update_log_settings({"log_verbose_level": 1})
         h.load_model("simple")
-        seen = lambda: any("DEBUG" in line and "version ready to schedule" in line  # noqa: E731
-                           and "simple" in line for line in s.log)
-        deadline = time.monotonic() + 30  # the log is read from the server's stderr
-        while not seen() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert seen(), s.log[-5:]
+        # Triton's default lines now (the format was set back to "default" above): verbose
+        # lines are "V<mmdd> <time> <pid> <file>:<line>] ...".
+        verbose = re.compile(r"^V\d{4} \d{2}:\d{2}:\d{2}\.\d{6} \d+ ")
+        wait_until(lambda: any(verbose.match(line) and "version ready to schedule" in line
+                               and "simple" in line for line in s.log))
     finally:
         s.stop()
+
+
+def wait_until(seen, timeout=30):
+    """Waits for `seen()` (the log is read from the server's stderr as it comes)."""
+    deadline = time.monotonic() + timeout
+    while not seen() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert seen()
 
 
 @pytest.mark.parametrize("threads", [1, 3])

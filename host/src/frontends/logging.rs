@@ -1,12 +1,11 @@
 //! Triton's logging extension (`GET`/`POST /v2/logging`, gRPC `LogSettings`): the log's levels
-//! read and changed at run time by an administrator. `log_info`, `log_warning`, `log_error`
-//! and `log_verbose_level` take effect at once (the binary's level filter follows
+//! read and changed at run time by an administrator. `log_info`, `log_warning`, `log_error`,
+//! `log_verbose_level` and `log_format` take effect at once (the binary's level filter follows
 //! `log_verbose_level`, so verbose logging can be turned on for a server started without it),
-//! and `log_file` / `log_format` are fixed at start: a change to them is refused by name, never
-//! ignored.
+//! and `log_file` is fixed at start: a change to it is refused in Triton's words, never ignored.
 
 use std::sync::{
-    atomic::{AtomicBool, AtomicU32, Ordering::Relaxed},
+    atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::Relaxed},
     OnceLock,
 };
 
@@ -20,7 +19,8 @@ pub struct LogLevels {
     error: AtomicBool,
     verbose: AtomicU32,
     file: String,
-    format: String,
+    /// A [`LineFormat`], as a number.
+    format: AtomicU8,
     /// Told the new `log_verbose_level` when it changes (the binary moves its level filter).
     on_verbose: OnceLock<VerboseHook>,
 }
@@ -31,6 +31,39 @@ struct VerboseHook(Box<dyn Fn(u32) + Send + Sync>);
 impl std::fmt::Debug for VerboseHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("VerboseHook")
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineFormat {
+    /// The server's own lines (reported as `default`), when no `--log-format` was given.
+    Own,
+    /// Triton's `default` lines: `I1127 06:35:03.744354 <pid> <file>:<line>] <message>`.
+    Triton,
+    /// Triton's `ISO8601` lines: `2026-11-27T06:35:03Z I <pid> <file>:<line>] <message>`.
+    TritonIso8601,
+}
+
+impl LineFormat {
+    /// The name the logging extension reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            LineFormat::Own | LineFormat::Triton => "default",
+            LineFormat::TritonIso8601 => "ISO8601",
+        }
+    }
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn from_code(code: u8) -> Self {
+        match code {
+            1 => LineFormat::Triton,
+            2 => LineFormat::TritonIso8601,
+            _ => LineFormat::Own,
+        }
     }
 }
 
@@ -65,7 +98,7 @@ impl LogLevels {
         error: bool,
         verbose: u32,
         file: &str,
-        format: &str,
+        format: LineFormat,
     ) -> Self {
         Self {
             info: AtomicBool::new(info),
@@ -73,7 +106,7 @@ impl LogLevels {
             error: AtomicBool::new(error),
             verbose: AtomicU32::new(verbose),
             file: file.to_owned(),
-            format: format.to_owned(),
+            format: AtomicU8::new(format.code()),
             on_verbose: OnceLock::new(),
         }
     }
@@ -109,6 +142,11 @@ impl LogLevels {
         self.verbose.load(Relaxed)
     }
 
+    /// How lines are written now.
+    pub fn format(&self) -> LineFormat {
+        LineFormat::from_code(self.format.load(Relaxed))
+    }
+
     /// Every setting with its value.
     pub fn settings(&self) -> Vec<(&'static str, Setting)> {
         vec![
@@ -117,7 +155,7 @@ impl LogLevels {
             ("log_warning", Setting::Bool(self.warning())),
             ("log_error", Setting::Bool(self.error())),
             ("log_verbose_level", Setting::Uint(self.verbose())),
-            ("log_format", Setting::Text(self.format.clone())),
+            ("log_format", Setting::Text(self.format().name().to_owned())),
         ]
     }
 
@@ -131,6 +169,18 @@ impl LogLevels {
                 ("log_info", Setting::Bool(b)) => self.info.store(*b, Relaxed),
                 ("log_warning", Setting::Bool(b)) => self.warning.store(*b, Relaxed),
                 ("log_error", Setting::Bool(b)) => self.error.store(*b, Relaxed),
+                // Triton's lines in the format asked for (a server writing its own lines
+                // switches to Triton's).
+                ("log_format", Setting::Text(t)) => {
+                    let format = if t == "ISO8601" {
+                        LineFormat::TritonIso8601
+                    } else {
+                        LineFormat::Triton
+                    };
+                    if format.name() != self.format().name() {
+                        self.format.store(format.code(), Relaxed);
+                    }
+                }
                 ("log_verbose_level", Setting::Uint(n)) => {
                     let before = self.verbose.swap(*n, Relaxed);
                     match self.on_verbose.get() {
@@ -155,22 +205,17 @@ impl LogLevels {
             ("log_info" | "log_warning" | "log_error", _) => wrong("a boolean"),
             ("log_verbose_level", Setting::Uint(_)) => Ok(()),
             ("log_verbose_level", _) => wrong("an unsigned integer"),
-            ("log_file" | "log_format", Setting::Text(t)) => {
-                let current = if name == "log_file" {
-                    &self.file
-                } else {
-                    &self.format
-                };
-                if t == current {
-                    Ok(())
-                } else {
-                    Err(Error::invalid(format!(
-                        "log setting '{name}' is fixed at start here (restart with --{}); it is \
-                         \"{current}\"",
-                        name.replace('_', "-")
-                    )))
-                }
-            }
+            ("log_file", Setting::Text(t)) if *t == self.file => Ok(()),
+            // Triton's words (its scripts match them), then where the file is set.
+            ("log_file", Setting::Text(_)) => Err(Error::invalid(format!(
+                "log file location can not be updated through network protocol (it is fixed \
+                 at start with --log-file: \"{}\")",
+                self.file
+            ))),
+            ("log_format", Setting::Text(t)) if t == "default" || t == "ISO8601" => Ok(()),
+            ("log_format", Setting::Text(t)) => Err(Error::invalid(format!(
+                "invalid argument for --log_format, got: {t} (default or ISO8601)"
+            ))),
             ("log_file" | "log_format", _) => wrong("a string"),
             _ => Err(Error::invalid(format!(
                 "unknown log setting '{name}' (known: {})",
@@ -183,7 +228,7 @@ impl LogLevels {
 /// The process's settings: those installed at start, else every level on (a library caller
 /// that installed none).
 pub fn levels() -> &'static LogLevels {
-    LEVELS.get_or_init(|| LogLevels::new(true, true, true, 0, "", "default"))
+    LEVELS.get_or_init(|| LogLevels::new(true, true, true, 0, "", LineFormat::Own))
 }
 
 #[cfg(test)]
@@ -191,8 +236,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn levels_change_at_once_and_fixed_settings_are_refused_by_name() {
-        let l = LogLevels::new(true, true, true, 0, "", "default");
+    fn levels_change_at_once_and_the_file_is_refused_in_tritons_words() {
+        let l = LogLevels::new(true, true, true, 0, "", LineFormat::Own);
         l.update(&[("log_info".into(), Setting::Bool(false))])
             .unwrap();
         assert!(!l.info() && l.warning());
@@ -203,7 +248,8 @@ mod tests {
             ])
             .unwrap_err();
         assert!(
-            e.message.contains("'log_file' is fixed at start"),
+            e.message
+                .starts_with("log file location can not be updated through network protocol"),
             "{}",
             e.message
         );
@@ -221,7 +267,21 @@ mod tests {
             "{}",
             e.message
         );
-        let verbose = LogLevels::new(true, true, true, 1, "", "default");
+        // The format changes at once: the server's own lines become Triton's when asked.
+        assert_eq!(l.format(), LineFormat::Own);
+        l.update(&[("log_format".into(), Setting::Text("ISO8601".into()))])
+            .unwrap();
+        assert_eq!(l.format(), LineFormat::TritonIso8601);
+        l.update(&[("log_format".into(), Setting::Text("default".into()))])
+            .unwrap();
+        assert_eq!(l.format(), LineFormat::Triton);
+        let e = l
+            .update(&[("log_format".into(), Setting::Text("json".into()))])
+            .unwrap_err();
+        assert!(e
+            .message
+            .contains("invalid argument for --log_format, got: json"));
+        let verbose = LogLevels::new(true, true, true, 1, "", LineFormat::Triton);
         verbose
             .update(&[("log_verbose_level".into(), Setting::Uint(0))])
             .unwrap();

@@ -169,6 +169,8 @@ pub(crate) async fn update_log_settings(
     let mut changes = Vec::with_capacity(fields.len());
     for (key, value) in fields {
         let setting = match value {
+            // As on Triton, a setting sent as null is left as it is.
+            Value::Null => continue,
             Value::Bool(b) => Setting::Bool(b),
             Value::String(s) => Setting::Text(s),
             Value::Number(n) => match n.as_u64().and_then(|n| u32::try_from(n).ok()) {
