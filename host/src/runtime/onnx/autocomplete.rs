@@ -47,9 +47,10 @@ pub(super) fn reconcile(
         .iter()
         .flat_map(|s| s.states.iter().map(|st| st.output.clone()))
         .collect();
+    // Initializers that are inputs too are the model's own unless a configuration names them.
     let inputs: Vec<&Signature> = inputs
         .iter()
-        .filter(|s| !injected.contains(&s.name))
+        .filter(|s| !injected.contains(&s.name) && !s.initializer)
         .collect();
     let model_outputs = outputs;
     let outputs: Vec<&Signature> = outputs
@@ -195,8 +196,17 @@ pub(super) fn check_against_model(
 ) -> std::result::Result<(), String> {
     let sig = check_named(kind, name, data_type, model, None)?;
     let batch = usize::from(max_batch_size > 0);
-    if sig.shape.is_empty() && dims.is_empty() && batch == 0 {
-        return Ok(());
+    // A scalar model tensor is declared with dims of 1s (or none) when the model does not
+    // batch, as Triton's ONNX Runtime backend accepts it (and words the refusal).
+    if sig.shape.is_empty() && batch == 0 {
+        if dims.iter().all(|&d| d == 1) {
+            return Ok(());
+        }
+        return Err(format!(
+            "scalar tensor '{name}', should only provide 1 in the model configuration when \
+             the model doesn't support batching. Model configuration provided: {}.",
+            shape_string(dims)
+        ));
     }
     if dims.len() + batch != sig.shape.len() {
         let extra = if batch == 1 {

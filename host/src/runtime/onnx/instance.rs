@@ -47,46 +47,89 @@ pub(super) struct Padding {
 }
 
 /// The `reshape` settings of a model's tensors: inputs are handed to ONNX Runtime in their
-/// reshaped form, outputs come back to their declared dims.
+/// reshaped form, outputs come back to their declared dims. A model's scalar tensors (no
+/// dimensions, declared with dims of 1s in a model that does not batch) are reshaped the same
+/// way, as Triton's ONNX Runtime backend does: to `[]` going in, to the declared dims coming out.
 #[derive(Clone, Default)]
 pub(super) struct Reshapes {
     pub(super) batching: bool,
-    /// Input name → the shape the model takes.
-    pub(super) inputs: Vec<(String, Vec<i64>)>,
-    /// Output name → the declared dims.
-    pub(super) outputs: Vec<(String, Vec<i64>)>,
+    /// Input name → the shape the model takes, and the declared dims.
+    pub(super) inputs: Vec<(String, Vec<i64>, Vec<i64>)>,
+    /// Output name → the declared dims, and the shape the model gives.
+    pub(super) outputs: Vec<(String, Vec<i64>, Vec<i64>)>,
 }
 
 impl Reshapes {
-    pub(super) fn of(config: &ModelConfig) -> Self {
+    pub(super) fn of(config: &ModelConfig, inputs: &[Signature], outputs: &[Signature]) -> Self {
+        let batching = config.max_batch_size > 0;
+        let scalar = |model: &[Signature], name: &str| {
+            !batching && model.iter().any(|s| s.name == name && s.shape.is_empty())
+        };
         Self {
-            batching: config.max_batch_size > 0,
+            batching,
             inputs: config
                 .input
                 .iter()
-                .filter_map(|i| Some((i.name.clone(), i.reshape.as_ref()?.shape.clone())))
+                .filter_map(|i| match &i.reshape {
+                    Some(r) => Some((i.name.clone(), r.shape.clone(), i.dims.clone())),
+                    None if scalar(inputs, &i.name) => {
+                        Some((i.name.clone(), Vec::new(), i.dims.clone()))
+                    }
+                    None => None,
+                })
                 .collect(),
             outputs: config
                 .output
                 .iter()
-                .filter(|o| o.reshape.is_some())
-                .map(|o| (o.name.clone(), o.dims.clone()))
+                .filter_map(|o| match &o.reshape {
+                    Some(r) => Some((o.name.clone(), o.dims.clone(), r.shape.clone())),
+                    None if scalar(outputs, &o.name) => {
+                        Some((o.name.clone(), o.dims.clone(), Vec::new()))
+                    }
+                    None => None,
+                })
                 .collect(),
         }
     }
 
-    pub(super) fn input(&self, name: &str) -> Option<&[i64]> {
-        let found = self.inputs.iter().find(|(n, _)| n == name);
-        found.map(|(_, shape)| shape.as_slice())
+    /// The shape the model takes `name` in, for a tensor of `shape` (batch dimension
+    /// included when batching), when it is reshaped.
+    pub(super) fn input(&self, name: &str, shape: &[i64]) -> Option<Vec<i64>> {
+        let (_, reshape, dims) = self.inputs.iter().find(|(n, ..)| n == name)?;
+        let skip = usize::from(self.batching);
+        Some(carry_variable(dims, shape.get(skip..)?, reshape))
     }
 
     /// Gives an output its declared dims back (they hold the same elements).
     pub(super) fn output(&self, tensor: &mut Tensor) {
-        if let Some((_, dims)) = self.outputs.iter().find(|(n, _)| *n == tensor.name) {
+        if let Some((_, dims, reshape)) = self.outputs.iter().find(|(n, ..)| *n == tensor.name) {
+            let skip = usize::from(self.batching);
             let rows = tensor.shape.first().copied().filter(|_| self.batching);
-            tensor.shape = rows.into_iter().chain(dims.iter().copied()).collect();
+            let given = tensor.shape.get(skip..).unwrap_or_default();
+            let dims = carry_variable(reshape, given, dims);
+            tensor.shape = rows.into_iter().chain(dims).collect();
         }
     }
+}
+
+/// `to` with its variable (-1) dimensions filled, in order, from the sizes `actual` has where
+/// `from` is variable: how Triton carries a tensor's variable sizes through `reshape` (dims
+/// `[2, -1]` reshaped to `[-1, 2]` takes `[2, 5]` to `[5, 2]`).
+fn carry_variable(from: &[i64], actual: &[i64], to: &[i64]) -> Vec<i64> {
+    let mut sizes = from
+        .iter()
+        .zip(actual)
+        .filter(|(&f, _)| f == -1)
+        .map(|(_, &a)| a);
+    to.iter()
+        .map(|&d| {
+            if d == -1 {
+                sizes.next().unwrap_or(-1)
+            } else {
+                d
+            }
+        })
+        .collect()
 }
 
 impl OnnxInstance {
@@ -169,11 +212,11 @@ impl OnnxInstance {
                     *rows = padding.padded_rows as i64;
                 }
             }
-            let reshape = self.shapes.input(&tensor.name);
+            let reshape = self.shapes.input(&tensor.name, &shape);
             let value = to_ort_value(
                 &parts,
                 shape,
-                reshape,
+                reshape.as_deref(),
                 self.shapes.batching,
                 self.staging.allocator(),
             )?;

@@ -105,12 +105,8 @@ pub fn load_file(
             }
         ))
     })?;
-    reconcile(
-        &mut config,
-        &signatures(probe.inputs()),
-        &signatures(probe.outputs()),
-        options,
-    )?;
+    let (model_inputs, model_outputs) = (input_signatures(&probe), signatures(probe.outputs()));
+    reconcile(&mut config, &model_inputs, &model_outputs, options)?;
     // Buckets are read once the configuration is complete (auto-completion may set
     // max_batch_size and dims).
     let on_gpu = placements.iter().any(|p| matches!(p, Placement::Gpu(_)));
@@ -136,7 +132,7 @@ pub fn load_file(
         _ => vec![None],
     };
     let output_types = output_types(&config);
-    let shapes = Reshapes::of(&config);
+    let shapes = Reshapes::of(&config, &model_inputs, &model_outputs);
     let mut probe = Some(probe);
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
     for (index, &placement) in placements.iter().enumerate() {

@@ -48,22 +48,46 @@ pub(super) struct Signature {
     pub(super) name: String,
     pub(super) datatype: Option<DataType>,
     pub(super) shape: Vec<i64>,
+    /// An initializer that is an input too: a request may leave it out (the stored value is
+    /// used), and a configuration need not declare it.
+    pub(super) initializer: bool,
 }
 
 pub(super) fn signatures(outlets: &[Outlet]) -> Vec<Signature> {
     outlets
         .iter()
-        .map(|o| match o.dtype() {
-            ValueType::Tensor { ty, shape, .. } => Signature {
-                name: o.name().to_owned(),
-                datatype: to_data_type(*ty),
-                shape: shape.iter().copied().collect(),
-            },
-            _ => Signature {
-                name: o.name().to_owned(),
-                datatype: None,
-                shape: vec![],
-            },
-        })
+        .map(|o| signature(o.name(), o.dtype()))
         .collect()
+}
+
+/// The model's inputs as Triton's ONNX Runtime backend sees them: its graph inputs and its
+/// initializers that are inputs too (a request may give them or leave the stored value).
+pub(super) fn input_signatures(session: &ort::session::Session) -> Vec<Signature> {
+    let mut inputs = signatures(session.inputs());
+    for initializer in session.overridable_initializers() {
+        if !inputs.iter().any(|s| s.name == initializer.name()) {
+            inputs.push(Signature {
+                initializer: true,
+                ..signature(initializer.name(), initializer.dtype())
+            });
+        }
+    }
+    inputs
+}
+
+fn signature(name: &str, dtype: &ValueType) -> Signature {
+    match dtype {
+        ValueType::Tensor { ty, shape, .. } => Signature {
+            name: name.to_owned(),
+            datatype: to_data_type(*ty),
+            shape: shape.iter().copied().collect(),
+            initializer: false,
+        },
+        _ => Signature {
+            name: name.to_owned(),
+            datatype: None,
+            shape: vec![],
+            initializer: false,
+        },
+    }
 }
