@@ -571,3 +571,27 @@ def test_a_readiness_check_past_its_timeout_is_not_ready_and_its_late_answer_is_
         assert h.infer("ready_slow", [t]).as_numpy("Y").tolist() == [1]
         assert g.is_model_ready("ready_slow")
         assert h.is_server_ready()
+
+
+def test_bytes_that_are_not_utf8_are_exact_or_refused_never_changed(server):
+    """L0_string_io (string_client_test.py with the string_identity model): bytes that are not
+    UTF-8 come back unchanged as binary data (gRPC, or HTTP binary outputs); asked for as JSON
+    they cannot be written without changing them, so the answer is an error naming the output,
+    never altered bytes. UTF-8 text comes back as JSON unchanged."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+    raw = np.array([b"\xfa\x03\x94ok", b"\n\x01a\x00\xff"], dtype=np.object_)
+    h = httpclient.InferenceServerClient(server.http)
+    g = grpcclient.InferenceServerClient(server.grpc)
+    for mod, c in ((grpcclient, g), (httpclient, h)):
+        given = tensor("INPUT0", raw, "BYTES", mod)
+        np.testing.assert_array_equal(c.infer("bytes_identity", [given]).as_numpy("OUTPUT0"), raw)
+    as_json = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+    with pytest.raises(InferenceServerException) as e:
+        h.infer("bytes_identity", [tensor("INPUT0", raw, "BYTES", httpclient)], outputs=[as_json])
+    assert "output 'OUTPUT0': element 0 is not valid UTF-8" in e.value.message()
+    assert e.value.status() == "400"
+    text = np.array(["naïve", "plain"], dtype=np.object_)
+    answer = h.infer("bytes_identity", [tensor("INPUT0", text, "BYTES", httpclient)],
+                     outputs=[as_json]).as_numpy("OUTPUT0")
+    assert [v.decode() if isinstance(v, bytes) else v for v in answer] == ["naïve", "plain"]

@@ -18,7 +18,7 @@ use crate::{
 };
 
 use super::json_data::json_to_bytes;
-pub use super::json_data::{json_tensor, tensor_json_data};
+pub use super::json_data::{json_tensor, output_json_data, tensor_json_data};
 
 /// Request parameters as sent: each value stays its JSON text until it is known to be a
 /// scalar (a parameter that is a large list must not become a `Value` tree first).
@@ -366,7 +366,7 @@ pub fn encode_response(
             );
             binary.push(tensor.data.clone());
         } else {
-            entry.insert("data".into(), tensor_json_data(tensor));
+            entry.insert("data".into(), output_json_data(tensor)?);
         }
         outputs.push(Value::Object(entry));
     }

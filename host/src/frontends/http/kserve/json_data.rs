@@ -25,6 +25,23 @@ pub fn tensor_json_data(tensor: &Tensor) -> Value {
     bytes_to_json(tensor)
 }
 
+/// An output's elements as a flat JSON array, exactly: a BYTES element that is not UTF-8
+/// cannot be a JSON string without changing its bytes, so it is refused (as on Triton, whose
+/// clients fail on such an answer), naming the output and how to get it.
+pub fn output_json_data(tensor: &Tensor) -> Result<Value> {
+    if tensor.datatype == DataType::Bytes {
+        if let Some(i) = bytes_elements(&tensor.data).position(|b| std::str::from_utf8(b).is_err())
+        {
+            return Err(Error::invalid(format!(
+                "output '{}': element {i} is not valid UTF-8, so it cannot be written as JSON; \
+                 ask for the output as binary data (\"binary_data\": true)",
+                tensor.name
+            )));
+        }
+    }
+    Ok(bytes_to_json(tensor))
+}
+
 /// Decodes JSON tensor data (nested arrays or flat) of `datatype` into little-endian bytes,
 /// element by element, refusing more elements than `shape` holds as soon as they appear.
 pub(super) fn json_to_bytes(
