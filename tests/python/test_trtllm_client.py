@@ -117,18 +117,21 @@ def test_the_older_guide_client_streams_and_answers_whole(server):
     whole, _, errors = run(server.grpc, older_guide_inputs(PROMPT, 12, False))
     assert not errors, errors
     # Greedy by default, as TensorRT-LLM samples without sampling fields: the same text either
-    # way, and the same as the smollm2 ensemble's over HTTP.
-    assert streamed == whole
+    # way, and the same as the smollm2 ensemble's over HTTP; the whole answer starts with the
+    # prompt, as TensorRT-LLM's does (exclude_input_in_output defaults to false; a stream
+    # never carries it).
+    assert whole == PROMPT + streamed, (whole, streamed)
     reference = generate(server, "smollm2", {"text_input": PROMPT, "max_tokens": 12})["text_output"]
-    assert whole == reference and "Paris" in whole
+    assert streamed == reference and "Paris" in whole
 
 
 def test_without_a_stream_input_the_answer_comes_whole_as_tensorrt_llm_gives_it(server):
     """The guide's client when not streaming sends no `stream` at all: TensorRT-LLM answers
-    once, the whole text (with the prompt, exclude_input_in_output being false); with
-    `stream: true` one response per token."""
-    inputs = newer_guide_inputs(PROMPT, 8, False, exclude_input_in_output=False)
-    del inputs["stream"]
+    once, the whole text (with the prompt: exclude_input_in_output, not sent either, defaults
+    to false); with `stream: true` one response per token."""
+    inputs = newer_guide_inputs(PROMPT, 8, False)
+    # Neither sent: exclude_input_in_output defaults to false, as in TensorRT-LLM.
+    del inputs["stream"], inputs["exclude_input_in_output"]
     client = grpcclient.InferenceServerClient(server.grpc)
     results = queue.Queue()
     client.start_stream(callback=partial(callback, results))

@@ -78,8 +78,10 @@ pub struct Ensemble {
     /// TensorRT-LLM models stream).
     decoupled: Option<usize>,
     /// The ensemble's inputs: one the client leaves out (an optional one) is left out of the
-    /// steps that read it.
+    /// steps that read it, unless the configuration gives it a default.
     inputs: HashSet<String>,
+    /// The defaults of optional inputs (`input_default:<input>` parameters).
+    defaults: Vec<Tensor>,
 }
 
 /// Datatype and full shape (batch dimension included as -1) of a tensor.
@@ -180,6 +182,7 @@ impl Ensemble {
             steps,
             decoupled,
             inputs: config.input.iter().map(|i| i.name.clone()).collect(),
+            defaults: super::ensemble_defaults::of(config)?,
         };
         plan.check_acyclic(&tensors)?;
         Ok(plan)
@@ -338,6 +341,11 @@ impl Ensemble {
             .into_iter()
             .map(|t| (t.name.clone(), t))
             .collect();
+        for default in &self.defaults {
+            tensors
+                .entry(default.name.clone())
+                .or_insert_with(|| default.clone());
+        }
         let Some(d) = self.decoupled else {
             let all: Vec<usize> = (0..self.steps.len()).collect();
             self.run_steps(runner, &request, &all, &mut tensors, durations)

@@ -5,6 +5,7 @@
 pub mod cache_key;
 pub mod door;
 pub mod ensemble;
+pub mod ensemble_defaults;
 pub mod execution_share;
 pub mod latency;
 pub mod model_manager;
