@@ -7,6 +7,7 @@ python framework_models.py <repository> <references>.
 import os
 import sys
 import zipfile
+from typing import List
 
 import numpy as np
 
@@ -154,6 +155,19 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4, 4 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """)
     torch.jit.script(Singular()).save(os.path.join(d, "model.pt"))
+
+    # Strings: a scripted model taking List[str], as Triton's L0_infer libtorch_*_object_*
+    # models do (ONNX has no equivalent of parsing them in the graph).
+    class Parse(torch.nn.Module):
+        def forward(self, INPUT0: List[str]):
+            return torch.tensor([int(s) for s in INPUT0])
+
+    d = model_dir("strings_ts", """platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 4 ] } ]
+""")
+    torch.jit.script(Parse()).save(os.path.join(d, "model.pt"))
 
 
 def tensorflow_models():

@@ -23,6 +23,7 @@ REFUSED = {
     "corrupt_ts": ["model.pt", "torch.jit.load cannot read"],
     "compiled_aoti": ["AOTInductor-compiled package", "torch.export.save"],
     "svd_ts": ["aten::linalg_svdvals", "Wasm stage"],
+    "strings_ts": ["input 'INPUT0' has type BYTES"],
 }
 
 
