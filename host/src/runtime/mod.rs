@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod buckets;
+pub mod capabilities;
 pub mod conversion;
 pub mod generation;
 pub mod gpu;
@@ -225,15 +226,30 @@ pub struct LoadedBackend {
     pub buckets: Option<Arc<buckets::ShapeBuckets>>,
     /// What warming up the instances took, if the model was warmed up.
     pub warmup: Option<warmup::WarmupReport>,
-    /// The counters of a generation model.
-    pub generation: Option<Arc<generation::stats::GenerationStats>>,
-    /// The LoRA adapters of a generation model whose decoder takes them.
-    pub adapters: Option<Arc<generation::lora::Adapters>>,
+    /// What only some backends have (metrics of their own, adapters, …).
+    pub capabilities: capabilities::Capabilities,
     /// Where the served model came from when it is not the version's own file (a
     /// conversion), shown as the version's status.
     pub origin: Option<String>,
     /// The model has a readiness check of its own ([`ModelInstance::check_ready`]).
     pub checks_readiness: bool,
+}
+
+impl LoadedBackend {
+    /// `instances` serving `config`, with nothing else: no padding buckets, warm-up, optional
+    /// capabilities, origin or readiness check of its own (a backend sets what it has).
+    pub fn new(config: ModelConfig, instances: Vec<Box<dyn ModelInstance>>) -> Self {
+        Self {
+            config,
+            instances,
+            health: Arc::default(),
+            buckets: None,
+            warmup: None,
+            capabilities: capabilities::Capabilities::default(),
+            origin: None,
+            checks_readiness: false,
+        }
+    }
 }
 
 /// Crash accounting for a model version: instances that trap are replaced, and a version

@@ -51,10 +51,8 @@ pub struct ModelVersion {
     pub executor: Executor,
     /// Crash accounting of the instances.
     pub health: Arc<crate::runtime::InstanceHealth>,
-    /// A generation model's counters (tokens, batch, cache).
-    pub generation: Option<Arc<crate::runtime::generation::stats::GenerationStats>>,
-    /// A generation model's LoRA adapters, when its decoder takes them.
-    pub adapters: Option<Arc<crate::runtime::generation::lora::Adapters>>,
+    /// What only some backends have: metrics of their own, a prefix cache's blocks, adapters.
+    pub capabilities: crate::runtime::capabilities::Capabilities,
     /// Its outputs' labels (`label_filename`), for the classification extension.
     pub labels: Arc<crate::classification::Labels>,
     /// Where the served model came from when not the version's own file (a PyTorch or

@@ -549,7 +549,7 @@ impl Server {
         let key = super::response_cache::key(
             &model.name,
             model.version,
-            &self.generation(model)?,
+            &self.answers_digest(model)?,
             request,
             &tenants,
         );
@@ -558,7 +558,7 @@ impl Server {
 
     /// What `model`'s answers depend on: its own content, and for an ensemble the content of
     /// each step's model as loaded now (a step loaded again changes the ensemble's answers).
-    fn generation(&self, model: &ModelVersion) -> Option<[u8; 32]> {
+    fn answers_digest(&self, model: &ModelVersion) -> Option<[u8; 32]> {
         use sha2::Digest;
         let own = model.content?;
         let Executor::Ensemble(_) = &model.executor else {
@@ -568,7 +568,7 @@ impl Server {
         h.update(own);
         for (step, version) in super::ensemble::composing_models(&model.config) {
             let step = self.models().get(&step, version).ok()?;
-            h.update(self.generation(&step)?);
+            h.update(self.answers_digest(&step)?);
         }
         Some(h.finalize().into())
     }

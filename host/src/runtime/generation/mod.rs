@@ -18,6 +18,7 @@ pub mod guided;
 mod instance;
 pub mod kv;
 pub mod lora;
+mod metrics;
 mod request;
 mod response;
 pub mod sampling;
@@ -240,15 +241,12 @@ pub fn load(
             }) as Box<dyn ModelInstance>
         })
         .collect();
-    Ok(LoadedBackend {
-        config,
-        instances,
-        health: Arc::new(super::InstanceHealth::default()),
-        buckets: None,
-        warmup: None,
-        generation: Some(stats),
-        adapters,
-        origin: None,
-        checks_readiness: false,
-    })
+    let mut loaded = LoadedBackend::new(config, instances);
+    loaded.capabilities = super::capabilities::Capabilities {
+        metrics: Some(stats.clone()),
+        prefix_cache: Some(stats),
+        adapters: adapters.map(|a| a as Arc<dyn super::capabilities::AdapterStore>),
+        batches_alone: true,
+    };
+    Ok(loaded)
 }

@@ -166,15 +166,8 @@ pub fn load_file(
         }));
     }
     Ok(LoadedBackend {
-        config,
-        instances,
-        health: Default::default(),
         buckets,
-        warmup: None,
-        generation: None,
-        adapters: None,
-        origin: None,
-        checks_readiness: false,
+        ..LoadedBackend::new(config, instances)
     })
 }
 

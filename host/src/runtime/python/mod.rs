@@ -182,15 +182,9 @@ pub fn load(
         }
     }
     Ok(LoadedBackend {
-        config,
-        instances,
         health,
-        buckets: None,
-        warmup: None,
-        generation: None,
-        adapters: None,
-        origin: None,
         checks_readiness: model.checks_readiness(),
+        ..LoadedBackend::new(config, instances)
     })
 }
 

@@ -479,14 +479,7 @@ pub fn load(
         }));
     }
     Ok(LoadedBackend {
-        config,
-        instances,
         health,
-        buckets: None,
-        warmup: None,
-        generation: None,
-        adapters: None,
-        origin: None,
-        checks_readiness: false,
+        ..LoadedBackend::new(config, instances)
     })
 }

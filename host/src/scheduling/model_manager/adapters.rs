@@ -1,15 +1,19 @@
-//! LoRA adapters through the repository API: `model:adapter` names adapter `adapter` of the
-//! loaded generation model `model`, or of the generation models the ensemble `model` calls.
-//! Loading it reads PEFT's `adapter_config.json` and `adapter_model.safetensors` from the load
-//! request's `file:` parameters, or else from the model's `adapters/<adapter>/` folder in the
-//! repository; loading it again replaces it; unloading drops it (sequences running with it
-//! finish with it).
+//! Adapters through the repository API: `model:adapter` names adapter `adapter` of the loaded
+//! model `model` (one whose backend takes adapters: a generation model's LoRA adapters), or of
+//! the models the ensemble `model` calls that take them. Loading it reads the adapter's files
+//! (for LoRA, PEFT's `adapter_config.json` and `adapter_model.safetensors`) from the load
+//! request's `file:` parameters, or else from the model's adapter folder (`adapters/<adapter>/`)
+//! in the repository; loading it again replaces it; unloading drops it (requests running with
+//! it finish with it).
 
 use super::*;
 use crate::{
     names::{split_adapter, AdapterName},
-    runtime::generation::lora::{self, Adapters, ADAPTERS_FOLDER, CONFIG_FILE, WEIGHTS_FILE},
+    runtime::capabilities::AdapterStore,
 };
+
+/// The models that hold a model's adapters: their names and adapter stores.
+type Holders = Vec<(String, Arc<dyn AdapterStore>)>;
 
 impl ModelManager {
     /// `(model, adapter)` when `name` names an adapter: `model:adapter` where `model` is loaded
@@ -20,12 +24,12 @@ impl ModelManager {
             .then_some((model, adapter))
     }
 
-    /// The generation models behind `model` that take adapters (itself, or the steps of an
-    /// ensemble), by name.
-    fn adapter_holders(&self, model: &str) -> Result<Vec<(String, Arc<Adapters>)>> {
+    /// The models behind `model` that take adapters (itself, or the steps of an ensemble),
+    /// by name.
+    fn adapter_holders(&self, model: &str) -> Result<Holders> {
         let version = self.get(model, None)?;
-        let mut holders: Vec<(String, Arc<Adapters>)> = Vec::new();
-        if let Some(a) = &version.adapters {
+        let mut holders: Holders = Vec::new();
+        if let Some(a) = &version.capabilities.adapters {
             holders.push((model.to_owned(), a.clone()));
         }
         if let Executor::Ensemble(ensemble) = &version.executor {
@@ -33,7 +37,8 @@ impl ModelManager {
                 if holders.iter().any(|(n, _)| n == step) {
                     continue;
                 }
-                if let Some(a) = self.get(step, None).ok().and_then(|v| v.adapters.clone()) {
+                let store = self.get(step, None).ok();
+                if let Some(a) = store.and_then(|v| v.capabilities.adapters.clone()) {
                     holders.push((step.to_owned(), a));
                 }
             }
@@ -69,52 +74,69 @@ impl ModelManager {
         overrides: LoadOverride,
     ) -> Result<()> {
         let adapter = AdapterName::parse(adapter)?;
+        let holders = self.adapter_holders(model)?;
+        let (folder, wanted) = match holders.first() {
+            Some((_, store)) => (store.folder(), store.files()),
+            None => return Err(Error::internal("no model holds the adapters")),
+        };
+        let listed = || {
+            wanted
+                .iter()
+                .map(|f| format!("'file:{f}'"))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        };
         if overrides.config_json.is_some() {
             return Err(Error::invalid(format!(
                 "failed to load adapter '{adapter}' of model '{model}': an adapter is loaded \
-                 from 'file:{CONFIG_FILE}' and 'file:{WEIGHTS_FILE}' (or the model's \
-                 {ADAPTERS_FOLDER}/{adapter}/ folder), not a 'config'",
+                 from {} (or the model's {folder}/{adapter}/ folder), not a 'config'",
+                listed(),
                 adapter = adapter.as_str()
             )));
         }
         if let Some((path, _)) = overrides
             .files
             .iter()
-            .find(|(p, _)| ![CONFIG_FILE, WEIGHTS_FILE].contains(&p.to_string().as_str()))
+            .find(|(p, _)| !wanted.contains(&p.to_string().as_str()))
         {
             return Err(Error::invalid(format!(
                 "failed to load adapter '{}' of model '{model}': load parameter 'file:{path}' is \
-                 not one of an adapter's files ({CONFIG_FILE}, {WEIGHTS_FILE})",
-                adapter.as_str()
+                 not one of an adapter's files ({})",
+                adapter.as_str(),
+                wanted.join(", ")
             )));
         }
         let mut jobs = Vec::new();
-        for (holder, adapters) in self.adapter_holders(model)? {
-            let folder = match overrides.files.is_empty() {
+        for (holder, store) in holders {
+            let dir = match overrides.files.is_empty() {
                 true => Some(
                     self.repository
                         .find(&holder)
                         .map_err(|e| Error::not_found(e.to_string()))?
                         .dir
-                        .join(ADAPTERS_FOLDER)
+                        .join(store.folder())
                         .join(adapter.as_str()),
                 ),
                 false => None,
             };
-            jobs.push((adapters, folder));
+            jobs.push((store, dir));
         }
         let files = overrides.files;
         let name = adapter.as_str().to_owned();
         let model = model.to_owned();
-        // Reading and transposing the weights is file and CPU work: off the async runtime.
+        // Reading and preparing the weights is file and CPU work: off the async runtime.
         tokio::task::spawn_blocking(move || {
-            for (adapters, folder) in jobs {
-                let (config, weights) = match &folder {
-                    Some(dir) => lora::read_files(dir)?,
-                    None => (given(&files, CONFIG_FILE)?, given(&files, WEIGHTS_FILE)?),
+            for (store, dir) in jobs {
+                let contents = match &dir {
+                    Some(dir) => store.read(dir)?,
+                    None => store
+                        .files()
+                        .iter()
+                        .map(|file| given(&files, file, store.files()))
+                        .collect::<Result<Vec<_>>>()?,
                 };
-                adapters
-                    .load(&name, &config, &weights)
+                store
+                    .load(&name, &contents)
                     .map_err(|e| e.within(format_args!("failed to load '{model}:{name}'")))?;
             }
             Ok(())
@@ -142,16 +164,17 @@ impl ModelManager {
     }
 }
 
-/// One of an adapter's files from the load request.
-fn given(files: &[(ModelFilePath, Vec<u8>)], file: &str) -> Result<Vec<u8>> {
+/// One of an adapter's files (`wanted` lists them all) from the load request.
+fn given(files: &[(ModelFilePath, Vec<u8>)], file: &str, wanted: &[&str]) -> Result<Vec<u8>> {
     files
         .iter()
         .find(|(p, _)| p.to_string() == file)
         .map(|(_, content)| content.clone())
         .ok_or_else(|| {
+            let all: Vec<String> = wanted.iter().map(|f| format!("'file:{f}'")).collect();
             Error::invalid(format!(
-                "loading an adapter from the request takes 'file:{CONFIG_FILE}' and \
-                 'file:{WEIGHTS_FILE}'; 'file:{file}' is missing"
+                "loading an adapter from the request takes {}; 'file:{file}' is missing",
+                all.join(" and ")
             ))
         })
 }

@@ -90,8 +90,7 @@ impl ModelManager {
             load_duration: Duration::ZERO,
             executor: Executor::Scheduler(scheduler),
             health: Default::default(),
-            generation: None,
-            adapters: None,
+            capabilities: Default::default(),
             labels: Default::default(),
             origin: None,
             // A function has no files to name its answers by: each addition is new.

@@ -192,8 +192,7 @@ impl ModelManager {
                         load_duration: Duration::ZERO,
                         executor: Executor::Ensemble(plan.clone()),
                         health: Default::default(),
-                        generation: None,
-                        adapters: None,
+                        capabilities: Default::default(),
                         labels: labels.clone(),
                         origin: None,
                         content,
@@ -225,8 +224,7 @@ impl ModelManager {
                 stats.warmup.record_many(w.runs, w.duration);
             }
             let health = loaded.health.clone();
-            let generation = loaded.generation.clone();
-            let adapters = loaded.adapters.clone();
+            let capabilities = loaded.capabilities.clone();
             let policy = BatchPolicy {
                 padding: loaded.buckets.clone(),
                 ..BatchPolicy::from_config(&loaded.config)
@@ -247,10 +245,11 @@ impl ModelManager {
                 policy,
                 self.options.queue_capacity,
                 stats.clone(),
-                // A generation model's sequences all run in its one batch loop: held back by
-                // the share, a tenant would get one sequence at a time instead of the batch.
+                // A model that runs all its requests in one loop of its own (a generation
+                // model's batch): held back by the share, a tenant would get one request at a
+                // time instead of the batch.
                 ExecutionLimits {
-                    share: if generation.is_some() {
+                    share: if capabilities.batches_alone {
                         Arc::new(ExecutionShare::new(0))
                     } else {
                         self.options.execution_share.clone()
@@ -282,8 +281,7 @@ impl ModelManager {
                     load_duration: started.elapsed(),
                     executor,
                     health,
-                    generation,
-                    adapters,
+                    capabilities,
                     labels: labels.clone(),
                     origin: loaded.origin,
                     content,

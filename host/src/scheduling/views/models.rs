@@ -293,9 +293,10 @@ pub fn kv_cache_blocks(server: &Server, caller: &Caller, name: &str) -> Result<(
     caller.require(ModelAction::See, name)?;
     let model = server.models().get(name, None)?;
     let blocks = model
-        .generation
+        .capabilities
+        .prefix_cache
         .as_ref()
-        .and_then(|stats| stats.lock_kv_blocks().clone());
+        .and_then(|cache| cache.blocks());
     blocks.ok_or_else(|| {
         crate::error::Error::new(
             crate::error::Code::NotFound,

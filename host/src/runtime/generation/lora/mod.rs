@@ -275,6 +275,38 @@ impl Adapters {
     }
 }
 
+impl crate::runtime::capabilities::AdapterStore for Adapters {
+    fn folder(&self) -> &'static str {
+        ADAPTERS_FOLDER
+    }
+
+    fn files(&self) -> &'static [&'static str] {
+        &[CONFIG_FILE, WEIGHTS_FILE]
+    }
+
+    fn names(&self) -> Vec<String> {
+        Adapters::names(self)
+    }
+
+    fn read(&self, dir: &Path) -> Result<Vec<Vec<u8>>> {
+        let (config, weights) = read_files(dir)?;
+        Ok(vec![config, weights])
+    }
+
+    fn load(&self, name: &str, files: &[Vec<u8>]) -> Result<()> {
+        match files {
+            [config, weights] => Adapters::load(self, name, config, weights),
+            _ => Err(Error::invalid(format!(
+                "adapter '{name}': PEFT's {CONFIG_FILE} and {WEIGHTS_FILE} are needed"
+            ))),
+        }
+    }
+
+    fn unload(&self, name: &str) -> Result<()> {
+        Adapters::unload(self, name)
+    }
+}
+
 /// PEFT's two files of the adapter kept in `dir`.
 pub fn read_files(dir: &Path) -> Result<(Vec<u8>, Vec<u8>)> {
     let read = |file: &str| {

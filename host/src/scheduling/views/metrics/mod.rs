@@ -1,10 +1,10 @@
 //! The server's metrics in the Prometheus text format, with Triton's names and labels,
 //! rendered when they are read from the same counters that feed the statistics extension:
 //! the models' ([`render`]), the tenants' ([`render_tenants`]), the host's CPU ([`cpu`]) and
-//! GPUs ([`gpu`]), latency summaries ([`latency`]) and generation models' ([`generation`]).
+//! GPUs ([`gpu`]), latency summaries ([`latency`]) and the families a backend reports of its
+//! own models ([`backend_families`]: a generation model's vLLM metrics).
 
 pub mod cpu;
-pub mod generation;
 pub mod gpu;
 pub mod latency;
 
@@ -88,8 +88,27 @@ fn counter(name: &str, help: &str, labels: &[&str]) -> Option<IntCounterVec> {
 /// Renders every metric in the Prometheus text format.
 pub fn render(server: &Server) -> String {
     let mut text = encode(collect(server));
-    text.push_str(&generation::render(server));
+    text.push_str(&backend_families(server));
     text
+}
+
+/// The metric families backends report of the versions loaded now (those with the
+/// [`ReportsMetrics`](crate::runtime::capabilities::ReportsMetrics) capability), each family
+/// once with every version's samples, labelled by model and version.
+pub fn backend_families(server: &Server) -> String {
+    use crate::runtime::capabilities::{escape_label, MetricFamilies};
+    let mut families = MetricFamilies::default();
+    for version in server.models().loaded() {
+        if let Some(metrics) = &version.capabilities.metrics {
+            let labels = format!(
+                "model=\"{}\",version=\"{}\"",
+                escape_label(&version.name),
+                version.version
+            );
+            metrics.report(&labels, &mut families);
+        }
+    }
+    families.render()
 }
 
 fn encode(mut families: Vec<MetricFamily>) -> String {
