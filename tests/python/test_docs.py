@@ -89,7 +89,7 @@ def test_make_targets_and_paths_named_exist(page):
 def test_every_flag_the_command_line_page_lists_is_taken():
     help_text = subprocess.run([BINARY, "--help"], capture_output=True, text=True,
                                timeout=60).stdout
-    with open(os.path.join(ROOT, "host", "src", "command_line.rs")) as f:
+    with open(os.path.join(ROOT, "host", "src", "command_line", "triton_only.rs")) as f:
         triton_only = f.read()
     page = text_of(os.path.join(ROOT, "docs", "command-line.md"))
     flags = set()
