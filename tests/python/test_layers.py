@@ -191,3 +191,18 @@ def test_the_checks_see_what_they_look_for(monkeypatch):
     fake[("scheduling", "d")] = "use crate::runtime::onnx::Session;"
     assert ("runtime", "onnx") in imports()[("scheduling", "d")]
     assert ("frontends",) in graph[("runtime",)] and layer(("frontends",)) > layer(("runtime",))
+
+
+def test_no_source_file_is_over_800_lines():
+    """A file past ~600 lines mixing concerns is a sign to split; past 800 this fails, naming
+    the files (a folder with mod.rs and its parts, or tests in tests.rs, is the way out)."""
+    long = []
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if name.endswith(".rs"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    lines = sum(1 for _ in f)
+                if lines > 800:
+                    long.append(f"{os.path.relpath(path, ROOT)}: {lines}")
+    assert long == []
