@@ -122,8 +122,6 @@ STILL_NAMING_A_BACKEND = {
     "frontends::http::openai::structured imports runtime::generation::guided",
     "frontends::http::openai::structured imports runtime::generation::guided::steering",
     "frontends::kv_events imports runtime::generation::kv::events",
-    "scheduling::options imports runtime::wasm::engine",
-    "scheduling::views::metrics imports runtime::python::metrics",
 }
 
 

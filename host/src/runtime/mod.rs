@@ -340,6 +340,18 @@ pub struct RuntimeOptions {
     pub forbid_repository_calls: bool,
 }
 
+/// Where compiled guest code (Wasm stages, the Python backend's interpreter) is cached unless
+/// the operator says otherwise ([`wasm::engine::default_cache_dir`]).
+pub fn default_compile_cache_dir() -> Option<PathBuf> {
+    wasm::engine::default_cache_dir()
+}
+
+/// Metric families the backends keep for the whole process, in the text format: the families
+/// `model.py` files create (the Python backend's custom metrics).
+pub fn process_metrics() -> String {
+    python::metrics::render()
+}
+
 /// Whether the model answers 0..N times per request (`model_transaction_policy.decoupled`).
 pub fn is_decoupled(config: &ModelConfig) -> bool {
     config

@@ -79,7 +79,7 @@ impl Default for ServerOptions {
             strict_readiness: true,
             runtime: RuntimeOptions {
                 default_max_batch_size: 4,
-                wasm_cache_dir: crate::runtime::wasm::engine::default_cache_dir(),
+                wasm_cache_dir: crate::runtime::default_compile_cache_dir(),
                 ..Default::default()
             },
             queue_capacity: 0,

@@ -32,7 +32,7 @@ pub fn text(server: &Server, tenancy: Option<&Tenancy>, cpu: bool, gpu: bool) ->
     if gpu {
         text.push_str(&self::gpu::render());
     }
-    text.push_str(&crate::runtime::python::metrics::render());
+    text.push_str(&crate::runtime::process_metrics());
     if let Some(tenancy) = tenancy {
         text.push_str(&render_tenants(tenancy));
     }
