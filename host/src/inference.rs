@@ -213,6 +213,10 @@ impl InferRequest {
     }
 }
 
+/// The request parameter that names an adapter to run a request with (a LoRA adapter of a
+/// generation model: `smollm2:<adapter>` as an OpenAI model name becomes this parameter).
+pub const ADAPTER_PARAMETER: &str = "lora";
+
 /// Target of the spans that make up request traces (exported with `--trace-config`, kept out
 /// of the log).
 pub const TRACE_TARGET: &str = "wasmtron::trace";

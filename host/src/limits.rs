@@ -126,6 +126,14 @@ impl RequestLimits {
     }
 }
 
+/// The most sequences one client request may start (OpenAI's `n` choices of each of its
+/// prompts): the frontends refuse more, and a generation model keeps room for that many.
+pub const MAX_SEQUENCES_PER_REQUEST: usize = 64;
+
+/// The longest guide a request may send for constrained decoding (a schema or grammar), in
+/// bytes.
+pub const MAX_GUIDE_BYTES: usize = 64 * 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,8 +36,7 @@ pub mod steering;
 /// The guide types a request may name (TensorRT-LLM's, and `lark` for llguidance's own).
 pub const GUIDE_TYPES: &[&str] = &["json", "json_schema", "regex", "lark"];
 
-/// The longest guide a request may send (a schema or grammar), in bytes.
-pub const MAX_GUIDE_BYTES: usize = 64 * 1024;
+pub use crate::limits::MAX_GUIDE_BYTES;
 
 /// The most rules a Lark guide, or `$ref`s a JSON schema guide, may have: the compiler
 /// recurses along chains of them.

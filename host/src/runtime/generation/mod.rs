@@ -64,13 +64,9 @@ pub const CONTEXT_TOKENS: usize = 8;
 const DEFAULT_MAX_SEQUENCE_LENGTH: usize = 2048;
 const DEFAULT_MAX_TOKENS: usize = 128;
 
-/// The request parameter that names a LoRA adapter to generate with (`smollm2:<adapter>` as
-/// an OpenAI model name becomes this parameter).
-pub const LORA_PARAMETER: &str = "lora";
-
-/// The most sequences one client request may start (OpenAI's `n` choices of each of its
-/// prompts): the frontends refuse more.
-pub const MAX_SEQUENCES_PER_REQUEST: usize = 64;
+/// The request parameter that names a LoRA adapter to generate with.
+pub use crate::inference::ADAPTER_PARAMETER as LORA_PARAMETER;
+use crate::limits::MAX_SEQUENCES_PER_REQUEST;
 
 /// The decoder's ONNX Runtime session.
 fn open_decoder(

@@ -21,7 +21,7 @@ use super::{
         ToolCallDelta, ToolChoice,
     },
 };
-use crate::runtime::generation::guided::MAX_GUIDE_BYTES;
+use crate::limits::MAX_GUIDE_BYTES;
 
 /// Opens a call in the model's text.
 pub const CALL_OPEN: &str = "<tool_call>";

@@ -23,7 +23,6 @@ use crate::{
     inference::{InferRequest, ParamValue},
     names::split_adapter,
     proto::inference::ModelConfig,
-    runtime::generation::LORA_PARAMETER,
     tensor::{push_bytes_element, DataType, Tensor},
 };
 
@@ -69,7 +68,7 @@ pub struct Parsed {
 pub const MAX_CHOICES: i64 = 16;
 
 /// The most sequences (prompts × `n`) one request may start.
-pub const MAX_SEQUENCES: usize = crate::runtime::generation::MAX_SEQUENCES_PER_REQUEST;
+pub const MAX_SEQUENCES: usize = crate::limits::MAX_SEQUENCES_PER_REQUEST;
 
 impl Parsed {
     /// How many choices the answer holds: `n` per prompt.
@@ -504,7 +503,7 @@ pub fn parse<T: Borrow<ModelConfig>>(
     // `model:adapter` (vLLM's LoRA model names): the model, with its adapter as a parameter.
     if let Some((_, adapter)) = split_adapter(&model).filter(|_| config.name != model) {
         request.parameters.insert(
-            LORA_PARAMETER.into(),
+            crate::inference::ADAPTER_PARAMETER.into(),
             ParamValue::String(adapter.to_owned()),
         );
     }
