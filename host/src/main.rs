@@ -178,14 +178,14 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
             let dir =
                 python_runtime.unwrap_or_else(wasmtron::runtime::python::interpreter::default_dir);
             let cache_dir = wasm_cache_dir
-                .or_else(wasmtron::runtime::wasm::engine::default_cache_dir)
+                .or_else(wasmtron::runtime::sandbox::engine::default_cache_dir)
                 .ok_or_else(|| anyhow::anyhow!("no cache directory: set --wasm-cache-dir"))?;
             std::fs::create_dir_all(&cache_dir)?;
             let started = std::time::Instant::now();
             let compiled = tokio::task::spawn_blocking(move || {
-                let cache = wasmtron::runtime::wasm::compile_cache::CompileCache::open(
+                let cache = wasmtron::runtime::sandbox::compile_cache::CompileCache::open(
                     &cache_dir,
-                    wasmtron::runtime::wasm::compile_cache::DEFAULT_MAX_BYTES,
+                    wasmtron::runtime::sandbox::compile_cache::DEFAULT_MAX_BYTES,
                 );
                 wasmtron::runtime::python::interpreter::runtime(&dir, cache.as_deref())
             })
@@ -210,7 +210,7 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
         }) => {
             let options = wasmtron::runtime::RuntimeOptions {
                 wasm_cache_dir: wasm_cache_dir
-                    .or_else(wasmtron::runtime::wasm::engine::default_cache_dir),
+                    .or_else(wasmtron::runtime::sandbox::engine::default_cache_dir),
                 converter: Some(wasmtron::runtime::conversion::ConverterSettings {
                     sandbox: converter_sandbox,
                     memory_mb: converter_memory_mb,
@@ -291,9 +291,11 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
         "HTTP, gRPC and metrics are served by the async runtime's threads"
     );
     let listening = listener_options(&cli, tenancy.clone(), tracing_settings)?;
-    wasmtron::runtime::wasm::engine::configure(wasmtron::runtime::wasm::engine::EngineOptions {
-        pooling_instances: cli.wasm_pooling_instances,
-    })
+    wasmtron::runtime::sandbox::engine::configure(
+        wasmtron::runtime::sandbox::engine::EngineOptions {
+            pooling_instances: cli.wasm_pooling_instances,
+        },
+    )
     .map_err(|e| anyhow::anyhow!(e.message))?;
     let options = server_options(&cli, &backend, tenancy.clone()).await?;
     #[cfg(unix)]

@@ -15,6 +15,7 @@ pub mod onnx;
 pub mod python;
 pub mod ragged;
 pub mod request_check;
+pub mod sandbox;
 mod staging;
 pub mod tensor_ops;
 pub mod warmup;
@@ -312,7 +313,7 @@ pub struct RuntimeOptions {
     /// Where compiled Wasm components are cached; `None` compiles every time.
     pub wasm_cache_dir: Option<PathBuf>,
     /// The size that cache is kept under (least recently used stages removed first); `None`:
-    /// [`wasm::compile_cache::DEFAULT_MAX_BYTES`].
+    /// [`sandbox::compile_cache::DEFAULT_MAX_BYTES`].
     pub wasm_cache_max_bytes: Option<u64>,
     /// The Python backend's interpreter build (`--python-runtime`); `None`: the default
     /// place ([`python::interpreter::default_dir`]).
@@ -341,9 +342,9 @@ pub struct RuntimeOptions {
 }
 
 /// Where compiled guest code (Wasm stages, the Python backend's interpreter) is cached unless
-/// the operator says otherwise ([`wasm::engine::default_cache_dir`]).
+/// the operator says otherwise ([`sandbox::engine::default_cache_dir`]).
 pub fn default_compile_cache_dir() -> Option<PathBuf> {
-    wasm::engine::default_cache_dir()
+    sandbox::engine::default_cache_dir()
 }
 
 /// Metric families the backends keep for the whole process, in the text format: the families

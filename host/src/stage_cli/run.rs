@@ -84,7 +84,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         wasm_cache_dir: args
             .wasm_cache_dir
             .clone()
-            .or_else(runtime::wasm::engine::default_cache_dir),
+            .or_else(runtime::sandbox::engine::default_cache_dir),
         ..Default::default()
     };
     let mut loaded = runtime::load(config, dir, &options).map_err(|e| anyhow!(e.message))?;

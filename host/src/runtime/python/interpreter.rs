@@ -26,10 +26,10 @@ use wasmtime_wasi::{p1::WasiP1Ctx, p2::pipe::MemoryOutputPipe, FsPerms, WasiCtxB
 use crate::{
     cancellation::Cancellation,
     error::{Error, Result},
-    runtime::wasm::{
+    runtime::sandbox::{
         compile_cache::CompileCache,
         engine::{spawn_epoch_ticker, EPOCH_TICK},
-        sandbox::MemoryCap,
+        limits::MemoryCap,
     },
 };
 

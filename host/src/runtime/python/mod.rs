@@ -26,7 +26,7 @@ use self::{
     model::PythonModel,
 };
 use super::{
-    instance_count, wasm::sandbox::SandboxLimits, InstanceHealth, LoadedBackend, ModelInstance,
+    instance_count, sandbox::limits::SandboxLimits, InstanceHealth, LoadedBackend, ModelInstance,
     RuntimeOptions,
 };
 use crate::{
@@ -102,11 +102,11 @@ pub fn load(
         limits.execution_timeout_ms = limits.execution_timeout_ms.max(30_000);
     }
     let cache = options.wasm_cache_dir.as_deref().and_then(|dir| {
-        super::wasm::compile_cache::CompileCache::open(
+        super::sandbox::compile_cache::CompileCache::open(
             dir,
             options
                 .wasm_cache_max_bytes
-                .unwrap_or(super::wasm::compile_cache::DEFAULT_MAX_BYTES),
+                .unwrap_or(super::sandbox::compile_cache::DEFAULT_MAX_BYTES),
         )
     });
     let runtime = interpreter::runtime(&runtime_dir(options), cache.as_deref())

@@ -16,7 +16,7 @@ use super::{
 use crate::{
     error::{Code, Error, Result},
     proto::inference::ModelConfig,
-    runtime::{wasm::sandbox::SandboxLimits, InstanceHealth},
+    runtime::{sandbox::limits::SandboxLimits, InstanceHealth},
     tensor::Tensor,
 };
 

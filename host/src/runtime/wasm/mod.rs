@@ -3,12 +3,10 @@
 //! sandboxed store; a trap (panic, deadline, memory cap) discards it and the next request
 //! gets a fresh, re-initialised instance.
 
-pub mod compile_cache;
 mod convert;
-pub mod engine;
 mod host_imports;
 mod ops;
-pub mod sandbox;
+pub mod state;
 
 use std::{path::Path, sync::Arc};
 
@@ -17,8 +15,9 @@ use wasmtime::{
     Store, Trap,
 };
 
-use self::sandbox::{SandboxLimits, StageState};
+use self::state::StageState;
 use self::{convert::*, host_imports::*};
+use super::sandbox::{compile_cache, engine, limits::SandboxLimits};
 use super::InstanceHealth;
 use super::{
     instance_count, request_check::check_outputs, ExecTimings, LoadedBackend, ModelInstance,
@@ -61,7 +60,7 @@ struct StageModel {
     pre: bindings::StagePre<StageState>,
     caller: Option<Arc<dyn super::ModelCaller>>,
     health: Arc<InstanceHealth>,
-    /// The version directory, which the stage may read (sandbox::MODEL_FILES_DIR).
+    /// The version directory, which the stage may read (state::MODEL_FILES_DIR).
     files: std::path::PathBuf,
     single_instance: bool,
     decoupled: bool,
@@ -178,7 +177,7 @@ struct StageInstance {
 impl StageInstance {
     /// What `host.respond` does during one `execute` of a decoupled model: check the outputs
     /// like a final response, then send them down the request's stream.
-    fn responder(&self, requests: &[&InferRequest], outputs: &[String]) -> sandbox::Responder {
+    fn responder(&self, requests: &[&InferRequest], outputs: &[String]) -> state::Responder {
         let model = self.model.clone();
         let outputs = outputs.to_vec();
         let targets: Vec<(Option<crate::inference::ResponseSink>, Option<i64>)> = requests

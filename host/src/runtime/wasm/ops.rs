@@ -1,5 +1,5 @@
 //! `wasmtron:stage/ops` for stages: host arrays live in the store's resource table, their
-//! bytes count against the stage's memory cap (`sandbox::MemoryCap`), and no operation starts
+//! bytes count against the stage's memory cap (`sandbox::limits::MemoryCap`), and no operation starts
 //! after the call's deadline. The operations themselves are `runtime::tensor_ops`.
 
 use wasmtime::component::Resource;
@@ -7,7 +7,7 @@ use wasmtime::component::Resource;
 use super::{
     bindings::wasmtron::stage::{ops as wit_ops, types as wit},
     from_wit_datatype, from_wit_tensor,
-    sandbox::StageState,
+    state::StageState,
     to_wit_datatype, to_wit_error,
 };
 use crate::{
