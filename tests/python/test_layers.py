@@ -136,6 +136,24 @@ def test_scheduling_and_frontends_name_no_backend_internals():
     assert STILL_NAMING_A_BACKEND - found == set(), "gone: take them off the list"
 
 
+# One backend importing another: only the generation backend, which runs its decoder with
+# ONNX Runtime and shares the ONNX backend's environment.
+BACKENDS_SHARING = {"generation imports onnx"}
+
+
+def test_no_backend_imports_another():
+    """Guest code's common host is runtime/sandbox, shared plumbing runtime/ itself: a backend
+    that imports another backend's module fails here."""
+    found = {
+        f"{m[1]} imports {t[1]}"
+        for m, targets in imports().items() if m[:1] == ("runtime",) and len(m) > 1
+        and m[1] in BACKENDS
+        for t in targets if t[:1] == ("runtime",) and len(t) > 1 and t[1] in BACKENDS
+        and t[1] != m[1]
+    }
+    assert found == BACKENDS_SHARING
+
+
 def circles(graph):
     """The groups of modules that import each other round a circle (Tarjan's components)."""
     index, low, stack, on_stack, found = {}, {}, [], set(), []

@@ -428,7 +428,12 @@ pub fn load(
     options: &RuntimeOptions,
 ) -> Result<LoadedBackend> {
     let backend = backend_name(&config)
-        .or_else(|| python::owns(&config, version_dir).then(|| python::BACKEND.to_owned()))
+        .or_else(|| {
+            // A model.py beside no model.onnx: a Python model without a backend named.
+            let python = python::owns(&config, version_dir)
+                && !version_dir.join(onnx::DEFAULT_MODEL_FILENAME).exists();
+            python.then(|| python::BACKEND.to_owned())
+        })
         .unwrap_or_else(|| ONNXRUNTIME.to_owned());
     if is_decoupled(&config)
         && backend != wasm::BACKEND

@@ -40,16 +40,12 @@ pub const BACKEND: &str = "python";
 
 /// Default file name of a model inside a version directory.
 pub const DEFAULT_MODEL_FILENAME: &str = "model.py";
-/// Whether a model with no backend named is a Python-backend model: its version directory has
-/// `model.py` (or the configured file name ends in `.py`) and no `model.onnx`, which is how
-/// Triton tells a configuration-less Python model.
+/// Whether a model with no backend named may be a Python-backend model: its version directory
+/// has `model.py` (or the configured file name ends in `.py`). The dispatcher also asks that no
+/// other backend's file is there, which is how Triton tells a configuration-less Python model.
 pub fn owns(config: &ModelConfig, version_dir: &Path) -> bool {
     let file = super::model_file_name(config, DEFAULT_MODEL_FILENAME);
-    file.ends_with(".py")
-        && version_dir.join(file).is_file()
-        && !version_dir
-            .join(super::onnx::DEFAULT_MODEL_FILENAME)
-            .exists()
+    file.ends_with(".py") && version_dir.join(file).is_file()
 }
 /// The interpreter build to serve with: `--python-runtime` or the default place.
 fn runtime_dir(options: &RuntimeOptions) -> PathBuf {
