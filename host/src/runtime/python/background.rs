@@ -6,7 +6,7 @@
 //! call into another model, a timer — and the scheduler's worker only hands batches over.
 //!
 //! A batch is taken as soon as the guest's loop is free: the worker then moves on, and the
-//! batch's requests stay open (their response senders live in the batch's door) until its
+//! batch's requests stay open (their response senders live in the batch's host side) until its
 //! coroutine has returned. An error it raised reaches each request that had not sent its
 //! final flag; a request whose own timeout passes first gets an error and is closed. At most
 //! [`MAX_IN_FLIGHT`] batches run at once per instance; more wait in the queue.
@@ -18,8 +18,8 @@ use std::{
 };
 
 use super::{
-    door::BatchDoor,
-    interpreter::{self, Door as _, Interpreter},
+    batch_calls::BatchCalls,
+    interpreter::{self, HostCalls as _, Interpreter},
     model::PythonModel,
     protocol::{self, Frame, Op, ResponseHeader},
 };
@@ -41,9 +41,9 @@ const STREAM_TICK: Duration = Duration::from_millis(2);
 /// A batch (or readiness check) for the guest, and where the answer goes: a batch is answered
 /// when the guest takes it (`None`), a readiness check when the guest has run it.
 struct Job {
-    door: BatchDoor,
+    calls: BatchCalls,
     probe: bool,
-    reply: mpsc::Sender<Result<Option<BatchDoor>>>,
+    reply: mpsc::Sender<Result<Option<BatchCalls>>>,
 }
 
 /// What the instance, its thread and the calls in flight share.
@@ -121,9 +121,9 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 /// A batch the guest runs.
 struct InFlight {
-    door: BatchDoor,
+    calls: BatchCalls,
     /// A readiness check's reply, sent with the guest's answer.
-    probe: Option<mpsc::Sender<Result<Option<BatchDoor>>>>,
+    probe: Option<mpsc::Sender<Result<Option<BatchCalls>>>>,
     /// When its requests were first seen all cancelled.
     cancelled_at: Option<Instant>,
 }
@@ -132,16 +132,18 @@ impl InFlight {
     /// When the batch is closed: its requests' own timeout, or the end of its grace once
     /// they were all cancelled.
     fn due(&mut self) -> Option<Instant> {
-        let slots = &self.door.slots;
+        let slots = &self.calls.slots;
         if self.cancelled_at.is_none()
             && self.probe.is_none()
             && !slots.is_empty()
-            && slots.iter().all(super::door::RequestSlot::is_cancelled)
+            && slots
+                .iter()
+                .all(super::batch_calls::RequestSlot::is_cancelled)
         {
             self.cancelled_at = Some(Instant::now());
         }
         let grace = self.cancelled_at.map(|at| at + CANCEL_GRACE);
-        self.door.deadline.into_iter().chain(grace).min()
+        self.calls.deadline.into_iter().chain(grace).min()
     }
 }
 
@@ -151,7 +153,7 @@ fn fail(batch: InFlight, error: &Error) {
         let _ = reply.send(Err(error.clone()));
         return;
     }
-    for slot in &batch.door.slots {
+    for slot in &batch.calls.slots {
         if let Some(sink) = &slot.sink {
             let response = StreamedResponse {
                 error: Some(error.clone()),
@@ -172,8 +174,8 @@ struct EndedHeader {
     responses: Vec<Option<ResponseHeader>>,
 }
 
-/// The door of a background serving loop.
-struct BackgroundDoor {
+/// The host side of a background serving loop.
+struct BackgroundCalls {
     model: Arc<PythonModel>,
     shared: Arc<Shared>,
     batches: HashMap<u64, InFlight>,
@@ -181,7 +183,7 @@ struct BackgroundDoor {
     selected: u64,
     next_id: u64,
     /// Frames outside a batch (`finalize`'s log lines).
-    idle: BatchDoor,
+    idle: BatchCalls,
     /// Until when the guest's current [`Op::Events`] waits.
     events_until: Option<Option<Instant>>,
     /// Batches closed by the host whose tasks the guest is to cancel.
@@ -193,7 +195,7 @@ struct BackgroundDoor {
     served: u64,
 }
 
-impl BackgroundDoor {
+impl BackgroundCalls {
     fn restart(&self) -> bool {
         self.nearly_full || (self.model.limits.fresh_instance_per_request && self.served > 0)
     }
@@ -219,7 +221,7 @@ impl BackgroundDoor {
     fn calls_ready(&mut self) -> (bool, bool) {
         let mut streams = false;
         for batch in self.batches.values_mut() {
-            let (ready, stream) = batch.door.awaited_ready();
+            let (ready, stream) = batch.calls.awaited_ready();
             if ready {
                 return (true, stream);
             }
@@ -300,7 +302,7 @@ impl BackgroundDoor {
         self.next_id += 1;
         self.served += 1;
         let mut frame = id.to_le_bytes().to_vec();
-        frame.extend_from_slice(&std::mem::take(&mut job.door.batch));
+        frame.extend_from_slice(&std::mem::take(&mut job.calls.batch));
         let probe = if job.probe {
             Some(job.reply)
         } else {
@@ -311,7 +313,7 @@ impl BackgroundDoor {
         self.batches.insert(
             id,
             InFlight {
-                door: job.door,
+                calls: job.calls,
                 probe,
                 cancelled_at: None,
             },
@@ -324,16 +326,16 @@ impl BackgroundDoor {
         let Some(mut batch) = self.batches.remove(&self.selected) else {
             return;
         };
-        batch.door.call(frame);
+        batch.calls.call(frame);
         if let Some(reply) = batch.probe.take() {
-            let _ = reply.send(Ok(Some(batch.door)));
+            let _ = reply.send(Ok(Some(batch.calls)));
             return;
         }
         self.model.health.record_success();
-        let door = &batch.door;
-        let errors: Vec<Option<Error>> = match &door.refused_call {
-            Some(e) => vec![Some(e.clone()); door.slots.len()],
-            None => door
+        let calls = &batch.calls;
+        let errors: Vec<Option<Error>> = match &calls.refused_call {
+            Some(e) => vec![Some(e.clone()); calls.slots.len()],
+            None => calls
                 .responses
                 .as_deref()
                 .and_then(|f| Frame::<EndedHeader>::parse(f).ok())
@@ -349,25 +351,25 @@ impl BackgroundDoor {
                 })
                 .unwrap_or_default(),
         };
-        for (slot, error) in door.slots.iter().zip(errors) {
+        for (slot, error) in calls.slots.iter().zip(errors) {
             if let (Some(sink), Some(error)) = (&slot.sink, error) {
                 let response = StreamedResponse {
                     error: Some(error),
                     last: true,
                     ..Default::default()
                 };
-                let _ = sink.send_blocking(response, door.deadline);
+                let _ = sink.send_blocking(response, calls.deadline);
             }
         }
-        // Dropping the door closes the requests' streams.
+        // Dropping the host side closes the requests' streams.
     }
 
-    /// The door the guest's frame goes to: the selected batch's, or (outside batches, or for
+    /// The host side the guest's frame goes to: the selected batch's, or (outside batches, or for
     /// a batch that has ended) the idle one.
     fn route(&mut self, frame: &[u8]) -> Vec<u8> {
         let op = frame.first().copied().and_then(Op::of);
         if let Some(batch) = self.batches.get_mut(&self.selected) {
-            return batch.door.call(frame);
+            return batch.calls.call(frame);
         }
         let batch_scoped = matches!(
             op,
@@ -400,7 +402,7 @@ impl BackgroundDoor {
     }
 }
 
-impl interpreter::Door for BackgroundDoor {
+impl interpreter::HostCalls for BackgroundCalls {
     fn poll_ready(
         &mut self,
         frame: &[u8],
@@ -482,7 +484,7 @@ type Serving = std::pin::Pin<
                 Output = (
                     Interpreter,
                     std::result::Result<(), Error>,
-                    Option<BackgroundDoor>,
+                    Option<BackgroundCalls>,
                 ),
             > + Send,
     >,
@@ -490,8 +492,8 @@ type Serving = std::pin::Pin<
 
 fn serve(model: &Arc<PythonModel>, shared: &Arc<Shared>, mut interp: Interpreter) -> Serving {
     let model = model.clone();
-    let door = BackgroundDoor {
-        idle: BatchDoor::idle(model.clone()),
+    let calls = BackgroundCalls {
+        idle: BatchCalls::idle(model.clone()),
         model: model.clone(),
         shared: shared.clone(),
         batches: HashMap::new(),
@@ -504,16 +506,16 @@ fn serve(model: &Arc<PythonModel>, shared: &Arc<Shared>, mut interp: Interpreter
         served: 0,
     };
     Box::pin(async move {
-        let (result, door) = model
+        let (result, calls) = model
             .turn_with_async(
                 &mut interp,
                 "_wasmtron.serve_background()",
-                door,
+                calls,
                 None,
                 "execute",
             )
             .await;
-        (interp, result, door)
+        (interp, result, calls)
     })
 }
 
@@ -544,7 +546,7 @@ fn run(model: Arc<PythonModel>, index: usize, shared: Arc<Shared>, mut live: Opt
             }
         };
         let mut serving = serve(&model, &shared, interp);
-        let (interp, result, door) = loop {
+        let (interp, result, calls) = loop {
             if let Some(ended) = interpreter::drive(&mut serving, || shared.lock().waiting) {
                 break ended;
             }
@@ -552,15 +554,15 @@ fn run(model: Arc<PythonModel>, index: usize, shared: Arc<Shared>, mut live: Opt
         };
         // A trapped or restarting interpreter is never entered again.
         drop(interp);
-        if let Some(mut door) = door {
-            if let Some(f) = door.idle.failure.take() {
+        if let Some(mut calls) = calls {
+            if let Some(f) = calls.idle.failure.take() {
                 tracing::warn!(model = %model.name, "finalize raised: {f}");
             }
             let error = match result {
                 Err(e) => e,
                 Ok(()) => closed(&model),
             };
-            for (_, batch) in door.batches.drain() {
+            for (_, batch) in calls.batches.drain() {
                 fail(batch, &error);
             }
         } else if let Err(e) = result {
@@ -606,14 +608,18 @@ impl BackgroundInstance {
     }
 
     /// Hands a job to the instance's thread and waits for its answer.
-    fn submit(&self, door: BatchDoor, probe: bool) -> Result<Option<BatchDoor>> {
+    fn submit(&self, calls: BatchCalls, probe: bool) -> Result<Option<BatchCalls>> {
         let (reply, answer) = mpsc::channel();
         {
             let mut inbox = self.shared.lock();
             if inbox.closed {
                 return Err(closed(&self.model));
             }
-            inbox.jobs.push_back(Job { door, probe, reply });
+            inbox.jobs.push_back(Job {
+                calls,
+                probe,
+                reply,
+            });
         }
         self.shared.changed.notify_all();
         answer
@@ -650,10 +656,10 @@ impl ModelInstance for BackgroundInstance {
         // Only the requests' own timeouts bound a batch that awaits; the execution timeout
         // bounds each stretch it runs.
         let deadline = requests.iter().filter_map(|r| r.deadline).min();
-        let mut door = BatchDoor::for_batch(self.model.clone(), requests, outputs, deadline);
+        let mut calls = BatchCalls::for_batch(self.model.clone(), requests, outputs, deadline);
         let shared = self.shared.clone();
-        door.wake = Some(Arc::new(move || shared.poke()));
-        match self.submit(door, false) {
+        calls.wake = Some(Arc::new(move || shared.poke()));
+        match self.submit(calls, false) {
             Ok(_) => (
                 requests.iter().map(|_| Ok(Vec::new())).collect(),
                 ExecTimings {
@@ -670,9 +676,9 @@ impl ModelInstance for BackgroundInstance {
             return None;
         }
         let deadline = Instant::now() + self.model.timeout();
-        let door = BatchDoor::for_readiness_check(self.model.clone(), deadline);
-        let ready = match self.submit(door, true) {
-            Ok(Some(door)) => door
+        let calls = BatchCalls::for_readiness_check(self.model.clone(), deadline);
+        let ready = match self.submit(calls, true) {
+            Ok(Some(calls)) => calls
                 .responses
                 .as_deref()
                 .and_then(|frame| Frame::<ReadyHeader>::parse(frame).ok())

@@ -13,7 +13,7 @@ use std::{
 };
 
 use super::{
-    door::BatchDoor,
+    batch_calls::BatchCalls,
     interpreter::{self, Interpreter},
     model::PythonModel,
     protocol::{self, Frame, ResponseHeader},
@@ -26,10 +26,10 @@ use crate::{
     tensor::Tensor,
 };
 
-/// A batch for the guest, and where its door goes when the batch is answered.
+/// A batch for the guest, and where its host side goes when the batch is answered.
 struct Job {
-    door: BatchDoor,
-    reply: mpsc::Sender<Result<BatchDoor>>,
+    calls: BatchCalls,
+    reply: mpsc::Sender<Result<BatchCalls>>,
 }
 
 /// What the instance and its serving loop share.
@@ -47,16 +47,16 @@ fn lock(inbox: &Mutex<Inbox>) -> std::sync::MutexGuard<'_, Inbox> {
     inbox.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The door of a serving loop: the guest asks for the next batch ([`Op::Next`]
+/// The host side of a serving loop: the guest asks for the next batch ([`Op::Next`]
 /// (protocol::Op::Next)), which waits (the fiber suspended) until the instance hands one over;
-/// every other frame goes to the batch's own door.
+/// every other frame goes to the batch's own host side.
 struct ServeDoor {
     model: Arc<PythonModel>,
     inbox: Arc<Mutex<Inbox>>,
     /// The batch the guest runs now.
     current: Option<Job>,
     /// Frames outside a batch (`finalize`'s log lines) go here.
-    idle: BatchDoor,
+    idle: BatchCalls,
     /// The interpreter's memory passed 3/4 of its cap: end the loop, start afresh.
     nearly_full: bool,
     /// Batches run by this interpreter.
@@ -91,18 +91,18 @@ impl ServeDoor {
             return Vec::new();
         };
         let ends = job
-            .door
+            .calls
             .deadline
             .unwrap_or_else(|| Instant::now() + self.model.timeout());
-        self.rearm = Some((ends, job.door.cancel.clone()));
-        let frame = job.door.batch.clone();
+        self.rearm = Some((ends, job.calls.cancel.clone()));
+        let frame = job.calls.batch.clone();
         self.current = Some(job);
         self.served += 1;
         frame
     }
 }
 
-impl interpreter::Door for ServeDoor {
+impl interpreter::HostCalls for ServeDoor {
     fn poll_ready(&mut self, frame: &[u8], _cx: &mut Context<'_>) -> Poll<()> {
         if frame.first().copied().and_then(protocol::Op::of) != Some(protocol::Op::Next)
             || self.restart()
@@ -125,17 +125,17 @@ impl interpreter::Door for ServeDoor {
             Some(protocol::Op::Next) => self.next(),
             Some(protocol::Op::Responses) => {
                 let answer = match self.current.as_mut() {
-                    Some(job) => job.door.call(frame),
+                    Some(job) => job.calls.call(frame),
                     None => Vec::new(),
                 };
                 if let Some(job) = self.current.take() {
                     self.model.health.record_success();
-                    let _ = job.reply.send(Ok(job.door));
+                    let _ = job.reply.send(Ok(job.calls));
                 }
                 answer
             }
             _ => match self.current.as_mut() {
-                Some(job) => job.door.call(frame),
+                Some(job) => job.calls.call(frame),
                 None => self.idle.call(frame),
             },
         }
@@ -150,7 +150,7 @@ impl interpreter::Door for ServeDoor {
     }
 }
 
-/// A serving loop in progress: it ends with the interpreter, the loop's result and its door.
+/// A serving loop in progress: it ends with the interpreter, the loop's result and its host side.
 type Serving = Pin<
     Box<
         dyn Future<
@@ -195,8 +195,8 @@ impl PythonInstance {
             None => self.model.start(self.index)?,
         };
         let model = self.model.clone();
-        let door = ServeDoor {
-            idle: BatchDoor::idle(model.clone()),
+        let calls = ServeDoor {
+            idle: BatchCalls::idle(model.clone()),
             model: model.clone(),
             inbox: self.inbox.clone(),
             current: None,
@@ -205,10 +205,10 @@ impl PythonInstance {
             rearm: None,
         };
         Ok(Box::pin(async move {
-            let (result, door) = model
-                .turn_with_async(&mut interp, "_wasmtron.serve()", door, None, "execute")
+            let (result, calls) = model
+                .turn_with_async(&mut interp, "_wasmtron.serve()", calls, None, "execute")
                 .await;
-            (interp, result, door)
+            (interp, result, calls)
         }))
     }
 
@@ -226,18 +226,18 @@ impl PythonInstance {
                     self.serving = Some(serving);
                     return Ok(());
                 }
-                Some((interp, result, door)) => {
+                Some((interp, result, calls)) => {
                     // The interpreter is dropped: a trapped or restarting one is never entered
                     // again.
                     drop(interp);
-                    let mut door = door.ok_or_else(|| {
+                    let mut calls = calls.ok_or_else(|| {
                         Error::internal("the Python backend lost its serving loop")
                     })?;
-                    if let Some(f) = door.idle.failure.take() {
+                    if let Some(f) = calls.idle.failure.take() {
                         tracing::warn!(model = %self.model.name, "finalize raised: {f}");
                     }
                     if let Err(e) = result {
-                        if let Some(job) = door.current.take() {
+                        if let Some(job) = calls.current.take() {
                             let _ = job.reply.send(Err(e));
                         }
                     }
@@ -286,15 +286,15 @@ impl ModelInstance for PythonInstance {
         let deadline = requests.iter().filter_map(|r| r.deadline).min();
         let own = start + model.timeout();
         let deadline = Some(deadline.map_or(own, |d| d.min(own)));
-        let door = BatchDoor::for_batch(model.clone(), requests, outputs, deadline);
+        let calls = BatchCalls::for_batch(model.clone(), requests, outputs, deadline);
         let (tx, rx) = mpsc::channel();
-        lock(&self.inbox).job = Some(Job { door, reply: tx });
+        lock(&self.inbox).job = Some(Job { calls, reply: tx });
         if let Err(e) = self.drive() {
             lock(&self.inbox).job = None;
             return (all(e), ExecTimings::default());
         }
-        let door = match rx.try_recv() {
-            Ok(Ok(door)) => door,
+        let calls = match rx.try_recv() {
+            Ok(Ok(calls)) => calls,
             Ok(Err(e)) => return (all(e), ExecTimings::default()),
             Err(_) => {
                 return (
@@ -304,10 +304,10 @@ impl ModelInstance for PythonInstance {
             }
         };
         let ran = Instant::now();
-        if let Some(err) = door.refused_call {
+        if let Some(err) = calls.refused_call {
             return (all(err), ExecTimings::default());
         }
-        let answers = match self.answers(door.responses.as_deref(), requests, outputs) {
+        let answers = match self.answers(calls.responses.as_deref(), requests, outputs) {
             Ok(answers) => answers,
             Err(e) => all(e),
         };
@@ -339,17 +339,18 @@ impl PythonInstance {
     /// anything but `True` (`False`, another value, an exception, a trap) is not ready.
     fn run_readiness_check(&mut self) -> bool {
         let deadline = Instant::now() + self.model.timeout();
-        let door = BatchDoor::for_readiness_check(self.model.clone(), deadline);
+        let calls = BatchCalls::for_readiness_check(self.model.clone(), deadline);
         let (tx, rx) = mpsc::channel();
-        lock(&self.inbox).job = Some(Job { door, reply: tx });
+        lock(&self.inbox).job = Some(Job { calls, reply: tx });
         if self.drive().is_err() {
             lock(&self.inbox).job = None;
             return false;
         }
-        let Ok(Ok(door)) = rx.try_recv() else {
+        let Ok(Ok(calls)) = rx.try_recv() else {
             return false;
         };
-        door.responses
+        calls
+            .responses
             .as_deref()
             .and_then(|frame| Frame::<ReadyHeader>::parse(frame).ok())
             .and_then(|frame| frame.header.ready)

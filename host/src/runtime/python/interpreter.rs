@@ -53,11 +53,11 @@ const DOOR_OK: i32 = 0;
 const DOOR_FAULT: i32 = -2;
 
 /// The host side of `_host.call`: one frame in, one frame out.
-pub trait Door: Send {
+pub trait HostCalls: Send {
     /// Answers one frame the guest sent.
     fn call(&mut self, frame: &[u8]) -> Vec<u8>;
 
-    /// Whether the door can answer `frame` now; a serving loop's request for the next batch
+    /// Whether the host side can answer `frame` now; a serving loop's request for the next batch
     /// waits here (the guest's fiber suspended) until there is one.
     fn poll_ready(
         &mut self,
@@ -230,7 +230,7 @@ fn compile(dir: &Path, cache: Option<&CompileCache>) -> Result<Runtime> {
             "host",
             "call",
             |caller: Caller<'_, PyState>, (ptr, len, out_ptr, out_len): (i32, i32, i32, i32)| {
-                Box::new(door_call(caller, ptr, len, out_ptr, out_len))
+                Box::new(host_call(caller, ptr, len, out_ptr, out_len))
             },
         )
         .map_err(|e| Error::internal(format!("cannot link host::call: {e:#}")))?;
@@ -248,10 +248,10 @@ fn compile(dir: &Path, cache: Option<&CompileCache>) -> Result<Runtime> {
     })
 }
 
-/// `host::call(ptr, len, out_ptr_ptr, out_len_ptr)`: hands the frame to the store's door and
-/// writes the answer into memory the guest allocates. A door may hold the frame back until it
-/// can answer ([`Door::poll_ready`]): the guest's fiber is suspended meanwhile.
-async fn door_call(
+/// `host::call(ptr, len, out_ptr_ptr, out_len_ptr)`: hands the frame to the store's host side and
+/// writes the answer into memory the guest allocates. A host side may hold the frame back until it
+/// can answer ([`HostCalls::poll_ready`]): the guest's fiber is suspended meanwhile.
+async fn host_call(
     mut caller: Caller<'_, PyState>,
     ptr: i32,
     len: i32,
@@ -276,26 +276,26 @@ async fn door_call(
     else {
         return Ok(DOOR_FAULT);
     };
-    if caller.data().door.is_none() {
+    if caller.data().calls.is_none() {
         return Ok(-1);
     }
-    std::future::poll_fn(|cx| match caller.data_mut().door.as_mut() {
-        Some(door) => door.poll_ready(&frame, cx),
+    std::future::poll_fn(|cx| match caller.data_mut().calls.as_mut() {
+        Some(calls) => calls.poll_ready(&frame, cx),
         None => std::task::Poll::Ready(()),
     })
     .await;
-    let Some(mut door) = caller.data_mut().door.take() else {
+    let Some(mut calls) = caller.data_mut().calls.take() else {
         return Ok(-1);
     };
-    door.memory(caller.data().limits.nearly_full());
-    let answer = door.call(&frame);
-    if let Some((ends, cancel)) = door.rearm() {
+    calls.memory(caller.data().limits.nearly_full());
+    let answer = calls.call(&frame);
+    if let Some((ends, cancel)) = calls.rearm() {
         let state = caller.data_mut();
         state.ends = ends;
         state.cancel = cancel;
         state.cancelled_at = None;
     }
-    caller.data_mut().door = Some(door);
+    caller.data_mut().calls = Some(calls);
     let Ok(answer_len) = i32::try_from(answer.len()) else {
         return Ok(DOOR_FAULT);
     };
@@ -483,7 +483,7 @@ pub struct PyState {
     wasi: WasiP1Ctx,
     limits: MemoryCap,
     output: MemoryOutputPipe,
-    door: Option<Box<dyn Door>>,
+    calls: Option<Box<dyn HostCalls>>,
     ends: Instant,
     cancel: Option<Cancellation>,
     /// When the turn was first seen cancelled.
@@ -555,7 +555,7 @@ impl Interpreter {
             wasi: wasi.build_p1(),
             limits: MemoryCap::new(memory_bytes),
             output,
-            door: None,
+            calls: None,
             ends: Instant::now() + Duration::from_secs(60),
             cancel: None,
             cancelled_at: None,
@@ -589,27 +589,27 @@ impl Interpreter {
         })
     }
 
-    /// Runs `source` as one turn within `timeout`, with `door` answering its `_host.call`s
-    /// (pending while the door holds a frame back): `Ok(status)` with the guest's status (0:
+    /// Runs `source` as one turn within `timeout`, with `calls` answering its `_host.call`s
+    /// (pending while the host side holds a frame back): `Ok(status)` with the guest's status (0:
     /// ran; 1: raised, traceback on its stderr), an error when it trapped (the interpreter
     /// must then be discarded).
     pub async fn turn_async(
         &mut self,
         source: &str,
-        door: Box<dyn Door>,
+        calls: Box<dyn HostCalls>,
         timeout: Duration,
         cancel: Option<Cancellation>,
     ) -> wasmtime::Result<i32> {
         {
             let state = self.store.data_mut();
-            state.door = Some(door);
+            state.calls = Some(calls);
             state.ends = Instant::now() + timeout;
             state.cancel = cancel;
         }
         self.store.set_epoch_deadline(1);
         let result = self.run(source).await;
         let state = self.store.data_mut();
-        state.door = None;
+        state.calls = None;
         state.cancel = None;
         result
     }

@@ -1,15 +1,17 @@
 //! Triton's Python backend, sandboxed: a model whose configuration says `backend: "python"`
 //! is a Triton `model.py` (a `TritonPythonModel` class on `triton_python_backend_utils` and
 //! numpy), run unchanged by a CPython interpreter compiled to WebAssembly
-//! ([`interpreter`]). Each model instance owns one long-lived interpreter on a thread of its
-//! own, as Triton gives each instance a stub process, but in-process and in the Wasm sandbox:
+//! ([`interpreter`]). Each model instance owns one long-lived interpreter (as Triton gives
+//! each instance a stub process), whose serving loop waits on a fiber and runs each batch on
+//! the scheduler's worker thread of that instance (`instance.rs`), in-process and in the Wasm
+//! sandbox:
 //! the model reads its own folder and nothing else, has no network, no environment, a memory
 //! cap and a deadline per call. A trap discards the interpreter; the next batch gets a fresh
 //! one, loaded and initialised again.
 
 mod background;
+mod batch_calls;
 mod call_stream;
-mod door;
 mod instance;
 pub mod interpreter;
 pub mod metrics;

@@ -9,7 +9,7 @@ use std::{
 };
 
 use super::{
-    door::BatchDoor,
+    batch_calls::BatchCalls,
     interpreter::{self, Interpreter, Runtime, TurnCancelled},
     BACKEND,
 };
@@ -161,31 +161,31 @@ impl PythonModel {
         ))
     }
 
-    /// One turn with a door, which comes back whatever happened (`None` only if the
+    /// One turn with a host side, which comes back whatever happened (`None` only if the
     /// interpreter lost it); a trap is an error (the interpreter must be discarded).
-    pub(super) fn turn_with<D: interpreter::Door + 'static>(
+    pub(super) fn turn_with<D: interpreter::HostCalls + 'static>(
         self: &Arc<Self>,
         interp: &mut Interpreter,
         source: &str,
-        door: D,
+        calls: D,
         cancel: Option<crate::cancellation::Cancellation>,
         during: &str,
     ) -> (std::result::Result<(), Error>, Option<D>) {
-        interpreter::block_on(self.turn_with_async(interp, source, door, cancel, during))
+        interpreter::block_on(self.turn_with_async(interp, source, calls, cancel, during))
     }
 
-    /// [`turn_with`](Self::turn_with) as a future: pending while the door holds a frame back.
-    pub(super) async fn turn_with_async<D: interpreter::Door + 'static>(
+    /// [`turn_with`](Self::turn_with) as a future: pending while the host side holds a frame back.
+    pub(super) async fn turn_with_async<D: interpreter::HostCalls + 'static>(
         self: &Arc<Self>,
         interp: &mut Interpreter,
         source: &str,
-        door: D,
+        calls: D,
         cancel: Option<crate::cancellation::Cancellation>,
         during: &str,
     ) -> (std::result::Result<(), Error>, Option<D>) {
         let (tx, rx) = mpsc::channel();
         let boxed = Box::new(Returning {
-            door: Some(door),
+            calls: Some(calls),
             tx,
         });
         let result = interp
@@ -201,7 +201,7 @@ impl PythonModel {
         result: wasmtime::Result<i32>,
         during: &str,
     ) -> (std::result::Result<(), Error>, Option<D>) {
-        let door = rx.try_recv().ok();
+        let calls = rx.try_recv().ok();
         let result = match result {
             Ok(0) => Ok(()),
             Ok(_) => Err(Error::internal(format!(
@@ -211,21 +211,21 @@ impl PythonModel {
             ))),
             Err(e) => Err(self.trap_error(Some(interp), &e, during)),
         };
-        (result, door)
+        (result, calls)
     }
 
-    /// One turn with a batch's door; a trap is an error (the interpreter must be discarded).
+    /// One turn with a batch's host side; a trap is an error (the interpreter must be discarded).
     pub(super) fn turn(
         self: &Arc<Self>,
         interp: &mut Interpreter,
         source: &str,
-        door: BatchDoor,
+        calls: BatchCalls,
         during: &str,
-    ) -> std::result::Result<BatchDoor, Error> {
-        let cancel = door.cancel.clone();
-        match self.turn_with(interp, source, door, cancel, during) {
-            (Ok(()), Some(door)) => Ok(door),
-            (Ok(()), None) => Err(Error::internal("the Python backend lost its door")),
+    ) -> std::result::Result<BatchCalls, Error> {
+        let cancel = calls.cancel.clone();
+        match self.turn_with(interp, source, calls, cancel, during) {
+            (Ok(()), Some(calls)) => Ok(calls),
+            (Ok(()), None) => Err(Error::internal("the Python backend lost its calls")),
             (Err(e), _) => Err(e),
         }
     }
@@ -237,20 +237,20 @@ impl PythonModel {
     }
 
     /// A fresh interpreter with `triton_python_backend_utils` and the backend's driver.
-    fn boot(self: &Arc<Self>) -> Result<(Interpreter, BatchDoor)> {
+    fn boot(self: &Arc<Self>) -> Result<(Interpreter, BatchCalls)> {
         let mounts = [(self.model_dir.clone(), guest_model_dir(&self.name))];
         let mut interp = Interpreter::start(&self.runtime, &mounts, self.limits.memory_bytes())
             .map_err(|e| self.trap_error(None, &e, "instantiation"))?;
-        let door = BatchDoor::idle(self.clone());
-        let door = self.turn(&mut interp, &setup_source(), door, "set-up")?;
-        let door = self.turn(&mut interp, BACKEND_PY, door, "set-up")?;
-        Ok((interp, door))
+        let calls = BatchCalls::idle(self.clone());
+        let calls = self.turn(&mut interp, &setup_source(), calls, "set-up")?;
+        let calls = self.turn(&mut interp, BACKEND_PY, calls, "set-up")?;
+        Ok((interp, calls))
     }
 
     /// A fresh interpreter with `model.py` loaded and `initialize(args)` run.
     pub(super) fn start(self: &Arc<Self>, instance: usize) -> Result<Interpreter> {
         let started = Instant::now();
-        let (mut interp, door) = self.boot()?;
+        let (mut interp, calls) = self.boot()?;
         let (model_file, version_dir) = self.guest_paths();
         let load = format!(
             "_wasmtron.load({}, {}, {})",
@@ -258,8 +258,8 @@ impl PythonModel {
             json_literal(&model_file),
             json_literal(&version_dir),
         );
-        let door = self.turn(&mut interp, &load, door, "initialize")?;
-        if let Some(failure) = door.failure {
+        let calls = self.turn(&mut interp, &load, calls, "initialize")?;
+        if let Some(failure) = calls.failure {
             // An instance that cannot start again after a crash is one more crash in a row:
             // the model reports not ready once they reach max_consecutive_failures.
             self.health.record_crash();
@@ -269,7 +269,7 @@ impl PythonModel {
             )));
         }
         // The guest says what its class defines once `initialize` has run.
-        if let Some(said) = &door.completed {
+        if let Some(said) = &calls.completed {
             let said = serde_json::from_slice::<serde_json::Value>(said).unwrap_or_default();
             let says = |key: &str| said.get(key).and_then(|r| r.as_bool()).unwrap_or(false);
             self.has_is_ready
@@ -286,7 +286,7 @@ impl PythonModel {
     /// The configuration after `TritonPythonModel.auto_complete_config(config)`, run in an
     /// interpreter of its own before any instance starts (the model's class need not define it).
     pub(super) fn auto_complete(self: &Arc<Self>) -> Result<ModelConfig> {
-        let (mut interp, door) = self.boot()?;
+        let (mut interp, calls) = self.boot()?;
         let (model_file, version_dir) = self.guest_paths();
         let call = format!(
             "_wasmtron.auto_complete({}, {}, {})",
@@ -294,14 +294,14 @@ impl PythonModel {
             json_literal(&model_file),
             json_literal(&version_dir),
         );
-        let door = self.turn(&mut interp, &call, door, "auto_complete_config")?;
-        if let Some(failure) = door.failure {
+        let calls = self.turn(&mut interp, &call, calls, "auto_complete_config")?;
+        if let Some(failure) = calls.failure {
             return Err(Error::invalid(format!(
                 "Python model '{}': auto_complete_config failed: {failure}",
                 self.name
             )));
         }
-        let json = door.completed.unwrap_or_default();
+        let json = calls.completed.unwrap_or_default();
         let mut config = crate::repository::config::parse_json(&String::from_utf8_lossy(&json))
             .map_err(|e| {
                 Error::invalid(format!(
@@ -357,42 +357,42 @@ impl PythonModel {
     }
 }
 
-/// Hands the door back after the turn (the interpreter owns it during the turn).
+/// Hands the host side back after the turn (the interpreter owns it during the turn).
 struct Returning<D> {
-    door: Option<D>,
+    calls: Option<D>,
     tx: mpsc::Sender<D>,
 }
 
-impl<D: interpreter::Door> interpreter::Door for Returning<D> {
+impl<D: interpreter::HostCalls> interpreter::HostCalls for Returning<D> {
     fn poll_ready(&mut self, frame: &[u8], cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        match self.door.as_mut() {
-            Some(door) => door.poll_ready(frame, cx),
+        match self.calls.as_mut() {
+            Some(calls) => calls.poll_ready(frame, cx),
             None => std::task::Poll::Ready(()),
         }
     }
 
     fn call(&mut self, frame: &[u8]) -> Vec<u8> {
-        match self.door.as_mut() {
-            Some(door) => door.call(frame),
+        match self.calls.as_mut() {
+            Some(calls) => calls.call(frame),
             None => Vec::new(),
         }
     }
 
     fn memory(&mut self, nearly_full: bool) {
-        if let Some(door) = self.door.as_mut() {
-            door.memory(nearly_full);
+        if let Some(calls) = self.calls.as_mut() {
+            calls.memory(nearly_full);
         }
     }
 
     fn rearm(&mut self) -> Option<(Instant, Option<crate::cancellation::Cancellation>)> {
-        self.door.as_mut().and_then(|d| d.rearm())
+        self.calls.as_mut().and_then(|d| d.rearm())
     }
 }
 
 impl<D> Drop for Returning<D> {
     fn drop(&mut self) {
-        if let Some(door) = self.door.take() {
-            let _ = self.tx.send(door);
+        if let Some(calls) = self.calls.take() {
+            let _ = self.tx.send(calls);
         }
     }
 }

@@ -1,4 +1,4 @@
-//! What the host answers a Python model during one batch ([`BatchDoor`]): the batch's
+//! What the host answers a Python model during one batch ([`BatchCalls`]): the batch's
 //! requests, the model's responses (kept for the backend), streamed responses of decoupled
 //! models, calls into other models (BLS, with the batch's callers' rights), log lines and
 //! cancellation.
@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     call_stream::Answer,
-    interpreter::Door,
+    interpreter::HostCalls,
     protocol::{self, CallHeader, Frame, FrameWriter, Op, RequestHeader, ResponseHeader},
     PythonModel,
 };
@@ -43,7 +43,7 @@ fn run_call(
     Ok(answers)
 }
 
-/// One request of the batch, as far as the door needs it.
+/// One request of the batch, as far as the host side needs it.
 pub struct RequestSlot {
     /// Where a decoupled model's responses go.
     pub sink: Option<ResponseSink>,
@@ -58,8 +58,8 @@ impl RequestSlot {
     }
 }
 
-/// The door of one turn: `load`, `execute` or `finalize`.
-pub struct BatchDoor {
+/// The host side of one turn: `load`, `execute` or `finalize`.
+pub struct BatchCalls {
     pub(super) model: Arc<PythonModel>,
     /// The batch frame, handed to the guest when it asks for the next batch.
     pub batch: Vec<u8>,
@@ -115,8 +115,8 @@ impl Started {
     }
 }
 
-impl BatchDoor {
-    /// A door for a turn with no batch (`load`, `finalize`).
+impl BatchCalls {
+    /// A host side for a turn with no batch (`load`, `finalize`).
     pub(super) fn idle(model: Arc<PythonModel>) -> Self {
         Self {
             model,
@@ -138,23 +138,23 @@ impl BatchDoor {
         }
     }
 
-    /// A door for a readiness check: the guest runs the model's `is_ready()` and answers
+    /// A host side for a readiness check: the guest runs the model's `is_ready()` and answers
     /// `{"ready": bool}` as its responses frame.
     pub(super) fn for_readiness_check(model: Arc<PythonModel>, deadline: Instant) -> Self {
-        let mut door = Self::idle(model);
-        door.batch = FrameWriter::default().finish(&serde_json::json!({ "probe": true }));
-        door.deadline = Some(deadline);
-        door
+        let mut calls = Self::idle(model);
+        calls.batch = FrameWriter::default().finish(&serde_json::json!({ "probe": true }));
+        calls.deadline = Some(deadline);
+        calls
     }
 
-    /// A door for one batch: its frame is written now.
+    /// A host side for one batch: its frame is written now.
     pub(super) fn for_batch(
         model: Arc<PythonModel>,
         requests: &[&InferRequest],
         outputs: &[String],
         deadline: Option<Instant>,
     ) -> Self {
-        let mut door = Self::idle(model);
+        let mut calls = Self::idle(model);
         let mut w = FrameWriter::default();
         let headers: Vec<RequestHeader> = requests
             .iter()
@@ -170,23 +170,23 @@ impl BatchDoor {
                 }
             })
             .collect();
-        door.batch = w.finish(&serde_json::json!({ "requests": headers }));
-        door.slots = requests
+        calls.batch = w.finish(&serde_json::json!({ "requests": headers }));
+        calls.slots = requests
             .iter()
             .map(|r| RequestSlot {
                 sink: r.responses.clone(),
                 cancel: r.cancel.clone(),
             })
             .collect();
-        door.outputs = outputs.to_vec();
+        calls.outputs = outputs.to_vec();
         let mut callers: Vec<_> = requests.iter().flat_map(|r| r.callers.clone()).collect();
         callers.dedup();
-        door.callers = callers;
-        door.cancel = Some(Cancellation::child_of_all(
+        calls.callers = callers;
+        calls.cancel = Some(Cancellation::child_of_all(
             requests.iter().map(|r| r.cancel.clone()),
         ));
-        door.deadline = deadline;
-        door
+        calls.deadline = deadline;
+        calls
     }
 
     fn send(&mut self, body: &[u8]) -> Result<serde_json::Value> {
@@ -573,7 +573,7 @@ enum RepositoryRequest {
     },
 }
 
-impl BatchDoor {
+impl BatchCalls {
     /// The model loading API, for the batch's tenants (in `initialize`, for whoever loaded
     /// the model).
     fn repository(&self, body: &[u8]) -> Result<serde_json::Value> {
@@ -626,7 +626,7 @@ impl BatchDoor {
     }
 }
 
-impl Door for BatchDoor {
+impl HostCalls for BatchCalls {
     fn call(&mut self, frame: &[u8]) -> Vec<u8> {
         let Some((&op, body)) = frame.split_first() else {
             return protocol::error_answer(&Error::invalid("an empty frame"));
@@ -646,7 +646,7 @@ impl Door for BatchDoor {
             Some(Op::StreamCancel) => protocol::answer(self.stream_cancel(body)),
             Some(Op::Poll) => self.poll_call(body),
             Some(Op::StreamPoll) => self.stream_poll(body),
-            // Handled by a background serving loop's door; nothing to do in a batch's.
+            // Handled by a background serving loop's host side; nothing to do in a batch's.
             Some(Op::Events | Op::Select) => Vec::new(),
             Some(Op::Log) => {
                 self.log(body);
