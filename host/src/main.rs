@@ -17,11 +17,12 @@ use wasmtron::{
     tenancy::Tenancy,
 };
 
-use crate::command_line::{BackendSettings, Cli, Command, CompressionLevel, StageCommand};
+use crate::command_line::{BackendSettings, Cli, CompressionLevel};
 
 mod command_line;
 mod log_lines;
 mod stage_cli;
+mod subcommands;
 mod trace_export;
 
 /// Registers SIGTERM and SIGINT now and returns what waits for the first of them. Called
@@ -146,131 +147,49 @@ fn main() -> anyhow::Result<()> {
 
 /// The binary: a subcommand, or the named steps of serving; `notes` are the flags accepted
 /// with no effect, logged once logging runs.
-async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
-    match cli.command {
-        Some(Command::Stage(StageCommand::New(args))) => {
-            if let Err(e) = stage_cli::new::new(args) {
-                eprintln!("error: {e:#}");
-                std::process::exit(1);
-            }
-            return Ok(());
-        }
-        Some(Command::Stage(StageCommand::Build(args))) => {
-            if let Err(e) =
-                tokio::task::spawn_blocking(move || stage_cli::build::build(args)).await?
-            {
-                eprintln!("error: {e:#}");
-                std::process::exit(1);
-            }
-            return Ok(());
-        }
-        Some(Command::Stage(StageCommand::Run(args))) => {
-            if let Err(e) = tokio::task::spawn_blocking(move || stage_cli::run::run(args)).await? {
-                eprintln!("error: {e:#}");
-                std::process::exit(1);
-            }
-            return Ok(());
-        }
-        Some(Command::CompilePython {
-            python_runtime,
-            wasm_cache_dir,
-        }) => {
-            let dir =
-                python_runtime.unwrap_or_else(wasmtron::runtime::python::interpreter::default_dir);
-            let cache_dir = wasm_cache_dir
-                .or_else(wasmtron::runtime::sandbox::engine::default_cache_dir)
-                .ok_or_else(|| anyhow::anyhow!("no cache directory: set --wasm-cache-dir"))?;
-            std::fs::create_dir_all(&cache_dir)?;
-            let started = std::time::Instant::now();
-            let compiled = tokio::task::spawn_blocking(move || {
-                let cache = wasmtron::runtime::sandbox::compile_cache::CompileCache::open(
-                    &cache_dir,
-                    wasmtron::runtime::sandbox::compile_cache::DEFAULT_MAX_BYTES,
-                );
-                wasmtron::runtime::python::interpreter::runtime(&dir, cache.as_deref())
-            })
-            .await?;
-            match compiled {
-                Ok(rt) => println!(
-                    "Python interpreter ready ({}) in {:.1} s",
-                    rt.dir.display(),
-                    started.elapsed().as_secs_f64()
-                ),
-                Err(e) => bail!("{}", e.message),
-            }
-            return Ok(());
-        }
-        Some(Command::Convert {
-            repository,
-            converter_python,
-            converter_timeout_secs,
-            converter_sandbox,
-            converter_memory_mb,
-            wasm_cache_dir,
-        }) => {
-            let options = wasmtron::runtime::RuntimeOptions {
-                wasm_cache_dir: wasm_cache_dir
-                    .or_else(wasmtron::runtime::sandbox::engine::default_cache_dir),
-                converter: Some(wasmtron::runtime::conversion::ConverterSettings {
-                    sandbox: converter_sandbox,
-                    memory_mb: converter_memory_mb,
-                    ..wasmtron::runtime::conversion::ConverterSettings::new(
-                        converter_python,
-                        Duration::from_secs(converter_timeout_secs.max(1)),
-                    )
-                }),
-                ..Default::default()
-            };
-            let done = tokio::task::spawn_blocking(move || {
-                wasmtron::runtime::conversion::convert_repository(&repository, &options)
-            })
-            .await??;
-            let mut failed = 0;
-            for d in &done {
-                match &d.outcome {
-                    Ok(c) => println!(
-                        "{} (version {}): {}{}",
-                        d.model,
-                        d.version,
-                        c.manifest.summary(),
-                        if c.cached {
-                            " (already in the cache)".to_owned()
-                        } else {
-                            format!(", in {:.1} s", c.manifest.seconds)
-                        }
-                    ),
-                    Err(e) => {
-                        failed += 1;
-                        println!("{} (version {}): {}", d.model, d.version, e.message);
-                    }
-                }
-            }
-            if done.is_empty() {
-                println!("no PyTorch or TensorFlow models to convert");
-            }
-            if failed > 0 {
-                bail!("{failed} model version(s) could not be converted");
-            }
-            return Ok(());
-        }
-        Some(Command::HashKey { key }) => {
-            let key = match key {
-                Some(k) => k,
-                None => std::io::read_to_string(std::io::stdin())?,
-            };
-            let key = key.trim();
-            if key.is_empty() {
-                bail!("give a non-empty key");
-            }
-            println!("\"{}\"", wasmtron::tenancy::hash_key(key));
-            return Ok(());
-        }
-        None => {}
+async fn serve(mut cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
+    if let Some(command) = cli.command.take() {
+        return subcommands::run(command).await;
     }
     let tenancy = load_tenants(&cli)?;
     let (tracing_settings, trace_exporter) = start_tracing(&cli)?;
     let (backend, backend_notes) = BackendSettings::parse(&cli.backend_config)?;
-    for note in notes.iter().chain(&backend_notes) {
+    log_start_notes(&cli, notes.iter().chain(&backend_notes));
+    let listening = listener_options(&cli, tenancy.clone(), tracing_settings)?;
+    wasmtron::runtime::sandbox::engine::configure(
+        wasmtron::runtime::sandbox::engine::EngineOptions {
+            pooling_instances: cli.wasm_pooling_instances,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!(e.message))?;
+    let options = server_options(&cli, &backend, tenancy.clone()).await?;
+    #[cfg(unix)]
+    if let (Some(tenancy), Some(path)) = (&tenancy, &cli.config) {
+        reload_tenants_on_sighup(tenancy.clone(), path.clone())?;
+    }
+    let server = Server::start(options)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+    check_models_started(&server, cli.exit_on_error).await?;
+    // Before the first listener: from the moment a client can see the server, a signal drains.
+    let shutdown = shutdown_signal()?;
+    let listeners = Listeners::open(server.clone(), listening)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+    shutdown.await;
+    drain(&cli, &server, listeners).await;
+    drop(server);
+    if let Some(exporter) = trace_exporter {
+        exporter.shutdown();
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Logs what the command line left without effect: the flags accepted with none (`notes`),
+/// `--load-model` outside explicit mode; and the threads that serve the protocols.
+fn log_start_notes<'a>(cli: &Cli, notes: impl Iterator<Item = &'a String>) {
+    for note in notes {
         tracing::info!("{note}");
     }
     let mode = match cli.model_control_mode {
@@ -290,21 +209,12 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
         threads,
         "HTTP, gRPC and metrics are served by the async runtime's threads"
     );
-    let listening = listener_options(&cli, tenancy.clone(), tracing_settings)?;
-    wasmtron::runtime::sandbox::engine::configure(
-        wasmtron::runtime::sandbox::engine::EngineOptions {
-            pooling_instances: cli.wasm_pooling_instances,
-        },
-    )
-    .map_err(|e| anyhow::anyhow!(e.message))?;
-    let options = server_options(&cli, &backend, tenancy.clone()).await?;
-    #[cfg(unix)]
-    if let (Some(tenancy), Some(path)) = (&tenancy, &cli.config) {
-        reload_tenants_on_sighup(tenancy.clone(), path.clone())?;
-    }
-    let server = Server::start(options)
-        .await
-        .map_err(|e| anyhow::anyhow!(e.message))?;
+}
+
+/// Logs every model's status once the server started; with `--exit-on-error` (Triton's
+/// default) a model that failed to load stops the server, naming it, instead of leaving one
+/// that is silently not ready.
+async fn check_models_started(server: &Arc<Server>, exit_on_error: bool) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     for entry in server.models().index(false) {
         let version = entry.version.map(|v| v.to_string()).unwrap_or_default();
@@ -317,7 +227,7 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
     }
     // Triton's --exit-on-error (on by default): a model that failed at start-up stops the
     // server, naming it, instead of leaving one that is silently not ready.
-    if cli.exit_on_error && !failed.is_empty() {
+    if exit_on_error && !failed.is_empty() {
         server.drain(Duration::from_secs(5)).await;
         bail!(
             "failed to load {} (--exit-on-error=false serves the models that loaded): {}",
@@ -329,18 +239,6 @@ async fn serve(cli: Cli, notes: Vec<String>) -> anyhow::Result<()> {
             failed.join("; ")
         );
     }
-    // Before the first listener: from the moment a client can see the server, a signal drains.
-    let shutdown = shutdown_signal()?;
-    let listeners = Listeners::open(server.clone(), listening)
-        .await
-        .map_err(|e| anyhow::anyhow!(e.message))?;
-    shutdown.await;
-    drain(&cli, &server, listeners).await;
-    drop(server);
-    if let Some(exporter) = trace_exporter {
-        exporter.shutdown();
-    }
-    tracing::info!("stopped");
     Ok(())
 }
 

@@ -17,7 +17,7 @@ LAYERS = [
     {"runtime"},
     {"scheduling"},
     {"frontends"},
-    {"main", "command_line", "log_lines", "trace_export", "stage_cli"},
+    {"main", "command_line", "log_lines", "trace_export", "stage_cli", "subcommands"},
 ]
 
 
@@ -83,7 +83,7 @@ def imports():
     graph = {}
     for module, source in mods.items():
         binary = module[:1] in (("main",), ("command_line",), ("log_lines",), ("trace_export",),
-                                ("stage_cli",))
+                                ("stage_cli",), ("subcommands",))
         paths = []
         for use in re.finditer(r"\buse\s+([^;]+);", source):
             paths += expand(re.sub(r"\s+", "", use.group(1)))

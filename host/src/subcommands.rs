@@ -1,0 +1,147 @@
+//! The binary's subcommands: `stage new|build|run` (a Wasm stage's project), `compile-python`
+//! (the Python backend's interpreter, compiled ahead of time), `convert` (PyTorch and
+//! TensorFlow models to ONNX, into the conversion cache) and `hash-key` (a tenant key's hash
+//! for the tenants file).
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::bail;
+use wasmtron::runtime::{conversion, python, sandbox, RuntimeOptions};
+
+use crate::{
+    command_line::{Command, StageCommand},
+    stage_cli,
+};
+
+/// Runs `command`.
+pub async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Stage(stage) => run_stage(stage).await,
+        Command::CompilePython {
+            python_runtime,
+            wasm_cache_dir,
+        } => compile_python(python_runtime, wasm_cache_dir).await,
+        Command::Convert {
+            repository,
+            converter_python,
+            converter_timeout_secs,
+            converter_sandbox,
+            converter_memory_mb,
+            wasm_cache_dir,
+        } => {
+            let options = RuntimeOptions {
+                wasm_cache_dir: wasm_cache_dir.or_else(sandbox::engine::default_cache_dir),
+                converter: Some(conversion::ConverterSettings {
+                    sandbox: converter_sandbox,
+                    memory_mb: converter_memory_mb,
+                    ..conversion::ConverterSettings::new(
+                        converter_python,
+                        Duration::from_secs(converter_timeout_secs.max(1)),
+                    )
+                }),
+                ..Default::default()
+            };
+            convert(repository, options).await
+        }
+        Command::HashKey { key } => hash_key(key),
+    }
+}
+
+/// `stage new|build|run`: a failure is printed and exits with status 1.
+async fn run_stage(command: StageCommand) -> anyhow::Result<()> {
+    let result = match command {
+        StageCommand::New(args) => stage_cli::new::new(args),
+        StageCommand::Build(args) => {
+            tokio::task::spawn_blocking(move || stage_cli::build::build(args)).await?
+        }
+        StageCommand::Run(args) => {
+            tokio::task::spawn_blocking(move || stage_cli::run::run(args)).await?
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `compile-python`: the interpreter module compiled into the cache, so that Python models
+/// start in seconds.
+async fn compile_python(
+    python_runtime: Option<PathBuf>,
+    wasm_cache_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let dir = python_runtime.unwrap_or_else(python::interpreter::default_dir);
+    let cache_dir = wasm_cache_dir
+        .or_else(sandbox::engine::default_cache_dir)
+        .ok_or_else(|| anyhow::anyhow!("no cache directory: set --wasm-cache-dir"))?;
+    std::fs::create_dir_all(&cache_dir)?;
+    let started = std::time::Instant::now();
+    let compiled = tokio::task::spawn_blocking(move || {
+        let cache = sandbox::compile_cache::CompileCache::open(
+            &cache_dir,
+            sandbox::compile_cache::DEFAULT_MAX_BYTES,
+        );
+        python::interpreter::runtime(&dir, cache.as_deref())
+    })
+    .await?;
+    match compiled {
+        Ok(rt) => println!(
+            "Python interpreter ready ({}) in {:.1} s",
+            rt.dir.display(),
+            started.elapsed().as_secs_f64()
+        ),
+        Err(e) => bail!("{}", e.message),
+    }
+    Ok(())
+}
+
+/// `convert`: every PyTorch and TensorFlow model version of `repository` converted (or found
+/// in the cache), one line each; an error when any could not be.
+async fn convert(repository: PathBuf, options: RuntimeOptions) -> anyhow::Result<()> {
+    let done =
+        tokio::task::spawn_blocking(move || conversion::convert_repository(&repository, &options))
+            .await??;
+    let mut failed = 0;
+    for d in &done {
+        match &d.outcome {
+            Ok(c) => println!(
+                "{} (version {}): {}{}",
+                d.model,
+                d.version,
+                c.manifest.summary(),
+                if c.cached {
+                    " (already in the cache)".to_owned()
+                } else {
+                    format!(", in {:.1} s", c.manifest.seconds)
+                }
+            ),
+            Err(e) => {
+                failed += 1;
+                println!("{} (version {}): {}", d.model, d.version, e.message);
+            }
+        }
+    }
+    if done.is_empty() {
+        println!("no PyTorch or TensorFlow models to convert");
+    }
+    if failed > 0 {
+        bail!("{failed} model version(s) could not be converted");
+    }
+    Ok(())
+}
+
+/// `hash-key`: the hash of a tenant's key (given, or read from the standard input), as the
+/// tenants file holds it.
+fn hash_key(key: Option<String>) -> anyhow::Result<()> {
+    let key = match key {
+        Some(k) => k,
+        None => std::io::read_to_string(std::io::stdin())?,
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        bail!("give a non-empty key");
+    }
+    println!("\"{}\"", wasmtron::tenancy::hash_key(key));
+    Ok(())
+}
