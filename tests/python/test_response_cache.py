@@ -149,3 +149,44 @@ def test_decoupled_models_are_refused_the_cache_and_no_cache_means_no_effect(tmp
                    "without --cache-config" in line for line in s.log), "".join(s.log)
     finally:
         s.stop()
+
+
+def test_an_ensembles_answers_carry_the_requests_sequence_flags(tmp_path):
+    """Triton's L0_simple_ensemble test_ensemble_sequence_flags, written here: three requests
+    of one sequence sent on a gRPC stream to an ensemble come back with sequence_start and
+    sequence_end as the requests set them (true on the first and on the last); a request
+    without sequence parameters gets none back."""
+    import queue
+    import tritonclient.grpc as grpcclient
+    repo = tmp_path / "repo"
+    write_model(repo, "plain", ADD_CONFIG)
+    (repo / "pipeline" / "1").mkdir(parents=True)
+    (repo / "pipeline" / "config.pbtxt").write_text(
+        ENSEMBLE.replace("response_cache { enable: true }\n", ""))
+    s = Server(str(repo))
+    try:
+        c = grpcclient.InferenceServerClient(s.grpc)
+        got = queue.Queue()
+        c.start_stream(lambda result, error: got.put((result, error)))
+        x = grpcclient.InferInput("X", [1, 1024], "FP32")
+        x.set_data_from_numpy(np.ones((1, 1024), np.float32))
+        flags = [(True, False), (False, False), (False, True)]
+        for i, (start, end) in enumerate(flags):
+            c.async_stream_infer("pipeline", [x], request_id=str(i), sequence_id=7,
+                                 sequence_start=start, sequence_end=end)
+        c.async_stream_infer("pipeline", [x], request_id="plain")
+        seen = {}
+        for _ in range(4):
+            result, error = got.get(timeout=120)
+            assert error is None, error
+            response = result.get_response()
+            p = response.parameters
+            seen[response.id] = tuple(p[k].bool_param for k in ("sequence_start", "sequence_end")
+                                      if k in p)
+            if response.id != "plain":
+                assert p["sequence_id"].int64_param == 7
+        c.stop_stream()
+        assert [seen[str(i)] for i in range(3)] == flags
+        assert seen["plain"] == ()
+    finally:
+        s.stop()

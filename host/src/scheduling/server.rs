@@ -379,37 +379,8 @@ impl Server {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let _guard = InFlight(self);
         request.trace.start(model.version, &request.id, received);
-        if let Err(err) = self.options.limits.check_request(&request) {
-            model
-                .stats
-                .record_failure(FailureReason::Other, received.elapsed());
-            return Err(err);
-        }
-        if request.responses.is_none() && crate::runtime::is_decoupled(&model.config) {
-            model
-                .stats
-                .record_failure(FailureReason::Other, received.elapsed());
-            return Err(Error::invalid(format!(
-                "model '{}' is decoupled (0..N responses per request): use the gRPC stream \
-                 (ModelStreamInfer) or POST /v2/models/{}/generate_stream",
-                model.name, model.name
-            )));
-        }
-        let checked = convert_integer_inputs(&model.config, &mut request)
-            .and_then(|()| check_request(&model.config, &request));
-        let batch_size = match checked {
-            Ok(b) => b,
-            Err(err) => {
-                model
-                    .stats
-                    .record_failure(FailureReason::Other, received.elapsed());
-                return Err(err);
-            }
-        };
-        let classes = match crate::classification::requested(&request)
-            .and_then(|classes| crate::classification::check_types(&model.config, classes))
-        {
-            Ok(classes) => classes,
+        let (batch_size, classes) = match admit(&self.options.limits, &model, &mut request) {
+            Ok(admitted) => admitted,
             Err(err) => {
                 model
                     .stats
@@ -424,32 +395,14 @@ impl Server {
         };
         let cached = self.cache_key(&model, &request);
         // What a kept answer must hold (the request is the executor's once it runs).
-        let expected = cached.as_ref().map(|_| outputs.clone()).unwrap_or_default();
+        let expected = Expected {
+            outputs: cached.as_ref().map(|_| outputs.clone()).unwrap_or_default(),
+            batch_size,
+            classes: &classes,
+        };
         if let Some((cache, key)) = &cached {
-            let looked = Instant::now();
-            let hit = cache.get(key).await.filter(|hit| {
-                self.fits_config(
-                    &model,
-                    &expected,
-                    hit,
-                    batch_size,
-                    &classes,
-                    "a cached answer",
-                )
-            });
-            if let Some(mut hit) = hit {
-                // As on Triton, a hit counts as a success but not as an inference.
-                hit.id = request.id.clone();
-                hit.model_name = model.name.clone();
-                hit.model_version = model.version;
-                model.stats.cache_hit.record(looked.elapsed());
-                model.stats.latency.record_cache(true, looked.elapsed());
-                model.stats.success.record(received.elapsed());
-                model
-                    .stats
-                    .latency
-                    .record_first_response(received.elapsed());
-                model.stats.touch();
+            let hit = self.cached_answer(&model, (cache, key), &request, &expected, received);
+            if let Some(hit) = hit.await {
                 return Ok(hit);
             }
         }
@@ -465,65 +418,92 @@ impl Server {
                     .await
             }
             Executor::Ensemble(plan) => {
-                let id = request.id.clone();
-                // Like Triton, an ensemble reports its steps' queue and compute time summed
-                // (perf_analyzer reads the ensemble's queue count to find its statistics).
-                let parent = request.step_durations.take();
-                let durations = StepDurations::default();
-                match plan.run(self, request, &outputs, &durations).await {
-                    Ok(tensors) => {
-                        let stats = &model.stats;
-                        let totals = durations.totals();
-                        let [queue, input, infer, output] = totals;
-                        stats.record_execution(batch_size as u64, input, infer, output);
-                        stats.record_success(queue, input, infer, output, received.elapsed());
-                        if let Some(parent) = parent {
-                            parent.add(totals);
-                        }
-                        Ok(InferResponse {
-                            model_name: model.name.clone(),
-                            model_version: model.version,
-                            id,
-                            parameters: Default::default(),
-                            outputs: tensors,
-                        })
-                    }
-                    Err(err) => {
-                        model
-                            .stats
-                            .record_failure(FailureReason::Backend, received.elapsed());
-                        Err(err)
-                    }
-                }
+                self.run_ensemble(&model, plan, request, &outputs, batch_size, received)
+                    .await
             }
         };
-        // The classification extension: the outputs asked for classes become them.
-        let batched = model.config.max_batch_size > 0;
-        let result = result.and_then(|mut response| {
-            for (name, count) in &classes {
-                if let Some(tensor) = response.outputs.iter_mut().find(|t| t.name == *name) {
-                    let labels = model.labels.get(name).map(|l| &l[..]);
-                    *tensor = crate::classification::classify(tensor, *count, batched, labels)?;
-                }
-            }
-            Ok(response)
-        });
+        let result = result.and_then(|response| classify(&model, &classes, response));
         if let (Some((cache, key)), Ok(response)) = (&cached, &result) {
             let storing = Instant::now();
-            if self.fits_config(
-                &model,
-                &expected,
-                response,
-                batch_size,
-                &classes,
-                "an answer",
-            ) {
+            if self.fits_config(&model, &expected, response, "an answer") {
                 cache.insert(*key, response);
             }
             model.stats.cache_miss.record(storing.elapsed());
             model.stats.latency.record_cache(false, storing.elapsed());
         }
         result
+    }
+
+    /// A kept answer to `request`, counted as a success (not an inference, as on Triton),
+    /// when the cache has one that fits the configuration.
+    async fn cached_answer(
+        &self,
+        model: &ModelVersion,
+        (cache, key): (&Arc<ResponseCache>, &Key),
+        request: &InferRequest,
+        expected: &Expected<'_>,
+        received: Instant,
+    ) -> Option<InferResponse> {
+        let looked = Instant::now();
+        let mut hit = cache
+            .get(key)
+            .await
+            .filter(|hit| self.fits_config(model, expected, hit, "a cached answer"))?;
+        hit.id = request.id.clone();
+        hit.model_name = model.name.clone();
+        hit.model_version = model.version;
+        model.stats.cache_hit.record(looked.elapsed());
+        model.stats.latency.record_cache(true, looked.elapsed());
+        model.stats.success.record(received.elapsed());
+        model
+            .stats
+            .latency
+            .record_first_response(received.elapsed());
+        model.stats.touch();
+        Some(hit)
+    }
+
+    /// Runs an ensemble's steps for `request`. Like Triton, an ensemble reports its steps'
+    /// queue and compute time summed (perf_analyzer reads the ensemble's queue count to find
+    /// its statistics), and its answer carries the request's sequence parameters back.
+    async fn run_ensemble(
+        &self,
+        model: &ModelVersion,
+        plan: &super::ensemble::Ensemble,
+        mut request: InferRequest,
+        outputs: &[String],
+        batch_size: usize,
+        received: Instant,
+    ) -> Result<InferResponse> {
+        let id = request.id.clone();
+        let parameters = sequence_echo(&request.parameters);
+        let parent = request.step_durations.take();
+        let durations = StepDurations::default();
+        match plan.run(self, request, outputs, &durations).await {
+            Ok(tensors) => {
+                let stats = &model.stats;
+                let totals = durations.totals();
+                let [queue, input, infer, output] = totals;
+                stats.record_execution(batch_size as u64, input, infer, output);
+                stats.record_success(queue, input, infer, output, received.elapsed());
+                if let Some(parent) = parent {
+                    parent.add(totals);
+                }
+                Ok(InferResponse {
+                    model_name: model.name.clone(),
+                    model_version: model.version,
+                    id,
+                    parameters,
+                    outputs: tensors,
+                })
+            }
+            Err(err) => {
+                model
+                    .stats
+                    .record_failure(FailureReason::Backend, received.elapsed());
+                Err(err)
+            }
+        }
     }
 
     /// The response cache and the key of `request` when `model` caches its answers: it says
@@ -580,13 +560,16 @@ impl Server {
     fn fits_config(
         &self,
         model: &ModelVersion,
-        outputs: &[String],
+        expected: &Expected<'_>,
         answer: &InferResponse,
-        batch_size: usize,
-        classes: &[(String, usize)],
         what: &str,
     ) -> bool {
-        match super::response_cache::fits(&model.config, outputs, answer, batch_size, classes) {
+        let Expected {
+            outputs,
+            batch_size,
+            classes,
+        } = expected;
+        match super::response_cache::fits(&model.config, outputs, answer, *batch_size, classes) {
             Ok(()) => true,
             Err(why) => {
                 if !model
@@ -639,4 +622,71 @@ impl Server {
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
     }
+}
+
+/// What a request's answer must hold to be kept in (or served from) the response cache.
+struct Expected<'a> {
+    outputs: Vec<String>,
+    batch_size: usize,
+    classes: &'a [(String, usize)],
+}
+
+/// The checks a request passes before it runs, each naming what was wrong: the request
+/// limits, a decoupled model asked outside a stream, its inputs against the configuration
+/// (integer inputs converted to the declared type when every value fits), and the classes it
+/// asks for. Gives its batch size and the outputs asked for as classes.
+fn admit(
+    limits: &RequestLimits,
+    model: &ModelVersion,
+    request: &mut InferRequest,
+) -> Result<(usize, Vec<(String, usize)>)> {
+    limits.check_request(request)?;
+    if request.responses.is_none() && crate::runtime::is_decoupled(&model.config) {
+        return Err(Error::invalid(format!(
+            "model '{}' is decoupled (0..N responses per request): use the gRPC stream \
+             (ModelStreamInfer) or POST /v2/models/{}/generate_stream",
+            model.name, model.name
+        )));
+    }
+    convert_integer_inputs(&model.config, request)?;
+    let batch_size = check_request(&model.config, request)?;
+    let classes = crate::classification::requested(request)
+        .and_then(|classes| crate::classification::check_types(&model.config, classes))?;
+    Ok((batch_size, classes))
+}
+
+/// The classification extension: the outputs asked for as classes become them.
+fn classify(
+    model: &ModelVersion,
+    classes: &[(String, usize)],
+    mut response: InferResponse,
+) -> Result<InferResponse> {
+    let batched = model.config.max_batch_size > 0;
+    for (name, count) in classes {
+        if let Some(tensor) = response.outputs.iter_mut().find(|t| t.name == *name) {
+            let labels = model.labels.get(name).map(|l| &l[..]);
+            *tensor = crate::classification::classify(tensor, *count, batched, labels)?;
+        }
+    }
+    Ok(response)
+}
+
+/// The sequence parameters a request carried (`sequence_id`, `sequence_start`,
+/// `sequence_end`), as an ensemble's answer carries them back on Triton (its QA suite's
+/// `test_ensemble_sequence_flags`): the id as given, the flags as booleans. None without them.
+fn sequence_echo(parameters: &crate::inference::Parameters) -> crate::inference::Parameters {
+    use crate::inference::ParamValue;
+    const KEYS: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
+    let mut echo = crate::inference::Parameters::new();
+    if !KEYS.iter().any(|k| parameters.contains_key(*k)) {
+        return echo;
+    }
+    if let Some(id) = parameters.get("sequence_id") {
+        echo.insert("sequence_id".into(), id.clone());
+    }
+    for flag in ["sequence_start", "sequence_end"] {
+        let on = matches!(parameters.get(flag), Some(ParamValue::Bool(true)));
+        echo.insert(flag.into(), ParamValue::Bool(on));
+    }
+    echo
 }
