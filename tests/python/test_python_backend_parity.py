@@ -50,6 +50,18 @@ def place(repo, name, source, model_file="model.py", extra=""):
             f.write(extra)
 
 
+PARTIAL_ENSEMBLE = """platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "DOUBLED" data_type: TYPE_INT32 dims: [ 4 ] },
+         { name: "LEFT_OUT" data_type: TYPE_INT32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "partial_outputs" model_version: -1
+  input_map { key: "INPUT0" value: "X" }
+  output_map { key: "OUTPUT0" value: "DOUBLED" }
+  output_map { key: "OUTPUT1" value: "LEFT_OUT" } } ] }
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("parity"))
@@ -59,6 +71,10 @@ def server(tmp_path_factory):
     for name in os.listdir(MODELS):
         if name not in ("sender", "readiness"):
             place(repo, name, name)
+    # An ensemble over a step that leaves one of its outputs out.
+    os.makedirs(os.path.join(repo, "partial_ensemble", "1"))
+    with open(os.path.join(repo, "partial_ensemble", "config.pbtxt"), "w") as f:
+        f.write(PARTIAL_ENSEMBLE)
     log_file = os.path.join(str(tmp_path_factory.mktemp("parity_log")), "server.log")
     s = Server(repo, "--log-file", log_file, "--log-verbose", "1")
     s.log_file = log_file
@@ -595,3 +611,21 @@ def test_bytes_that_are_not_utf8_are_exact_or_refused_never_changed(server):
     answer = h.infer("bytes_identity", [tensor("INPUT0", text, "BYTES", httpclient)],
                      outputs=[as_json]).as_numpy("OUTPUT0")
     assert [v.decode() if isinstance(v, bytes) else v for v in answer] == ["naïve", "plain"]
+
+
+def test_a_model_may_leave_an_output_out_and_an_ensemble_answers_without_it(server):
+    """L0_simple_ensemble test_ensemble_partial_add_sub (its partial_add_sub model): a
+    model.py that returns one of two requested outputs answers with that one (Triton's Python
+    backend does not refuse it), and an ensemble over it answers the outputs its steps gave,
+    saying in the verbose log which one was missing, in Triton's words."""
+    x = np.arange(4, dtype=np.int32)
+    c = grpcclient.InferenceServerClient(server.grpc)
+    both = [grpcclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+    direct = c.infer("partial_outputs", [tensor("INPUT0", x, "INT32")], outputs=both)
+    np.testing.assert_array_equal(direct.as_numpy("OUTPUT0"), x * 2)
+    assert direct.as_numpy("OUTPUT1") is None
+    asked = [grpcclient.InferRequestedOutput(n) for n in ("DOUBLED", "LEFT_OUT")]
+    answer = c.infer("partial_ensemble", [tensor("X", x, "INT32")], outputs=asked)
+    np.testing.assert_array_equal(answer.as_numpy("DOUBLED"), x * 2)
+    assert answer.as_numpy("LEFT_OUT") is None
+    wait_for_log(server, "Composing models did not output tensor LEFT_OUT")

@@ -190,3 +190,43 @@ def test_an_ensembles_answers_carry_the_requests_sequence_flags(tmp_path):
         assert seen["plain"] == ()
     finally:
         s.stop()
+
+
+def test_an_ensemble_runs_only_the_steps_the_requested_outputs_need(tmp_path):
+    """Triton's L0_simple_ensemble test_ensemble_add_sub_one_output, written here: of two
+    steps writing two outputs, a request for one output runs only the step that writes it
+    (the other model's inference count stays 0); asking for both runs both."""
+    import tritonclient.grpc as grpcclient
+    repo = tmp_path / "repo"
+    write_model(repo, "left", ADD_CONFIG)
+    write_model(repo, "right", ADD_CONFIG)
+    (repo / "two" / "1").mkdir(parents=True)
+    (repo / "two" / "config.pbtxt").write_text("""platform: "ensemble"
+max_batch_size: 4
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1024 ] } ]
+output [ { name: "L", data_type: TYPE_FP32, dims: [ 1024 ] },
+         { name: "R", data_type: TYPE_FP32, dims: [ 1024 ] } ]
+ensemble_scheduling { step [
+  { model_name: "left", model_version: -1, input_map { key: "x" value: "X" },
+    output_map { key: "y" value: "L" } },
+  { model_name: "right", model_version: -1, input_map { key: "x" value: "X" },
+    output_map { key: "y" value: "R" } } ] }
+""")
+    s = Server(str(repo))
+    try:
+        c = grpcclient.InferenceServerClient(s.grpc)
+        x = grpcclient.InferInput("X", [1, 1024], "FP32")
+        x.set_data_from_numpy(np.ones((1, 1024), np.float32))
+
+        def count(model):
+            stats = c.get_inference_statistics(model, as_json=True)["model_stats"][0]
+            return int(stats.get("inference_count", 0))
+
+        answer = c.infer("two", [x], outputs=[grpcclient.InferRequestedOutput("L")])
+        assert answer.as_numpy("L") is not None and answer.as_numpy("R") is None
+        assert (count("left"), count("right")) == (1, 0)
+        both = c.infer("two", [x])
+        assert both.as_numpy("L") is not None and both.as_numpy("R") is not None
+        assert (count("left"), count("right")) == (2, 1)
+    finally:
+        s.stop()

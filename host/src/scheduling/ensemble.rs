@@ -347,8 +347,9 @@ impl Ensemble {
                 .or_insert_with(|| default.clone());
         }
         let Some(d) = self.decoupled else {
-            let all: Vec<usize> = (0..self.steps.len()).collect();
-            self.run_steps(runner, &request, &all, &mut tensors, durations)
+            // As on Triton, only the steps the requested outputs depend on run.
+            let needed = self.steps_for(outputs);
+            self.run_steps(runner, &request, &needed, &mut tensors, durations)
                 .await?;
             return self.collect(outputs, tensors);
         };
@@ -521,23 +522,52 @@ impl Ensemble {
         }
     }
 
-    /// The ensemble's `outputs`, in that order.
+    /// The steps whose outputs `outputs` depend on, in step order.
+    fn steps_for(&self, outputs: &[String]) -> Vec<usize> {
+        let mut needed: HashSet<&str> = outputs.iter().map(String::as_str).collect();
+        let mut chosen = vec![false; self.steps.len()];
+        loop {
+            let mut grew = false;
+            for (i, step) in self.steps.iter().enumerate() {
+                if !chosen[i]
+                    && step
+                        .outputs
+                        .iter()
+                        .any(|(_, t)| needed.contains(t.as_str()))
+                {
+                    chosen[i] = true;
+                    grew = true;
+                    needed.extend(step.inputs.iter().map(|(_, t)| t.as_str()));
+                }
+            }
+            if !grew {
+                break;
+            }
+        }
+        (0..self.steps.len()).filter(|&i| chosen[i]).collect()
+    }
+
+    /// The ensemble's `outputs`, in that order; one its steps did not give (a step that
+    /// answered without it) is left out of the answer, as on Triton.
     fn collect(
         &self,
         outputs: &[String],
         mut tensors: HashMap<String, Tensor>,
     ) -> Result<Vec<Tensor>> {
-        outputs
+        Ok(outputs
             .iter()
-            .map(|name| {
-                tensors.remove(name).ok_or_else(|| {
-                    Error::internal(format!(
-                        "ensemble '{}': no step produced output '{name}'",
-                        self.name
-                    ))
-                })
+            .filter_map(|name| {
+                let tensor = tensors.remove(name);
+                if tensor.is_none() {
+                    // Triton's words (its QA suite looks for them in the log).
+                    tracing::debug!(
+                        ensemble = %self.name,
+                        "Composing models did not output tensor {name}"
+                    );
+                }
+                tensor
             })
-            .collect()
+            .collect())
     }
 
     /// Runs `which` steps, each as soon as its inputs exist in `tensors`, adding their outputs.

@@ -328,15 +328,11 @@ impl PythonModel {
         let mut out = Vec::with_capacity(requested.len());
         let mut total = 0usize;
         for name in requested {
-            let i = tensors
-                .iter()
-                .position(|t| &t.name == name)
-                .ok_or_else(|| {
-                    Error::internal(format!(
-                        "Python model '{}' did not return the requested output '{name}'",
-                        self.name
-                    ))
-                })?;
+            // As in Triton's Python backend, a response may leave an output out: the client
+            // (or the ensemble step) gets the outputs the model returned.
+            let Some(i) = tensors.iter().position(|t| &t.name == name) else {
+                continue;
+            };
             let t = tensors.swap_remove(i);
             t.validate_size().map_err(|e| {
                 Error::internal(format!(
