@@ -11,114 +11,136 @@ use crate::runtime::capabilities::{
     escape_label, MetricFamilies, PrefixCacheBlocks, ReportsMetrics,
 };
 
+/// Reads one of the numbers below.
+type Read = fn(&GenerationStats) -> f64;
+
+/// The gauges and counters that are one number per version: name, type, help, how to read it.
+const SCALARS: [(&str, &str, &str, Read); 12] = [
+    (
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in the running batch.",
+        |s| s.running.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting for room in the KV cache.",
+        |s| s.waiting.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        GenerationStats::cache_usage,
+    ),
+    (
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        |s| s.prompt_tokens.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        |s| s.generation_tokens.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        |s| s.prefix_cache_queries.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        |s| s.prefix_cache_hits.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:num_preemptions_total",
+        "counter",
+        "Cumulative number of preemptions (a sequence taken out of the batch for a party \
+     below its share of the rows).",
+        |s| s.preemptions.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:spec_decode_num_drafts_total",
+        "counter",
+        "Number of spec decoding drafts.",
+        |s| s.spec_drafts.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:spec_decode_num_draft_tokens_total",
+        "counter",
+        "Number of draft tokens.",
+        |s| s.spec_draft_tokens.load(Relaxed) as f64,
+    ),
+    (
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Number of accepted tokens.",
+        |s| s.spec_accepted_tokens.load(Relaxed) as f64,
+    ),
+    (
+        "wasmtron:prefix_cache_tokens",
+        "gauge",
+        "Tokens of recent prompts held for prefix caching.",
+        |s| s.prefix_cache_tokens.load(Relaxed) as f64,
+    ),
+];
+
 impl ReportsMetrics for GenerationStats {
     fn report(&self, labels: &str, out: &mut MetricFamilies) {
-        let s = self;
-        type Read = fn(&GenerationStats) -> f64;
-        let scalars: [(&str, &str, &str, Read); 12] = [
-            (
-                "vllm:num_requests_running",
-                "gauge",
-                "Number of requests in the running batch.",
-                |s| s.running.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:num_requests_waiting",
-                "gauge",
-                "Number of requests waiting for room in the KV cache.",
-                |s| s.waiting.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:kv_cache_usage_perc",
-                "gauge",
-                "KV-cache usage. 1 means 100 percent usage.",
-                GenerationStats::cache_usage,
-            ),
-            (
-                "vllm:prompt_tokens_total",
-                "counter",
-                "Number of prefill tokens processed.",
-                |s| s.prompt_tokens.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:generation_tokens_total",
-                "counter",
-                "Number of generation tokens processed.",
-                |s| s.generation_tokens.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:prefix_cache_queries_total",
-                "counter",
-                "Prefix cache queries, in terms of number of queried tokens.",
-                |s| s.prefix_cache_queries.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:prefix_cache_hits_total",
-                "counter",
-                "Prefix cache hits, in terms of number of cached tokens.",
-                |s| s.prefix_cache_hits.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:num_preemptions_total",
-                "counter",
-                "Cumulative number of preemptions (a sequence taken out of the batch for a party \
-             below its share of the rows).",
-                |s| s.preemptions.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:spec_decode_num_drafts_total",
-                "counter",
-                "Number of spec decoding drafts.",
-                |s| s.spec_drafts.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:spec_decode_num_draft_tokens_total",
-                "counter",
-                "Number of draft tokens.",
-                |s| s.spec_draft_tokens.load(Relaxed) as f64,
-            ),
-            (
-                "vllm:spec_decode_num_accepted_tokens_total",
-                "counter",
-                "Number of accepted tokens.",
-                |s| s.spec_accepted_tokens.load(Relaxed) as f64,
-            ),
-            (
-                "wasmtron:prefix_cache_tokens",
-                "gauge",
-                "Tokens of recent prompts held for prefix caching.",
-                |s| s.prefix_cache_tokens.load(Relaxed) as f64,
-            ),
-        ];
-        for (name, kind, help, read) in scalars {
-            out.sample(name, kind, help, labels, read(s));
+        for (name, kind, help, read) in SCALARS {
+            out.sample(name, kind, help, labels, read(self));
         }
-        // The cache's shape as vLLM reports it (the endpoint pickers of the Gateway API
-        // Inference Extension read the block size and count from its labels): blocks of the KV
-        // events' size (vLLM's default 16 without them).
+        self.report_cache_config(labels, out);
+        self.report_adapters(labels, out);
+        self.report_finished(labels, out);
+        self.report_latencies(labels, out);
+    }
+}
+
+impl GenerationStats {
+    /// The cache's shape as vLLM reports it (the endpoint pickers of the Gateway API
+    /// Inference Extension read the block size and count from its labels).
+    fn report_cache_config(&self, labels: &str, out: &mut MetricFamilies) {
+        let s = self;
         let name = "vllm:cache_config_info";
         let block_size = s
             .lock_kv_blocks()
             .as_ref()
             .map_or(super::kv::events::DEFAULT_BLOCK_SIZE, |b| b.0);
         let _ = writeln!(
-        out.family(name, "gauge", "Information of the KV cache (blocks of block_size tokens)."),
-        "{name}{{{labels},block_size=\"{block_size}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"{}\"}} 1",
-        s.cache_capacity_tokens / block_size as u64,
-        if s.prefix_cache_enabled { "True" } else { "False" },
-    );
+    out.family(name, "gauge", "Information of the KV cache (blocks of block_size tokens)."),
+    "{name}{{{labels},block_size=\"{block_size}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"{}\"}} 1",
+    s.cache_capacity_tokens / block_size as u64,
+    if s.prefix_cache_enabled { "True" } else { "False" },
+);
         // The adapters in use, as vLLM reports them (its value: when they last changed).
+    }
+
+    /// The adapters in use, as vLLM reports them (its value: when they last changed).
+    fn report_adapters(&self, labels: &str, out: &mut MetricFamilies) {
+        let s = self;
         let name = "vllm:lora_requests_info";
         if let Some(usage) = s.lock_lora().clone() {
             let _ = writeln!(
-            out.family(name, "gauge", "Running stats on lora requests."),
-            "{name}{{{labels},max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {}",
-            usage.max,
-            escape_label(&usage.running),
-            escape_label(&usage.waiting),
-            usage.since
-        );
+        out.family(name, "gauge", "Running stats on lora requests."),
+        "{name}{{{labels},max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {}",
+        usage.max,
+        escape_label(&usage.running),
+        escape_label(&usage.waiting),
+        usage.since
+    );
         }
+    }
+
+    /// Finished requests by finish reason.
+    fn report_finished(&self, labels: &str, out: &mut MetricFamilies) {
+        let s = self;
         let name = "vllm:request_success_total";
         for (reason, n) in [
             ("stop", &s.finished_stop),
@@ -133,6 +155,11 @@ impl ReportsMetrics for GenerationStats {
                 n.load(Relaxed),
             );
         }
+    }
+
+    /// Time to first token and inter-token latency, as histograms.
+    fn report_latencies(&self, labels: &str, out: &mut MetricFamilies) {
+        let s = self;
         type ReadHistogram = fn(&GenerationStats) -> &Histogram;
         let histograms: [(&str, &str, ReadHistogram); 2] = [
             (
