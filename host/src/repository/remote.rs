@@ -67,12 +67,12 @@ pub fn is_remote(location: &str) -> bool {
 }
 
 /// Where a remote repository is: the store and the prefix inside it.
-struct Target {
+struct RemoteLocation {
     store: Arc<dyn ObjectStore>,
     prefix: String,
 }
 
-fn parse(url: &str) -> Result<Target, RemoteError> {
+fn parse(url: &str) -> Result<RemoteLocation, RemoteError> {
     let bad = |reason: &str| RemoteError::Url {
         url: url.to_owned(),
         reason: reason.to_owned(),
@@ -124,7 +124,7 @@ fn parse(url: &str) -> Result<Target, RemoteError> {
                     .with_endpoint(endpoint)
                     .with_virtual_hosted_style_request(false);
             }
-            Target {
+            RemoteLocation {
                 store: Arc::new(builder.build().map_err(store_error)?),
                 prefix,
             }
@@ -136,7 +136,7 @@ fn parse(url: &str) -> Result<Target, RemoteError> {
             }
             let builder =
                 object_store::gcp::GoogleCloudStorageBuilder::from_env().with_bucket_name(&bucket);
-            Target {
+            RemoteLocation {
                 store: Arc::new(builder.build().map_err(store_error)?),
                 prefix,
             }
@@ -156,7 +156,7 @@ fn parse(url: &str) -> Result<Target, RemoteError> {
             if let Ok(key) = std::env::var("AZURE_STORAGE_KEY") {
                 builder = builder.with_access_key(key);
             }
-            Target {
+            RemoteLocation {
                 store: Arc::new(builder.build().map_err(store_error)?),
                 prefix,
             }

@@ -490,7 +490,7 @@ impl SystemSharedMemory {
         let mut held = HeldRegions::default();
         for output in requested {
             let what = format!("output '{}'", output.name);
-            if let Some(target) = Target::of(&what, &output.parameters)? {
+            if let Some(target) = RegionRange::of(&what, &output.parameters)? {
                 let region = self.hold(caller, &target.region, &mut held)?;
                 region.range(&what, target.offset, target.size)?;
             }
@@ -508,7 +508,7 @@ impl SystemSharedMemory {
     ) -> Result<()> {
         for output in requested {
             let what = format!("output '{}'", output.name);
-            let Some(target) = Target::of(&what, &output.parameters)? else {
+            let Some(target) = RegionRange::of(&what, &output.parameters)? else {
                 continue;
             };
             let Some(tensor) = response.outputs.iter().find(|t| t.name == output.name) else {
@@ -554,7 +554,7 @@ impl SharedReader<'_> {
     /// may reuse the region once the request is sent), or `None` when it does not.
     pub fn input(&self, input: &str, params: &Parameters) -> Result<Option<Bytes>> {
         let what = format!("input '{input}'");
-        let Some(target) = Target::of(&what, params)? else {
+        let Some(target) = RegionRange::of(&what, params)? else {
             return Ok(None);
         };
         let region = {
@@ -597,13 +597,13 @@ fn not_registered(name: &str) -> Error {
 }
 
 /// Where a tensor's data is in shared memory, from its parameters.
-struct Target {
+struct RegionRange {
     region: String,
     size: u64,
     offset: u64,
 }
 
-impl Target {
+impl RegionRange {
     fn of(what: &str, params: &Parameters) -> Result<Option<Self>> {
         let Some(region) = params.get(REGION) else {
             return Ok(None);

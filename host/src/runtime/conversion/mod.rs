@@ -306,7 +306,7 @@ pub fn convert(
         .map_err(|e| Error::invalid(format!("model '{name}': converting {file}: {e}")))?;
     workspace.collect().map_err(fail_cache)?;
     let manifest = match answer {
-        Answer::Done(done) => Manifest {
+        ConverterReply::Done(done) => Manifest {
             source: file.clone(),
             source_sha256,
             platform: framework.platform().to_owned(),
@@ -317,7 +317,7 @@ pub fn convert(
             checks: done.checks,
             seconds: started.elapsed().as_secs_f64(),
         },
-        Answer::Refused { reason, hint } => {
+        ConverterReply::Refused { reason, hint } => {
             return Err(Error::invalid(format!(
                 "model '{name}': cannot convert {file} ({}) to ONNX: {}{}",
                 framework.platform(),
@@ -568,7 +568,7 @@ fn cache_key(source_sha256: &str, job: &Job) -> String {
 }
 
 /// The converter's answer.
-enum Answer {
+enum ConverterReply {
     Done(Done),
     Refused { reason: String, hint: String },
 }
@@ -598,7 +598,7 @@ fn run_converter(
     converter: &ConverterSettings,
     job: &Job,
     scratch: &Path,
-) -> std::result::Result<Answer, String> {
+) -> std::result::Result<ConverterReply, String> {
     let input = serde_json::to_vec(job).map_err(|e| e.to_string())?;
     let mut child = confine::command(converter, SCRIPT, scratch)?
         .stdin(Stdio::piped())
@@ -664,13 +664,13 @@ fn run_converter(
     };
     let reply: Reply = serde_json::from_str(last).map_err(|e| e.to_string())?;
     if !reply.ok {
-        return Ok(Answer::Refused {
+        return Ok(ConverterReply::Refused {
             reason: reply.reason,
             hint: reply.hint,
         });
     }
     serde_json::from_str::<Done>(last)
-        .map(Answer::Done)
+        .map(ConverterReply::Done)
         .map_err(|e| format!("the converter's answer: {e}"))
 }
 

@@ -119,7 +119,7 @@ impl GenerationInstance {
                     let tensors = response(
                         outputs,
                         &step.tokens,
-                        &Answer {
+                        &Extras {
                             context: &generated[context_from..],
                             finish: step.finish,
                             prompt_tokens,
@@ -149,7 +149,7 @@ impl GenerationInstance {
                         let tensors = response(
                             outputs,
                             &tokens,
-                            &Answer {
+                            &Extras {
                                 context: &[],
                                 finish: step.finish,
                                 prompt_tokens,

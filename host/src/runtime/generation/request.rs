@@ -283,14 +283,14 @@ fn logit_bias(request: &InferRequest, settings: &Settings) -> Result<Vec<(u32, f
                     format!("'logit_bias' names token {id}, outside the vocabulary [0, {vocab})"),
                 ));
             }
-            within(model, "logit_bias", f64::from(bias), -100.0, 100.0)?;
+            in_range(model, "logit_bias", f64::from(bias), -100.0, 100.0)?;
             Ok((id as u32, bias))
         })
         .collect()
 }
 
 /// Checks `value` of `name` against [lo, hi].
-fn within(model: &str, name: &str, value: f64, lo: f64, hi: f64) -> Result<f64> {
+fn in_range(model: &str, name: &str, value: f64, lo: f64, hi: f64) -> Result<f64> {
     if value.is_finite() && value >= lo && value <= hi {
         Ok(value)
     } else {
@@ -436,7 +436,7 @@ fn max_tokens_of(request: &InferRequest, settings: &Settings, prompt_len: usize)
         match scalar_of(request, &["max_tokens", "request_output_len"])? {
             None => settings.default_max_tokens.min(room),
             Some(v) => {
-                let v = within(model, "max_tokens", v, 1.0, f64::from(u32::MAX))? as usize;
+                let v = in_range(model, "max_tokens", v, 1.0, f64::from(u32::MAX))? as usize;
                 if v > room {
                     return Err(invalid(
                         model,
@@ -473,7 +473,7 @@ fn ranged(request: &InferRequest, name: &'static str, lo: f64, hi: f64) -> Resul
         several => scalar_of(request, several)?,
     };
     value
-        .map(|v| within(&request.model_name, name, v, lo, hi))
+        .map(|v| in_range(&request.model_name, name, v, lo, hi))
         .transpose()
 }
 
@@ -486,7 +486,7 @@ fn sampling_of(request: &InferRequest) -> Result<SamplingParams> {
         top_k: get("top_k", 0.0, f64::from(u32::MAX))?.unwrap_or(0.0) as usize,
         top_p: get("top_p", f64::MIN_POSITIVE, 1.0)?.unwrap_or(1.0) as f32,
         seed: scalar_of(request, names("seed"))?
-            .map(|v| within(model, "seed", v, 0.0, u64::MAX as f64).map(|v| v as u64))
+            .map(|v| in_range(model, "seed", v, 0.0, u64::MAX as f64).map(|v| v as u64))
             .transpose()?,
         repetition_penalty: get("repetition_penalty", f64::MIN_POSITIVE, 100.0)?.unwrap_or(1.0)
             as f32,

@@ -24,7 +24,7 @@ pub(super) fn fp32_tensor(name: &str, values: &[f32]) -> Tensor {
 }
 
 /// What one response says besides its tokens.
-pub(super) struct Answer<'a> {
+pub(super) struct Extras<'a> {
     /// Recent tokens before these, for the detokenizer.
     pub(super) context: &'a [u32],
     pub(super) finish: Option<Finish>,
@@ -43,7 +43,7 @@ pub(super) struct Answer<'a> {
     pub(super) prompt: Option<(&'a [i64], &'a PromptLogProbs)>,
 }
 
-impl Answer<'_> {
+impl Extras<'_> {
     fn spelling(&self, token: u32) -> &[u8] {
         self.text.map_or(&[], |t| t.of(token))
     }
@@ -88,7 +88,7 @@ pub(super) fn padded(
     })
 }
 
-impl Answer<'_> {
+impl Extras<'_> {
     fn spelled(&self, name: &str, top: impl Iterator<Item = (u32, f32, bool)>) -> Tensor {
         let spellings: Vec<&[u8]> = top
             .map(|(t, _, real)| if real { self.spelling(t) } else { &[][..] })
@@ -102,7 +102,7 @@ pub(super) fn int32_tensor(name: &str, values: &[i32]) -> Tensor {
 }
 
 /// One response's tensors, in the order asked for.
-pub(super) fn response(outputs: &[String], tokens: &[u32], answer: &Answer) -> Vec<Tensor> {
+pub(super) fn response(outputs: &[String], tokens: &[u32], answer: &Extras) -> Vec<Tensor> {
     let ids = |t: &[u32]| t.iter().map(|&v| v as i32).collect::<Vec<i32>>();
     outputs
         .iter()

@@ -10,7 +10,7 @@ use std::{
 };
 
 use super::{
-    call_stream::Answer,
+    call_stream::CalledResponse,
     interpreter::HostCalls,
     protocol::{self, CallHeader, Frame, FrameWriter, Op, RequestHeader, ResponseHeader},
     PythonModel,
@@ -30,7 +30,7 @@ fn run_call(
     caller: &Arc<dyn crate::runtime::ModelCaller>,
     request: InferRequest,
     decoupled: bool,
-) -> Result<Vec<Answer>> {
+) -> Result<Vec<CalledResponse>> {
     if !decoupled {
         return caller.infer(request).map(|r| vec![r.into()]);
     }
@@ -95,8 +95,8 @@ pub struct BatchCalls {
 
 /// A call started with `async_exec`: its answer once it has come.
 struct Started {
-    rx: mpsc::Receiver<Result<Vec<Answer>>>,
-    answer: Option<Result<Vec<Answer>>>,
+    rx: mpsc::Receiver<Result<Vec<CalledResponse>>>,
+    answer: Option<Result<Vec<CalledResponse>>>,
 }
 
 impl Started {
@@ -329,7 +329,7 @@ impl BatchCalls {
     }
 
     /// The answer to a call: its responses as a frame, or an error response.
-    fn call_answer(&mut self, result: Result<Vec<Answer>>) -> Vec<u8> {
+    fn call_answer(&mut self, result: Result<Vec<CalledResponse>>) -> Vec<u8> {
         let mut w = FrameWriter::default();
         let responses: Vec<ResponseHeader> = match result {
             Ok(answers) => answers

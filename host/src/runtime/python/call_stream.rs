@@ -17,12 +17,12 @@ use crate::{
 
 /// One response of a called model: outputs and parameters.
 #[derive(Default)]
-pub struct Answer {
+pub struct CalledResponse {
     pub(super) outputs: Vec<crate::tensor::Tensor>,
     pub(super) parameters: crate::inference::Parameters,
 }
 
-impl From<crate::inference::StreamedResponse> for Answer {
+impl From<crate::inference::StreamedResponse> for CalledResponse {
     fn from(r: crate::inference::StreamedResponse) -> Self {
         Self {
             outputs: r.outputs,
@@ -31,7 +31,7 @@ impl From<crate::inference::StreamedResponse> for Answer {
     }
 }
 
-impl From<InferResponse> for Answer {
+impl From<InferResponse> for CalledResponse {
     fn from(r: InferResponse) -> Self {
         Self {
             outputs: r.outputs,
@@ -92,7 +92,7 @@ impl CallStream {
     }
 
     /// The next response, waiting for it; an error ends the stream; `None` once it ended.
-    pub(super) fn next(&mut self) -> Option<Result<Answer>> {
+    pub(super) fn next(&mut self) -> Option<Result<CalledResponse>> {
         match self.stage {
             Stage::Ended => None,
             Stage::Reading => {
@@ -100,7 +100,7 @@ impl CallStream {
                     self.final_read = streamed.last;
                     return Some(match streamed.error {
                         Some(e) => Err(e),
-                        None => Ok(Answer::from(streamed)),
+                        None => Ok(CalledResponse::from(streamed)),
                     });
                 }
                 // The called model has answered: its final response, if it has outputs.
@@ -113,7 +113,7 @@ impl CallStream {
                     // A final response with outputs (a model that is not decoupled).
                     Ok(last) if !last.outputs.is_empty() => {
                         self.stage = Stage::Ended;
-                        Some(Ok(Answer::from(last)))
+                        Some(Ok(CalledResponse::from(last)))
                     }
                     // The model's last response had the final flag: the stream ends with it.
                     Ok(_) if self.final_read => {
@@ -123,7 +123,7 @@ impl CallStream {
                     // It sent the final flag alone: Triton's iterator gives an empty response.
                     Ok(_) => {
                         self.stage = Stage::Ended;
-                        Some(Ok(Answer::default()))
+                        Some(Ok(CalledResponse::default()))
                     }
                     Err(e) => {
                         self.stage = Stage::Ended;
@@ -155,7 +155,7 @@ impl CallStream {
     }
 
     /// [`Self::next`] if it would answer without waiting, else `None`.
-    pub(super) fn try_next(&mut self) -> Option<Option<Result<Answer>>> {
+    pub(super) fn try_next(&mut self) -> Option<Option<Result<CalledResponse>>> {
         self.has_next().then(|| self.next())
     }
 

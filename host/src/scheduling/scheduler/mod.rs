@@ -134,7 +134,7 @@ impl<T> Reorder<T> {
     }
 }
 
-type Answer = (
+type Reply = (
     oneshot::Sender<Result<InferResponse>>,
     Result<InferResponse>,
 );
@@ -148,7 +148,7 @@ struct WorkQueue {
     state: Mutex<State>,
     work: Condvar,
     stats: Arc<ModelStats>,
-    reorder: Option<Mutex<Reorder<Answer>>>,
+    reorder: Option<Mutex<Reorder<Reply>>>,
     /// The server's executions, shared among tenants.
     share: Arc<ExecutionShare>,
     /// This, for the share to wake when a tenant's held-back work may run.

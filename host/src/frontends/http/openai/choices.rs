@@ -236,7 +236,7 @@ pub struct Gathered {
 }
 
 /// What every chunk of one answer repeats.
-pub struct Answer {
+pub struct ChunkHeader {
     /// `cmpl-…` or `chatcmpl-…`.
     pub id: String,
     /// Unix seconds.
@@ -251,7 +251,7 @@ pub struct Answer {
     pub shape: Shape,
 }
 
-impl Answer {
+impl ChunkHeader {
     fn completion<C>(
         &self,
         object: &'static str,

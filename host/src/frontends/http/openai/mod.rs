@@ -38,7 +38,7 @@ use futures::{StreamExt, TryStreamExt};
 
 pub use self::errors::{error_response, render_error};
 use self::{
-    choices::{piece, Answer, Gathered},
+    choices::{piece, ChunkHeader, Gathered},
     errors::invalid_response,
     invalid::Invalid,
     prompts::Echo,
@@ -285,7 +285,7 @@ async fn answer(
         .map(|i| st.server.infer_stream_on(&target, parsed.request_for(i)))
         .collect();
     let mut items = choices::merge(streams);
-    let answer = Answer {
+    let answer = ChunkHeader {
         id: completion_id(kind),
         created: now(),
         model: parsed.model.clone(),

@@ -8,7 +8,7 @@ use axum::response::sse::Event;
 use tokio::sync::mpsc;
 
 use super::{
-    choices::{event, piece, spell, Answer},
+    choices::{event, piece, spell, ChunkHeader},
     errors::{error_body, error_type, param_of},
     prompts::Echo,
     request::Kind,
@@ -32,7 +32,7 @@ struct State {
     generated: Vec<i64>,
     /// Bytes of text answered per choice (completions' `text_offset`).
     offsets: Vec<usize>,
-    answer: Answer,
+    answer: ChunkHeader,
     include_usage: bool,
     /// Per choice: its text read as content or calls.
     readers: Vec<Reader>,
@@ -89,7 +89,7 @@ pub fn events(
     admission: Admission,
     choices: Choices,
     include_usage: bool,
-    answer: Answer,
+    answer: ChunkHeader,
 ) -> impl futures::Stream<Item = std::result::Result<Event, std::convert::Infallible>> {
     let mut pending = VecDeque::new();
     let n = choices.echo.len();

@@ -163,7 +163,7 @@ pub fn allowed(kind: Kind, key: &str) -> bool {
 }
 
 /// `value` when it lies in `lo..=hi`, else an error naming the field.
-fn within<T: PartialOrd + std::fmt::Display + Copy>(
+fn in_bounds<T: PartialOrd + std::fmt::Display + Copy>(
     key: &str,
     value: Option<T>,
     lo: T,
@@ -356,7 +356,7 @@ pub fn parse<T: Borrow<ModelConfig>>(
     let config: &ModelConfig = target.borrow();
     let mut req: CompletionRequest = decode::read(body)?;
     let structure = structured::structure(&mut req)?;
-    let n = within("n", req.n, 1, MAX_CHOICES)?.unwrap_or(1);
+    let n = in_bounds("n", req.n, 1, MAX_CHOICES)?.unwrap_or(1);
     // best_of picks the best n of more candidates; equal to n it picks them all.
     match req.best_of {
         None => {}
@@ -588,10 +588,10 @@ fn log_probs_asked(kind: Kind, req: &CompletionRequest) -> Result<Option<usize>,
     let log_probs = match (kind, req.logprobs) {
         (_, None) | (Kind::Chat, Some(Logprobs::Flag(false))) => None,
         (Kind::Chat, Some(Logprobs::Flag(true))) => {
-            Some(within("top_logprobs", req.top_logprobs, 0, 20)?.unwrap_or(0) as usize)
+            Some(in_bounds("top_logprobs", req.top_logprobs, 0, 20)?.unwrap_or(0) as usize)
         }
         (Kind::Completion, Some(Logprobs::Count(k))) => {
-            Some(within("logprobs", Some(k), 0, 5)?.unwrap_or(0) as usize)
+            Some(in_bounds("logprobs", Some(k), 0, 5)?.unwrap_or(0) as usize)
         }
         (Kind::Chat, Some(Logprobs::Count(_))) => {
             return Err(Invalid::field(
@@ -620,10 +620,10 @@ fn log_probs_asked(kind: Kind, req: &CompletionRequest) -> Result<Option<usize>,
 fn sampling_inputs(req: &CompletionRequest, prompt_only: bool) -> Result<Vec<Tensor>, Invalid> {
     let mut inputs = Vec::new();
     let most = i64::from(i32::MAX);
-    let max_tokens = match within("max_completion_tokens", req.max_completion_tokens, 1, most)? {
+    let max_tokens = match in_bounds("max_completion_tokens", req.max_completion_tokens, 1, most)? {
         Some(v) => Some(v),
         None if prompt_only => Some(1),
-        None => within("max_tokens", req.max_tokens, 1, most)?,
+        None => in_bounds("max_tokens", req.max_tokens, 1, most)?,
     };
     if let Some(v) = max_tokens {
         inputs.push(scalar(
@@ -633,13 +633,13 @@ fn sampling_inputs(req: &CompletionRequest, prompt_only: bool) -> Result<Vec<Ten
         ));
     }
     // OpenAI samples at temperature 1 unless told otherwise.
-    let temperature = within("temperature", req.temperature, 0.0, 2.0)?.unwrap_or(1.0);
+    let temperature = in_bounds("temperature", req.temperature, 0.0, 2.0)?.unwrap_or(1.0);
     inputs.push(scalar(
         "temperature",
         DataType::Fp32,
         (temperature as f32).to_le_bytes().to_vec(),
     ));
-    if let Some(v) = within("top_p", req.top_p, 0.0, 1.0)? {
+    if let Some(v) = in_bounds("top_p", req.top_p, 0.0, 1.0)? {
         if v == 0.0 {
             return Err(Invalid::field(
                 "top_p",
@@ -652,7 +652,7 @@ fn sampling_inputs(req: &CompletionRequest, prompt_only: bool) -> Result<Vec<Ten
             (v as f32).to_le_bytes().to_vec(),
         ));
     }
-    if let Some(v) = within("top_k", req.top_k, -1, most)? {
+    if let Some(v) = in_bounds("top_k", req.top_k, -1, most)? {
         // vLLM's -1 means every token, as 0 does here.
         inputs.push(scalar(
             "top_k",
@@ -671,7 +671,7 @@ fn sampling_inputs(req: &CompletionRequest, prompt_only: bool) -> Result<Vec<Ten
         ("frequency_penalty", req.frequency_penalty),
         ("presence_penalty", req.presence_penalty),
     ] {
-        if let Some(v) = within(key, value, -2.0, 2.0)? {
+        if let Some(v) = in_bounds(key, value, -2.0, 2.0)? {
             inputs.push(scalar(
                 key,
                 DataType::Fp32,
@@ -679,7 +679,7 @@ fn sampling_inputs(req: &CompletionRequest, prompt_only: bool) -> Result<Vec<Ten
             ));
         }
     }
-    let repetition = within(
+    let repetition = in_bounds(
         "repetition_penalty",
         req.repetition_penalty,
         f64::MIN_POSITIVE,
@@ -717,7 +717,7 @@ fn logit_bias_inputs(
                 format!("'logit_bias' key '{token}' is not a token id"),
             )
         })?;
-        within("logit_bias", Some(value), -100.0, 100.0)?;
+        in_bounds("logit_bias", Some(value), -100.0, 100.0)?;
         ids.extend_from_slice(&id.to_le_bytes());
         values.extend_from_slice(&(value as f32).to_le_bytes());
     }
