@@ -60,6 +60,11 @@ def server(tmp_path_factory):
          'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
          + io("[ 2, -1 ]", "reshape: { shape: [ -1, 2 ] }"),
          identity(["batch", "n", 2]))
+    # An ensemble's parameter on a model that is not one: refused by name, never ignored.
+    save(repo, "default_outside",
+         'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n' + io("[ 1 ]")
+         + 'parameters { key: "input_default:INPUT" value { string_value: "1" } }\n',
+         identity(None))
     s = Server(str(repo), "--model-control-mode=explicit", "--load-model=*")
     try:
         yield s
@@ -90,6 +95,10 @@ def test_a_scalar_tensor_is_declared_with_dims_of_ones(server):
             "the model doesn't support batching. Model configuration provided: [2].") \
         in e.value.message()
     assert client.is_model_ready("scalar_1dim")
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("default_outside")
+    assert "parameter 'input_default:INPUT'" in e.value.message()
+    assert "not an ensemble" in e.value.message()
 
 
 @pytest.mark.parametrize("model", ["initializer_declared", "initializer_undeclared"])

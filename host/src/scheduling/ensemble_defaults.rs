@@ -68,6 +68,20 @@ pub fn of(config: &ModelConfig) -> Result<Vec<Tensor>> {
     Ok(defaults)
 }
 
+/// Refuses `input_default:` parameters in a model that is not an ensemble (only an ensemble
+/// fills its inputs): never silently ignored.
+pub fn refuse_outside_ensembles(config: &ModelConfig) -> Result<()> {
+    match config.parameters.keys().find(|k| k.starts_with(PREFIX)) {
+        Some(key) => Err(Error::invalid(format!(
+            "model '{}': parameter '{key}' gives an ensemble's optional input a default; this \
+             model is not an ensemble",
+            config.name
+        ))
+        .with_field(key.as_str())),
+        None => Ok(()),
+    }
+}
+
 /// One element of `datatype` read from `text`, as its little-endian bytes (a BYTES element
 /// with its length prefix).
 fn element(datatype: DataType, text: &str) -> std::result::Result<Vec<u8>, String> {

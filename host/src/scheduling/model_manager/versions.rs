@@ -203,6 +203,7 @@ impl ModelManager {
             }
             return Ok(versions);
         }
+        super::super::ensemble_defaults::refuse_outside_ensembles(&config)?;
         // A configuration or files from a load request are the client's: the backends make
         // no native code run from them.
         let sent_by_client = overrides.config_json.is_some() || !overrides.files.is_empty();

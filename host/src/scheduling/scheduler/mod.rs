@@ -134,7 +134,8 @@ impl<T> Reorder<T> {
     }
 }
 
-type Reply = (
+/// An answer and where it goes (held back while `preserve_ordering` waits for earlier ones).
+type Delivery = (
     oneshot::Sender<Result<InferResponse>>,
     Result<InferResponse>,
 );
@@ -148,7 +149,7 @@ struct WorkQueue {
     state: Mutex<State>,
     work: Condvar,
     stats: Arc<ModelStats>,
-    reorder: Option<Mutex<Reorder<Reply>>>,
+    reorder: Option<Mutex<Reorder<Delivery>>>,
     /// The server's executions, shared among tenants.
     share: Arc<ExecutionShare>,
     /// This, for the share to wake when a tenant's held-back work may run.
