@@ -21,10 +21,8 @@ pub fn load(dir: &str, name: &str, extra: &str) -> Box<dyn runtime::ModelInstanc
     let text = std::fs::read_to_string(model_dir.join("config.pbtxt")).unwrap() + extra;
     let mut config: ModelConfig = parse_text(&text, Path::new("config.pbtxt")).unwrap();
     config.name = name.to_owned();
-    let options = RuntimeOptions {
-        wasm_cache_dir: Some(std::env::temp_dir().join("wasmtron-bench-cache")),
-        ..Default::default()
-    };
+    let options = RuntimeOptions::default()
+        .with_cache_dir(Some(std::env::temp_dir().join("wasmtron-bench-cache")));
     let mut loaded =
         runtime::load(config, &model_dir.join("1"), &options).expect("run `make stages` first");
     loaded.instances.remove(0)

@@ -107,7 +107,7 @@ fn tune_malloc() {
 /// The publisher of vLLM's KV-cache events, when `--kv-events-config` enables them.
 async fn kv_events(
     cli: &Cli,
-) -> anyhow::Result<Option<wasmtron::runtime::generation::kv::events::KvEvents>> {
+) -> anyhow::Result<Option<wasmtron::runtime::capabilities::kv_events::KvEvents>> {
     let Some(json) = cli.kv_events_config.as_deref() else {
         return Ok(None);
     };
@@ -287,6 +287,57 @@ fn converter_python(named: Option<&std::path::Path>) -> Option<PathBuf> {
     }
 }
 
+/// The backends' settings from the command line, on top of `defaults`.
+async fn runtime_options(
+    cli: &Cli,
+    backend: &BackendSettings,
+    defaults: RuntimeOptions,
+) -> anyhow::Result<RuntimeOptions> {
+    use wasmtron::runtime::{conversion, generation, onnx, python, sandbox};
+    let cache_dir = cli
+        .wasm_cache_dir
+        .clone()
+        .or(defaults.sandbox.compile_cache_dir.clone());
+    let mut options = RuntimeOptions {
+        load: wasmtron::runtime::LoadContext {
+            disable_auto_complete: cli.disable_auto_complete_config,
+            forbid_repository_calls: !cli.allow_model_repository_calls,
+            ..defaults.load
+        },
+        onnx: onnx::OnnxSettings {
+            library: cli.onnxruntime_library.clone(),
+            default_max_batch_size: backend.default_max_batch_size,
+            allow_custom_op_libraries: cli.allow_custom_op_libraries,
+        },
+        sandbox: sandbox::SandboxSettings {
+            compile_cache_dir: None,
+            compile_cache_max_bytes: cli.wasm_cache_max_mb.map(|mb| mb.saturating_mul(1 << 20)),
+        },
+        python: python::PythonSettings {
+            runtime: cli.python_runtime.clone(),
+        },
+        conversion: conversion::ConversionSettings {
+            cache_dir: None,
+            converter: converter_python(cli.converter_python.as_deref()).map(|python| {
+                conversion::ConverterSettings {
+                    sandbox: cli.converter_sandbox,
+                    memory_mb: cli.converter_memory_mb,
+                    convert_uploads: cli.convert_uploaded_models,
+                    ..conversion::ConverterSettings::new(
+                        python,
+                        Duration::from_secs(cli.converter_timeout_secs.max(1)),
+                    )
+                }
+            }),
+        },
+        generation: generation::GenerationSettings {
+            kv_events: kv_events(cli).await?,
+        },
+    };
+    options = options.with_cache_dir(cache_dir);
+    Ok(options)
+}
+
 /// The server core's options from the command line, on top of [`ServerOptions::default`].
 async fn server_options(
     cli: &Cli,
@@ -306,32 +357,7 @@ async fn server_options(
         control_mode: cli.model_control_mode,
         load_models: cli.load_model.clone(),
         strict_readiness: cli.strict_readiness,
-        runtime: RuntimeOptions {
-            onnxruntime_library: cli.onnxruntime_library.clone(),
-            disable_auto_complete: cli.disable_auto_complete_config,
-            default_max_batch_size: backend.default_max_batch_size,
-            wasm_cache_dir: cli
-                .wasm_cache_dir
-                .clone()
-                .or(defaults.runtime.wasm_cache_dir),
-            wasm_cache_max_bytes: cli.wasm_cache_max_mb.map(|mb| mb.saturating_mul(1 << 20)),
-            python_runtime: cli.python_runtime.clone(),
-            converter: converter_python(cli.converter_python.as_deref()).map(|python| {
-                wasmtron::runtime::conversion::ConverterSettings {
-                    sandbox: cli.converter_sandbox,
-                    memory_mb: cli.converter_memory_mb,
-                    convert_uploads: cli.convert_uploaded_models,
-                    ..wasmtron::runtime::conversion::ConverterSettings::new(
-                        python,
-                        Duration::from_secs(cli.converter_timeout_secs.max(1)),
-                    )
-                }
-            }),
-            allow_custom_op_libraries: cli.allow_custom_op_libraries,
-            forbid_repository_calls: !cli.allow_model_repository_calls,
-            kv_events: kv_events(cli).await?,
-            ..defaults.runtime
-        },
+        runtime: runtime_options(cli, backend, defaults.runtime).await?,
         queue_capacity: cli.model_queue_capacity,
         response_cache_bytes: cache_bytes,
         response_cache_redis: match redis {

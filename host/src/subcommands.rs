@@ -6,7 +6,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::bail;
-use wasmtron::runtime::{conversion, python, sandbox, RuntimeOptions};
+use wasmtron::runtime::{conversion, python, sandbox};
 
 use crate::{
     command_line::{Command, StageCommand},
@@ -29,8 +29,10 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             converter_memory_mb,
             wasm_cache_dir,
         } => {
-            let options = RuntimeOptions {
-                wasm_cache_dir: wasm_cache_dir.or_else(sandbox::engine::default_cache_dir),
+            let options = conversion::ConversionSettings {
+                cache_dir: wasm_cache_dir
+                    .or_else(sandbox::engine::default_cache_dir)
+                    .map(|dir| dir.join("converted")),
                 converter: Some(conversion::ConverterSettings {
                     sandbox: converter_sandbox,
                     memory_mb: converter_memory_mb,
@@ -39,7 +41,6 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                         Duration::from_secs(converter_timeout_secs.max(1)),
                     )
                 }),
-                ..Default::default()
             };
             convert(repository, options).await
         }
@@ -98,7 +99,10 @@ async fn compile_python(
 
 /// `convert`: every PyTorch and TensorFlow model version of `repository` converted (or found
 /// in the cache), one line each; an error when any could not be.
-async fn convert(repository: PathBuf, options: RuntimeOptions) -> anyhow::Result<()> {
+async fn convert(
+    repository: PathBuf,
+    options: conversion::ConversionSettings,
+) -> anyhow::Result<()> {
     let done =
         tokio::task::spawn_blocking(move || conversion::convert_repository(&repository, &options))
             .await??;

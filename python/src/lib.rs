@@ -186,7 +186,10 @@ impl CoreServer {
             strict_readiness,
             load_threads: load_threads.max(1),
             runtime: RuntimeOptions {
-                onnxruntime_library: onnxruntime_library.map(Into::into),
+                onnx: wasmtron::runtime::onnx::OnnxSettings {
+                    library: onnxruntime_library.map(Into::into),
+                    ..defaults.runtime.onnx.clone()
+                },
                 ..defaults.runtime
             },
             // In-process callers have no flag for it; a shorter poll than the binary's.

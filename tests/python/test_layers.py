@@ -77,8 +77,9 @@ def resolve(mods, module, path, binary):
     return None
 
 
-def imports():
-    """Module -> the modules it imports, parents and children aside."""
+def imports(with_ancestors=False):
+    """Module -> the modules it imports, parents and children aside (its ancestors kept when
+    `with_ancestors`)."""
     mods = modules()
     graph = {}
     for module, source in mods.items():
@@ -87,11 +88,17 @@ def imports():
         paths = []
         for use in re.finditer(r"\buse\s+([^;]+);", source):
             paths += expand(re.sub(r"\s+", "", use.group(1)))
-        paths += re.findall(r"\b((?:crate|super|wasmtron)(?:::[A-Za-z_]\w*)+)", source)
+        # Paths written out in code; a `use` tree's stem (`crate::a::{`) is not an import of it.
+        paths += [
+            m.group(1)
+            for m in re.finditer(r"\b((?:crate|super|wasmtron)(?:::[A-Za-z_]\w*)+)", source)
+            if not source.startswith("::{", m.end())
+        ]
         targets = {resolve(mods, module, p, binary) for p in paths}
         graph[module] = {
             t for t in targets
-            if t and t != module and t != module[:len(t)] and module != t[:len(module)]
+            if t and t != module and module != t[:len(module)]
+            and (with_ancestors or t != module[:len(t)])
         }
     return graph
 
@@ -114,26 +121,41 @@ def test_no_module_imports_a_higher_layer():
 
 
 # A particular backend's modules. The layers above reach a model's backend only through the
-# runtime's contract (runtime/mod.rs, runtime/capabilities.rs); these imports of backend
-# internals remain, each to be moved behind it (issue: a backend-neutral contract).
+# runtime's contract (runtime/backend.rs, model_config.rs, capabilities/) and its dispatcher
+# (runtime/mod.rs).
 BACKENDS = {"generation", "onnx", "python", "wasm", "conversion"}
-STILL_NAMING_A_BACKEND = {
-    "frontends::http::openai::structured imports runtime::generation::guided::steering",
-    "frontends::kv_events imports runtime::generation::kv::events",
-}
 
 
 def test_scheduling_and_frontends_name_no_backend_internals():
     """Only the contract: a module of scheduling/ or frontends/ that imports a particular
-    backend's module fails here (the listed ones are the known remainder; one that goes must
-    leave the list too)."""
-    found = {
+    backend's module fails here."""
+    found = sorted(
         f"{'::'.join(m)} imports {'::'.join(t)}"
         for m, targets in imports().items() if m and m[0] in ("scheduling", "frontends")
         for t in targets if t[:1] == ("runtime",) and len(t) > 1 and t[1] in BACKENDS
-    }
-    assert found - STILL_NAMING_A_BACKEND == set(), "new imports of a backend's internals"
-    assert STILL_NAMING_A_BACKEND - found == set(), "gone: take them off the list"
+    )
+    assert found == []
+
+
+def test_nothing_in_the_runtime_imports_its_dispatcher():
+    """runtime/mod.rs only dispatches (a table of backends) and re-exports the contract for
+    the layers above; a module inside runtime/ takes the contract from runtime/backend.rs and
+    its siblings, never from its parent runtime/mod.rs (no import runs back up), and the
+    contract's modules name no backend."""
+    graph = imports(with_ancestors=True)
+    upward = sorted(
+        "::".join(m) for m, targets in graph.items()
+        if m[:1] == ("runtime",) and len(m) > 1 and ("runtime",) in targets
+    )
+    assert upward == []
+    contract = [("runtime", "backend"), ("runtime", "model_config"), ("runtime", "capabilities"),
+                ("runtime", "sandbox")]
+    naming = sorted(
+        f"{'::'.join(m)} imports {'::'.join(t)}" for m, targets in graph.items()
+        if any(m[:len(c)] == c for c in contract)
+        for t in targets if t[:1] == ("runtime",) and len(t) > 1 and t[1] in BACKENDS
+    )
+    assert naming == []
 
 
 # One backend importing another: only the generation backend, which runs its decoder with
@@ -204,6 +226,10 @@ def test_the_checks_see_what_they_look_for(monkeypatch):
     fake[("runtime", "onnx")] = ""
     fake[("scheduling", "d")] = "use crate::runtime::onnx::Session;"
     assert ("runtime", "onnx") in imports()[("scheduling", "d")]
+    # A child importing its parent is seen when ancestors are asked for, and only then.
+    fake[("runtime", "onnx", "instance")] = "use super::super::ModelInstance;"
+    assert ("runtime",) not in imports()[("runtime", "onnx", "instance")]
+    assert ("runtime",) in imports(with_ancestors=True)[("runtime", "onnx", "instance")]
     assert ("frontends",) in graph[("runtime",)] and layer(("frontends",)) > layer(("runtime",))
 
 

@@ -1,6 +1,6 @@
 //! vLLM's KV-cache events over ZeroMQ (`--kv-events-config`, vLLM's flag and JSON): each
 //! batch of a generation model's prefix-cache events
-//! ([`crate::runtime::generation::kv::events`]) is msgpack-encoded and published on a PUB
+//! ([`crate::runtime::capabilities::kv_events`]) is msgpack-encoded and published on a PUB
 //! socket as vLLM's `ZmqEventPublisher` frames it — `[topic, sequence number (8 bytes, big
 //! endian), payload]` — so that llm-d's KV-cache indexer, NVIDIA Dynamo's relay or any
 //! subscriber written for vLLM can follow which prompts a replica holds.
@@ -16,7 +16,7 @@ use zeromq::{Socket, SocketRecv, SocketSend};
 
 use crate::{
     error::{Error, Result},
-    runtime::generation::kv::events::{KvEventBatch, KvEventSink, KvEvents, DEFAULT_BLOCK_SIZE},
+    runtime::capabilities::kv_events::{KvEventBatch, KvEventSink, KvEvents, DEFAULT_BLOCK_SIZE},
 };
 
 /// vLLM's `KVEventsConfig`, as its `--kv-events-config` JSON gives it.

@@ -42,8 +42,14 @@ pub fn compatible_but(a: &InferRequest, b: &InferRequest, ragged: &[String]) -> 
 pub fn execute_merged(
     requests: &[&InferRequest],
     outputs: &[String],
-    mut run: impl FnMut(&InferRequest, &[String]) -> Result<(Vec<Tensor>, crate::runtime::ExecTimings)>,
-) -> (Vec<Result<Vec<Tensor>>>, crate::runtime::ExecTimings) {
+    mut run: impl FnMut(
+        &InferRequest,
+        &[String],
+    ) -> Result<(Vec<Tensor>, crate::runtime::backend::ExecTimings)>,
+) -> (
+    Vec<Result<Vec<Tensor>>>,
+    crate::runtime::backend::ExecTimings,
+) {
     if let [one] = requests {
         return match run(one, outputs) {
             Ok((tensors, timings)) => (vec![Ok(tensors)], timings),

@@ -7,27 +7,18 @@
 
 use std::{
     path::{Component, Path},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use bytes::Bytes;
 
-use super::LoadedBackend;
+use super::backend::{LoadedBackend, WarmupReport};
 use crate::{
     error::{Error, Result},
     inference::InferRequest,
     proto::inference::{model_warmup::input::InputDataType, ModelConfig, ModelInput},
     tensor::{element_count, push_bytes_element, shape_string, DataType, Tensor},
 };
-
-/// What warming a model version up took.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WarmupReport {
-    /// Executions run, over all instances.
-    pub runs: u64,
-    /// Wall time of the whole warm-up.
-    pub duration: Duration,
-}
 
 /// One warm-up request, checked against the configuration.
 struct Sample {

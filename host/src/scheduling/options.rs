@@ -77,11 +77,7 @@ impl Default for ServerOptions {
             control_mode: ControlMode::None,
             load_models: Vec::new(),
             strict_readiness: true,
-            runtime: RuntimeOptions {
-                default_max_batch_size: 4,
-                wasm_cache_dir: crate::runtime::default_compile_cache_dir(),
-                ..Default::default()
-            },
+            runtime: RuntimeOptions::for_server(),
             queue_capacity: 0,
             response_cache_bytes: 0,
             response_cache_redis: None,
@@ -110,7 +106,7 @@ impl ServerOptions {
             (Some(_), Some(slots)) => slots,
             (Some(_), None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        self.runtime.tenancy = tenancy;
+        self.runtime.load.tenancy = tenancy;
         self
     }
 }

@@ -204,7 +204,7 @@ impl Server {
         };
         let server = Arc::new_cyclic(|weak| {
             let mut runtime_options = options.runtime.clone();
-            runtime_options.model_caller = Some(Arc::new(ServerCaller {
+            runtime_options.load.model_caller = Some(Arc::new(ServerCaller {
                 server: weak.clone(),
                 runtime,
             }));

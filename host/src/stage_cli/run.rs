@@ -80,13 +80,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .and_then(|f| f.to_str())
         .unwrap_or("model.wasm")
         .to_owned();
-    let options = RuntimeOptions {
-        wasm_cache_dir: args
-            .wasm_cache_dir
+    let options = RuntimeOptions::default().with_cache_dir(
+        args.wasm_cache_dir
             .clone()
             .or_else(runtime::sandbox::engine::default_cache_dir),
-        ..Default::default()
-    };
+    );
     let mut loaded = runtime::load(config, dir, &options).map_err(|e| anyhow!(e.message))?;
     let config = loaded.config;
     let mut inputs = Vec::new();

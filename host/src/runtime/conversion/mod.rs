@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 pub mod confine;
 
-use super::RuntimeOptions;
+use super::backend::LoadContext;
 use crate::{
     error::{Error, Result},
     private_dir,
@@ -110,6 +110,17 @@ pub fn default_python() -> Option<PathBuf> {
 /// The converter's address-space limit when `--converter-memory-mb` does not say: importing
 /// torch alone reserves about 4 GB.
 pub const DEFAULT_MEMORY_MB: u64 = 12 << 10;
+
+/// The conversion backend's settings: where conversions are cached, and the converter.
+#[derive(Debug, Clone, Default)]
+pub struct ConversionSettings {
+    /// Where conversions are kept (`converted/` in the server's cache directory); `None`:
+    /// nothing can be converted or served converted.
+    pub cache_dir: Option<PathBuf>,
+    /// Converts PyTorch and TensorFlow models to ONNX at load (`--converter-python`); `None`:
+    /// only conversions already cached are served.
+    pub converter: Option<ConverterSettings>,
+}
 
 /// How conversions run: the converter environment's Python, how it is confined, and what it
 /// may take.
@@ -211,24 +222,17 @@ pub struct Converted {
     pub cached: bool,
 }
 
-/// Where conversions are kept: `converted/` in the server's cache directory.
-pub fn cache_dir(options: &RuntimeOptions) -> Option<PathBuf> {
-    options
-        .wasm_cache_dir
-        .as_ref()
-        .map(|dir| dir.join("converted"))
-}
-
 /// The converted ONNX model of a version: from the cache when this source and configuration
 /// were converted before, else converted now (when a converter is configured).
 pub fn convert(
     framework: Framework,
     config: &ModelConfig,
     version_dir: &Path,
-    options: &RuntimeOptions,
+    settings: &ConversionSettings,
+    load: &LoadContext,
 ) -> Result<Converted> {
     let name = &config.name;
-    let file = super::model_file_name(config, framework.default_file()).to_owned();
+    let file = super::model_config::model_file_name(config, framework.default_file()).to_owned();
     let source = version_dir.join(&file);
     let exists = match framework {
         Framework::SavedModel => source.is_dir(),
@@ -257,7 +261,7 @@ pub fn convert(
         .map_err(|e| Error::invalid(format!("model '{name}': cannot read '{file}': {e}")))?;
     let job = Job::of(framework, config, &source);
     let key = cache_key(&source_sha256, &job);
-    let root = cache_dir(options).ok_or_else(|| {
+    let root = settings.cache_dir.clone().ok_or_else(|| {
         Error::invalid(format!(
             "model '{name}': converting {file} needs a cache directory (--wasm-cache-dir, \
              WASMTRON_CACHE_DIR or HOME)"
@@ -278,7 +282,7 @@ pub fn convert(
             cached: true,
         });
     }
-    let Some(converter) = &options.converter else {
+    let Some(converter) = &settings.converter else {
         return Err(Error::invalid(format!(
             "model '{name}': platform '{}' is served by converting {file} to ONNX once, and no \
              conversion of this file is cached: start the server with --converter-python \
@@ -288,7 +292,7 @@ pub fn convert(
             framework.needs()
         )));
     };
-    if options.sent_by_client && !converter.convert_uploads {
+    if load.sent_by_client && !converter.convert_uploads {
         return Err(Error::invalid(format!(
             "model '{name}': {file} came with the load request and would have to be converted \
              from {} to ONNX: the framework's reader runs code such a file may carry, so files \
@@ -363,7 +367,7 @@ pub struct RepositoryConversion {
 /// `config.pbtxt` is reported as that model's outcome.
 pub fn convert_repository(
     repository: &Path,
-    options: &RuntimeOptions,
+    settings: &ConversionSettings,
 ) -> std::io::Result<Vec<RepositoryConversion>> {
     let mut done = Vec::new();
     let mut models: Vec<PathBuf> = std::fs::read_dir(repository)?
@@ -412,7 +416,13 @@ pub fn convert_repository(
         for version in
             crate::repository::select_versions(config.version_policy.as_ref(), &available)
         {
-            let outcome = convert(framework, &config, &dir.join(version.to_string()), options);
+            let outcome = convert(
+                framework,
+                &config,
+                &dir.join(version.to_string()),
+                settings,
+                &LoadContext::default(),
+            );
             done.push(RepositoryConversion {
                 model: config.name.clone(),
                 version,
@@ -739,18 +749,19 @@ mod tests {
             }],
             ..Default::default()
         };
-        let options = RuntimeOptions {
-            wasm_cache_dir: Some(dir.path().join("cache")),
+        let options = ConversionSettings {
+            cache_dir: Some(dir.path().join("cache").join("converted")),
             ..Default::default()
         };
-        let e = convert(Framework::TorchScript, &config, &version, &options)
+        let load = LoadContext::default();
+        let e = convert(Framework::TorchScript, &config, &version, &options, &load)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("resnet") && e.contains("--converter-python") && e.contains("torch"),
             "{e}"
         );
-        let e = convert(Framework::SavedModel, &config, &version, &options)
+        let e = convert(Framework::SavedModel, &config, &version, &options, &load)
             .unwrap_err()
             .to_string();
         assert!(

@@ -344,7 +344,7 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         .get("max_position_embeddings")
         .and_then(|v| v.as_u64())
         .map(|v| v as usize);
-    let max_sequence_length = match super::super::parameter::<usize>(
+    let max_sequence_length = match super::super::model_config::parameter::<usize>(
         config,
         "max_sequence_length",
         "a positive integer",
@@ -368,9 +368,12 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         }),
     };
     let rows = config.max_batch_size as usize;
-    let cache_tokens =
-        super::super::parameter::<usize>(config, "kv_cache_max_tokens", "a positive integer")?
-            .unwrap_or(rows * max_sequence_length);
+    let cache_tokens = super::super::model_config::parameter::<usize>(
+        config,
+        "kv_cache_max_tokens",
+        "a positive integer",
+    )?
+    .unwrap_or(rows * max_sequence_length);
     if cache_tokens < max_sequence_length {
         return Err(Error::invalid(format!(
             "model '{name}': parameter 'kv_cache_max_tokens' is {cache_tokens}, less than one \
@@ -395,15 +398,24 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         .as_i64()
         .or_else(|| end_ids.first().copied())
         .unwrap_or(0);
-    let max_prefill_tokens =
-        super::super::parameter::<usize>(config, "max_prefill_tokens", "a positive integer")?
-            .unwrap_or(384);
-    let default_max_tokens =
-        super::super::parameter::<usize>(config, "default_max_tokens", "a positive integer")?
-            .unwrap_or(DEFAULT_MAX_TOKENS);
-    let prefix_cache_tokens =
-        super::super::parameter::<usize>(config, "prefix_cache_max_tokens", "a whole number")?
-            .unwrap_or(2 * max_sequence_length);
+    let max_prefill_tokens = super::super::model_config::parameter::<usize>(
+        config,
+        "max_prefill_tokens",
+        "a positive integer",
+    )?
+    .unwrap_or(384);
+    let default_max_tokens = super::super::model_config::parameter::<usize>(
+        config,
+        "default_max_tokens",
+        "a positive integer",
+    )?
+    .unwrap_or(DEFAULT_MAX_TOKENS);
+    let prefix_cache_tokens = super::super::model_config::parameter::<usize>(
+        config,
+        "prefix_cache_max_tokens",
+        "a whole number",
+    )?
+    .unwrap_or(2 * max_sequence_length);
     let shared_prefixes = match config
         .parameters
         .get("prefix_cache_scope")
@@ -436,10 +448,13 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         }
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let intra_threads =
-        super::super::parameter::<usize>(config, "intra_op_thread_count", "a positive integer")?
-            .filter(|&n| n > 0)
-            .unwrap_or(cores);
+    let intra_threads = super::super::model_config::parameter::<usize>(
+        config,
+        "intra_op_thread_count",
+        "a positive integer",
+    )?
+    .filter(|&n| n > 0)
+    .unwrap_or(cores);
     let speculation = config
         .parameters
         .get("speculative_config")
@@ -447,7 +462,7 @@ pub(super) fn read_parameters(config: &ModelConfig, version_dir: &Path) -> Resul
         .transpose()?;
     let defaults = super::lora::Limits::default();
     let positive = |key: &str, default: usize| -> Result<usize> {
-        match super::super::parameter::<usize>(config, key, "a positive integer")? {
+        match super::super::model_config::parameter::<usize>(config, key, "a positive integer")? {
             Some(0) => Err(Error::invalid(format!(
                 "model '{name}': parameter '{key}' must be at least 1"
             ))),

@@ -46,7 +46,10 @@ use self::{
     stop::{StopStrings, TokenBytes},
     token_rules::{BannedWords, TokenRules},
 };
-use super::{ExecTimings, LoadedBackend, ModelInstance, RuntimeOptions};
+use super::{
+    backend::{ExecTimings, LoadedBackend, ModelInstance},
+    onnx::OnnxSettings,
+};
 use crate::{
     error::{Code, Error, Result},
     inference::InferRequest,
@@ -61,6 +64,14 @@ pub const BACKEND: &str = "generation";
 /// enough for a detokenizer to finish a character that began in an earlier response.
 pub const CONTEXT_TOKENS: usize = 8;
 
+/// The generation backend's settings.
+#[derive(Debug, Clone, Default)]
+pub struct GenerationSettings {
+    /// Generation models tell their prefix cache's changes as vLLM's KV-cache events here
+    /// (`--kv-events-config`).
+    pub kv_events: Option<kv::events::KvEvents>,
+}
+
 const DEFAULT_MAX_SEQUENCE_LENGTH: usize = 2048;
 const DEFAULT_MAX_TOKENS: usize = 128;
 
@@ -72,10 +83,10 @@ use crate::limits::MAX_SEQUENCES_PER_REQUEST;
 fn open_decoder(
     name: &str,
     path: &Path,
-    options: &RuntimeOptions,
+    onnx: &OnnxSettings,
     intra_threads: usize,
 ) -> Result<Session> {
-    let env = super::onnx::environment(options)?;
+    let env = super::onnx::environment(onnx)?;
     let cannot = |e: String| {
         Error::invalid(format!(
             "model '{name}': cannot load '{}': {e}",
@@ -95,7 +106,8 @@ fn open_decoder(
 pub fn load(
     mut config: ModelConfig,
     version_dir: &Path,
-    options: &RuntimeOptions,
+    onnx: &OnnxSettings,
+    settings: &GenerationSettings,
 ) -> Result<LoadedBackend> {
     let name = config.name.clone();
     complete_config(&mut config)?;
@@ -114,7 +126,8 @@ pub fn load(
         lora_limits,
     } = read_parameters(&config, version_dir)?;
     let rows = config.max_batch_size as usize;
-    let path = super::model_file(&config, version_dir, super::onnx::DEFAULT_MODEL_FILENAME)?;
+    let path =
+        super::model_config::model_file(&config, version_dir, super::onnx::DEFAULT_MODEL_FILENAME)?;
     let tokenizer = version_dir.join("tokenizer.json");
     let text = if tokenizer.is_file() {
         Some(Arc::new(
@@ -125,7 +138,7 @@ pub fn load(
         None
     };
 
-    let session = open_decoder(&name, &path, options, intra_threads)?;
+    let session = open_decoder(&name, &path, onnx, intra_threads)?;
     let (spec, vocab) = decoder_spec(&session, &name, share_buffer)?;
     let prompt_logits = spec.prompt_logits;
     if speculation.is_some() && !spec.shared_buffer {
@@ -199,7 +212,7 @@ pub fn load(
             pad_id,
             max_prefill_tokens,
             prefix_cache_tokens,
-            kv_events: options.kv_events.clone(),
+            kv_events: settings.kv_events.clone(),
             speculation,
             lora,
         },
@@ -223,7 +236,7 @@ pub fn load(
         prompt_logits,
         adapters: adapters.clone(),
     });
-    let decoupled = super::is_decoupled(&config);
+    let decoupled = super::model_config::is_decoupled(&config);
     // Each instance waits for one sequence. A request must reach the engine to claim its share
     // of the rows (the engine preempts a party over its share), so there are more instances
     // than rows: a batch's worth waiting, and one request of the most sequences on top, which

@@ -2,7 +2,7 @@
 //! from the model's signature (auto-complete), and cross-checked with messages that say which
 //! side to change.
 
-use crate::runtime::RuntimeOptions;
+use crate::runtime::backend::LoadContext;
 use crate::{
     error::{Error, Result},
     proto::inference::{model_config::SchedulingChoice, ModelConfig, ModelInput, ModelOutput},
@@ -17,7 +17,8 @@ pub(super) fn reconcile(
     config: &mut ModelConfig,
     inputs: &[Signature],
     outputs: &[Signature],
-    options: &RuntimeOptions,
+    settings: &OnnxSettings,
+    load: &LoadContext,
 ) -> Result<()> {
     let name = config.name.clone();
     let invalid = |msg: String| Error::invalid(format!("model '{name}': {msg}"));
@@ -63,9 +64,9 @@ pub(super) fn reconcile(
         .chain(&outputs)
         .all(|s| s.shape.first() == Some(&-1));
     let io_given = !config.input.is_empty() || !config.output.is_empty();
-    if !options.disable_auto_complete && can_batch {
-        if !io_given && config.max_batch_size == 0 && options.default_max_batch_size > 0 {
-            config.max_batch_size = options.default_max_batch_size;
+    if !load.disable_auto_complete && can_batch {
+        if !io_given && config.max_batch_size == 0 && settings.default_max_batch_size > 0 {
+            config.max_batch_size = settings.default_max_batch_size;
         }
         // As Triton's ONNX Runtime backend does: a model that batches gets the dynamic batcher
         // unless the configuration names a scheduler (whether or not it gave its tensors), so
@@ -74,7 +75,7 @@ pub(super) fn reconcile(
             config.scheduling_choice = Some(SchedulingChoice::DynamicBatching(Default::default()));
         }
     }
-    if !options.disable_auto_complete && !io_given {
+    if !load.disable_auto_complete && !io_given {
         let skip = usize::from(config.max_batch_size > 0);
         config.input = inputs
             .iter()

@@ -5,8 +5,11 @@ use std::{sync::Arc, time::Instant};
 use ort::{session::Session, value::DynValue};
 
 use crate::runtime::{
-    batch, buckets::ShapeBuckets, ragged::RaggedBatching, staging::Staging, ExecTimings,
-    ModelInstance,
+    backend::{ExecTimings, ModelInstance},
+    batch,
+    buckets::ShapeBuckets,
+    ragged::RaggedBatching,
+    staging::Staging,
 };
 use crate::{
     error::{Error, Result},

@@ -4,8 +4,8 @@ use std::{path::PathBuf, sync::OnceLock};
 
 use ort::environment::Environment;
 
+use super::OnnxSettings;
 use crate::error::{Error, Result};
-use crate::runtime::RuntimeOptions;
 
 /// Path baked in at build time: the library `make` fetches into the workspace cache.
 pub(super) const BUILD_TIME_LIBRARY: Option<&str> = option_env!("WASMTRON_DEFAULT_ORT_LIB");
@@ -14,8 +14,8 @@ pub(super) static ENVIRONMENT: OnceLock<std::result::Result<Environment, String>
 
 /// Where to find `libonnxruntime.so`: the explicit option, `ORT_DYLIB_PATH`, next to the
 /// executable, then the copy `make` fetched when this binary was built.
-pub(super) fn library_path(options: &RuntimeOptions) -> PathBuf {
-    if let Some(path) = &options.onnxruntime_library {
+pub(super) fn library_path(settings: &OnnxSettings) -> PathBuf {
+    if let Some(path) = &settings.library {
         return path.clone();
     }
     if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
@@ -31,10 +31,10 @@ pub(super) fn library_path(options: &RuntimeOptions) -> PathBuf {
     PathBuf::from(BUILD_TIME_LIBRARY.unwrap_or("libonnxruntime.so"))
 }
 
-pub(crate) fn environment(options: &RuntimeOptions) -> Result<Environment> {
+pub(crate) fn environment(settings: &OnnxSettings) -> Result<Environment> {
     ENVIRONMENT
         .get_or_init(|| {
-            let path = library_path(options);
+            let path = library_path(settings);
             let builder = ort::init_from(&path).map_err(|e| {
                 format!(
                     "cannot load ONNX Runtime from '{}': {e} (run `make onnxruntime` or pass --onnxruntime-library)",

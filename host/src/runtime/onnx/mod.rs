@@ -6,12 +6,12 @@
 use std::{path::Path, sync::Arc};
 
 use super::{
+    backend::{LoadContext, LoadedBackend, ModelInstance},
     buckets::ShapeBuckets,
     gpu::{self, Placement},
-    model_file,
+    model_config::model_file,
     ragged::RaggedBatching,
     staging::Staging,
-    LoadedBackend, ModelInstance, RuntimeOptions,
 };
 use crate::{
     error::{Error, Result},
@@ -35,14 +35,27 @@ use values::*;
 /// Default model file name inside a version directory.
 pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
 
+/// The ONNX Runtime backend's settings (also used by the backends that run on ONNX Runtime).
+#[derive(Debug, Clone, Default)]
+pub struct OnnxSettings {
+    /// Path of `libonnxruntime.so`; `None` looks in the usual places.
+    pub library: Option<std::path::PathBuf>,
+    /// `max_batch_size` that auto-completion gives to models with a variable first dimension.
+    pub default_max_batch_size: i32,
+    /// Load ONNX Runtime custom operator libraries (`model_operations`): native code run
+    /// inside the server (`--allow-custom-op-libraries`).
+    pub allow_custom_op_libraries: bool,
+}
+
 /// Loads every instance of one model version.
 pub fn load(
     config: ModelConfig,
     version_dir: &Path,
-    options: &RuntimeOptions,
+    settings: &OnnxSettings,
+    load: &LoadContext,
 ) -> Result<LoadedBackend> {
     let model_path = onnx_file(&config, version_dir)?;
-    load_file(config, &model_path, version_dir, options)
+    load_file(config, &model_path, version_dir, settings, load)
 }
 
 /// [`load`] with the ONNX file given (a model converted from another framework); the version
@@ -51,14 +64,15 @@ pub fn load_file(
     mut config: ModelConfig,
     model_path: &Path,
     version_dir: &Path,
-    options: &RuntimeOptions,
+    onnx: &OnnxSettings,
+    load: &LoadContext,
 ) -> Result<LoadedBackend> {
     let model_path = model_path.to_path_buf();
-    let env = environment(options)?;
+    let env = environment(onnx)?;
     gpu::normalize_instance_groups(&mut config, gpu::DEFAULT_CPU_INSTANCE_COUNT);
     let mut settings = SessionSettings::of(&config)?;
     let model_dir = version_dir.parent().unwrap_or(version_dir);
-    settings.op_libraries = operator_libraries(&config, model_dir, options)?;
+    settings.op_libraries = operator_libraries(&config, model_dir, onnx, load)?;
     let run_options = settings.run_options(&config.name)?.map(Arc::new);
     for key in config.parameters.keys().filter(|k| !known_parameter(k)) {
         tracing::warn!(
@@ -106,7 +120,7 @@ pub fn load_file(
         ))
     })?;
     let (model_inputs, model_outputs) = (input_signatures(&probe), signatures(probe.outputs()));
-    reconcile(&mut config, &model_inputs, &model_outputs, options)?;
+    reconcile(&mut config, &model_inputs, &model_outputs, onnx, load)?;
     // Buckets are read once the configuration is complete (auto-completion may set
     // max_batch_size and dims).
     let on_gpu = placements.iter().any(|p| matches!(p, Placement::Gpu(_)));
@@ -177,7 +191,7 @@ pub fn load_file(
 /// the external data from the file's own directory.
 fn onnx_file(config: &ModelConfig, version_dir: &Path) -> Result<std::path::PathBuf> {
     model_file(config, version_dir, DEFAULT_MODEL_FILENAME).or_else(|missing| {
-        let named = super::model_file_name(config, DEFAULT_MODEL_FILENAME);
+        let named = super::model_config::model_file_name(config, DEFAULT_MODEL_FILENAME);
         let inside = version_dir.join(named).join(DEFAULT_MODEL_FILENAME);
         if inside.is_file() {
             Ok(inside)

@@ -44,8 +44,9 @@ pub(super) fn output_types(config: &ModelConfig) -> Vec<(String, DataType)> {
 }
 
 pub(super) fn thread_counts(config: &ModelConfig, instances: usize) -> Result<(usize, usize)> {
-    let param =
-        |key: &str| crate::runtime::parameter::<usize>(config, key, "a non-negative integer");
+    let param = |key: &str| {
+        crate::runtime::model_config::parameter::<usize>(config, key, "a non-negative integer")
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Sessions that each use every core fight each other: split the cores between instances.
     let intra = param("intra_op_thread_count")?
@@ -329,7 +330,8 @@ pub(super) fn with_gpu(
 pub(super) fn operator_libraries(
     config: &ModelConfig,
     model_dir: &Path,
-    options: &crate::runtime::RuntimeOptions,
+    settings: &super::OnnxSettings,
+    load: &crate::runtime::backend::LoadContext,
 ) -> Result<Vec<std::path::PathBuf>> {
     let name = &config.name;
     let named: Vec<&String> = config
@@ -340,14 +342,14 @@ pub(super) fn operator_libraries(
     if named.is_empty() {
         return Ok(Vec::new());
     }
-    if options.sent_by_client {
+    if load.sent_by_client {
         return Err(Error::invalid(format!(
             "model '{name}': field 'model_operations.op_library_filename': custom operator \
              libraries are native code, and a configuration or files sent with a load request \
              never name one; place the model and its library in the repository"
         )));
     }
-    if !options.allow_custom_op_libraries {
+    if !settings.allow_custom_op_libraries {
         return Err(Error::invalid(format!(
             "model '{name}': field 'model_operations.op_library_filename': custom operator \
              libraries are native code that would run inside the server, outside any sandbox; \

@@ -27,7 +27,7 @@ use crate::{
     cancellation::Cancellation,
     error::{Code, Error, Result},
     inference::{InferRequest, StreamedResponse},
-    runtime::{ExecTimings, ModelInstance},
+    runtime::backend::{ExecTimings, ModelInstance},
     tensor::Tensor,
 };
 

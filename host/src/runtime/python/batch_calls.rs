@@ -18,7 +18,8 @@ use super::{
 use crate::{
     cancellation::Cancellation,
     error::{Code, Error, Result},
-    inference::{InferRequest, RequestedOutput, ResponseSink, Trace},
+    inference::{InferRequest, ResponseSink},
+    runtime::sandbox::guest_calls::{self, Call, CallingBatch, GuestKind},
 };
 
 /// The most calls into other models one batch may have in flight with `async_exec`.
@@ -27,7 +28,7 @@ const MAX_STARTED_CALLS: usize = 64;
 /// Runs a call into another model; a decoupled model's responses are all collected, as
 /// its response iterator gives them.
 fn run_call(
-    caller: &Arc<dyn crate::runtime::ModelCaller>,
+    caller: &Arc<dyn crate::runtime::backend::ModelCaller>,
     request: InferRequest,
     decoupled: bool,
 ) -> Result<Vec<CalledResponse>> {
@@ -246,19 +247,6 @@ impl BatchCalls {
     fn call_request(&self, body: &[u8]) -> Result<(InferRequest, bool)> {
         let frame = Frame::<CallHeader>::parse(body)?;
         let h = &frame.header;
-        if h.model == self.model.name && self.model.single_instance {
-            return Err(Error::invalid(format!(
-                "model '{}' calls itself but has a single instance, which is busy running the \
-                 caller: the call could never be served (give it more instances with \
-                 instance_group, or call another model)",
-                h.model
-            )));
-        }
-        let mut deadline = self.deadline;
-        if h.timeout_us > 0 {
-            let own = Instant::now() + Duration::from_micros(h.timeout_us);
-            deadline = Some(deadline.map_or(own, |d| d.min(own)));
-        }
         let mut parameters = protocol::parameters_from_json(&h.parameters)?;
         if let Some(id) = h.correlation_id.as_u64().filter(|id| *id != 0) {
             parameters.insert("sequence_id".into(), crate::inference::ParamValue::Uint(id));
@@ -280,11 +268,17 @@ impl BatchCalls {
                 crate::inference::ParamValue::Bool(true),
             );
         }
-        let request = InferRequest {
-            reply_parameters: Default::default(),
-            reschedule: Default::default(),
-            model_name: h.model.clone(),
-            model_version: (h.version > 0).then_some(h.version),
+        let batch = CallingBatch {
+            model: &self.model.name,
+            kind: GuestKind::PythonModel,
+            single_instance: self.model.single_instance,
+            deadline: self.deadline,
+            callers: &self.callers,
+            cancel: self.cancel.as_ref(),
+        };
+        let request = batch.request(Call {
+            model: h.model.clone(),
+            version: (h.version > 0).then_some(h.version),
             id: h.id.clone(),
             parameters,
             inputs: h
@@ -292,40 +286,15 @@ impl BatchCalls {
                 .iter()
                 .map(|t| frame.tensor(t))
                 .collect::<Result<_>>()?,
-            outputs: h
-                .outputs
-                .iter()
-                .map(|name| RequestedOutput {
-                    name: name.clone(),
-                    parameters: Default::default(),
-                })
-                .collect(),
-            deadline,
-            responses: None,
-            step_durations: None,
-            callers: self.callers.clone(),
-            from_stage: true,
-            // Traced as a child of the model's execution, when that is traced (timestamps).
-            trace: Trace(
-                crate::trace_span!(
-                    parent: &tracing::Span::current(),
-                    "python.call",
-                    model = %h.model
-                ),
-                crate::inference::TraceLevel::TIMESTAMPS,
-            ),
-            cancel: self
-                .cancel
-                .as_ref()
-                .map_or_else(Default::default, Cancellation::child),
-        };
+            outputs: h.outputs.clone(),
+            deadline: (h.timeout_us > 0)
+                .then(|| Instant::now() + Duration::from_micros(h.timeout_us)),
+        })?;
         Ok((request, h.decoupled))
     }
 
-    fn caller(&self) -> Result<Arc<dyn crate::runtime::ModelCaller>> {
-        self.model.caller.clone().ok_or_else(|| {
-            Error::unsupported("calling other models is not available in this context")
-        })
+    fn caller(&self) -> Result<Arc<dyn crate::runtime::backend::ModelCaller>> {
+        guest_calls::caller_of(self.model.caller.as_ref())
     }
 
     /// The answer to a call: its responses as a frame, or an error response.
@@ -606,7 +575,7 @@ impl BatchCalls {
                             })
                     })
                     .collect::<Result<_>>()?;
-                let load = crate::runtime::ModelLoad {
+                let load = crate::runtime::backend::ModelLoad {
                     model,
                     config_json: config.filter(|c| !c.is_empty()),
                     files,

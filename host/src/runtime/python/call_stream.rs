@@ -64,7 +64,7 @@ pub(super) struct CallStream {
 impl CallStream {
     /// Starts `request` on its own thread, its responses kept for [`Self::next`].
     pub(super) fn start(
-        caller: Arc<dyn crate::runtime::ModelCaller>,
+        caller: Arc<dyn crate::runtime::backend::ModelCaller>,
         mut request: InferRequest,
     ) -> Result<Self> {
         let stall = request.deadline.map_or(Duration::from_secs(60), |d| {

@@ -22,7 +22,7 @@ use crate::{
     cancellation::Cancellation,
     error::{Error, Result},
     inference::InferRequest,
-    runtime::{ExecTimings, ModelInstance},
+    runtime::backend::{ExecTimings, ModelInstance},
     tensor::Tensor,
 };
 

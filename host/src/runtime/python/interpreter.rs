@@ -30,6 +30,7 @@ use crate::{
         compile_cache::CompileCache,
         engine::{spawn_epoch_ticker, EPOCH_TICK},
         limits::MemoryCap,
+        traps,
     },
 };
 
@@ -384,12 +385,9 @@ fn poll_oneoff(
         if now >= woken {
             break;
         }
-        if caller.data_mut().cancel_due() {
-            return Err(wasmtime::Error::new(TurnCancelled));
-        }
-        let state = caller.data();
-        if now >= state.ends {
-            return Err(wasmtime::Trap::Interrupt.into());
+        let abandoned = caller.data_mut().cancel_due();
+        if let Some(stop) = traps::interruption(abandoned, caller.data().ends) {
+            return Err(stop);
         }
         std::thread::sleep((woken - now).min(EPOCH_TICK));
     }
@@ -506,18 +504,6 @@ impl PyState {
     }
 }
 
-/// Why the epoch callback stopped a turn whose requests were all cancelled.
-#[derive(Debug)]
-pub struct TurnCancelled;
-
-impl std::fmt::Display for TurnCancelled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("cancelled: nobody waits for the answer")
-    }
-}
-
-impl std::error::Error for TurnCancelled {}
-
 /// One live interpreter: globals, imports and the model object persist across turns.
 pub struct Interpreter {
     store: Store<PyState>,
@@ -563,13 +549,11 @@ impl Interpreter {
         let mut store = Store::new(rt.pre.module().engine(), state);
         store.limiter(|s| &mut s.limits);
         store.epoch_deadline_callback(|mut store| {
-            if store.data_mut().cancel_due() {
-                return Err(wasmtime::Error::new(TurnCancelled));
+            let abandoned = store.data_mut().cancel_due();
+            match traps::interruption(abandoned, store.data().ends) {
+                Some(stop) => Err(stop),
+                None => Ok(wasmtime::UpdateDeadline::Continue(1)),
             }
-            if Instant::now() >= store.data().ends {
-                return Err(wasmtime::Trap::Interrupt.into());
-            }
-            Ok(wasmtime::UpdateDeadline::Continue(1))
         });
         store.set_epoch_deadline(1);
         let instance = block_on(rt.pre.instantiate_async(&mut store))?;

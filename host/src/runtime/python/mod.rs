@@ -28,8 +28,9 @@ use self::{
     model::PythonModel,
 };
 use super::{
-    instance_count, sandbox::limits::SandboxLimits, InstanceHealth, LoadedBackend, ModelInstance,
-    RuntimeOptions,
+    backend::{InstanceHealth, LoadContext, LoadedBackend, ModelInstance},
+    model_config::{instance_count, is_decoupled, model_file, model_file_name},
+    sandbox::{limits::SandboxLimits, SandboxSettings},
 };
 use crate::{
     error::{Error, Result},
@@ -46,13 +47,21 @@ pub const DEFAULT_MODEL_FILENAME: &str = "model.py";
 /// has `model.py` (or the configured file name ends in `.py`). The dispatcher also asks that no
 /// other backend's file is there, which is how Triton tells a configuration-less Python model.
 pub fn owns(config: &ModelConfig, version_dir: &Path) -> bool {
-    let file = super::model_file_name(config, DEFAULT_MODEL_FILENAME);
+    let file = model_file_name(config, DEFAULT_MODEL_FILENAME);
     file.ends_with(".py") && version_dir.join(file).is_file()
 }
+/// The Python backend's settings.
+#[derive(Debug, Clone, Default)]
+pub struct PythonSettings {
+    /// The interpreter build (`--python-runtime`); `None`: the default place
+    /// ([`interpreter::default_dir`]).
+    pub runtime: Option<PathBuf>,
+}
+
 /// The interpreter build to serve with: `--python-runtime` or the default place.
-fn runtime_dir(options: &RuntimeOptions) -> PathBuf {
-    options
-        .python_runtime
+fn runtime_dir(settings: &PythonSettings) -> PathBuf {
+    settings
+        .runtime
         .clone()
         .unwrap_or_else(interpreter::default_dir)
 }
@@ -63,7 +72,9 @@ fn runtime_dir(options: &RuntimeOptions) -> PathBuf {
 pub fn load(
     mut config: ModelConfig,
     version_dir: &Path,
-    options: &RuntimeOptions,
+    settings: &PythonSettings,
+    sandbox: &SandboxSettings,
+    load: &LoadContext,
 ) -> Result<LoadedBackend> {
     let name = config.name.clone();
     // A model.py with no configuration naming a backend is the Python backend's (as Triton
@@ -88,26 +99,14 @@ pub fn load(
             p.string_value
         )));
     }
-    let path = super::model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
-    let tenant_limits = options
-        .tenancy
-        .as_ref()
-        .map(|t| t.stage_limits(&config.name))
-        .unwrap_or_default();
-    let mut limits = SandboxLimits::from_config_within(&config, &tenant_limits)?;
-    if !config.parameters.contains_key("execution_timeout_ms") && tenant_limits.is_empty() {
+    let path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
+    let (mut limits, tenants_bound) = SandboxLimits::for_model(&config, load.tenancy.as_deref())?;
+    if !config.parameters.contains_key("execution_timeout_ms") && !tenants_bound {
         // `import numpy` and a model's own imports take a few hundred milliseconds.
         limits.execution_timeout_ms = limits.execution_timeout_ms.max(30_000);
     }
-    let cache = options.wasm_cache_dir.as_deref().and_then(|dir| {
-        super::sandbox::compile_cache::CompileCache::open(
-            dir,
-            options
-                .wasm_cache_max_bytes
-                .unwrap_or(super::sandbox::compile_cache::DEFAULT_MAX_BYTES),
-        )
-    });
-    let runtime = interpreter::runtime(&runtime_dir(options), cache.as_deref())
+    let cache = sandbox.compile_cache();
+    let runtime = interpreter::runtime(&runtime_dir(settings), cache.as_deref())
         .map_err(|e| Error::invalid(format!("model '{name}': {}", e.message)))?;
     let model_dir = version_dir
         .parent()
@@ -127,7 +126,7 @@ pub fn load(
              requests; set passive: false on at least one"
         )));
     }
-    let repository_calls = RepositoryCalls::of(&config, options)?;
+    let repository_calls = RepositoryCalls::of(&config, load)?;
     let build = |config: &ModelConfig, runtime: Arc<Runtime>| {
         let count = instance_count(config);
         Arc::new(PythonModel {
@@ -139,10 +138,10 @@ pub fn load(
             model_dir: model_dir.clone(),
             version: version.clone(),
             model_file: model_file.clone(),
-            caller: options.model_caller.clone(),
+            caller: load.model_caller.clone(),
             repository_calls,
             single_instance: count == 1,
-            decoupled: crate::runtime::is_decoupled(config),
+            decoupled: is_decoupled(config),
             metrics_owner: metrics::owner(),
             has_is_ready: Default::default(),
             runs_in_background: Default::default(),
@@ -155,7 +154,7 @@ pub fn load(
         })
     };
     let mut model = build(&config, runtime.clone());
-    if !options.disable_auto_complete {
+    if !load.disable_auto_complete {
         config = model.auto_complete()?;
         model = build(&config, runtime);
     }
@@ -208,7 +207,7 @@ pub(crate) enum RepositoryCalls {
 }
 
 impl RepositoryCalls {
-    fn of(config: &ModelConfig, options: &RuntimeOptions) -> Result<Self> {
+    fn of(config: &ModelConfig, load: &LoadContext) -> Result<Self> {
         let per_model = match config.parameters.get(REPOSITORY_CALLS) {
             None => true,
             Some(p) => match p.string_value.trim() {
@@ -223,7 +222,7 @@ impl RepositoryCalls {
                 }
             },
         };
-        Ok(if options.forbid_repository_calls {
+        Ok(if load.forbid_repository_calls {
             Self::OffForServer
         } else if !per_model {
             Self::OffForModel

@@ -10,13 +10,16 @@ use std::{
 
 use super::{
     batch_calls::BatchCalls,
-    interpreter::{self, Interpreter, Runtime, TurnCancelled},
+    interpreter::{self, Interpreter, Runtime},
     BACKEND,
 };
 use crate::{
-    error::{Code, Error, Result},
+    error::{Error, Result},
     proto::inference::ModelConfig,
-    runtime::{sandbox::limits::SandboxLimits, InstanceHealth},
+    runtime::{
+        backend::InstanceHealth,
+        sandbox::{limits::SandboxLimits, traps},
+    },
     tensor::Tensor,
 };
 
@@ -46,7 +49,7 @@ pub(crate) struct PythonModel {
     pub(super) model_dir: PathBuf,
     pub(super) version: String,
     pub(super) model_file: String,
-    pub(super) caller: Option<Arc<dyn crate::runtime::ModelCaller>>,
+    pub(super) caller: Option<Arc<dyn crate::runtime::backend::ModelCaller>>,
     /// Whether its code may load and unload models.
     pub(super) repository_calls: super::RepositoryCalls,
     pub(super) health: Arc<InstanceHealth>,
@@ -114,51 +117,21 @@ impl PythonModel {
         .to_string()
     }
 
-    /// Explains a trap (deadline, memory cap, or what the interpreter printed) and counts
-    /// the crash; an interpreter stopped because nobody waits for its batch did not crash.
+    /// Counts the crash and explains it ([`traps::explain`]).
     fn trap_error(
         &self,
         interp: Option<&Interpreter>,
         err: &wasmtime::Error,
         during: &str,
     ) -> Error {
-        if err.downcast_ref::<TurnCancelled>().is_some() {
-            return Error::new(
-                Code::Cancelled,
-                format!(
-                    "model '{}' was interrupted during {during}: nobody waits for its answer \
-                     any more; the instance was discarded",
-                    self.name
-                ),
-            );
-        }
-        self.health.record_crash();
-        let printed = interp.map(Interpreter::printed).unwrap_or_default();
-        let detail = if printed.is_empty() {
-            String::new()
-        } else {
-            format!("; output: {printed}")
+        let stopped = traps::Stopped {
+            who: format!("Python model '{}'", self.name),
+            limits: &self.limits,
+            health: &self.health,
+            memory_exceeded: interp.is_some_and(Interpreter::memory_exceeded),
+            printed: interp.map(Interpreter::printed).unwrap_or_default(),
         };
-        let reason = if matches!(
-            err.downcast_ref::<wasmtime::Trap>(),
-            Some(wasmtime::Trap::Interrupt)
-        ) {
-            format!(
-                "exceeded its execution deadline of {} ms (parameter execution_timeout_ms)",
-                self.limits.execution_timeout_ms
-            )
-        } else if interp.is_some_and(Interpreter::memory_exceeded) {
-            format!(
-                "exceeded its memory limit of {} MiB (parameter memory_limit_mb)",
-                self.limits.memory_limit_mb
-            )
-        } else {
-            format!("trapped: {}", err.root_cause())
-        };
-        Error::internal(format!(
-            "Python model '{}' {reason} during {during}; the instance was discarded{detail}",
-            self.name
-        ))
+        traps::explain(stopped, err, during)
     }
 
     /// One turn with a host side, which comes back whatever happened (`None` only if the

@@ -43,6 +43,21 @@ impl Default for SandboxLimits {
 }
 
 impl SandboxLimits {
+    /// [`Self::from_config_within`] the limits of the tenants (`None`: no tenants), and
+    /// whether any tenant bounds the model.
+    pub fn for_model(
+        config: &ModelConfig,
+        tenancy: Option<&crate::tenancy::Tenancy>,
+    ) -> Result<(Self, bool)> {
+        let tenants = tenancy
+            .map(|t| t.stage_limits(&config.name))
+            .unwrap_or_default();
+        Ok((
+            Self::from_config_within(config, &tenants)?,
+            !tenants.is_empty(),
+        ))
+    }
+
     /// Reads the limits from the configuration's parameters, within the `[tenant.wasm]`
     /// limits of the tenants that may load the model: theirs (the lowest) where the
     /// configuration says nothing, and an error naming the tenant where it asks for more.

@@ -12,21 +12,21 @@ use std::{path::Path, sync::Arc};
 
 use wasmtime::{
     component::{HasSelf, Linker},
-    Store, Trap,
+    Store,
 };
 
+use self::convert::*;
 use self::state::StageState;
-use self::{convert::*, host_imports::*};
-use super::sandbox::{compile_cache, engine, limits::SandboxLimits};
-use super::InstanceHealth;
 use super::{
-    instance_count, request_check::check_outputs, ExecTimings, LoadedBackend, ModelInstance,
-    RuntimeOptions,
+    backend::{ExecTimings, InstanceHealth, LoadContext, LoadedBackend, ModelInstance},
+    model_config::{instance_count, model_file},
+    request_check::check_outputs,
+    sandbox::{engine, guest_calls, limits::SandboxLimits, traps, SandboxSettings},
 };
 use crate::{
     cancellation::Cancellation,
     error::{Code, Error, Result},
-    inference::{InferRequest, ParamValue, RequestedOutput, Trace},
+    inference::{InferRequest, ParamValue},
     proto::inference::ModelConfig,
     repository::config::to_json,
     tensor::{DataType, Tensor},
@@ -58,7 +58,7 @@ struct StageModel {
     parameters: Vec<(String, String)>,
     limits: SandboxLimits,
     pre: bindings::StagePre<StageState>,
-    caller: Option<Arc<dyn super::ModelCaller>>,
+    caller: Option<Arc<dyn super::backend::ModelCaller>>,
     health: Arc<InstanceHealth>,
     /// The version directory, which the stage may read (state::MODEL_FILES_DIR).
     files: std::path::PathBuf,
@@ -82,43 +82,16 @@ impl StageModel {
         store.set_epoch_deadline(1);
     }
 
-    /// Counts the crash and explains it: deadline, memory cap, or what the stage printed. A
-    /// stage interrupted because nobody waits for it any more did not crash.
+    /// Counts the crash and explains it ([`traps::explain`]).
     fn trap_error(&self, store: &Store<StageState>, err: &wasmtime::Error, during: &str) -> Error {
-        if err.downcast_ref::<StageCancelled>().is_some() {
-            return Error::new(
-                Code::Cancelled,
-                format!(
-                    "stage '{}' was interrupted during {during}: nobody waits for its answer \
-                     any more; the instance was discarded",
-                    self.name
-                ),
-            );
-        }
-        self.health.record_crash();
-        let printed = store.data().printed();
-        let detail = if printed.is_empty() {
-            String::new()
-        } else {
-            format!("; stage output: {printed}")
+        let stopped = traps::Stopped {
+            who: format!("stage '{}'", self.name),
+            limits: &self.limits,
+            health: &self.health,
+            memory_exceeded: store.data().limits.exceeded,
+            printed: store.data().printed(),
         };
-        let reason = if matches!(err.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
-            format!(
-                "exceeded its execution deadline of {} ms (parameter execution_timeout_ms)",
-                self.limits.execution_timeout_ms
-            )
-        } else if store.data().limits.exceeded {
-            format!(
-                "exceeded its memory limit of {} MiB (parameter memory_limit_mb)",
-                self.limits.memory_limit_mb
-            )
-        } else {
-            format!("trapped: {}", err.root_cause())
-        };
-        Error::internal(format!(
-            "stage '{}' {reason} during {during}; the instance was discarded{detail}",
-            self.name
-        ))
+        traps::explain(stopped, err, during)
     }
 
     fn instantiate(&self) -> Result<Live> {
@@ -132,17 +105,14 @@ impl StageModel {
         // up: a stage whose client left stops within a tick, not at its deadline.
         store.epoch_deadline_callback(|store| {
             let state = store.data();
-            if state
+            let abandoned = state
                 .cancel
                 .as_ref()
-                .is_some_and(Cancellation::is_cancelled)
-            {
-                return Err(wasmtime::Error::new(StageCancelled));
+                .is_some_and(Cancellation::is_cancelled);
+            match traps::interruption(abandoned, state.execution_ends) {
+                Some(stop) => Err(stop),
+                None => Ok(wasmtime::UpdateDeadline::Continue(1)),
             }
-            if std::time::Instant::now() >= state.execution_ends {
-                return Err(Trap::Interrupt.into());
-            }
-            Ok(wasmtime::UpdateDeadline::Continue(1))
         });
         store.data_mut().single_instance = self.single_instance;
         self.arm_deadline(&mut store);
@@ -369,7 +339,8 @@ impl ModelInstance for StageInstance {
 pub fn load(
     config: ModelConfig,
     version_dir: &Path,
-    options: &RuntimeOptions,
+    sandbox: &SandboxSettings,
+    load: &LoadContext,
 ) -> Result<LoadedBackend> {
     let name = config.name.clone();
     if config.input.is_empty() || config.output.is_empty() {
@@ -387,13 +358,8 @@ pub fn load(
              use kind: KIND_CPU (the ONNX models a stage calls may run on GPUs)"
         )));
     }
-    let path = super::model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
-    let tenant_limits = options
-        .tenancy
-        .as_ref()
-        .map(|t| t.stage_limits(&config.name))
-        .unwrap_or_default();
-    let limits = SandboxLimits::from_config_within(&config, &tenant_limits)?;
+    let path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
+    let (limits, _) = SandboxLimits::for_model(&config, load.tenancy.as_deref())?;
     if engine::options().pooling_instances > 0 && limits.memory_limit_mb > engine::POOLING_MEMORY_MB
     {
         return Err(Error::invalid(format!(
@@ -406,14 +372,7 @@ pub fn load(
     }
     let engine = engine::engine()?;
     let started = std::time::Instant::now();
-    let cache = options.wasm_cache_dir.as_deref().and_then(|dir| {
-        compile_cache::CompileCache::open(
-            dir,
-            options
-                .wasm_cache_max_bytes
-                .unwrap_or(compile_cache::DEFAULT_MAX_BYTES),
-        )
-    });
+    let cache = sandbox.compile_cache();
     let (component, source) = engine::load_component(engine, &path, cache.as_deref())
         .map_err(|e| Error::invalid(format!("model '{name}': {}", e.message)))?;
     let how = match source {
@@ -450,7 +409,7 @@ pub fn load(
         files: version_dir.to_path_buf(),
         limits,
         pre,
-        caller: options.model_caller.clone(),
+        caller: load.model_caller.clone(),
         single_instance: instance_count(&config) == 1,
         decoupled: config
             .model_transaction_policy

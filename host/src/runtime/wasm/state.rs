@@ -26,7 +26,7 @@ pub struct StageState {
     /// Model name, for log lines.
     pub model: String,
     /// Calls into other models (BLS).
-    pub caller: Option<std::sync::Arc<dyn crate::runtime::ModelCaller>>,
+    pub caller: Option<std::sync::Arc<dyn crate::runtime::backend::ModelCaller>>,
     /// When the current `init` or `execute` call runs out of time; calls into other models
     /// carry it, so they neither outlive the caller nor leave work behind.
     pub call_deadline: Option<std::time::Instant>,
@@ -68,7 +68,7 @@ impl StageState {
     pub fn new(
         model: &str,
         limits: &SandboxLimits,
-        caller: Option<std::sync::Arc<dyn crate::runtime::ModelCaller>>,
+        caller: Option<std::sync::Arc<dyn crate::runtime::backend::ModelCaller>>,
         files: &Path,
     ) -> Result<Self> {
         let output = MemoryOutputPipe::new((limits.stderr_limit_kb as usize) << 10);

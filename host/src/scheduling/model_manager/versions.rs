@@ -208,10 +208,9 @@ impl ModelManager {
         // no native code run from them.
         let sent_by_client = overrides.config_json.is_some() || !overrides.files.is_empty();
         let runtime_options = if sent_by_client {
-            std::borrow::Cow::Owned(RuntimeOptions {
-                sent_by_client,
-                ..self.options.runtime.clone()
-            })
+            let mut options = self.options.runtime.clone();
+            options.load.sent_by_client = true;
+            std::borrow::Cow::Owned(options)
         } else {
             std::borrow::Cow::Borrowed(&self.options.runtime)
         };

@@ -29,7 +29,9 @@ use super::{
     decode::{self, Listed},
     now, read_admitted,
     request::{self, Kind},
-    text_model, Invalid,
+    text_model,
+    types::{CompletionRequest, Content, JsonSchemaFormat, Message, ResponseFormat, Role},
+    Invalid,
 };
 use crate::{
     error::{Error, Result},
@@ -217,43 +219,6 @@ struct TextFormat {
     strict: Option<bool>,
 }
 
-/// The chat body a Responses request becomes (the schema passed through as raw JSON).
-#[derive(Serialize)]
-struct ChatBody<'a> {
-    model: &'a str,
-    messages: Vec<Value>,
-    stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_tokens: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_p: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    user: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    response_format: Option<ChatFormat<'a>>,
-}
-
-#[derive(Serialize)]
-struct ChatFormat<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    json_schema: Option<ChatSchema<'a>>,
-}
-
-#[derive(Serialize)]
-struct ChatSchema<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    description: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    schema: Option<&'a RawValue>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    strict: Option<bool>,
-}
-
 fn field(name: &str, message: String) -> Invalid {
     Invalid {
         error: Error::invalid(message),
@@ -263,10 +228,13 @@ fn field(name: &str, message: String) -> Invalid {
 
 impl ResponsesRequest {
     /// The same request as a chat completion's body, its texts counted against `limit`.
-    fn as_chat(
-        &self,
+    /// The chat request this asks for, in chat's wire type (nothing written out as JSON and
+    /// read again); the model's bound on prompt characters (`limit`) holds as the text is
+    /// taken.
+    fn into_chat(
+        self,
         mut limit: super::prompt_limit::PromptLimit<'_>,
-    ) -> std::result::Result<ChatBody<'_>, Invalid> {
+    ) -> std::result::Result<CompletionRequest, Invalid> {
         if self.previous_response_id.is_some() {
             return Err(field(
                 "previous_response_id",
@@ -296,14 +264,19 @@ impl ResponsesRequest {
             ));
         }
         let mut messages = Vec::new();
-        if let Some(instructions) = &self.instructions {
-            limit.count("instructions", "instructions", instructions)?;
-            messages.push(json!({"role": "system", "content": instructions}));
+        let message = |role, text| Message {
+            role,
+            content: Some(Content::Text(text)),
+            tool_calls: None,
+        };
+        if let Some(instructions) = self.instructions {
+            limit.count("instructions", "instructions", &instructions)?;
+            messages.push(message(Role::System, instructions));
         }
-        match &self.input {
+        match self.input {
             Input::Text(text) => {
-                limit.count("input", "input", text)?;
-                messages.push(json!({"role": "user", "content": text}))
+                limit.count("input", "input", &text)?;
+                messages.push(message(Role::User, text))
             }
             Input::Items(items) => {
                 if items.total > items.kept.len() {
@@ -316,7 +289,7 @@ impl ResponsesRequest {
                         ),
                     ));
                 }
-                for (i, item) in items.kept.iter().enumerate() {
+                for (i, item) in items.kept.into_iter().enumerate() {
                     if let Some(kind) = item.kind.as_deref().filter(|k| *k != "message") {
                         return Err(field(
                             "input",
@@ -327,9 +300,9 @@ impl ResponsesRequest {
                         ));
                     }
                     let role = match item.role.as_str() {
-                        "developer" | "system" => "system",
-                        "user" => "user",
-                        "assistant" => "assistant",
+                        "developer" | "system" => Role::System,
+                        "user" => Role::User,
+                        "assistant" => Role::Assistant,
                         other => {
                             return Err(field(
                                 "input",
@@ -340,8 +313,8 @@ impl ResponsesRequest {
                             ))
                         }
                     };
-                    let text = match &item.content {
-                        ItemContent::Text(t) => t.clone(),
+                    let text = match item.content {
+                        ItemContent::Text(t) => t,
                         ItemContent::Parts(parts) => {
                             if parts.total > parts.kept.len() {
                                 return Err(field(
@@ -374,40 +347,44 @@ impl ResponsesRequest {
                         }
                     };
                     limit.count("input", &format!("input[{i}].content"), &text)?;
-                    messages.push(json!({"role": role, "content": text}));
+                    messages.push(message(role, text));
                 }
             }
         }
-        let response_format = match self.text.as_ref().and_then(|t| t.format.as_ref()) {
+        let response_format = match self.text.and_then(|t| t.format) {
             Some(format) => Some(response_format(format)?),
             None => None,
         };
-        Ok(ChatBody {
-            model: &self.model,
-            messages,
-            stream: self.stream.unwrap_or(false),
+        Ok(CompletionRequest {
+            model: Some(self.model),
+            messages: Some(Listed {
+                total: messages.len(),
+                kept: messages,
+            }),
+            stream: self.stream,
             max_tokens: self.max_output_tokens,
             temperature: self.temperature,
             top_p: self.top_p,
-            user: self.user.as_deref(),
+            user: self.user,
             response_format,
+            ..Default::default()
         })
     }
 }
 
 /// `text.format` as chat's `response_format`: the schema's fields sit beside `type` here.
-fn response_format(format: &TextFormat) -> std::result::Result<ChatFormat<'_>, Invalid> {
+fn response_format(format: TextFormat) -> std::result::Result<ResponseFormat, Invalid> {
     match format.kind.as_str() {
-        kind @ ("text" | "json_object") => Ok(ChatFormat {
-            kind,
+        "text" | "json_object" => Ok(ResponseFormat {
+            kind: format.kind,
             json_schema: None,
         }),
-        "json_schema" => Ok(ChatFormat {
-            kind: "json_schema",
-            json_schema: Some(ChatSchema {
-                name: format.name.as_deref().unwrap_or(""),
-                description: format.description.as_deref(),
-                schema: format.schema.as_deref(),
+        "json_schema" => Ok(ResponseFormat {
+            kind: format.kind,
+            json_schema: Some(JsonSchemaFormat {
+                name: format.name.unwrap_or_default(),
+                description: format.description,
+                schema: format.schema,
                 strict: format.strict,
             }),
         }),
@@ -441,7 +418,8 @@ struct Shape {
 
 impl Shape {
     fn of(req: &ResponsesRequest) -> Self {
-        // The request was parsed as chat first, which bounds the schema's size.
+        // Echoed as sent (the body is within the HTTP body limit; the schema's own bound is
+        // checked as the chat is parsed, right after).
         let format = req
             .text
             .as_ref()
@@ -531,22 +509,23 @@ pub(super) async fn respond(
     body: Body,
 ) -> std::result::Result<Response, Invalid> {
     let (body, admission) = read_admitted(st, door.caller(), headers, body).await?;
-    let (target, parsed, req) = off_runtime(body.len(), move || {
+    let (target, parsed, shape, stream) = off_runtime(body.len(), move || {
         let req: ResponsesRequest = decode::read(&body)?;
         // The model first: its bound on prompts holds before any text is copied.
         let target = text_model(&door, &req.model)?;
         let limit = super::prompt_limit::PromptLimit::new(target.config())?;
-        let chat = serde_json::to_vec(&req.as_chat(limit)?)
-            .map_err(|e| Invalid::from(Error::internal(e.to_string())))?;
-        let (target, parsed) = request::parse(Kind::Chat, &chat, move |_| Ok(target))?;
-        Ok::<_, Invalid>((target, parsed, req))
+        let shape = Shape::of(&req);
+        let stream = req.stream.unwrap_or(false);
+        let model = req.model.clone();
+        let chat = req.into_chat(limit)?;
+        let parsed = request::from_request(Kind::Chat, chat, model, target.config())?;
+        Ok::<_, Invalid>((target, parsed, shape, stream))
     })
     .await??;
-    let shape = Shape::of(&req);
     let items = merge(vec![st
         .server
         .infer_stream_on(&target, parsed.request_for(0))]);
-    if req.stream.unwrap_or(false) {
+    if stream {
         return Ok(Sse::new(events(items, admission, shape)).into_response());
     }
     let (text, finish, input, output) = gather(items).await?;

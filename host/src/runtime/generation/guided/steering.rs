@@ -26,10 +26,25 @@ const NUMBER_STEP: f64 = 1e-6;
 /// Tokens kept in reserve beyond what closing the open structures takes.
 const RESERVE: usize = 6;
 
-/// A schema with bounds where it leaves numbers and strings open.
+/// A schema with bounds where it leaves numbers and strings open. An object schema that says
+/// nothing of its members (`{"type": "object"}`, OpenAI's `json_object`) becomes
+/// [`bounded_json_object`]: any members, their values bounded.
 pub fn bound_schema(mut schema: Value) -> Value {
+    if open_object(&schema) {
+        return bounded_json_object();
+    }
     bound(&mut schema);
     schema
+}
+
+/// `{"type": "object"}`, perhaps titled or described, and nothing more.
+fn open_object(schema: &Value) -> bool {
+    schema.as_object().is_some_and(|map| {
+        map.get("type") == Some(&json!("object"))
+            && map
+                .keys()
+                .all(|k| matches!(k.as_str(), "type" | "title" | "description"))
+    })
 }
 
 /// Any JSON value (the `json` guide type and `json_object`), bounded the same way.
@@ -330,6 +345,21 @@ pub fn steer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_that_says_nothing_of_its_members_gets_bounded_members() {
+        let open = bound_schema(json!({"type": "object", "title": "any"}));
+        assert_eq!(open, bounded_json_object());
+        assert_eq!(
+            open["additionalProperties"],
+            json!({"$ref": "#/$defs/value"})
+        );
+        // One that names its members is bounded where it leaves them open, as before.
+        let named =
+            bound_schema(json!({"type": "object", "properties": {"a": {"type": "string"}}}));
+        assert_eq!(named["properties"]["a"]["maxLength"], json!(MAX_STRING));
+        assert!(named.get("$defs").is_none());
+    }
 
     #[test]
     fn open_numbers_and_strings_get_bounds_and_given_bounds_stay() {

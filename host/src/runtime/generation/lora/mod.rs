@@ -381,7 +381,7 @@ mod tests {
     #[test]
     fn an_adapter_is_stacked_transposed_and_scaled_and_masked_by_row() {
         // The stack's tensors are ONNX Runtime's.
-        crate::runtime::onnx::environment(&crate::runtime::RuntimeOptions::default()).unwrap();
+        crate::runtime::onnx::environment(&Default::default()).unwrap();
         let file = safetensors_of(&[
             (
                 "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",

@@ -353,8 +353,20 @@ pub fn parse<T: Borrow<ModelConfig>>(
 ) -> Result<(T, Parsed), Invalid> {
     let model = model_named(kind, &decode::head(body)?)?;
     let target = lookup(&model)?;
-    let config: &ModelConfig = target.borrow();
-    let mut req: CompletionRequest = decode::read(body)?;
+    let req: CompletionRequest = decode::read(body)?;
+    let parsed = from_request(kind, req, model, target.borrow())?;
+    Ok((target, parsed))
+}
+
+/// [`parse`] of a request already in its wire type (one another endpoint built, as
+/// `/v1/responses` builds a chat), for `model` (the name it asked for, perhaps
+/// `model:adapter`) served by `config`.
+pub fn from_request(
+    kind: Kind,
+    mut req: CompletionRequest,
+    model: String,
+    config: &ModelConfig,
+) -> Result<Parsed, Invalid> {
     let structure = structured::structure(&mut req)?;
     let n = in_bounds("n", req.n, 1, MAX_CHOICES)?.unwrap_or(1);
     // best_of picks the best n of more candidates; equal to n it picks them all.
@@ -520,7 +532,7 @@ pub fn parse<T: Borrow<ModelConfig>>(
         log_probs,
         shape: structure.shape,
     };
-    Ok((target, parsed))
+    Ok(parsed)
 }
 
 /// A completions request's prompts (the first as the model's input), and whether their tokens

@@ -5,6 +5,8 @@
 
 use std::{fmt::Write as _, path::Path, sync::Arc};
 
+pub mod kv_events;
+
 use crate::error::Result;
 
 /// The optional capabilities of a loaded model version.
