@@ -1,9 +1,17 @@
 //! Backends that execute models: ONNX Runtime ([`onnx`]), WebAssembly stages ([`wasm`]),
-//! Triton Python-backend models in a sandboxed interpreter ([`python`]) and text generation
-//! ([`generation`]). A backend turns a validated configuration and a version directory into
-//! execution instances; each instance runs a request or a batch of them at a time on a thread
-//! the scheduler owns, never on the async runtime.
+//! Triton Python-backend models in a sandboxed interpreter ([`python`]), PyTorch and
+//! TensorFlow models converted to ONNX ([`conversion`]) and text generation ([`generation`]).
+//! A backend turns a validated configuration and a version directory into execution
+//! instances; each instance runs a request or a batch of them at a time on a thread the
+//! scheduler owns, never on the async runtime.
+//!
+//! Three parts a newcomer meets first: the contract every backend implements and the layers
+//! above use ([`backend`], [`model_config`], optional [`capabilities`]), the host all guest
+//! code runs on ([`sandbox`]), and this module, which only dispatches: one table of backends
+//! and [`RuntimeOptions`], made of each backend's own settings. No module under `runtime/`
+//! imports this one; the layers above use its re-exports of the contract.
 
+pub mod backend;
 pub mod batch;
 pub mod buckets;
 pub mod capabilities;
@@ -11,6 +19,7 @@ pub mod conversion;
 pub mod generation;
 pub mod gpu;
 pub mod heap;
+pub mod model_config;
 pub mod onnx;
 pub mod python;
 pub mod ragged;
@@ -20,9 +29,6 @@ mod staging;
 pub mod tensor_ops;
 pub mod warmup;
 pub mod wasm;
-
-pub mod backend;
-pub mod model_config;
 
 use std::path::{Path, PathBuf};
 

@@ -228,13 +228,8 @@ fn field(name: &str, message: String) -> Invalid {
 
 impl ResponsesRequest {
     /// The same request as a chat completion's body, its texts counted against `limit`.
-    /// The chat request this asks for, in chat's wire type (nothing written out as JSON and
-    /// read again); the model's bound on prompt characters (`limit`) holds as the text is
-    /// taken.
-    fn into_chat(
-        self,
-        mut limit: super::prompt_limit::PromptLimit<'_>,
-    ) -> std::result::Result<CompletionRequest, Invalid> {
+    /// What this server does not serve, refused by name.
+    fn refuse_unserved(&self) -> std::result::Result<(), Invalid> {
         if self.previous_response_id.is_some() {
             return Err(field(
                 "previous_response_id",
@@ -263,6 +258,17 @@ impl ResponsesRequest {
                 format!("'truncation' is '{t}'; only 'disabled' is supported"),
             ));
         }
+        Ok(())
+    }
+
+    /// The chat request this asks for, in chat's wire type (nothing written out as JSON and
+    /// read again); the model's bound on prompt characters (`limit`) holds as the text is
+    /// taken.
+    fn into_chat(
+        self,
+        mut limit: super::prompt_limit::PromptLimit<'_>,
+    ) -> std::result::Result<CompletionRequest, Invalid> {
+        self.refuse_unserved()?;
         let mut messages = Vec::new();
         let message = |role, text| Message {
             role,
@@ -290,62 +296,7 @@ impl ResponsesRequest {
                     ));
                 }
                 for (i, item) in items.kept.into_iter().enumerate() {
-                    if let Some(kind) = item.kind.as_deref().filter(|k| *k != "message") {
-                        return Err(field(
-                            "input",
-                            format!(
-                                "'input[{i}].type' is '{kind}'; only 'message' items are \
-                                 served"
-                            ),
-                        ));
-                    }
-                    let role = match item.role.as_str() {
-                        "developer" | "system" => Role::System,
-                        "user" => Role::User,
-                        "assistant" => Role::Assistant,
-                        other => {
-                            return Err(field(
-                                "input",
-                                format!(
-                                    "'input[{i}].role' is '{other}'; expected user, \
-                                     assistant, system or developer"
-                                ),
-                            ))
-                        }
-                    };
-                    let text = match item.content {
-                        ItemContent::Text(t) => t,
-                        ItemContent::Parts(parts) => {
-                            if parts.total > parts.kept.len() {
-                                return Err(field(
-                                    "input",
-                                    format!(
-                                        "'input[{i}].content' holds {} parts; at most {}",
-                                        parts.total,
-                                        decode::LIST_KEPT
-                                    ),
-                                ));
-                            }
-                            let mut text = String::new();
-                            for (j, part) in parts.kept.iter().enumerate() {
-                                match (part.kind.as_str(), &part.text) {
-                                    ("input_text" | "output_text" | "text", Some(t)) => {
-                                        text.push_str(t)
-                                    }
-                                    (kind, _) => {
-                                        return Err(field(
-                                            "input",
-                                            format!(
-                                                "'input[{i}].content[{j}].type' is '{kind}'; \
-                                                 only text parts are served"
-                                            ),
-                                        ))
-                                    }
-                                }
-                            }
-                            text
-                        }
-                    };
+                    let (role, text) = item.into_message(i)?;
                     limit.count("input", &format!("input[{i}].content"), &text)?;
                     messages.push(message(role, text));
                 }
@@ -369,6 +320,62 @@ impl ResponsesRequest {
             response_format,
             ..Default::default()
         })
+    }
+}
+
+impl InputItem {
+    /// Input item `i` as a chat message's role and text: a message whose parts are text.
+    fn into_message(self, i: usize) -> std::result::Result<(Role, String), Invalid> {
+        if let Some(kind) = self.kind.as_deref().filter(|k| *k != "message") {
+            return Err(field(
+                "input",
+                format!("'input[{i}].type' is '{kind}'; only 'message' items are served"),
+            ));
+        }
+        let role = match self.role.as_str() {
+            "developer" | "system" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            other => {
+                return Err(field(
+                    "input",
+                    format!(
+                        "'input[{i}].role' is '{other}'; expected user, assistant, system or \
+                         developer"
+                    ),
+                ))
+            }
+        };
+        let parts = match self.content {
+            ItemContent::Text(t) => return Ok((role, t)),
+            ItemContent::Parts(parts) => parts,
+        };
+        if parts.total > parts.kept.len() {
+            return Err(field(
+                "input",
+                format!(
+                    "'input[{i}].content' holds {} parts; at most {}",
+                    parts.total,
+                    decode::LIST_KEPT
+                ),
+            ));
+        }
+        let mut text = String::new();
+        for (j, part) in parts.kept.iter().enumerate() {
+            match (part.kind.as_str(), &part.text) {
+                ("input_text" | "output_text" | "text", Some(t)) => text.push_str(t),
+                (kind, _) => {
+                    return Err(field(
+                        "input",
+                        format!(
+                            "'input[{i}].content[{j}].type' is '{kind}'; only text parts are \
+                             served"
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok((role, text))
     }
 }
 
