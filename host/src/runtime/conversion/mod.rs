@@ -222,15 +222,13 @@ pub struct Converted {
     pub cached: bool,
 }
 
-/// The converted ONNX model of a version: from the cache when this source and configuration
-/// were converted before, else converted now (when a converter is configured).
-pub fn convert(
+/// The file (or SavedModel folder) a version's model is converted from, by name and path;
+/// an error naming what is missing.
+fn source_of(
     framework: Framework,
     config: &ModelConfig,
     version_dir: &Path,
-    settings: &ConversionSettings,
-    load: &LoadContext,
-) -> Result<Converted> {
+) -> Result<(String, PathBuf)> {
     let name = &config.name;
     let file = super::model_config::model_file_name(config, framework.default_file()).to_owned();
     let source = version_dir.join(&file);
@@ -257,6 +255,20 @@ pub fn convert(
             framework.platform()
         )));
     }
+    Ok((file, source))
+}
+
+/// The converted ONNX model of a version: from the cache when this source and configuration
+/// were converted before, else converted now (when a converter is configured).
+pub fn convert(
+    framework: Framework,
+    config: &ModelConfig,
+    version_dir: &Path,
+    settings: &ConversionSettings,
+    load: &LoadContext,
+) -> Result<Converted> {
+    let name = &config.name;
+    let (file, source) = source_of(framework, config, version_dir)?;
     let source_sha256 = crate::content_hash::sha256_hex(&source)
         .map_err(|e| Error::invalid(format!("model '{name}': cannot read '{file}': {e}")))?;
     let job = Job::of(framework, config, &source);

@@ -80,25 +80,7 @@ pub fn load(
     // A model.py with no configuration naming a backend is the Python backend's (as Triton
     // infers it), and says so in its configuration.
     config.backend = BACKEND.to_owned();
-    if let Some(i) = config
-        .instance_group
-        .iter()
-        .position(|g| g.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32)
-    {
-        return Err(Error::invalid(format!(
-            "model '{name}': instance_group[{i}] is KIND_GPU, but Python models run on the CPU \
-             in the sandbox; use kind: KIND_CPU (the ONNX models a model.py calls may run on GPUs)"
-        )));
-    }
-    if let Some(p) = config.parameters.get("EXECUTION_ENV_PATH") {
-        return Err(Error::invalid(format!(
-            "model '{name}': parameter 'EXECUTION_ENV_PATH' (\"{}\") names a conda environment, \
-             which the sandboxed interpreter cannot run: its packages are numpy, scipy, pandas, \
-             Pillow and scikit-learn and the standard library; call an ONNX model with BLS for \
-             the rest",
-            p.string_value
-        )));
-    }
+    refuse_unservable(&config)?;
     let path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
     let (mut limits, tenants_bound) = SandboxLimits::for_model(&config, load.tenancy.as_deref())?;
     if !config.parameters.contains_key("execution_timeout_ms") && !tenants_bound {
@@ -120,12 +102,6 @@ pub fn load(
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_else(|| DEFAULT_MODEL_FILENAME.to_owned());
-    if instance_count(&config) == 0 {
-        return Err(Error::invalid(format!(
-            "model '{name}': every instance_group is passive, so no instance would take \
-             requests; set passive: false on at least one"
-        )));
-    }
     let repository_calls = RepositoryCalls::of(&config, load)?;
     let build = |config: &ModelConfig, runtime: Arc<Runtime>| {
         let count = instance_count(config);
@@ -158,11 +134,42 @@ pub fn load(
         config = model.auto_complete()?;
         model = build(&config, runtime);
     }
-    let count = instance_count(&config);
-    let health = model.health.clone();
+    let instances = start_instances(&model, instance_count(&config))?;
+    Ok(LoadedBackend {
+        health: model.health.clone(),
+        checks_readiness: model.checks_readiness(),
+        ..LoadedBackend::new(config, instances)
+    })
+}
+
+/// What a configuration may ask of a Python model that the sandbox cannot give, refused by
+/// name: GPU instances, a conda environment, no instance that takes requests.
+fn refuse_unservable(config: &ModelConfig) -> Result<()> {
+    let name = &config.name;
+    crate::runtime::sandbox::refuse_gpu_instances(config, "Python models", "a model.py")?;
+    if let Some(p) = config.parameters.get("EXECUTION_ENV_PATH") {
+        return Err(Error::invalid(format!(
+            "model '{name}': parameter 'EXECUTION_ENV_PATH' (\"{}\") names a conda environment, \
+             which the sandboxed interpreter cannot run: its packages are numpy, scipy, pandas, \
+             Pillow and scikit-learn and the standard library; call an ONNX model with BLS for \
+             the rest",
+            p.string_value
+        )));
+    }
+    if instance_count(config) == 0 {
+        return Err(Error::invalid(format!(
+            "model '{name}': every instance_group is passive, so no instance would take \
+             requests; set passive: false on at least one"
+        )));
+    }
+    Ok(())
+}
+
+/// `count` instances of `model`, the first started now, so that a model.py that fails fails
+/// the load; the others start on their first batch.
+fn start_instances(model: &Arc<PythonModel>, count: usize) -> Result<Vec<Box<dyn ModelInstance>>> {
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(count);
     for index in 0..count {
-        // The first starts now, so that a model.py that fails fails the load.
         let first = if index == 0 {
             Some(model.start(0)?)
         } else {
@@ -178,11 +185,7 @@ pub fn load(
             instances.push(Box::new(PythonInstance::new(model.clone(), index, first)?));
         }
     }
-    Ok(LoadedBackend {
-        health,
-        checks_readiness: model.checks_readiness(),
-        ..LoadedBackend::new(config, instances)
-    })
+    Ok(instances)
 }
 
 /// The model config parameter that switches a model's repository calls (`load_model`,

@@ -11,6 +11,25 @@ pub mod guest_calls;
 pub mod limits;
 pub mod traps;
 
+/// Guest code runs on the CPU: a configuration that asks for GPU instances of `what` (`Wasm
+/// stages`, `Python models`) is refused naming the group; the models `caller` (`a stage`)
+/// calls may run on GPUs.
+pub fn refuse_gpu_instances(
+    config: &crate::proto::inference::ModelConfig,
+    what: &str,
+    caller: &str,
+) -> crate::error::Result<()> {
+    let gpu = crate::proto::inference::model_instance_group::Kind::Gpu as i32;
+    match config.instance_group.iter().position(|g| g.kind == gpu) {
+        Some(i) => Err(crate::error::Error::invalid(format!(
+            "model '{}': instance_group[{i}] is KIND_GPU, but {what} run on the CPU in the \
+             sandbox; use kind: KIND_CPU (the ONNX models {caller} calls may run on GPUs)",
+            config.name
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The settings of the guest-code host (both backends that run guest code).
 #[derive(Debug, Clone, Default)]
 pub struct SandboxSettings {

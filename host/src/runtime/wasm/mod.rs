@@ -348,16 +348,7 @@ pub fn load(
             "model '{name}': a wasm stage must declare its inputs and outputs in config.pbtxt"
         )));
     }
-    if let Some(i) = config
-        .instance_group
-        .iter()
-        .position(|g| g.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32)
-    {
-        return Err(Error::invalid(format!(
-            "model '{name}': instance_group[{i}] is KIND_GPU, but Wasm stages run on the CPU; \
-             use kind: KIND_CPU (the ONNX models a stage calls may run on GPUs)"
-        )));
-    }
+    super::sandbox::refuse_gpu_instances(&config, "Wasm stages", "a stage")?;
     let path = model_file(&config, version_dir, DEFAULT_MODEL_FILENAME)?;
     let (limits, _) = SandboxLimits::for_model(&config, load.tenancy.as_deref())?;
     if engine::options().pooling_instances > 0 && limits.memory_limit_mb > engine::POOLING_MEMORY_MB
