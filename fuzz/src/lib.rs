@@ -127,6 +127,7 @@ pub fn http_infer_body(data: &[u8]) {
     let response = InferResponse {
         model_name: "m".into(),
         model_version: 1,
+        last: false,
         id: request.id.clone(),
         parameters: Parameters::new(),
         outputs,
@@ -158,6 +159,7 @@ pub fn grpc_infer_request(data: &[u8]) {
         InferResponse {
             model_name: request.model_name,
             model_version: 1,
+            last: false,
             id: request.id,
             parameters: Parameters::new(),
             outputs,

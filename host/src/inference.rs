@@ -505,7 +505,7 @@ impl PartialEq for ResponseSink {
 }
 
 /// The result of a successful inference.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct InferResponse {
     /// Model that served the request.
     pub model_name: String,
@@ -517,4 +517,8 @@ pub struct InferResponse {
     pub parameters: Parameters,
     /// Output tensors, in the order requested (or the model's order when all were requested).
     pub outputs: Vec<Tensor>,
+    /// A decoupled model sent it with the final flag (Triton's
+    /// `TRITONSERVER_RESPONSE_COMPLETE_FINAL`): its last response for the request, which
+    /// Triton's gRPC stream marks `triton_final_response: true`.
+    pub last: bool,
 }

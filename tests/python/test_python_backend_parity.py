@@ -310,6 +310,38 @@ def test_errors_among_a_decoupled_models_responses_stay_in_the_stream(server):
     assert len(seen) == 1 and "decoupled_mixed raised on purpose" in seen[0][1].message()
 
 
+def test_a_response_sent_with_the_final_flag_is_the_streams_final_one(server):
+    """grpc stream_infer_handler.cc as decoupled_test.py reads it: a response a decoupled model
+    sends with COMPLETE_FINAL says triton_final_response true and no empty response follows
+    (even when asked for); the flag sent alone comes as the empty final response."""
+    got = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc)
+    c.start_stream(lambda result, error: got.put((result, error)))
+    try:
+        seen = []
+
+        def until(request_id):
+            while not any(i == request_id and final for i, _, final in seen):
+                result, error = got.get(timeout=120)
+                assert error is None, error
+                response = result.get_response()
+                final = response.parameters["triton_final_response"].bool_param
+                seen.append((response.id, len(response.outputs), final))
+
+        c.async_stream_infer("decoupled_mixed", mixed("after_final", 1), request_id="together",
+                             enable_empty_final_response=True)
+        until("together")
+        # Sent after: an empty final response of the first would come before its answers.
+        c.async_stream_infer("decoupled_mixed", mixed("errors", 1), request_id="alone",
+                             enable_empty_final_response=True)
+        until("alone")
+        assert [s for s in seen if s[0] == "together"] == [("together", 1, True)], seen
+        assert [s for s in seen if s[0] == "alone"] == [("alone", 1, False), ("alone", 0, True)]
+    finally:
+        c.stop_stream()
+        c.close()
+
+
 def test_sending_after_the_final_flag_raises_in_the_model(server):
     """decoupled_test.py test_decoupled_send_after_close_error."""
     seen = stream(server, "decoupled_mixed", mixed("after_final", 1))

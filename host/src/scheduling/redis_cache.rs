@@ -524,6 +524,7 @@ fn decode(bytes: &[u8]) -> Option<InferResponse> {
         id: String::new(),
         parameters,
         outputs,
+        last: false,
     })
 }
 
@@ -539,6 +540,7 @@ mod tests {
         let answer = InferResponse {
             model_name: String::new(),
             model_version: 0,
+            last: false,
             id: String::new(),
             parameters,
             outputs: vec![Tensor {

@@ -342,6 +342,7 @@ mod tests {
         InferResponse {
             model_name: "m".into(),
             model_version: 1,
+            last: false,
             id: String::new(),
             parameters: Default::default(),
             outputs: vec![Tensor {

@@ -81,6 +81,7 @@ impl Server {
                 id: id.to_owned(),
                 parameters: streamed.parameters,
                 outputs: streamed.outputs,
+                last: streamed.last,
             };
             tokio::pin!(final_response);
             // A reader that takes nothing for `stall` is treated as gone: returning drops the

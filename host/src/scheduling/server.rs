@@ -495,6 +495,7 @@ impl Server {
                     id,
                     parameters,
                     outputs: tensors,
+                    last: false,
                 })
             }
             Err(err) => {

@@ -258,6 +258,7 @@ fn render(outputs: Vec<Tensor>) -> Value {
     let response = InferResponse {
         model_name: String::new(),
         model_version: 0,
+        last: false,
         id: String::new(),
         parameters: Default::default(),
         outputs,

@@ -182,10 +182,10 @@ fn stream_error(id: String, status: Status) -> ModelStreamInferResponse {
 }
 
 /// The responses of one request on a `ModelStreamInfer` stream. A default-mode model's response
-/// says `triton_final_response: true`; for decoupled models each response says
-/// `triton_final_response: false`, and with the request parameter
-/// `triton_enable_empty_final_response` an empty response with `triton_final_response: true`
-/// marks the end, as Triton does.
+/// says `triton_final_response: true`; a decoupled model's say `false`, except one it sent with
+/// the final flag; when it sent the flag alone, an empty response with
+/// `triton_final_response: true` marks the end if the request asked for it
+/// (`triton_enable_empty_final_response`), as Triton does.
 pub(super) fn stream_one(
     server: Arc<Server>,
     shm: Arc<SystemSharedMemory>,
@@ -230,6 +230,9 @@ pub(super) fn stream_one(
     let requested = request.outputs.clone();
     let caller = caller.clone();
     let items = server.infer_stream_on(&target, request);
+    // Whether a response already said it was the last (then no empty one follows).
+    let marked_final = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let marked = marked_final.clone();
     let responses = tokio_stream_from(items).map(move |item| {
         // The request's regions stay registered until its last response is written.
         let _held = &held;
@@ -239,11 +242,15 @@ pub(super) fn stream_one(
         });
         Ok(match item {
             Ok(resp) => {
+                // A default-mode model's one response is its last; a decoupled model's is the
+                // one it sent with the final flag, else the empty response below (the stream
+                // cannot know a response is the last without holding it back until the next).
+                let last = !decoupled || resp.last;
+                if last {
+                    marked.store(true, std::sync::atomic::Ordering::Release);
+                }
                 let mut resp = encode_response(resp, &requested);
-                // A default-mode model's one response is its last; a decoupled model's end
-                // is the empty response below (the stream cannot know a response is the last
-                // without holding it back until the next).
-                resp.parameters.extend(final_flag(!decoupled));
+                resp.parameters.extend(final_flag(last));
                 ModelStreamInferResponse {
                     error_message: String::new(),
                     infer_response: Some(resp),
@@ -252,19 +259,25 @@ pub(super) fn stream_one(
             Err(err) => return Err(to_status(err)),
         })
     });
-    let end = (decoupled && empty_final).then(|| {
-        Ok(ModelStreamInferResponse {
-            error_message: String::new(),
-            infer_response: Some(ModelInferResponse {
-                model_name: model,
-                model_version: version.map(|v| v.to_string()).unwrap_or_default(),
-                id: final_id,
-                parameters: final_flag(true),
-                ..Default::default()
-            }),
+    // The model's final flag sent alone: an empty response says so when the client asked
+    // for one (`triton_enable_empty_final_response`), as on Triton.
+    let end = futures::stream::once(futures::future::lazy(move |_| {
+        let marked = marked_final.load(std::sync::atomic::Ordering::Acquire);
+        (decoupled && empty_final && !marked).then(|| {
+            Ok(ModelStreamInferResponse {
+                error_message: String::new(),
+                infer_response: Some(ModelInferResponse {
+                    model_name: model,
+                    model_version: version.map(|v| v.to_string()).unwrap_or_default(),
+                    id: final_id,
+                    parameters: final_flag(true),
+                    ..Default::default()
+                }),
+            })
         })
-    });
-    responses.chain(futures::stream::iter(end)).boxed()
+    }))
+    .filter_map(futures::future::ready);
+    responses.chain(end).boxed()
 }
 
 /// A tokio receiver as a stream.

@@ -121,6 +121,7 @@ fn inputs_and_outputs_round_trip_through_a_region() {
     let response = InferResponse {
         model_name: "m".into(),
         model_version: 1,
+        last: false,
         id: String::new(),
         parameters: Parameters::new(),
         outputs: vec![crate::tensor::Tensor {

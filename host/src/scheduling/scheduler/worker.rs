@@ -342,6 +342,7 @@ impl WorkQueue {
             parameters: request.reply_parameters.take(),
             id: std::mem::take(&mut request.id),
             outputs,
+            last: false,
         };
         // The request (its trace span with it) ends before its answer leaves, so whoever
         // waits for the answer finds the trace complete.

@@ -428,6 +428,7 @@ mod tests {
         let resp = InferResponse {
             model_name: "m".into(),
             model_version: 1,
+            last: false,
             id: "7".into(),
             parameters: Default::default(),
             outputs: vec![Tensor {
@@ -455,6 +456,7 @@ mod tests {
         let resp = InferResponse {
             model_name: "m".into(),
             model_version: 1,
+            last: false,
             id: String::new(),
             parameters: Default::default(),
             outputs: vec![tensor("a"), tensor("b")],
