@@ -645,6 +645,17 @@ def test_bytes_that_are_not_utf8_are_exact_or_refused_never_changed(server):
     assert [v.decode() if isinstance(v, bytes) else v for v in answer] == ["naïve", "plain"]
 
 
+def test_a_model_written_for_numpy_1_runs_unchanged(server):
+    """L0_nan_inf (its nan_inf_output model answers np.NaN, np.PINF and np.NINF): the names
+    NumPy 2 removed are there, each as what replaced it."""
+    c = grpcclient.InferenceServerClient(server.grpc)
+    r = c.infer("numpy1_names", [tensor("X", np.array([1, 2, 3], np.float32), "FP32")])
+    special = r.as_numpy("SPECIAL")
+    assert np.isnan(special[0]) and special[1:].tolist() == [np.inf, -np.inf, np.inf]
+    assert r.as_numpy("PRODUCT").tolist() == [6.0]
+    assert r.as_numpy("FOUND").tolist() == [True, False]
+
+
 def test_a_model_may_leave_an_output_out_and_an_ensemble_answers_without_it(server):
     """L0_simple_ensemble test_ensemble_partial_add_sub (its partial_add_sub model): a
     model.py that returns one of two requested outputs answers with that one (Triton's Python

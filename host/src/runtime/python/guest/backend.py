@@ -26,6 +26,40 @@ import _host
 import triton_python_backend_utils as pb
 
 
+# --- NumPy 1's names ---------------------------------------------------------------------------
+# The sandbox's NumPy is 2.x, which removed names that models written for NumPy 1 use (Triton's
+# own QA model nan_inf_output uses np.NINF). Each comes back as the NumPy 2 spelling of the same
+# thing, before any model is imported, so such a model runs unchanged; a model written for
+# NumPy 2 never used them. Only names NumPy no longer has are set.
+
+def _numpy1_names(np):
+    names = {
+        # constants
+        "NINF": -np.inf, "PINF": np.inf, "NZERO": -0.0, "PZERO": 0.0, "Inf": np.inf,
+        "Infinity": np.inf, "infty": np.inf, "NaN": np.nan,
+        # scalar types
+        "float_": np.float64, "complex_": np.complex128, "cfloat": np.complex128,
+        "singlecomplex": np.complex64, "longfloat": np.longdouble,
+        "longcomplex": np.clongdouble, "clongfloat": np.clongdouble, "string_": np.bytes_,
+        "unicode_": np.str_, "bool8": np.bool_, "int0": np.intp, "uint0": np.uintp,
+        "object0": np.object_, "bytes0": np.bytes_, "str0": np.str_, "void0": np.void,
+        # functions
+        "round_": np.round, "alltrue": np.all, "sometrue": np.any, "product": np.prod,
+        "cumproduct": np.cumprod, "issubclass_": issubclass, "mat": np.asmatrix,
+        "row_stack": np.vstack, "trapz": getattr(np, "trapezoid", None),
+        "in1d": lambda ar1, ar2, assume_unique=False, invert=False, **kw: np.isin(
+            np.ravel(ar1), ar2, assume_unique=assume_unique, invert=invert, **kw),
+        "asfarray": lambda a, dtype=np.float64: np.asarray(
+            a, dtype=dtype if np.issubdtype(np.dtype(dtype), np.inexact) else np.float64),
+    }
+    for name, value in names.items():
+        if value is not None and name not in np.__dict__:
+            setattr(np, name, value)
+
+
+_numpy1_names(pb._np)
+
+
 class _LogStream:
     """`print` and `sys.stderr` of a model go to the server's log, a line at a time."""
 
