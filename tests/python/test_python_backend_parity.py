@@ -10,6 +10,8 @@ import json
 import os
 import queue
 import shutil
+import sys
+import tarfile
 import threading
 import time
 
@@ -62,6 +64,26 @@ ensemble_scheduling { step [ { model_name: "partial_outputs" model_version: -1
 """
 
 
+def pack_environments(repo):
+    """packages_env's environment as conda-pack packs one (idna, a pure-Python package from
+    PyPI, under lib/python3.X/site-packages, beside the rest of an environment), and
+    native_env: an unpacked environment whose package holds a native extension module (a
+    real one, PyYAML's, under another package's name)."""
+    import idna
+    import yaml
+    site = "lib/python3.11/site-packages"
+    with tarfile.open(os.path.join(repo, "packages_env", "env.tar.gz"), "w:gz") as tar:
+        tar.add(os.path.dirname(idna.__file__), arcname=f"{site}/idna")
+        tar.add(sys.executable, arcname="bin/python")
+    package = os.path.join(repo, "native_env", "env", site, "fastthing")
+    os.makedirs(package)
+    open(os.path.join(package, "__init__.py"), "w").close()
+    native = next(f for f in os.listdir(os.path.dirname(yaml.__file__))
+                  if f.startswith("_yaml.") and f.endswith(".so"))
+    shutil.copy(os.path.join(os.path.dirname(yaml.__file__), native),
+                os.path.join(package, "_speedups" + native[len("_yaml"):]))
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("parity"))
@@ -71,6 +93,7 @@ def server(tmp_path_factory):
     for name in os.listdir(MODELS):
         if name not in ("sender", "readiness"):
             place(repo, name, name)
+    pack_environments(repo)
     # An ensemble over a step that leaves one of its outputs out.
     os.makedirs(os.path.join(repo, "partial_ensemble", "1"))
     with open(os.path.join(repo, "partial_ensemble", "config.pbtxt"), "w") as f:
@@ -654,6 +677,22 @@ def test_a_model_written_for_numpy_1_runs_unchanged(server):
     assert np.isnan(special[0]) and special[1:].tolist() == [np.inf, -np.inf, np.inf]
     assert r.as_numpy("PRODUCT").tolist() == [6.0]
     assert r.as_numpy("FOUND").tolist() == [True, False]
+
+
+def test_a_model_imports_pure_python_packages_from_its_own_environment(server):
+    """Triton's EXECUTION_ENV_PATH (a conda-pack archive in the model's folder): the packages
+    the sandbox lacks are importable; one holding a native extension module fails the load
+    naming the module and its file."""
+    c = grpcclient.InferenceServerClient(server.grpc)
+    name = np.array(["bücher.example".encode()], dtype=np.object_)
+    r = c.infer("packages_env", [tensor("NAME", name, "BYTES")])
+    assert r.as_numpy("ASCII").tolist() == [b"xn--bcher-kva.example"]
+    with httpclient.InferenceServerClient(server.http) as h:
+        index = {m["name"]: m for m in h.get_model_repository_index()}
+    native = index["native_env"]
+    assert native["state"] == "UNAVAILABLE", native
+    assert "native extension module 'fastthing._speedups" in native["reason"], native
+    assert "fastthing/_speedups." in native["reason"] and ".so" in native["reason"], native
 
 
 def test_a_model_may_leave_an_output_out_and_an_ensemble_answers_without_it(server):

@@ -293,3 +293,23 @@ def test_every_path_naming_a_model_refuses_a_malformed_name(server):
         assert e.value.status() == "StatusCode.INVALID_ARGUMENT", e.value
     client.close()
     still_serves(server)
+
+
+@pytest.mark.parametrize("env", ["/etc", "$$TRITON_MODEL_DIRECTORY/../../../../../etc",
+                                 "$TRITON_MODEL_DIRECTORY/1/../..", "1/./../.."])
+def test_a_python_models_environment_never_names_a_folder_outside(server, env):
+    """EXECUTION_ENV_PATH in an uploaded configuration: the environment the sandbox would see
+    (read-only) must be inside the model's own folder, of plain parts (a link there that leads
+    out is not followed either: packages.rs's unit test); the load is refused naming the
+    parameter."""
+    config = json.dumps({"backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
+                         "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [1]}],
+                         "parameters": {"EXECUTION_ENV_PATH": {"string_value": env}}})
+    model = b"class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+    files = {"file:1/model.py": base64.b64encode(model).decode()}
+    status, body = raw(server.http, "POST", "/v2/repository/models/with_env/load",
+                       {"parameters": {"config": config, **files}})
+    assert status == 400, (env, status, body)
+    assert "parameter 'EXECUTION_ENV_PATH'" in error_text(body), (env, body)
+    still_serves(server, "simple")

@@ -16,6 +16,7 @@ mod instance;
 pub mod interpreter;
 pub mod metrics;
 mod model;
+mod packages;
 pub mod protocol;
 
 use std::{
@@ -103,6 +104,7 @@ pub fn load(
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_else(|| DEFAULT_MODEL_FILENAME.to_owned());
     let repository_calls = RepositoryCalls::of(&config, load)?;
+    let packages = packages::of(&config, &model_dir)?.map(Arc::new);
     let build = |config: &ModelConfig, runtime: Arc<Runtime>| {
         let count = instance_count(config);
         Arc::new(PythonModel {
@@ -112,6 +114,7 @@ pub fn load(
             limits,
             runtime,
             model_dir: model_dir.clone(),
+            packages: packages.clone(),
             version: version.clone(),
             model_file: model_file.clone(),
             caller: load.model_caller.clone(),
@@ -143,19 +146,10 @@ pub fn load(
 }
 
 /// What a configuration may ask of a Python model that the sandbox cannot give, refused by
-/// name: GPU instances, a conda environment, no instance that takes requests.
+/// name: GPU instances, no instance that takes requests.
 fn refuse_unservable(config: &ModelConfig) -> Result<()> {
     let name = &config.name;
     crate::runtime::sandbox::refuse_gpu_instances(config, "Python models", "a model.py")?;
-    if let Some(p) = config.parameters.get("EXECUTION_ENV_PATH") {
-        return Err(Error::invalid(format!(
-            "model '{name}': parameter 'EXECUTION_ENV_PATH' (\"{}\") names a conda environment, \
-             which the sandboxed interpreter cannot run: its packages are numpy, scipy, pandas, \
-             Pillow and scikit-learn and the standard library; call an ONNX model with BLS for \
-             the rest",
-            p.string_value
-        )));
-    }
     if instance_count(config) == 0 {
         return Err(Error::invalid(format!(
             "model '{name}': every instance_group is passive, so no instance would take \

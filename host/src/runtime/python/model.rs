@@ -35,6 +35,9 @@ fn json_literal(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
+/// Where the guest sees a model's own packages (`EXECUTION_ENV_PATH`), read-only.
+const PACKAGES_DIR: &str = "/packages";
+
 /// The guest sources, run in every new interpreter.
 const PB_UTILS: &str = include_str!("guest/triton_python_backend_utils.py");
 const BACKEND_PY: &str = include_str!("guest/backend.py");
@@ -47,6 +50,8 @@ pub(crate) struct PythonModel {
     pub(super) runtime: Arc<Runtime>,
     /// The model's folder (parent of the version directory), readable by the guest.
     pub(super) model_dir: PathBuf,
+    /// Its own packages (`EXECUTION_ENV_PATH`), readable by the guest at [`PACKAGES_DIR`].
+    pub(super) packages: Option<Arc<super::packages::Packages>>,
     pub(super) version: String,
     pub(super) model_file: String,
     pub(super) caller: Option<Arc<dyn crate::runtime::backend::ModelCaller>>,
@@ -211,12 +216,20 @@ impl PythonModel {
 
     /// A fresh interpreter with `triton_python_backend_utils` and the backend's driver.
     fn boot(self: &Arc<Self>) -> Result<(Interpreter, BatchCalls)> {
-        let mounts = [(self.model_dir.clone(), guest_model_dir(&self.name))];
+        let mut mounts = vec![(self.model_dir.clone(), guest_model_dir(&self.name))];
+        if let Some(packages) = &self.packages {
+            mounts.push((packages.folder.clone(), PACKAGES_DIR.to_owned()));
+        }
         let mut interp = Interpreter::start(&self.runtime, &mounts, self.limits.memory_bytes())
             .map_err(|e| self.trap_error(None, &e, "instantiation"))?;
         let calls = BatchCalls::idle(self.clone());
         let calls = self.turn(&mut interp, &setup_source(), calls, "set-up")?;
-        let calls = self.turn(&mut interp, BACKEND_PY, calls, "set-up")?;
+        let mut calls = self.turn(&mut interp, BACKEND_PY, calls, "set-up")?;
+        if self.packages.is_some() {
+            // Checked and put on sys.path as the model is imported (load, auto-complete).
+            let set = format!("_wasmtron.packages = {}", json_literal(PACKAGES_DIR));
+            calls = self.turn(&mut interp, &set, calls, "set-up")?;
+        }
         Ok((interp, calls))
     }
 

@@ -401,6 +401,8 @@ class _Backend:
         self._wakeup = None
         self._call_waiters = []
         self._tasks = {}  # batch -> its task
+        # The model's own packages (EXECUTION_ENV_PATH), set by the host when it has some.
+        self.packages = None
 
     def call_for(self, batch, frame):
         """A host call for `batch` (`None`: outside the background mode)."""
@@ -412,7 +414,36 @@ class _Backend:
     def _fail(self, e):
         _host.call(b"F" + _failure(e).encode("utf-8", "replace"))
 
+    def _use_packages(self):
+        """The model's own packages on sys.path, after the sandbox's: a package the sandbox
+        has (numpy, Pillow, ...) is the sandbox's; one only the environment has must be
+        Python, and one holding a native extension module is refused here, at load."""
+        folder, self.packages = self.packages, None
+        if folder is None or folder in sys.path:
+            return
+        native = (".so", ".pyd", ".dylib")
+        for entry in sorted(os.listdir(folder)):
+            top = entry.split(".")[0].split("-")[0]
+            if not top.isidentifier() or entry.endswith((".dist-info", ".egg-info", ".pth")):
+                continue
+            if importlib.util.find_spec(top) is not None:
+                continue  # the sandbox's own (or the standard library's), which wins
+            path = os.path.join(folder, entry)
+            found = [path] if os.path.isfile(path) else sorted(
+                os.path.join(d, f) for d, _, files in os.walk(path) for f in files)
+            for file in found:
+                if file.endswith(native) or ".so." in os.path.basename(file):
+                    relative = os.path.relpath(file, folder)
+                    module = relative.split(".")[0].replace(os.sep, ".")
+                    raise pb.TritonModelException(
+                        "EXECUTION_ENV_PATH: package '%s' holds the native extension module "
+                        "'%s' (%s), which cannot run in the sandbox: only pure-Python "
+                        "packages are importable here (the sandbox has its own numpy, scipy, "
+                        "pandas, Pillow and scikit-learn)" % (top, module, relative))
+        sys.path.append(folder)
+
     def _model_class(self, model_file, version_dir):
+        self._use_packages()
         # As Triton's stub does: the version folder and the model folder on the path, and
         # the file imported as `<version>.<stem>` so that both `import helper` and
         # `from . import helper` find modules beside model.py.
