@@ -101,6 +101,7 @@ def server(tmp_path_factory):
     log_file = os.path.join(str(tmp_path_factory.mktemp("parity_log")), "server.log")
     s = Server(repo, "--log-file", log_file, "--log-verbose", "1")
     s.log_file = log_file
+    s.repo = repo
     yield s
     s.stop()
 
@@ -693,6 +694,35 @@ def test_a_model_imports_pure_python_packages_from_its_own_environment(server):
     assert native["state"] == "UNAVAILABLE", native
     assert "native extension module 'fastthing._speedups" in native["reason"], native
     assert "fastthing/_speedups." in native["reason"] and ".so" in native["reason"], native
+
+
+def test_a_crashed_instance_makes_the_model_not_ready_until_its_replacement_is_up(server):
+    """What Triton misses with a dead stub (its health endpoint answers 200): an instance whose
+    interpreter exits makes the model not ready (readiness, the repository index, the health
+    metric) until its replacement is up; the replacement starts at once, without traffic."""
+    folder = os.path.join(server.repo, "crash_restart")
+    mode = lambda m: [tensor("MODE", np.array([m.encode()], dtype=np.object_), "BYTES")]
+    c = grpcclient.InferenceServerClient(server.grpc)
+    assert c.infer("crash_restart", mode("ok")).as_numpy("OK").tolist() == [1]
+    assert c.is_model_ready("crash_restart")
+    open(os.path.join(folder, "hold"), "w").close()  # the replacement waits for "go"
+    try:
+        with pytest.raises(InferenceServerException):
+            c.infer("crash_restart", mode("exit"))
+        assert not c.is_model_ready("crash_restart")
+        with httpclient.InferenceServerClient(server.http) as h:
+            entry = [m for m in h.get_model_repository_index() if m["name"] == "crash_restart"]
+        assert entry[0]["state"] == "UNAVAILABLE", entry
+        assert "crashed and their replacement is starting" in entry[0]["reason"], entry
+        assert 'wasmtron_model_healthy{model="crash_restart",version="1"} 0' in \
+            server.metrics_text()
+    finally:
+        open(os.path.join(folder, "go"), "w").close()
+    deadline = time.time() + 120
+    while not c.is_model_ready("crash_restart"):  # with no request sent meanwhile
+        assert time.time() < deadline, log_of(server)[-3000:]
+        time.sleep(0.1)
+    assert c.infer("crash_restart", mode("ok")).as_numpy("OK").tolist() == [1]
 
 
 def test_a_model_may_leave_an_output_out_and_an_ensemble_answers_without_it(server):

@@ -60,6 +60,11 @@ pub trait ModelInstance: Send {
     fn check_ready(&mut self) -> Option<bool> {
         None
     }
+
+    /// Called between batches, after the last one's answers left: an instance whose guest
+    /// crashed (and was discarded) starts its replacement now, so that the model is ready
+    /// again without waiting for traffic ([`InstanceHealth::record_down`]).
+    fn recover(&mut self) {}
 }
 
 /// [`ModelInstance::execute`]'s default: the request as a batch of one.
@@ -171,6 +176,8 @@ impl LoadedBackend {
 pub struct InstanceHealth {
     consecutive_failures: AtomicU64,
     restarts: AtomicU64,
+    /// Instances whose guest crashed and whose replacement is not up yet.
+    down: AtomicU64,
     threshold: u64,
 }
 
@@ -180,6 +187,7 @@ impl InstanceHealth {
         Self {
             consecutive_failures: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
+            down: AtomicU64::new(0),
             threshold,
         }
     }
@@ -200,9 +208,46 @@ impl InstanceHealth {
     pub fn consecutive_failures(&self) -> u64 {
         self.consecutive_failures.load(Ordering::Relaxed)
     }
-    /// False once the crashes since the last success reach the threshold.
+    /// An instance lost its guest to a crash: the model is not ready until the replacement
+    /// is up ([`Self::record_up`]).
+    pub fn record_down(&self) {
+        self.down.fetch_add(1, Ordering::AcqRel);
+    }
+    /// A crashed instance's replacement is up.
+    pub fn record_up(&self) {
+        let _ = self
+            .down
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+    /// Instances down now (crashed, their replacement not up).
+    pub fn instances_down(&self) -> u64 {
+        self.down.load(Ordering::Acquire)
+    }
+    /// Why the version is not healthy, in words for the repository index; `None` when it is.
+    pub fn unhealthy_reason(&self) -> Option<String> {
+        let down = self.instances_down();
+        let failures = self.consecutive_failures();
+        if down > 0 {
+            Some(format!(
+                "{down} instance(s) crashed and their replacement is starting ({} restarts so \
+                 far)",
+                self.restarts()
+            ))
+        } else if self.threshold > 0 && failures >= self.threshold {
+            Some(format!(
+                "{failures} crashes in a row (max_consecutive_failures {}): not ready until an \
+                 execution succeeds",
+                self.threshold
+            ))
+        } else {
+            None
+        }
+    }
+    /// False while an instance is down, and once the crashes since the last success reach
+    /// the threshold.
     pub fn is_healthy(&self) -> bool {
-        self.threshold == 0 || self.consecutive_failures() < self.threshold
+        self.instances_down() == 0
+            && (self.threshold == 0 || self.consecutive_failures() < self.threshold)
     }
 }
 
@@ -240,4 +285,31 @@ pub struct LoadContext {
     /// Models may not load or unload models from their code (`--allow-model-repository-calls
     /// =false`); per model, the `repository_calls` parameter says the same.
     pub forbid_repository_calls: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_is_unhealthy_while_an_instance_is_down_or_crashes_loop() {
+        let health = InstanceHealth::new(3);
+        assert!(health.is_healthy() && health.unhealthy_reason().is_none());
+        health.record_crash();
+        health.record_down();
+        assert!(!health.is_healthy());
+        assert!(health
+            .unhealthy_reason()
+            .is_some_and(|r| r.contains("replacement is starting")));
+        health.record_up();
+        health.record_up(); // never below zero
+        assert!(health.is_healthy(), "one crash, replaced: ready");
+        health.record_crash();
+        health.record_crash();
+        assert!(health
+            .unhealthy_reason()
+            .is_some_and(|r| r.contains("3 crashes in a row")));
+        health.record_success();
+        assert!(health.is_healthy());
+    }
 }

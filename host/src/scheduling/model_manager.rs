@@ -340,13 +340,18 @@ impl ModelManager {
                 }
                 out.remove(&(name.clone(), None));
                 for (v, loaded) in entry.versions.iter() {
+                    // A version whose instances crashed is not ready until they are back.
+                    let (state, reason) = match loaded.health.unhealthy_reason() {
+                        Some(why) => (ModelState::Unavailable, why),
+                        None => (ModelState::Ready, loaded.origin.clone().unwrap_or_default()),
+                    };
                     out.insert(
                         (name.clone(), Some(*v)),
                         IndexEntry {
                             name: name.clone(),
                             version: Some(*v),
-                            state: ModelState::Ready,
-                            reason: loaded.origin.clone().unwrap_or_default(),
+                            state,
+                            reason,
                         },
                     );
                 }

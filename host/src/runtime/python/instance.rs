@@ -171,6 +171,8 @@ pub(super) struct PythonInstance {
     /// An interpreter that is not serving yet (the one the load started).
     live: Option<Interpreter>,
     serving: Option<Serving>,
+    /// Its interpreter crashed and no replacement is up yet (counted in the model's health).
+    down: bool,
 }
 
 impl PythonInstance {
@@ -185,6 +187,7 @@ impl PythonInstance {
             inbox: Arc::default(),
             live,
             serving: None,
+            down: false,
         })
     }
 
@@ -192,7 +195,7 @@ impl PythonInstance {
     fn serve(&mut self) -> Result<Serving> {
         let mut interp = match self.live.take() {
             Some(interp) => interp,
-            None => self.model.start(self.index)?,
+            None => self.fresh()?,
         };
         let model = self.model.clone();
         let calls = ServeDoor {
@@ -210,6 +213,15 @@ impl PythonInstance {
                 .await;
             (interp, result, calls)
         }))
+    }
+
+    /// A new interpreter with `model.py` loaded, which ends a crash's downtime.
+    fn fresh(&mut self) -> Result<Interpreter> {
+        let interp = self.model.start(self.index)?;
+        if std::mem::take(&mut self.down) {
+            self.model.health.record_up();
+        }
+        Ok(interp)
     }
 
     /// Runs the serving loop until the guest waits for a batch again; a loop that ended (a
@@ -237,6 +249,12 @@ impl PythonInstance {
                         tracing::warn!(model = %self.model.name, "finalize raised: {f}");
                     }
                     if let Err(e) = result {
+                        // A crash (not an interpreter stopped because nobody waits): the
+                        // model is not ready until a new one is up.
+                        if e.code != crate::error::Code::Cancelled && !self.down {
+                            self.down = true;
+                            self.model.health.record_down();
+                        }
                         if let Some(job) = calls.current.take() {
                             let _ = job.reply.send(Err(e));
                         }
@@ -272,6 +290,16 @@ struct ResponsesHeader {
 }
 
 impl ModelInstance for PythonInstance {
+    /// A crashed interpreter's replacement, started (`initialize` run) now.
+    fn recover(&mut self) {
+        if self.down && self.live.is_none() && self.serving.is_none() {
+            match self.fresh() {
+                Ok(interp) => self.live = Some(interp),
+                Err(e) => tracing::warn!(model = %self.model.name, "{}", e.message),
+            }
+        }
+    }
+
     /// A batch reaches `execute(requests)` as a list of requests, each with its own shapes,
     /// parameters and response.
     fn execute_batch(

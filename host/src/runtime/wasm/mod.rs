@@ -142,9 +142,31 @@ impl StageModel {
 struct StageInstance {
     model: Arc<StageModel>,
     live: Option<Live>,
+    /// Its guest crashed and no replacement is up yet (counted in the model's health).
+    down: bool,
 }
 
 impl StageInstance {
+    /// A live guest: the one kept, or a new one (which ends a crash's downtime).
+    fn take_live(&mut self) -> Result<Live> {
+        if let Some(live) = self.live.take() {
+            return Ok(live);
+        }
+        let live = self.model.instantiate()?;
+        if std::mem::take(&mut self.down) {
+            self.model.health.record_up();
+        }
+        Ok(live)
+    }
+
+    /// The guest crashed: the model is not ready until a new one is up.
+    fn crashed(&mut self, err: &Error) {
+        if err.code != Code::Cancelled && !self.down {
+            self.down = true;
+            self.model.health.record_down();
+        }
+    }
+
     /// What `host.respond` does during one `execute` of a decoupled model: check the outputs
     /// like a final response, then send them down the request's stream.
     fn responder(&self, requests: &[&InferRequest], outputs: &[String]) -> state::Responder {
@@ -219,6 +241,16 @@ impl StageInstance {
 }
 
 impl ModelInstance for StageInstance {
+    /// A crashed stage's replacement, instantiated (and initialised) now.
+    fn recover(&mut self) {
+        if self.down && self.live.is_none() {
+            match self.take_live() {
+                Ok(live) => self.live = Some(live),
+                Err(e) => tracing::warn!(model = %self.model.name, "{}", e.message),
+            }
+        }
+    }
+
     /// A batch reaches the stage as a list of requests, like Triton's `execute(requests)`:
     /// each keeps its own shapes, parameters and result.
     fn execute_batch(
@@ -234,12 +266,9 @@ impl ModelInstance for StageInstance {
         )
         .entered();
         let start = std::time::Instant::now();
-        let (mut store, stage) = match self.live.take() {
-            Some(live) => live,
-            None => match self.model.instantiate() {
-                Ok(live) => live,
-                Err(e) => return (all(e), ExecTimings::default()),
-            },
+        let (mut store, stage) = match self.take_live() {
+            Ok(live) => live,
+            Err(e) => return (all(e), ExecTimings::default()),
         };
         self.model.arm_deadline(&mut store);
         // Work done for a stage that called us must not outlive that caller's wait.
@@ -292,6 +321,7 @@ impl ModelInstance for StageInstance {
             // The store is dropped here: a trapped instance is never entered again.
             Err(e) => {
                 let err = self.model.trap_error(&store, &e, "execute");
+                self.crashed(&err);
                 return (all(err), ExecTimings::default());
             }
         };
@@ -420,11 +450,13 @@ pub fn load(
     instances.push(Box::new(StageInstance {
         model: model.clone(),
         live: Some(first),
+        down: false,
     }));
     for _ in 1..count {
         instances.push(Box::new(StageInstance {
             model: model.clone(),
             live: None,
+            down: false,
         }));
     }
     Ok(LoadedBackend {

@@ -22,7 +22,13 @@ impl WorkQueue {
     ) {
         while let Some(work) = self.next_batch(index, claim.as_ref()) {
             match work {
-                Work::Batch(taken) => self.run_batch(instance.as_mut(), taken),
+                Work::Batch(taken) => {
+                    self.run_batch(instance.as_mut(), taken);
+                    // A crashed guest's replacement starts now, its batch answered.
+                    if catch_unwind(AssertUnwindSafe(|| instance.recover())).is_err() {
+                        tracing::warn!(model = %self.model, "an instance's recovery panicked");
+                    }
+                }
                 Work::ReadinessCheck => {
                     // A check that panics or has nothing to run says "not ready".
                     let ready = catch_unwind(AssertUnwindSafe(|| instance.check_ready()))
