@@ -161,7 +161,16 @@ def test_adapters_answer_as_peft_merged_weights_several_in_one_batch(tiny):
 def test_an_unloaded_adapter_is_refused_by_name_and_the_others_keep_serving(tiny):
     assert load_with_files(tiny, "tiny_lora:terse", tiny.terse)[0] == 200
     assert load_with_files(tiny, "tiny_lora:gone", tiny.terse)[0] == 200
+    h = httpclient.InferenceServerClient(tiny.http)
+    # A loaded adapter is ready under its model's name, and listed in the repository index.
+    assert h.is_model_ready("tiny_lora:gone")
+    assert grpcclient.InferenceServerClient(tiny.grpc).is_model_ready("tiny_lora:gone")
+    index = {m["name"]: m for m in h.get_model_repository_index()}
+    assert index["tiny_lora:gone"]["state"] == "READY", index
+    assert "tiny_lora:verbose" in index and "tiny_lora:terse" in index, index
     assert post(tiny, "/v2/repository/models/tiny_lora:gone/unload", {}) == (200, {})
+    assert not h.is_model_ready("tiny_lora:gone")
+    assert "tiny_lora:gone" not in {m["name"] for m in h.get_model_repository_index()}
     status, error = generate(tiny, PROMPTS[0], "gone")
     assert status == 404 and "'gone'" in error and "terse" in error, error
     assert generate(tiny, PROMPTS[0], "terse") == (200, tiny.references["terse"][0])
@@ -170,6 +179,20 @@ def test_an_unloaded_adapter_is_refused_by_name_and_the_others_keep_serving(tiny
     status, answer = post(tiny, "/v2/repository/models/tiny_lora:gone/unload", {})
     assert status == 404 and "'gone'" in answer["error"]
     assert httpclient.InferenceServerClient(tiny.http).is_model_ready("tiny_lora")
+
+
+def test_adapters_sent_to_the_server_survive_a_reload_of_their_model(tiny):
+    """Re-applied: the reloaded model's new versions get the adapters clients loaded from
+    files before they serve; one unloaded before the reload stays unloaded."""
+    assert load_with_files(tiny, "tiny_lora:terse", tiny.terse)[0] == 200
+    assert load_with_files(tiny, "tiny_lora:dropped", tiny.terse)[0] == 200
+    assert post(tiny, "/v2/repository/models/tiny_lora:dropped/unload", {}) == (200, {})
+    assert post(tiny, "/v2/repository/models/tiny_lora/load", {}) == (200, {})
+    assert generate(tiny, PROMPTS[0], "terse") == (200, tiny.references["terse"][0])
+    assert generate(tiny, PROMPTS[0], "verbose") == (200, tiny.references["verbose"][0])
+    assert httpclient.InferenceServerClient(tiny.http).is_model_ready("tiny_lora:terse")
+    status, error = generate(tiny, PROMPTS[0], "dropped")
+    assert status == 404 and "'dropped'" in error, error
 
 
 def test_adapters_the_decoder_cannot_take_are_refused_by_name(tiny):

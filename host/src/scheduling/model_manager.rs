@@ -198,6 +198,9 @@ pub struct ModelManager {
     /// Models whose versions are being read and initialized now, under the lifecycle lock
     /// (see `asked_by_models.rs`).
     loading: std::sync::Mutex<HashSet<String>>,
+    /// Adapters loaded with files a load request sent, by the model holding them: applied
+    /// again to the model's new versions when it reloads (`adapters.rs`).
+    sent_adapters: std::sync::Mutex<adapters::SentAdapters>,
 }
 
 fn repo_error(err: RepositoryError) -> Error {
@@ -216,6 +219,7 @@ impl ModelManager {
             models: RwLock::new(HashMap::new()),
             lifecycle: tokio::sync::Mutex::new(()),
             loading: Default::default(),
+            sent_adapters: Default::default(),
         }
     }
 
@@ -354,6 +358,20 @@ impl ModelManager {
                             reason,
                         },
                     );
+                    // Its adapters, each as `model:adapter` (the name requests use).
+                    let adapters = loaded.capabilities.adapters.as_ref();
+                    for adapter in adapters.map(|a| a.names()).unwrap_or_default() {
+                        let full = format!("{name}:{adapter}");
+                        out.insert(
+                            (full.clone(), None),
+                            IndexEntry {
+                                name: full,
+                                version: None,
+                                state: ModelState::Ready,
+                                reason: format!("adapter of model '{name}'"),
+                            },
+                        );
+                    }
                 }
             }
         }
@@ -515,13 +533,19 @@ impl ModelManager {
         let this = self.clone();
         let model = name.to_owned();
         let loading = Loading::start(self, name);
-        let (fingerprint, outcome) =
-            tokio::task::spawn_blocking(move || this.load_versions(&model, &overrides))
-                .await
-                .unwrap_or_else(|e| {
-                    let err = Error::internal(format!("model '{name}': load panicked: {e}"));
-                    (0, Err(err))
-                });
+        let (fingerprint, outcome) = tokio::task::spawn_blocking(move || {
+            let (fingerprint, outcome) = this.load_versions(&model, &overrides);
+            // A reload keeps the adapters clients loaded into the versions it replaces.
+            if let Ok(versions) = &outcome {
+                this.reapply_adapters(&model, versions);
+            }
+            (fingerprint, outcome)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            let err = Error::internal(format!("model '{name}': load panicked: {e}"));
+            (0, Err(err))
+        });
         drop(loading);
         let mut models = self.models.write().map_err(|_| poisoned())?;
         let Some(entry) = models.get_mut(name) else {
@@ -613,6 +637,7 @@ impl ModelManager {
                     if let Some(entry) = models.get_mut(&model) {
                         Self::unload_entry(&model, entry);
                         self.forget_answers(&model);
+                        self.forget_adapters(&model);
                     }
                 }
             }
@@ -621,6 +646,7 @@ impl ModelManager {
             Some(entry) if !entry.versions.is_empty() => {
                 Self::unload_entry(name, entry);
                 self.forget_answers(name);
+                self.forget_adapters(name);
                 Ok(())
             }
             _ => Err(Error::new(

@@ -4,7 +4,9 @@
 //! (for LoRA, PEFT's `adapter_config.json` and `adapter_model.safetensors`) from the load
 //! request's `file:` parameters, or else from the model's adapter folder (`adapters/<adapter>/`)
 //! in the repository; loading it again replaces it; unloading drops it (requests running with
-//! it finish with it).
+//! it finish with it). An adapter loaded from a request's files survives a reload of its
+//! model: the new versions get it again before they serve (one from the repository's folder
+//! is read again by the new versions themselves); unloading the model forgets it.
 
 use super::*;
 use crate::{
@@ -14,6 +16,16 @@ use crate::{
 
 /// The models that hold a model's adapters: their names and adapter stores.
 type Holders = Vec<(String, Arc<dyn AdapterStore>)>;
+
+/// Adapters loaded from a request's files: by holding model, each adapter's files' contents.
+pub(super) type SentAdapters = HashMap<String, BTreeMap<String, Arc<Vec<Vec<u8>>>>>;
+
+fn sent(manager: &ModelManager) -> std::sync::MutexGuard<'_, SentAdapters> {
+    manager
+        .sent_adapters
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 impl ModelManager {
     /// `(model, adapter)` when `name` names an adapter: `model:adapter` where `model` is loaded
@@ -119,14 +131,15 @@ impl ModelManager {
                 ),
                 false => None,
             };
-            jobs.push((store, dir));
+            jobs.push((holder, (store, dir)));
         }
         let files = overrides.files;
         let name = adapter.as_str().to_owned();
         let model = model.to_owned();
         // Reading and preparing the weights is file and CPU work: off the async runtime.
-        tokio::task::spawn_blocking(move || {
-            for (store, dir) in jobs {
+        let loaded = tokio::task::spawn_blocking(move || {
+            let mut loaded = Vec::new();
+            for (holder, (store, dir)) in jobs {
                 let contents = match &dir {
                     Some(dir) => store.read(dir)?,
                     None => store
@@ -138,11 +151,53 @@ impl ModelManager {
                 store
                     .load(&name, &contents)
                     .map_err(|e| e.within(format_args!("failed to load '{model}:{name}'")))?;
+                loaded.push((holder, dir.is_none().then(|| Arc::new(contents))));
             }
-            Ok(())
+            Ok::<_, Error>(loaded)
         })
         .await
-        .map_err(|e| Error::internal(format!("loading the adapter failed: {e}")))?
+        .map_err(|e| Error::internal(format!("loading the adapter failed: {e}")))??;
+        let mut sent = sent(self);
+        for (holder, contents) in loaded {
+            let held = sent.entry(holder).or_default();
+            match contents {
+                Some(contents) => held.insert(adapter.as_str().to_owned(), contents),
+                // Read from the repository: a new version reads it again itself.
+                None => held.remove(adapter.as_str()),
+            };
+        }
+        Ok(())
+    }
+
+    /// Loads into `versions` (a reload of `model`) the adapters clients loaded into the
+    /// versions they replace from a request's files; one that no longer fits is left out,
+    /// said in the log.
+    pub(super) fn reapply_adapters(
+        &self,
+        model: &str,
+        versions: &BTreeMap<i64, Arc<ModelVersion>>,
+    ) {
+        let held = sent(self).get(model).cloned().unwrap_or_default();
+        for (name, contents) in held {
+            for version in versions.values() {
+                let Some(store) = &version.capabilities.adapters else {
+                    continue;
+                };
+                match store.load(&name, &contents) {
+                    Ok(()) => {
+                        tracing::info!(model, adapter = %name, "adapter loaded again after the reload")
+                    }
+                    Err(e) => {
+                        tracing::warn!(model, adapter = %name, "adapter not loaded again after the reload: {}", e.message)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets the adapters clients loaded into `model` (it was unloaded).
+    pub(super) fn forget_adapters(&self, model: &str) {
+        sent(self).remove(model);
     }
 
     /// Unloads adapter `adapter` of `model`.
@@ -150,10 +205,13 @@ impl ModelManager {
         let adapter = AdapterName::parse(adapter)?;
         let mut result = Ok(());
         let mut unloaded = false;
-        for (_, adapters) in self.adapter_holders(model)? {
+        for (holder, adapters) in self.adapter_holders(model)? {
             match adapters.unload(adapter.as_str()) {
                 Ok(()) => unloaded = true,
                 Err(e) => result = Err(e),
+            }
+            if let Some(held) = sent(self).get_mut(&holder) {
+                held.remove(adapter.as_str());
             }
         }
         if unloaded {

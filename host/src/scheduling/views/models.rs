@@ -43,9 +43,17 @@ pub async fn model_ready(
     name: &str,
     version: &str,
 ) -> Result<bool> {
+    let models = server.models();
+    // `model:adapter`: the model is ready and has the adapter loaded.
+    if let Some((model, adapter)) = models.adapter_ref(name) {
+        caller.require(ModelAction::See, model)?;
+        let version = parse_version(model, version)?;
+        return Ok(models.check_ready(model, version).await
+            && models.adapter_names(model).iter().any(|a| a == adapter));
+    }
     caller.require(ModelAction::See, name)?;
     let version = parse_version(name, version)?;
-    Ok(server.models().check_ready(name, version).await)
+    Ok(models.check_ready(name, version).await)
 }
 
 /// Model metadata: loaded versions, platform and tensor signatures (batch dimension as -1).
