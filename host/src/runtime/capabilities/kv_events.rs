@@ -26,11 +26,13 @@ pub enum KvEvent {
         token_ids: Vec<i64>,
         /// Tokens per block.
         block_size: usize,
-        /// No adapters: `None`.
-        lora_id: Option<u32>,
+        /// The LoRA adapter the blocks were computed with: an id unique to its load (vLLM's
+        /// `lora_int_id`); `None` for the base model.
+        lora_id: Option<u64>,
         /// Where the blocks are ([`MEDIUM`]).
         medium: Option<&'static str>,
-        /// No adapters: `None`.
+        /// That adapter's name (also in each block's hash, as vLLM's); `None` for the base
+        /// model.
         lora_name: Option<String>,
     },
     /// Blocks no longer held.

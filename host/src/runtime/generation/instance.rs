@@ -51,8 +51,9 @@ impl GenerationInstance {
         let adapter = self.adapter_of(request)?;
         let mut namespace = self.namespace_of(request);
         if let Some(a) = &adapter {
-            // An adapter changes every key and value: its prompts share no cache with others.
-            namespace.push_str(&format!("\u{0}lora {}", a.id));
+            // An adapter changes every key and value: its prompts share no cache with others,
+            // and their blocks' events name it.
+            namespace = super::kv::events::scope_with_adapter(&namespace, a.id, &a.name);
         }
         self.engine.submit(Submission {
             party: party_of(request),

@@ -48,9 +48,42 @@ fn cbor_int(out: &mut Vec<u8>, v: i64) {
     }
 }
 
+/// The cache scope of a prompt run with LoRA adapter `name` (loaded as `id`) for `tenant`'s
+/// scope: its blocks are other blocks than the base model's, and their events name the
+/// adapter ([`adapter_of`] reads it back).
+pub fn scope_with_adapter(tenant: &str, id: u64, name: &str) -> String {
+    format!("{tenant}{ADAPTER_MARK}{id} {name}")
+}
+
+/// Separates a scope's tenant from its adapter (adapter names have no NUL or space).
+const ADAPTER_MARK: &str = "\u{0}lora ";
+
+/// A scope's tenant part and its adapter (`id`, `name`), if it has one.
+pub fn adapter_of(scope: &str) -> (&str, Option<(u64, &str)>) {
+    let Some((tenant, adapter)) = scope.split_once(ADAPTER_MARK) else {
+        return (scope, None);
+    };
+    let parsed = adapter
+        .split_once(' ')
+        .and_then(|(id, name)| Some((id.parse().ok()?, name)));
+    (tenant, parsed)
+}
+
+/// The extra keys of a block, as vLLM's `generate_block_hash_extra_keys` makes them: the
+/// adapter's name on every block (`lora_name`), then the tenant's scope on the first
+/// (`cache_salt`).
+fn extra_keys(scope: &str, first: bool) -> Vec<&str> {
+    let (tenant, adapter) = adapter_of(scope);
+    let mut keys: Vec<&str> = adapter.map(|(_, name)| name).into_iter().collect();
+    if first && !tenant.is_empty() {
+        keys.push(tenant);
+    }
+    keys
+}
+
 /// The hash of one block: the low 64 bits of SHA-256 over the CBOR of `[parent, tokens,
-/// extra]`.
-pub fn block_hash(parent: Option<u64>, tokens: &[i64], extra: Option<&str>) -> u64 {
+/// extra]` (`extra`: `null` when there are no extra keys).
+pub fn block_hash(parent: Option<u64>, tokens: &[i64], extra: &[&str]) -> u64 {
     let mut cbor = Vec::with_capacity(16 + tokens.len() * 3);
     cbor_head(&mut cbor, 4, 3);
     match parent {
@@ -61,13 +94,14 @@ pub fn block_hash(parent: Option<u64>, tokens: &[i64], extra: Option<&str>) -> u
     for t in tokens {
         cbor_int(&mut cbor, *t);
     }
-    match extra {
-        Some(key) => {
-            cbor_head(&mut cbor, 4, 1);
+    if extra.is_empty() {
+        cbor.push(0xf6);
+    } else {
+        cbor_head(&mut cbor, 4, extra.len() as u64);
+        for key in extra {
             cbor_head(&mut cbor, 3, key.len() as u64);
             cbor.extend_from_slice(key.as_bytes());
         }
-        None => cbor.push(0xf6),
     }
     let digest = Sha256::digest(&cbor);
     let mut low = [0u8; 8];
@@ -75,14 +109,14 @@ pub fn block_hash(parent: Option<u64>, tokens: &[i64], extra: Option<&str>) -> u
     u64::from_be_bytes(low)
 }
 
-/// The hashes of `tokens`' full blocks in `namespace` (empty: shared by all), in order.
+/// The hashes of `tokens`' full blocks in `namespace` (empty: shared by all; perhaps with
+/// an adapter: [`scope_with_adapter`]), in order.
 pub fn chain(namespace: &str, tokens: &[i64], block_size: usize) -> Vec<u64> {
     let mut parent = None;
     tokens
         .chunks_exact(block_size.max(1))
         .map(|block| {
-            let extra = (parent.is_none() && !namespace.is_empty()).then_some(namespace);
-            let hash = block_hash(parent, block, extra);
+            let hash = block_hash(parent, block, &extra_keys(namespace, parent.is_none()));
             parent = Some(hash);
             hash
         })
@@ -126,12 +160,12 @@ impl BlockIndex {
                 blocks.push(*hash);
                 ids.extend_from_slice(&tokens[i * size..(i + 1) * size]);
             } else if let Some(done) = run.take() {
-                events.push(stored(done, size));
+                events.push(stored(done, size, namespace));
             }
             previous = Some(*hash);
         }
         if let Some(done) = run.take() {
-            events.push(stored(done, size));
+            events.push(stored(done, size, namespace));
         }
     }
 
@@ -174,15 +208,17 @@ impl BlockIndex {
 fn stored(
     (parent, block_hashes, token_ids): (Option<u64>, Vec<u64>, Vec<i64>),
     size: usize,
+    namespace: &str,
 ) -> KvEvent {
+    let adapter = adapter_of(namespace).1;
     KvEvent::BlockStored {
         block_hashes,
         parent_block_hash: parent,
         token_ids,
         block_size: size,
-        lora_id: None,
+        lora_id: adapter.map(|(id, _)| id),
         medium: Some(MEDIUM),
-        lora_name: None,
+        lora_name: adapter.map(|(_, name)| name.to_owned()),
     }
 }
 
@@ -200,10 +236,42 @@ mod tests {
         let cbor = [0x83, 0xf6, 0x83, 0x01, 0x02, 0x19, 0x01, 0x2c, 0xf6];
         let digest = Sha256::digest(cbor);
         let low = u64::from_be_bytes(digest[24..].try_into().unwrap());
-        assert_eq!(block_hash(None, &[1, 2, 300], None), low);
+        assert_eq!(block_hash(None, &[1, 2, 300], &[]), low);
         // The namespace and the parent change it.
-        assert_ne!(block_hash(None, &[1, 2, 300], Some("a")), low);
-        assert_ne!(block_hash(Some(7), &[1, 2, 300], None), low);
+        assert_ne!(block_hash(None, &[1, 2, 300], &["a"]), low);
+        assert_ne!(block_hash(Some(7), &[1, 2, 300], &[]), low);
+        // cbor2.dumps([None, [1, 2, 300], ["sql", "t"]]): an adapter's name, then the salt.
+        let cbor = [
+            0x83, 0xf6, 0x83, 0x01, 0x02, 0x19, 0x01, 0x2c, 0x82, 0x63, b's', b'q', b'l', 0x61,
+            b't',
+        ];
+        let digest = Sha256::digest(cbor);
+        let with_both = u64::from_be_bytes(digest[24..].try_into().unwrap());
+        assert_eq!(block_hash(None, &[1, 2, 300], &["sql", "t"]), with_both);
+    }
+
+    #[test]
+    fn an_adapters_blocks_carry_its_name_in_every_hash_and_its_event() {
+        let scope = scope_with_adapter("t", 42, "sql");
+        assert_eq!(adapter_of(&scope), ("t", Some((42, "sql"))));
+        assert_eq!(adapter_of("t"), ("t", None));
+        let hashes = chain(&scope, &tokens(8, 0), 4);
+        // As vLLM: the adapter's name on every block, the tenant's salt on the first only.
+        assert_eq!(hashes[0], block_hash(None, &tokens(4, 0), &["sql", "t"]));
+        assert_eq!(
+            hashes[1],
+            block_hash(Some(hashes[0]), &tokens(4, 4), &["sql"])
+        );
+        let mut index = BlockIndex::new(4);
+        let mut events = Vec::new();
+        index.add(&scope, &tokens(8, 0), &mut events);
+        assert!(
+            matches!(&events[..], [KvEvent::BlockStored { lora_id: Some(42), lora_name: Some(n), .. }] if n == "sql")
+        );
+        // The base model's equal prompt is other blocks.
+        assert!(chain("t", &tokens(8, 0), 4)
+            .iter()
+            .all(|h| !hashes.contains(h)));
     }
 
     #[test]
