@@ -74,13 +74,7 @@ pub fn load_file(
     let model_dir = version_dir.parent().unwrap_or(version_dir);
     settings.op_libraries = operator_libraries(&config, model_dir, onnx, load)?;
     let run_options = settings.run_options(&config.name)?.map(Arc::new);
-    for key in config.parameters.keys().filter(|k| !known_parameter(k)) {
-        tracing::warn!(
-            model = %config.name,
-            "parameter '{key}' has no effect on ONNX Runtime models (Triton's ONNX Runtime \
-             backend ignores it too)"
-        );
-    }
+    warn_unknown_parameters(&config);
     let placements = gpu::placements(&config)?;
     let accelerators = gpu::accelerators(&config)?;
     let engine_cache = accelerators
@@ -130,21 +124,7 @@ pub fn load_file(
         Some(_) => None,
         None => ShapeBuckets::from_config(&config, on_gpu)?.map(Arc::new),
     };
-    // One session per instance, or one per batch bucket; TensorRT builds each bucket's
-    // session for exactly its shape.
-    let profiles: Vec<Option<String>> = match &buckets {
-        Some(b) if b.session_per_bucket => b
-            .batch
-            .iter()
-            .map(|&n| {
-                accelerators
-                    .tensorrt
-                    .as_ref()
-                    .and_then(|_| tensorrt_profile(&config, n))
-            })
-            .collect(),
-        _ => vec![None],
-    };
+    let profiles = session_profiles(&config, buckets.as_deref(), &accelerators);
     let output_types = output_types(&config);
     let shapes = Reshapes::of(&config, &model_inputs, &model_outputs);
     let mut probe = Some(probe);
@@ -183,6 +163,39 @@ pub fn load_file(
         buckets,
         ..LoadedBackend::new(config, instances)
     })
+}
+
+/// Parameters ONNX Runtime does not read, said once (Triton's backend ignores them too).
+fn warn_unknown_parameters(config: &ModelConfig) {
+    for key in config.parameters.keys().filter(|k| !known_parameter(k)) {
+        tracing::warn!(
+            model = %config.name,
+            "parameter '{key}' has no effect on ONNX Runtime models (Triton's ONNX Runtime \
+             backend ignores it too)"
+        );
+    }
+}
+
+/// The sessions each instance has: one, or one per batch bucket (TensorRT builds each
+/// bucket's session for exactly its shape, named by its optimisation profile).
+fn session_profiles(
+    config: &ModelConfig,
+    buckets: Option<&ShapeBuckets>,
+    accelerators: &gpu::Accelerators,
+) -> Vec<Option<String>> {
+    match buckets {
+        Some(b) if b.session_per_bucket => b
+            .batch
+            .iter()
+            .map(|&n| {
+                accelerators
+                    .tensorrt
+                    .as_ref()
+                    .and_then(|_| tensorrt_profile(config, n))
+            })
+            .collect(),
+        _ => vec![None],
+    }
 }
 
 /// The model's file: `default_model_filename` or `model.onnx` in the version folder; when that

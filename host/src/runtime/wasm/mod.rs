@@ -146,7 +146,50 @@ struct StageInstance {
     down: bool,
 }
 
+/// The outputs the stage set through `ops.set-output` during the batch, per request; the
+/// bytes they held are no longer counted against its memory.
+fn take_set_outputs(store: &mut Store<StageState>, requests: usize) -> Vec<Vec<Tensor>> {
+    let set_outputs = std::mem::take(&mut store.data_mut().set_outputs);
+    let set_bytes: usize = set_outputs.iter().map(|(_, t)| t.data.len()).sum();
+    let held = &mut store.data_mut().limits.held_bytes;
+    *held = held.saturating_sub(set_bytes);
+    let mut per_request: Vec<Vec<Tensor>> = vec![Vec::new(); requests];
+    for (index, tensor) in set_outputs {
+        if let Some(slot) = per_request.get_mut(index as usize) {
+            slot.push(tensor);
+        }
+    }
+    per_request
+}
+
 impl StageInstance {
+    /// What the store holds for one batch: its deadline (no later than a calling stage's),
+    /// the responder of a decoupled stage, the callers whose rights its calls carry, the
+    /// batch's cancellation and its inputs.
+    fn prepare(
+        &self,
+        store: &mut Store<StageState>,
+        requests: &[&InferRequest],
+        outputs: &[String],
+    ) {
+        self.model.arm_deadline(store);
+        // Work done for a stage that called us must not outlive that caller's wait.
+        if let Some(inherited) = requests.iter().filter_map(|r| r.deadline).min() {
+            let own = &mut store.data_mut().call_deadline;
+            *own = Some(own.map_or(inherited, |d| d.min(inherited)));
+        }
+        if self.model.decoupled {
+            store.data_mut().respond = Some(self.responder(requests, outputs));
+        }
+        let mut callers: Vec<_> = requests.iter().flat_map(|r| r.callers.clone()).collect();
+        callers.dedup();
+        store.data_mut().callers = callers;
+        store.data_mut().cancel = Some(Cancellation::child_of_all(
+            requests.iter().map(|r| r.cancel.clone()),
+        ));
+        store.data_mut().batch_inputs = Some(requests.iter().map(|r| r.inputs.clone()).collect());
+    }
+
     /// A live guest: the one kept, or a new one (which ends a crash's downtime).
     fn take_live(&mut self) -> Result<Live> {
         if let Some(live) = self.live.take() {
@@ -270,12 +313,7 @@ impl ModelInstance for StageInstance {
             Ok(live) => live,
             Err(e) => return (all(e), ExecTimings::default()),
         };
-        self.model.arm_deadline(&mut store);
-        // Work done for a stage that called us must not outlive that caller's wait.
-        if let Some(inherited) = requests.iter().filter_map(|r| r.deadline).min() {
-            let own = &mut store.data_mut().call_deadline;
-            *own = Some(own.map_or(inherited, |d| d.min(inherited)));
-        }
+        self.prepare(&mut store, requests, outputs);
         let wit_requests: Vec<wit::Request> = requests
             .iter()
             .map(|request| wit::Request {
@@ -285,16 +323,6 @@ impl ModelInstance for StageInstance {
                 parameters: wit_parameters(request),
             })
             .collect();
-        if self.model.decoupled {
-            store.data_mut().respond = Some(self.responder(requests, outputs));
-        }
-        let mut callers: Vec<_> = requests.iter().flat_map(|r| r.callers.clone()).collect();
-        callers.dedup();
-        store.data_mut().callers = callers;
-        store.data_mut().cancel = Some(Cancellation::child_of_all(
-            requests.iter().map(|r| r.cancel.clone()),
-        ));
-        store.data_mut().batch_inputs = Some(requests.iter().map(|r| r.inputs.clone()).collect());
         let prepared = std::time::Instant::now();
         let result = stage
             .wasmtron_stage_model()
@@ -306,16 +334,7 @@ impl ModelInstance for StageInstance {
         store.data_mut().callers.clear();
         store.data_mut().batch_inputs = None;
         let refused_call = store.data_mut().refused_call.take();
-        let set_outputs = std::mem::take(&mut store.data_mut().set_outputs);
-        let set_bytes: usize = set_outputs.iter().map(|(_, t)| t.data.len()).sum();
-        let held = &mut store.data_mut().limits.held_bytes;
-        *held = held.saturating_sub(set_bytes);
-        let mut set_per_request: Vec<Vec<Tensor>> = vec![Vec::new(); requests.len()];
-        for (index, tensor) in set_outputs {
-            if let Some(slot) = set_per_request.get_mut(index as usize) {
-                slot.push(tensor);
-            }
-        }
+        let set_per_request = take_set_outputs(&mut store, requests.len());
         let results = match result {
             Ok(results) => results,
             // The store is dropped here: a trapped instance is never entered again.
