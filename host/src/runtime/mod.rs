@@ -141,7 +141,8 @@ static BACKENDS: &[BackendRow] = &[
     },
 ];
 
-/// The row of a backend name: a framework served by conversion reads as ONNX Runtime's.
+/// The row of a backend name (a framework served by conversion has none: `load` serves it
+/// with ONNX Runtime's).
 fn row(backend: &str) -> Option<&'static BackendRow> {
     BACKENDS.iter().find(|r| r.name == backend)
 }

@@ -104,7 +104,7 @@ pub fn load(
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_else(|| DEFAULT_MODEL_FILENAME.to_owned());
     let repository_calls = RepositoryCalls::of(&config, load)?;
-    let packages = packages::of(&config, &model_dir)?.map(Arc::new);
+    let packages = packages::of(&config, &model_dir, load.sent_by_client)?.map(Arc::new);
     let build = |config: &ModelConfig, runtime: Arc<Runtime>| {
         let count = instance_count(config);
         Arc::new(PythonModel {

@@ -25,6 +25,9 @@ pub const PARAMETER: &str = "EXECUTION_ENV_PATH";
 
 /// The most an environment's packages may hold once unpacked.
 const MAX_BYTES: u64 = 2 << 30;
+/// The same for an environment that came with a load request (a small archive may unpack to
+/// much more than its request's size).
+const MAX_BYTES_SENT: u64 = 256 << 20;
 /// The most files they may be.
 const MAX_FILES: usize = 200_000;
 
@@ -38,8 +41,9 @@ pub(super) struct Packages {
 }
 
 /// The model's packages when its configuration names an environment; an error names the
-/// parameter and what is wrong with it.
-pub(super) fn of(config: &ModelConfig, model_dir: &Path) -> Result<Option<Packages>> {
+/// parameter and what is wrong with it. One that came with a load request (`sent`) may
+/// unpack to less.
+pub(super) fn of(config: &ModelConfig, model_dir: &Path, sent: bool) -> Result<Option<Packages>> {
     let Some(value) = config.parameters.get(PARAMETER) else {
         return Ok(None);
     };
@@ -73,7 +77,8 @@ pub(super) fn of(config: &ModelConfig, model_dir: &Path) -> Result<Option<Packag
     };
     let unpacked = ScratchDir::new("wasmtron-python-env-")
         .map_err(|e| bad(format!("cannot make a folder to unpack it in: {e}")))?;
-    let files = unpack_site_packages(reader, &unpacked).map_err(bad)?;
+    let max_bytes = if sent { MAX_BYTES_SENT } else { MAX_BYTES };
+    let files = unpack_site_packages(reader, &unpacked, max_bytes).map_err(bad)?;
     tracing::info!(model = %name, files, "packages of {PARAMETER} unpacked");
     Ok(Some(Packages {
         folder: unpacked.path().join("site-packages"),
@@ -149,6 +154,7 @@ fn in_site_packages(path: &Path) -> Option<Vec<String>> {
 fn unpack_site_packages(
     reader: impl Read,
     into: &ScratchDir,
+    max_bytes: u64,
 ) -> std::result::Result<usize, String> {
     let mut archive = tar::Archive::new(reader);
     let entries = archive
@@ -169,10 +175,10 @@ fn unpack_site_packages(
         };
         files += 1;
         bytes = bytes.saturating_add(entry.size());
-        if files > MAX_FILES || bytes > MAX_BYTES {
+        if files > MAX_FILES || bytes > max_bytes {
             return Err(format!(
                 "its packages hold more than {MAX_FILES} files or {} MiB",
-                MAX_BYTES >> 20
+                max_bytes >> 20
             ));
         }
         let mut content = Vec::with_capacity(entry.size() as usize);
@@ -215,7 +221,7 @@ mod tests {
             ("lib/libz.so", b"native"),
         ]);
         let dir = ScratchDir::new("packages-test-").unwrap();
-        assert_eq!(unpack_site_packages(&tar[..], &dir).unwrap(), 2);
+        assert_eq!(unpack_site_packages(&tar[..], &dir, MAX_BYTES).unwrap(), 2);
         let site = dir.path().join("site-packages");
         assert_eq!(
             std::fs::read_to_string(site.join("pkg/__init__.py")).unwrap(),
@@ -223,6 +229,10 @@ mod tests {
         );
         assert!(site.join("top.py").is_file());
         assert!(!dir.path().join("bin").exists() && !dir.path().join("lib").exists());
+        // Past the bound (a sent environment's is smaller): refused, naming it.
+        let dir = ScratchDir::new("packages-test-").unwrap();
+        let e = unpack_site_packages(&tar[..], &dir, 4).unwrap_err();
+        assert!(e.contains("more than") && e.contains("MiB"), "{e}");
     }
 
     #[test]
@@ -235,7 +245,8 @@ mod tests {
             assert_eq!(in_site_packages(Path::new(path)), None, "{path}");
         }
         let dir = ScratchDir::new("packages-test-").unwrap();
-        let e = unpack_site_packages(&archive(&[("bin/python", b"x")])[..], &dir).unwrap_err();
+        let e = unpack_site_packages(&archive(&[("bin/python", b"x")])[..], &dir, MAX_BYTES)
+            .unwrap_err();
         assert!(e.contains("no lib/python*/site-packages"), "{e}");
     }
 
