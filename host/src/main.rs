@@ -357,6 +357,7 @@ async fn server_options(
         control_mode: cli.model_control_mode,
         load_models: cli.load_model.clone(),
         strict_readiness: cli.strict_readiness,
+        model_namespacing: cli.model_namespacing,
         runtime: runtime_options(cli, backend, defaults.runtime).await?,
         queue_capacity: cli.model_queue_capacity,
         response_cache_bytes: cache_bytes,

@@ -88,7 +88,7 @@ pub struct Cli {
     #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
     pub allow_metrics: bool,
     /// How models are loaded and unloaded.
-    #[arg(long, value_enum, default_value_t = ControlMode::None)]
+    #[arg(long, value_enum, ignore_case = true, default_value_t = ControlMode::None)]
     pub model_control_mode: ControlMode,
     /// Model to load at start in explicit mode (`*` for all); repeatable.
     #[arg(long = "load-model")]
@@ -109,6 +109,11 @@ pub struct Cli {
     /// Ready only when every model is ready.
     #[arg(long, default_value_t = true, action = ArgAction::Set, value_parser = triton_bool)]
     pub strict_readiness: bool,
+    /// Each model repository a namespace of its own: repositories may hold models of the same
+    /// name, known as `<name>@<n>` (`n` the repository's position, from 1); a plain name
+    /// stands for the only loaded one of that name.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
+    pub model_namespacing: bool,
     /// Do not fill inputs, outputs and max_batch_size from the model file.
     #[arg(long, alias = "strict-model-config", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = triton_bool)]
     pub disable_auto_complete_config: bool,

@@ -98,3 +98,18 @@ fn booleans_take_tritons_spellings() {
     }
     assert!(triton_bool("yes").is_err());
 }
+
+#[test]
+fn control_modes_and_namespacing_parse_as_tritons_qa_scripts_spell_them() {
+    // L0_model_namespacing starts Triton with upper-case modes and `=true`.
+    let (cli, _) = parse(args(
+        "--model-namespacing=true --model-repository=/a --model-repository=/b \
+         --model-control-mode=POLL --repository-poll-secs=2",
+    ))
+    .unwrap();
+    assert!(cli.model_namespacing);
+    assert_eq!(cli.model_control_mode, ControlMode::Poll);
+    let (cli, _) = parse(args("--model-repository=/a --model-control-mode=EXPLICIT")).unwrap();
+    assert_eq!(cli.model_control_mode, ControlMode::Explicit);
+    assert!(!cli.model_namespacing);
+}

@@ -25,13 +25,6 @@ pub const TRITON_ONLY: &[(&str, Treatment)] = &[
         Treatment::Only(&["0"], "a failed load is not retried"),
     ),
     (
-        "model-namespacing",
-        Treatment::Only(
-            &["false"],
-            "model names are unique across repositories here",
-        ),
-    ),
-    (
         "reuse-http-port",
         Treatment::Only(&["false"], "a port is never shared with another server"),
     ),

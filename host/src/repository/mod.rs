@@ -24,6 +24,9 @@ pub use config::ConfigError;
 /// File name of a model's configuration inside its directory.
 pub const CONFIG_FILE: &str = "config.pbtxt";
 
+/// What separates a model's name from its repository's position in a key with namespacing.
+pub const NAMESPACE_MARK: char = '@';
+
 /// Why a repository could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum RepositoryError {
@@ -134,10 +137,16 @@ fn hash_tree(dir: &Path, hasher: &mut impl Hasher) {
 
 /// One or more repository roots, searched in order; remote ones are served from their local
 /// copies ([`remote::Mirror`]), which [`ModelRepository::refresh`] brings up to date.
+///
+/// Models are known by a *key*: the folder name, unique across the roots. With namespacing
+/// (Triton's `--model-namespacing=true`) each root is a namespace of its own, so that two roots
+/// may hold the same name: every key is then `<name>@<n>`, `n` the root's position from 1
+/// (see [`ModelRepository::key`]), and a request's plain name is resolved to one of them.
 #[derive(Debug, Clone)]
 pub struct ModelRepository {
     roots: Vec<PathBuf>,
     mirrors: Vec<std::sync::Arc<remote::Mirror>>,
+    namespacing: bool,
 }
 
 impl ModelRepository {
@@ -146,7 +155,56 @@ impl ModelRepository {
         Self {
             roots,
             mirrors: Vec::new(),
+            namespacing: false,
         }
+    }
+
+    /// Makes each root a namespace of its own (Triton's `--model-namespacing`).
+    pub fn with_namespacing(mut self, on: bool) -> Self {
+        self.namespacing = on;
+        self
+    }
+
+    /// Whether each root is a namespace of its own.
+    pub fn namespacing(&self) -> bool {
+        self.namespacing
+    }
+
+    /// The key of model folder `name` of the root at `position` (from 0): the name, or
+    /// `<name>@<position + 1>` with namespacing.
+    pub fn key(&self, position: usize, name: &str) -> String {
+        if self.namespacing {
+            format!("{name}{NAMESPACE_MARK}{}", position + 1)
+        } else {
+            name.to_owned()
+        }
+    }
+
+    /// The folder name and the root's position (from 0) a key names, when it is a key of
+    /// this repository set with namespacing (`name@n`, `n` a root's position from 1).
+    pub fn split_key<'a>(&self, key: &'a str) -> Option<(&'a str, usize)> {
+        if !self.namespacing {
+            return None;
+        }
+        let (name, n) = key.rsplit_once(NAMESPACE_MARK)?;
+        let canonical =
+            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0');
+        let n: usize = n.parse().ok().filter(|_| canonical)?;
+        (n >= 1 && n <= self.roots.len() && !name.is_empty()).then_some((name, n - 1))
+    }
+
+    /// The keys of every root's folder called `name`, in root order (one at most without
+    /// namespacing).
+    pub fn keys_of(&self, name: &str) -> Vec<String> {
+        if crate::names::ModelName::parse(name).is_err() || name.starts_with('.') {
+            return Vec::new();
+        }
+        self.roots
+            .iter()
+            .enumerate()
+            .filter(|(_, root)| root.join(name).is_dir())
+            .map(|(i, _)| self.key(i, name))
+            .collect()
     }
 
     /// Adds remote repositories (already synced once), searched after the local roots.
@@ -181,10 +239,10 @@ impl ModelRepository {
         &self.roots
     }
 
-    /// Every model directory in every root, by name.
+    /// Every model directory in every root, by key.
     pub fn discover(&self) -> Result<BTreeMap<String, ModelSource>, RepositoryError> {
         let mut models: BTreeMap<String, ModelSource> = BTreeMap::new();
-        for root in &self.roots {
+        for (position, root) in self.roots.iter().enumerate() {
             let entries = std::fs::read_dir(root).map_err(|source| RepositoryError::Io {
                 path: root.clone(),
                 source,
@@ -201,7 +259,12 @@ impl ModelRepository {
                     tracing::warn!(folder = %path.display(), "skipping a folder that is no model name: {}", e.message);
                     continue;
                 }
-                if let Some(existing) = models.get(&name) {
+                if self.namespacing && name.contains(NAMESPACE_MARK) {
+                    tracing::warn!(folder = %path.display(), "skipping a folder whose name holds '{NAMESPACE_MARK}': with --model-namespacing it separates a model's name from its repository's position");
+                    continue;
+                }
+                let key = self.key(position, &name);
+                if let Some(existing) = models.get(&key) {
                     return Err(RepositoryError::Duplicate {
                         name,
                         first: existing.repository.clone(),
@@ -209,7 +272,7 @@ impl ModelRepository {
                     });
                 }
                 models.insert(
-                    name.clone(),
+                    key,
                     ModelSource {
                         name,
                         dir: path,
@@ -221,8 +284,22 @@ impl ModelRepository {
         Ok(models)
     }
 
-    /// Finds one model by name.
+    /// Finds one model by key.
     pub fn find(&self, name: &str) -> Result<ModelSource, RepositoryError> {
+        if self.namespacing {
+            return self
+                .split_key(name)
+                .map(|(folder, position)| (folder, &self.roots[position]))
+                .filter(|(folder, _)| !folder.starts_with('.') && !folder.contains(NAMESPACE_MARK))
+                .filter(|(folder, _)| crate::names::ModelName::parse(folder).is_ok())
+                .filter(|(folder, root)| root.join(folder).is_dir())
+                .map(|(folder, root)| ModelSource {
+                    name: folder.to_owned(),
+                    dir: root.join(folder),
+                    repository: root.clone(),
+                })
+                .ok_or_else(|| RepositoryError::NotFound(name.to_owned()));
+        }
         let mut found: Option<ModelSource> = None;
         // Only a plain folder name is joined to a root (`/etc` or `../x` would leave it).
         if crate::names::ModelName::parse(name).is_err() || name.starts_with('.') {

@@ -131,10 +131,11 @@ fn describe(p: &Producer) -> String {
 
 impl Ensemble {
     /// Checks an ensemble configuration against the composing models' configurations
-    /// (`lookup` finds a loaded model's configuration) and returns the runnable plan.
+    /// (`lookup` finds a loaded model by a step's name: the key it is called by, and its
+    /// configuration) and returns the runnable plan.
     pub fn plan(
         config: &ModelConfig,
-        lookup: impl Fn(&str, Option<i64>) -> Result<ModelConfig>,
+        lookup: impl Fn(&str, Option<i64>) -> Result<(String, ModelConfig)>,
     ) -> Result<Self> {
         let name = &config.name;
         let invalid = |msg: String| Error::invalid(format!("ensemble '{name}': {msg}"));
@@ -195,7 +196,7 @@ impl Ensemble {
         sched: &crate::proto::inference::ModelEnsembling,
         i: usize,
         s: &crate::proto::inference::model_ensembling::Step,
-        lookup: &impl Fn(&str, Option<i64>) -> Result<ModelConfig>,
+        lookup: &impl Fn(&str, Option<i64>) -> Result<(String, ModelConfig)>,
         tensors: &mut Tensors,
     ) -> Result<(Step, ModelConfig)> {
         let name = &config.name;
@@ -208,7 +209,7 @@ impl Ensemble {
             return Err(at("an ensemble cannot call itself".into()));
         }
         let version = (s.model_version >= 0).then_some(s.model_version);
-        let model = lookup(&s.model_name, version).map_err(|e| {
+        let (key, model) = lookup(&s.model_name, version).map_err(|e| {
             at(format!(
                 "{} (composing models load before the ensemble)",
                 e.message
@@ -269,8 +270,11 @@ impl Ensemble {
             }
             tensors.insert(ensemble_tensor.clone(), (sig, Producer::Step(i)));
         }
+        if key == *name {
+            return Err(at("an ensemble cannot call itself".into()));
+        }
         let step = Step {
-            model: s.model_name.clone(),
+            model: key,
             version,
             inputs,
             outputs,
@@ -610,9 +614,14 @@ impl Ensemble {
         self.decoupled.is_some()
     }
 
-    /// The models this ensemble calls.
+    /// The models this ensemble calls, step by step (by key: see `ModelRepository`).
     pub fn models(&self) -> impl Iterator<Item = &str> {
         self.steps.iter().map(|s| s.model.as_str())
+    }
+
+    /// The models this ensemble calls, step by step, with the version each step asks for.
+    pub fn model_versions(&self) -> impl Iterator<Item = (&str, Option<i64>)> {
+        self.steps.iter().map(|s| (s.model.as_str(), s.version))
     }
 }
 

@@ -234,8 +234,9 @@ impl ModelManager {
     pub fn get(&self, name: &str, version: Option<i64>) -> Result<Arc<ModelVersion>> {
         ModelName::parse(name)?;
         let models = self.models.read().map_err(|_| poisoned())?;
+        let key = self.resolve_in(&models, name)?;
         let entry = models
-            .get(name)
+            .get(key.as_ref())
             .filter(|e| !e.versions.is_empty())
             .ok_or_else(|| {
                 Error::not_found(format!("Request for unknown model: '{name}' is not found"))
@@ -278,7 +279,9 @@ impl ModelManager {
         self.models
             .read()
             .map(|m| {
-                m.get(name)
+                self.resolve_in(&m, name)
+                    .ok()
+                    .and_then(|key| m.get(key.as_ref()))
                     .map(|e| e.versions.keys().copied().collect())
                     .unwrap_or_default()
             })
@@ -391,7 +394,11 @@ impl ModelManager {
         if let Some((model, adapter)) = self.adapter_ref(name.as_str()) {
             return self.load_adapter(model, adapter, overrides).await;
         }
-        self.load_as_is(name.as_str(), overrides).await
+        // With namespacing, a plain name loads every repository's model of that name.
+        for key in self.load_keys(name.as_str()) {
+            self.load_as_is(&key, overrides.clone()).await?;
+        }
+        Ok(())
     }
 
     /// The models a load of `name` would load besides it: the composing models of an
@@ -399,15 +406,23 @@ impl ModelManager {
     pub fn would_also_load(&self, name: &str, overrides: &LoadOverride) -> Vec<String> {
         let mut found = Vec::new();
         // A configuration naming bad models fails the load itself; nothing more is loaded.
-        let mut todo = self.composing_of(name, overrides).unwrap_or_default();
-        while let Some(model) = todo.pop() {
-            if model == name || found.contains(&model) || self.get(&model, None).is_ok() {
+        let keys = self.load_keys(name);
+        let mut todo: Vec<(String, String)> = keys
+            .iter()
+            .flat_map(|key| {
+                let calls = self.composing_of(key, overrides).unwrap_or_default();
+                calls.into_iter().map(move |m| (key.clone(), m))
+            })
+            .collect();
+        while let Some((caller, model)) = todo.pop() {
+            let model = self.composing_key(&caller, &model);
+            if keys.contains(&model) || found.contains(&model) || self.get(&model, None).is_ok() {
                 continue;
             }
-            todo.extend(
-                self.composing_of(&model, &LoadOverride::default())
-                    .unwrap_or_default(),
-            );
+            let calls = self
+                .composing_of(&model, &LoadOverride::default())
+                .unwrap_or_default();
+            todo.extend(calls.into_iter().map(|m| (model.clone(), m)));
             found.push(model);
         }
         found
@@ -431,6 +446,7 @@ impl ModelManager {
         Box::pin(async move {
             done.insert(name.to_owned());
             for model in self.composing_of(name, &overrides)? {
+                let model = self.composing_key(name, &model);
                 if !done.contains(&model) && self.get(&model, None).is_err() {
                     // A failure shows in the ensemble's own error, which names the step.
                     let _ = self
@@ -594,7 +610,11 @@ impl ModelManager {
             return self.unload_adapter(model, adapter);
         }
         let _guard = self.lifecycle.lock().await;
-        self.unload_locked(name, unload_dependents)
+        // With namespacing, a plain name unloads every loaded model of that name.
+        for key in self.unload_keys(name)? {
+            self.unload_locked(&key, unload_dependents)?;
+        }
+        Ok(())
     }
 
     /// [`ModelManager::unload`] with the lifecycle lock held (or its holder waiting on this).
@@ -684,6 +704,7 @@ mod asked_by_models;
 mod bulk;
 use asked_by_models::Loading;
 mod in_process;
+mod namespaces;
 mod rights;
 mod versions;
 

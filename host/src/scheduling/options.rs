@@ -35,6 +35,9 @@ pub struct ServerOptions {
     pub load_models: Vec<String>,
     /// Ready only when every model is ready.
     pub strict_readiness: bool,
+    /// Each repository root a namespace of its own (Triton's `--model-namespacing`): roots
+    /// may hold models of the same name (see `ModelRepository`).
+    pub model_namespacing: bool,
     /// Backend settings.
     pub runtime: RuntimeOptions,
     /// Queue capacity per model version (0: no cap).
@@ -77,6 +80,7 @@ impl Default for ServerOptions {
             control_mode: ControlMode::None,
             load_models: Vec::new(),
             strict_readiness: true,
+            model_namespacing: false,
             runtime: RuntimeOptions::for_server(),
             queue_capacity: 0,
             response_cache_bytes: 0,

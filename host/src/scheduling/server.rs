@@ -187,7 +187,8 @@ impl Server {
     /// Creates the server and loads the initial models according to the control mode.
     pub async fn start(options: ServerOptions) -> Result<Arc<Self>> {
         let repository = ModelRepository::new(options.model_repositories.clone())
-            .with_mirrors(options.remote_repositories.clone());
+            .with_mirrors(options.remote_repositories.clone())
+            .with_namespacing(options.model_namespacing);
         for root in repository.roots() {
             if !root.is_dir() {
                 return Err(Error::invalid(format!(
@@ -542,13 +543,13 @@ impl Server {
     fn answers_digest(&self, model: &ModelVersion) -> Option<[u8; 32]> {
         use sha2::Digest;
         let own = model.content?;
-        let Executor::Ensemble(_) = &model.executor else {
+        let Executor::Ensemble(plan) = &model.executor else {
             return Some(own);
         };
         let mut h = sha2::Sha256::new();
         h.update(own);
-        for (step, version) in super::ensemble::composing_models(&model.config) {
-            let step = self.models().get(&step, version).ok()?;
+        for (step, version) in plan.model_versions() {
+            let step = self.models().get(step, version).ok()?;
             h.update(self.answers_digest(&step)?);
         }
         Some(h.finalize().into())

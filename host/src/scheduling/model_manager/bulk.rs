@@ -24,6 +24,9 @@ impl ModelManager {
     /// each after what it calls. Failures are recorded in the index.
     pub async fn load_many(self: &Arc<Self>, names: &[String]) {
         use futures::stream::StreamExt;
+        // With namespacing, a plain name means every repository's model of that name.
+        let keys: Vec<String> = names.iter().flat_map(|n| self.load_keys(n)).collect();
+        let names = keys.as_slice();
         let _guard = self.lifecycle.lock().await;
         let (standalone, calling): (Vec<&String>, Vec<&String>) = names.iter().partition(|name| {
             self.composing_of(name, &LoadOverride::default())
@@ -86,5 +89,6 @@ impl ModelManager {
                 let _ = self.load_as_is(&name, LoadOverride::default()).await;
             }
         }
+        self.relink_ensembles().await;
     }
 }

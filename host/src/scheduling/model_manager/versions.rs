@@ -98,8 +98,9 @@ impl ModelManager {
                 .map(|s| (s, None))
         } else {
             stage_files(name, &overrides.files).map(|staging| {
+                let folder = self.repository.split_key(name).map_or(name, |(f, _)| f);
                 let source = ModelSource {
-                    name: name.to_owned(),
+                    name: folder.to_owned(),
                     dir: staging.path().to_path_buf(),
                     repository: staging.path().to_path_buf(),
                 };
@@ -151,7 +152,11 @@ impl ModelManager {
                 field.why
             );
         }
-        validate(&mut config, name, &config_file).map_err(|e| Error::invalid(e.to_string()))?;
+        validate(&mut config, &source.name, &config_file)
+            .map_err(|e| Error::invalid(e.to_string()))?;
+        // With namespacing, the model is known by its key (`name@n`) from here on: in its
+        // statistics, metrics and metadata, as in the requests that name it so.
+        config.name = name.to_owned();
         // The checksum agent runs before anything of the model is read, as on Triton.
         checksum::verify(&config, &source.dir)
             .map_err(|e| Error::invalid(format!("model '{name}': {config_file}: {e}")))?;
@@ -172,9 +177,10 @@ impl ModelManager {
         let mut versions = BTreeMap::new();
         if ensemble::is_ensemble(&config) {
             let plan = Ensemble::plan(&config, |model, version| {
-                self.get(model, version)
-                    .map(|m| m.config.clone())
-                    .map_err(|_| self.unavailable_reason(model, version))
+                let key = self.step_key(name, model)?;
+                self.get(&key, version)
+                    .map(|m| (key.clone(), m.config.clone()))
+                    .map_err(|_| self.unavailable_reason(&key, version))
             })?;
             if plan.is_decoupled() {
                 // It answers 0..N times, as its decoupled step does: say so in its config.
