@@ -517,3 +517,39 @@ def test_a_models_loads_need_the_requests_tenants_load_rights(tmp_path):
         assert r.as_numpy("ANSWER")[0] == b"unloaded"
     finally:
         s.stop()
+
+
+def test_instances_from_the_import_snapshot_draw_and_keep_their_own(server):
+    """Instances start from a snapshot of the first import (issue: instances from a snapshot):
+    each reseeds `random` and `numpy.random` and keeps its own module state."""
+    import concurrent.futures
+    x = ("X", np.array([1], np.int32), "INT32")
+    about = {}
+    total = 0
+    for _ in range(5):  # concurrent rounds until at least two instances answered
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(
+                lambda _: json.loads(infer(server, "instances", x).as_numpy("ABOUT")[0]),
+                range(6)))
+        total += len(answers)
+        for a in answers:
+            seen = max(a["seen"], about.get(a["instance"], {}).get("seen", 0))
+            about[a["instance"]] = dict(a, seen=seen)
+        if len(about) >= 2:
+            break
+    assert len(about) >= 2, about
+    assert len({a["drawn"] for a in about.values()}) == len(about), about
+    assert len({a["np_drawn"] for a in about.values()}) == len(about), about
+    # Each instance counted only the requests it served: together, every request once.
+    assert sum(a["seen"] for a in about.values()) == total, about
+
+
+def test_a_file_left_open_by_the_import_keeps_working_in_every_instance(server):
+    """No snapshot holds an open file: such a model's instances start in full (and say so)."""
+    import concurrent.futures
+    x = ("X", np.array([1], np.int32), "INT32")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        texts = list(pool.map(
+            lambda _: infer(server, "open_at_import", x).as_numpy("TEXT")[0].decode(), range(8)))
+    assert texts == ["read through a file opened at import"] * 8
+    assert any("open_at_import" in line and "file(s) open" in line for line in server.log)

@@ -26,6 +26,7 @@ use wasmtime_wasi::{p1::WasiP1Ctx, p2::pipe::MemoryOutputPipe, FsPerms, WasiCtxB
 use crate::{
     cancellation::Cancellation,
     error::{Error, Result},
+    runtime::python::snapshot::MemorySnapshot,
     runtime::sandbox::{
         compile_cache::CompileCache,
         engine::{spawn_epoch_ticker, EPOCH_TICK},
@@ -520,8 +521,53 @@ impl Interpreter {
         mounts: &[(PathBuf, String)],
         memory_bytes: usize,
     ) -> wasmtime::Result<Self> {
+        let mut store = Self::store(rt, mounts, memory_bytes, Instant::now())?;
+        let instance = block_on(rt.pre.instantiate_async(&mut store))?;
+        if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
+            block_on(init.call_async(&mut store, ()))?;
+        }
+        Self::with_instance(store, instance)
+    }
+
+    /// An interpreter as `snapshot` left one (see [`super::snapshot`]): the same `mounts`
+    /// as the interpreter it was taken from, in the same order.
+    pub fn restore(
+        rt: &Runtime,
+        mounts: &[(PathBuf, String)],
+        memory_bytes: usize,
+        snapshot: &MemorySnapshot,
+    ) -> wasmtime::Result<Self> {
+        let mut store = Self::store(rt, mounts, memory_bytes, snapshot.clock_origin)?;
+        // Not `_initialize`: the snapshot's memory is an initialised interpreter already.
+        let instance = block_on(rt.pre.instantiate_async(&mut store))?;
+        let mut interp = Self::with_instance(store, instance)?;
+        let page = 64 * 1024;
+        let have = interp.memory.data_size(&interp.store);
+        if snapshot.len() > have {
+            let pages = (snapshot.len() - have).div_ceil(page) as u64;
+            interp.memory.grow(&mut interp.store, pages)?;
+        }
+        snapshot.map_over(interp.memory.data_mut(&mut interp.store))?;
+        Ok(interp)
+    }
+
+    /// The interpreter's memory as it is now, between turns, for [`Self::restore`].
+    pub fn snapshot(&self) -> Result<MemorySnapshot> {
+        MemorySnapshot::capture(
+            self.memory.data(&self.store),
+            self.store.data().clock_origin,
+        )
+    }
+
+    /// A store whose WASI context sees the standard library and `mounts`, read-only, whose
+    /// monotonic clock runs from `clock_origin`, and whose memory is capped at `memory_bytes`.
+    fn store(
+        rt: &Runtime,
+        mounts: &[(PathBuf, String)],
+        memory_bytes: usize,
+        clock_origin: Instant,
+    ) -> wasmtime::Result<Store<PyState>> {
         let output = MemoryOutputPipe::new(OUTPUT_BYTES);
-        let clock_origin = Instant::now();
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(output.clone())
             .stderr(output.clone())
@@ -556,10 +602,13 @@ impl Interpreter {
             }
         });
         store.set_epoch_deadline(1);
-        let instance = block_on(rt.pre.instantiate_async(&mut store))?;
-        if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
-            block_on(init.call_async(&mut store, ()))?;
-        }
+        Ok(store)
+    }
+
+    fn with_instance(
+        mut store: Store<PyState>,
+        instance: wasmtime::Instance,
+    ) -> wasmtime::Result<Self> {
         let memory = instance
             .get_memory(&mut store, "memory")
             .ok_or_else(|| wasmtime::Error::msg("the interpreter exports no memory"))?;

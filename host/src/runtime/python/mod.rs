@@ -18,6 +18,7 @@ pub mod metrics;
 mod model;
 mod packages;
 pub mod protocol;
+pub mod snapshot;
 
 use std::{
     path::{Path, PathBuf},
@@ -104,6 +105,7 @@ pub fn load(
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_else(|| DEFAULT_MODEL_FILENAME.to_owned());
     let repository_calls = RepositoryCalls::of(&config, load)?;
+    let snapshots = switch(&config, INSTANCE_SNAPSHOT)?.unwrap_or(true);
     let packages = packages::of(&config, &model_dir, load.sent_by_client)?.map(Arc::new);
     let build = |config: &ModelConfig, runtime: Arc<Runtime>| {
         let count = instance_count(config);
@@ -130,6 +132,12 @@ pub fn load(
                     sb
                 )) if sb.iterative_sequence
             ),
+            snapshot: if snapshots {
+                Default::default()
+            } else {
+                // Decided: no snapshot, every instance starts in full.
+                std::sync::OnceLock::from(None)
+            },
         })
     };
     let mut model = build(&config, runtime.clone());
@@ -186,6 +194,26 @@ fn start_instances(model: &Arc<PythonModel>, count: usize) -> Result<Vec<Box<dyn
 /// `unload_model`) off.
 pub const REPOSITORY_CALLS: &str = "repository_calls";
 
+/// The model config parameter that makes every instance of a model start in full (boot and
+/// import) instead of from the snapshot taken after the first import ([`snapshot`]): for a
+/// `model.py` whose import must run once per instance.
+pub const INSTANCE_SNAPSHOT: &str = "instance_snapshot";
+
+/// A model config parameter that is "on" or "off" ("true" / "false"), if set.
+fn switch(config: &ModelConfig, key: &str) -> Result<Option<bool>> {
+    let Some(p) = config.parameters.get(key) else {
+        return Ok(None);
+    };
+    match p.string_value.trim() {
+        "on" | "true" => Ok(Some(true)),
+        "off" | "false" => Ok(Some(false)),
+        other => Err(Error::invalid(format!(
+            "model '{}': parameter '{key}' must be \"on\" or \"off\", got \"{other}\"",
+            config.name
+        ))),
+    }
+}
+
 /// Whether a model may load and unload models from its code (Triton's model loading API).
 /// On by default, as on Triton, where `pb_utils.load_model` works whenever the server's model
 /// control mode is explicit: the calls are held to the rights of the batch's tenants (of
@@ -205,20 +233,7 @@ pub(crate) enum RepositoryCalls {
 
 impl RepositoryCalls {
     fn of(config: &ModelConfig, load: &LoadContext) -> Result<Self> {
-        let per_model = match config.parameters.get(REPOSITORY_CALLS) {
-            None => true,
-            Some(p) => match p.string_value.trim() {
-                "on" | "true" => true,
-                "off" | "false" => false,
-                other => {
-                    return Err(Error::invalid(format!(
-                        "model '{}': parameter '{REPOSITORY_CALLS}' must be \"on\" or \"off\", \
-                         got \"{other}\"",
-                        config.name
-                    )))
-                }
-            },
-        };
+        let per_model = switch(config, REPOSITORY_CALLS)?.unwrap_or(true);
         Ok(if load.forbid_repository_calls {
             Self::OffForServer
         } else if !per_model {
@@ -238,5 +253,47 @@ impl RepositoryCalls {
         Err(Error::permission_denied(format!(
             "model '{model}' may not call {what}: repository calls are switched off by {why}"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(key: &str, value: &str) -> ModelConfig {
+        let mut config = ModelConfig {
+            name: "m".into(),
+            ..Default::default()
+        };
+        config.parameters.insert(
+            key.into(),
+            crate::proto::inference::ModelParameter {
+                string_value: value.into(),
+            },
+        );
+        config
+    }
+
+    #[test]
+    fn on_off_parameters_say_what_they_accept() {
+        assert_eq!(
+            switch(&ModelConfig::default(), INSTANCE_SNAPSHOT).unwrap(),
+            None
+        );
+        assert_eq!(
+            switch(&with(INSTANCE_SNAPSHOT, "off"), INSTANCE_SNAPSHOT).unwrap(),
+            Some(false)
+        );
+        assert_eq!(
+            switch(&with(INSTANCE_SNAPSHOT, " true"), INSTANCE_SNAPSHOT).unwrap(),
+            Some(true)
+        );
+        let e = switch(&with(INSTANCE_SNAPSHOT, "sometimes"), INSTANCE_SNAPSHOT).unwrap_err();
+        assert!(
+            e.message
+                .contains("'instance_snapshot' must be \"on\" or \"off\", got \"sometimes\""),
+            "{}",
+            e.message
+        );
     }
 }

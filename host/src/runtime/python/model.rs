@@ -11,6 +11,7 @@ use std::{
 use super::{
     batch_calls::BatchCalls,
     interpreter::{self, Interpreter, Runtime},
+    snapshot::MemorySnapshot,
     BACKEND,
 };
 use crate::{
@@ -71,6 +72,10 @@ pub(crate) struct PythonModel {
     /// Requests may be released for rescheduling (`sequence_batching { iterative_sequence:
     /// true }`).
     pub(super) iterative: bool,
+    /// The interpreter after `model.py` was imported, which instances start from: set by the
+    /// first start, `None` when that import left something a snapshot cannot hold
+    /// ([`super::snapshot`]; every instance then starts in full).
+    pub(super) snapshot: std::sync::OnceLock<Option<Arc<MemorySnapshot>>>,
 }
 
 /// Turns that set up an interpreter: the utilities module, then the backend's driver.
@@ -214,12 +219,18 @@ impl PythonModel {
         (format!("{version_dir}/{}", self.model_file), version_dir)
     }
 
-    /// A fresh interpreter with `triton_python_backend_utils` and the backend's driver.
-    fn boot(self: &Arc<Self>) -> Result<(Interpreter, BatchCalls)> {
+    /// The folders the guest sees besides the standard library, in the order they are opened.
+    fn mounts(&self) -> Vec<(PathBuf, String)> {
         let mut mounts = vec![(self.model_dir.clone(), guest_model_dir(&self.name))];
         if let Some(packages) = &self.packages {
             mounts.push((packages.folder.clone(), PACKAGES_DIR.to_owned()));
         }
+        mounts
+    }
+
+    /// A fresh interpreter with `triton_python_backend_utils` and the backend's driver.
+    fn boot(self: &Arc<Self>) -> Result<(Interpreter, BatchCalls)> {
+        let mounts = self.mounts();
         let mut interp = Interpreter::start(&self.runtime, &mounts, self.limits.memory_bytes())
             .map_err(|e| self.trap_error(None, &e, "instantiation"))?;
         let calls = BatchCalls::idle(self.clone());
@@ -233,10 +244,21 @@ impl PythonModel {
         Ok((interp, calls))
     }
 
-    /// A fresh interpreter with `model.py` loaded and `initialize(args)` run.
+    /// A fresh interpreter with `model.py` loaded and `initialize(args)` run: from the
+    /// model's snapshot when it has one, else booted and imported (the first start takes the
+    /// snapshot).
     pub(super) fn start(self: &Arc<Self>, instance: usize) -> Result<Interpreter> {
         let started = Instant::now();
-        let (mut interp, calls) = self.boot()?;
+        let (mut interp, calls, from) = match self.snapshot.get() {
+            Some(Some(snapshot)) => {
+                let (interp, calls) = self.restore(snapshot)?;
+                (interp, calls, "snapshot")
+            }
+            _ => {
+                let (interp, calls) = self.import()?;
+                (interp, calls, "import")
+            }
+        };
         let (model_file, version_dir) = self.guest_paths();
         let load = format!(
             "_wasmtron.load({}, {}, {})",
@@ -265,8 +287,77 @@ impl PythonModel {
                 std::sync::atomic::Ordering::Relaxed,
             );
         }
-        tracing::debug!(model = %self.name, instance, ms = started.elapsed().as_millis() as u64, "Python instance started");
+        let us = started.elapsed().as_micros() as u64;
+        tracing::debug!(model = %self.name, instance, from, us, "Python instance started");
         Ok(interp)
+    }
+
+    /// A booted interpreter with `model.py` imported; the first one keeps a snapshot of it
+    /// for later starts, and is itself replaced by a start from that snapshot, so that every
+    /// instance shares the pages it does not write.
+    fn import(self: &Arc<Self>) -> Result<(Interpreter, BatchCalls)> {
+        let (mut interp, calls) = self.boot()?;
+        let (model_file, version_dir) = self.guest_paths();
+        let prepare = format!(
+            "_wasmtron.prepare({}, {})",
+            json_literal(&model_file),
+            json_literal(&version_dir)
+        );
+        let mut calls = self.turn(&mut interp, &prepare, calls, "import")?;
+        if let Some(failure) = calls.failure.take() {
+            self.health.record_crash();
+            return Err(Error::invalid(format!(
+                "Python model '{}' failed to load: {failure}",
+                self.name
+            )));
+        }
+        let said = calls.completed.take().unwrap_or_default();
+        let said = serde_json::from_slice::<serde_json::Value>(&said).unwrap_or_default();
+        let descriptors = said.get("descriptors").and_then(|d| d.as_u64());
+        // The standard library's folder and the mounts; anything more is a file left open.
+        let opened = 1 + self.mounts().len() as u64;
+        if self.snapshot.get().is_some() {
+            return Ok((interp, calls));
+        }
+        let snapshot = if descriptors == Some(opened) {
+            match interp.snapshot() {
+                Ok(s) => Some(Arc::new(s)),
+                Err(e) => {
+                    tracing::warn!(model = %self.name, "{}; instances start in full", e.message);
+                    None
+                }
+            }
+        } else {
+            tracing::info!(
+                model = %self.name,
+                "model.py's import leaves {} file(s) open: instances start in full, not \
+                 from a snapshot",
+                descriptors.unwrap_or_default().saturating_sub(opened)
+            );
+            None
+        };
+        match self.snapshot.set(snapshot) {
+            Ok(()) => match self.snapshot.get() {
+                Some(Some(snapshot)) => self.restore(snapshot),
+                _ => Ok((interp, calls)),
+            },
+            // Another start took one first.
+            Err(_) => Ok((interp, calls)),
+        }
+    }
+
+    /// An interpreter started from `snapshot`, its random generators reseeded.
+    fn restore(self: &Arc<Self>, snapshot: &MemorySnapshot) -> Result<(Interpreter, BatchCalls)> {
+        let mut interp = Interpreter::restore(
+            &self.runtime,
+            &self.mounts(),
+            self.limits.memory_bytes(),
+            snapshot,
+        )
+        .map_err(|e| self.trap_error(None, &e, "instantiation"))?;
+        let calls = BatchCalls::idle(self.clone());
+        let calls = self.turn(&mut interp, "_wasmtron.reseed()", calls, "set-up")?;
+        Ok((interp, calls))
     }
 
     /// The configuration after `TritonPythonModel.auto_complete_config(config)`, run in an

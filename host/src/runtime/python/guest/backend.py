@@ -351,6 +351,20 @@ def _drain():
         return
 
 
+def _open_descriptors():
+    """The file descriptors open past stdin, stdout and stderr (the folders the host opened
+    among them), counted up to the first gap of 16."""
+    count, gap, fd = 0, 0, 3
+    while gap < 16:
+        try:
+            os.fstat(fd)
+            count, gap = count + 1, 0
+        except OSError:
+            gap += 1
+        fd += 1
+    return count
+
+
 def _failure(e):
     """An exception as Triton's Python backend reports it: type, message and where."""
     text = "%s: %s" % (type(e).__name__, e) if not isinstance(e, pb.TritonModelException) else str(e)
@@ -403,6 +417,8 @@ class _Backend:
         self._tasks = {}  # batch -> its task
         # The model's own packages (EXECUTION_ENV_PATH), set by the host when it has some.
         self.packages = None
+        # The model's class, once `prepare` imported model.py.
+        self.cls = None
 
     def call_for(self, batch, frame):
         """A host call for `batch` (`None`: outside the background mode)."""
@@ -485,12 +501,31 @@ class _Backend:
         except BaseException as e:
             self._fail(e)
 
+    def prepare(self, model_file, version_dir):
+        """Imports model.py, and what it imports, before any instance's `initialize`: the
+        state every instance of the model starts from (the host keeps a snapshot of it).
+        Says how many files are open beyond the folders the host opened: a snapshot of an
+        interpreter holding one would not hold the file."""
+        try:
+            self.cls = self._model_class(model_file, version_dir)
+            _host.call(b"K" + json.dumps({"descriptors": _open_descriptors()}).encode())
+        except BaseException as e:
+            self._fail(e)
+
+    def reseed(self):
+        """After a start from the snapshot: the random generators the import seeded get
+        seeds of this instance's own, as in a process of its own."""
+        for name in ("random", "numpy.random"):
+            module = sys.modules.get(name)
+            if module is not None:
+                module.seed()
+
     def load(self, args_json, model_file, version_dir):
         try:
             self.args = json.loads(args_json)
             self.model_config = json.loads(self.args["model_config"])
             self.decoupled = pb.using_decoupled_model_transaction_policy(self.model_config)
-            cls = self._model_class(model_file, version_dir)
+            cls = self.cls or self._model_class(model_file, version_dir)
             self.model = cls()
             init = getattr(self.model, "initialize", None)
             if init is not None:
