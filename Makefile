@@ -15,6 +15,8 @@ STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_po
         test-rust test-python convert-env ray-deps bentoml-deps redis custom-ops diffusion-models lint bench bench-isolation fuzz clean llama-cpp
 
 run: deps build-release
+	# add_sub_python is a Python-backend model: the interpreter is compiled once per machine.
+	./target/release/wasmtron compile-python
 	./target/release/wasmtron --model-repository model_repository \
 	  --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1
 

@@ -34,6 +34,8 @@ def server(tmp_path_factory):
         shutil.copytree(os.path.join(ROOT, "benches", "triton", "model_repository", name),
                         repo / name)
         shutil.copytree(os.path.join(ROOT, "model_repository", name), repo / f"{name}_wasm")
+    # The Python-backend example make run serves.
+    shutil.copytree(os.path.join(ROOT, "model_repository", "add_sub_python"), repo / "add_sub_python")
     models = os.path.join(HERE, "python_backend_models")
     for name in os.listdir(models):
         shutil.copytree(os.path.join(models, name), repo / name)
@@ -89,6 +91,18 @@ def test_add_sub_answers_like_triton(server):
     r = infer(server, "add_sub", ("INPUT0", a, "FP32"), ("INPUT1", b, "FP32"))
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+
+
+def test_the_example_model_py_answers_as_the_stage_does(server):
+    """model_repository/add_sub_python, as Triton's python_backend example client calls
+    add_sub (docs/examples.md), against the add_sub stage."""
+    a = np.array([1, 2, 3, 4], np.float32)
+    b = np.array([10, 20, 30, 40], np.float32)
+    inputs = [("INPUT0", a, "FP32"), ("INPUT1", b, "FP32")]
+    for model in ("add_sub_python", "add_sub_wasm"):
+        r = infer(server, model, *inputs)
+        assert r.as_numpy("OUTPUT0").tolist() == [11, 22, 33, 44], model
+        assert r.as_numpy("OUTPUT1").tolist() == [-9, -18, -27, -36], model
 
 
 def test_twins_answer_as_their_wasm_stages_do(server):
