@@ -164,6 +164,9 @@ pub struct StreamedResponse {
     /// Sent with the final flag (Triton's `TRITONSERVER_RESPONSE_COMPLETE_FINAL`): the
     /// model's last response for the request.
     pub last: bool,
+    /// Its place in its stream's order, taken when the sink was given it (streams whose
+    /// responses leave in the order produced: see [`crate::response_order`]).
+    pub stamp: Option<std::sync::Arc<crate::response_order::Stamp>>,
 }
 
 impl From<Vec<Tensor>> for StreamedResponse {
@@ -408,6 +411,8 @@ impl PartialEq for StepDurations {
 pub struct ResponseSink {
     tx: tokio::sync::mpsc::Sender<StreamedResponse>,
     stall: std::time::Duration,
+    /// The order of the stream the responses go to, when it keeps one.
+    order: Option<std::sync::Arc<crate::response_order::ResponseOrder>>,
 }
 
 impl ResponseSink {
@@ -418,7 +423,26 @@ impl ResponseSink {
         stall: std::time::Duration,
     ) -> (Self, tokio::sync::mpsc::Receiver<StreamedResponse>) {
         let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
-        (Self { tx, stall }, rx)
+        let order = None;
+        (Self { tx, stall, order }, rx)
+    }
+
+    /// Stamps every response sent from now on with its place in `order`.
+    pub fn ordered(
+        mut self,
+        order: Option<std::sync::Arc<crate::response_order::ResponseOrder>>,
+    ) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// `outputs`, stamped when its stream keeps an order: produced now.
+    fn stamped(&self, outputs: impl Into<StreamedResponse>) -> StreamedResponse {
+        let mut outputs = outputs.into();
+        if let Some(order) = &self.order {
+            outputs.stamp = Some(std::sync::Arc::new(order.stamp()));
+        }
+        outputs
     }
 
     /// How long a send waits for the reader before the request is cancelled.
@@ -444,7 +468,7 @@ impl ResponseSink {
         outputs: impl Into<StreamedResponse>,
         deadline: Option<std::time::Instant>,
     ) -> crate::error::Result<()> {
-        let mut outputs = outputs.into();
+        let mut outputs = self.stamped(outputs);
         use tokio::sync::mpsc::error::TrySendError;
         let stalled_at = std::time::Instant::now() + self.stall;
         loop {
@@ -481,7 +505,7 @@ impl ResponseSink {
     /// Sends one response from async code, waiting while the stream is full, but not past
     /// the stall deadline.
     pub async fn send(&self, outputs: impl Into<StreamedResponse>) -> crate::error::Result<()> {
-        match tokio::time::timeout(self.stall, self.tx.send(outputs.into())).await {
+        match tokio::time::timeout(self.stall, self.tx.send(self.stamped(outputs))).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(crate::error::Error::new(
                 crate::error::Code::Cancelled,

@@ -28,6 +28,7 @@ pub mod names;
 pub mod private_dir;
 pub mod proto;
 pub mod repository;
+pub mod response_order;
 pub mod runtime;
 pub mod scheduling;
 pub mod tenancy;

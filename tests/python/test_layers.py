@@ -12,7 +12,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "host", "src")
 # Lowest first; the binary's own files (main.rs and what only it uses) sit on top.
 LAYERS = [
     {"error", "tensor", "inference", "cancellation", "limits", "proto", "names", "private_dir",
-     "tenancy", "classification", "content_hash"},
+     "tenancy", "classification", "content_hash", "response_order"},
     {"repository"},
     {"runtime"},
     {"scheduling"},

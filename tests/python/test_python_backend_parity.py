@@ -741,3 +741,21 @@ def test_a_model_may_leave_an_output_out_and_an_ensemble_answers_without_it(serv
     np.testing.assert_array_equal(answer.as_numpy("DOUBLED"), x * 2)
     assert answer.as_numpy("LEFT_OUT") is None
     wait_for_log(server, "Composing models did not output tensor LEFT_OUT")
+
+
+def test_responses_of_requests_on_one_stream_arrive_in_the_order_produced(server):
+    """decoupled_test.py test_decoupled_execute_error: a decoupled model answers the requests
+    of one batch interleaved (an error first); on one gRPC stream the client gets every
+    response in the order the model produced it, not grouped by request."""
+    rounds = 3
+    for attempt in range(3):
+        seen = stream(server, "interleaved",
+                      [tensor("ROUNDS", np.array([[rounds]], np.int32), "INT32")],
+                      count=6, errors_end=False)
+        assert len(seen) == 6 * rounds, seen
+        assert seen[0][0] is None and "order 0" in seen[0][1].message(), seen[0]
+        order = [int(r.as_numpy("ORDER").flat[0]) for r, e in seen[1:]]
+        assert order == list(range(1, 6 * rounds)), (attempt, order)
+        # Request by request, interleaved last first (the error went to request 5).
+        requests = [int(r.as_numpy("REQUEST").flat[0]) for r, e in seen[1:]]
+        assert requests == ([4, 3, 2, 1, 0] + [5, 4, 3, 2, 1, 0] * (rounds - 1)), requests

@@ -13,6 +13,7 @@ use super::{
 use crate::{
     error::Result,
     inference::{InferRequest, InferResponse, StreamedResponse},
+    response_order::{ResponseOrder, Stamp},
 };
 
 impl Server {
@@ -24,7 +25,7 @@ impl Server {
         request: InferRequest,
     ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
         match self.lookup_for(&request.callers, &request.model_name, request.model_version) {
-            Ok(model) => self.infer_stream_with(model, request),
+            Ok(model) => self.infer_stream_with(model, request, None),
             Err(e) => {
                 let (out, items) = tokio::sync::mpsc::channel(1);
                 let _ = out.try_send(Err(e));
@@ -37,21 +38,36 @@ impl Server {
     pub fn infer_stream_on(
         self: &Arc<Self>,
         target: &Target,
+        request: InferRequest,
+    ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
+        self.infer_stream_ordered(target, request, None)
+    }
+
+    /// [`Server::infer_stream_on`] for one of several requests whose responses share a stream
+    /// that keeps `order`: each response is handed over only once every response produced
+    /// before it, for any request of that stream, has been taken from its receiver
+    /// ([`crate::response_order`]).
+    pub fn infer_stream_ordered(
+        self: &Arc<Self>,
+        target: &Target,
         mut request: InferRequest,
+        order: Option<Arc<ResponseOrder>>,
     ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
         target.stamp(&mut request);
-        self.infer_stream_with(target.model.clone(), request)
+        self.infer_stream_with(target.model.clone(), request, order)
     }
 
     fn infer_stream_with(
         self: &Arc<Self>,
         model: Arc<ModelVersion>,
         mut request: InferRequest,
+        order: Option<Arc<ResponseOrder>>,
     ) -> tokio::sync::mpsc::Receiver<Result<InferResponse>> {
-        let (out, items) = tokio::sync::mpsc::channel(16);
+        // In order, one response at a time is handed over (and the next one once it is taken).
+        let (out, items) = tokio::sync::mpsc::channel(if order.is_some() { 1 } else { 16 });
         let stall = self.options.response_stall_timeout;
         let (sink, mut produced) = crate::inference::ResponseSink::channel(16, stall);
-        request.responses = Some(sink);
+        request.responses = Some(sink.ordered(order.clone()));
         let server = self.clone();
         let (name, id) = (request.model_name.clone(), request.id.clone());
         // Polled once here, before the task starts, so the request reaches its model's queue
@@ -85,17 +101,35 @@ impl Server {
             };
             tokio::pin!(final_response);
             // A reader that takes nothing for `stall` is treated as gone: returning drops the
-            // request's future, which cancels it.
-            let deliver = |item| tokio::time::timeout(stall, out.send(item));
+            // request's future, which cancels it. In a stream that keeps an order, an item
+            // waits for its turn and holds it until the reader has taken it.
+            let to_reader = &out;
+            let deliver = |item, stamp: Option<Arc<Stamp>>| {
+                tokio::time::timeout(stall, async move {
+                    if let Some(stamp) = &stamp {
+                        stamp.turn().await;
+                    }
+                    to_reader.send(item).await.map_err(|_| ())?;
+                    if stamp.is_some() {
+                        // The one slot is free again once the reader has the item.
+                        drop(to_reader.reserve().await.map_err(|_| ())?);
+                    }
+                    Ok::<(), ()>(())
+                })
+            };
+            // What the server itself produces (the final response, an error) is stamped when
+            // it is at hand.
+            let stamp_now = || order.as_ref().map(|o| Arc::new(o.stamp()));
             let send = async |mut outputs: StreamedResponse, clock: &mut Option<ResponseClock>| {
                 let empty = outputs.outputs.is_empty();
                 let handed = Instant::now();
+                let stamp = outputs.stamp.take();
                 // An error response travels in order with the others; the stream goes on.
                 let item = match outputs.error.take() {
                     Some(e) => Err(e),
                     None => Ok(wrap(outputs, &name, &id)),
                 };
-                let sent = matches!(deliver(item).await, Ok(Ok(())));
+                let sent = matches!(deliver(item, stamp).await, Ok(Ok(())));
                 if let Some(clock) = clock {
                     clock.sent(sent, empty, handed);
                 }
@@ -144,7 +178,7 @@ impl Server {
                 Ok(last) if last.outputs.is_empty() => {}
                 Ok(last) => {
                     let handed = Instant::now();
-                    let sent = matches!(deliver(Ok(last)).await, Ok(Ok(())));
+                    let sent = matches!(deliver(Ok(last), stamp_now()).await, Ok(Ok(())));
                     if let Some(clock) = &mut responses {
                         clock.sent(sent, false, handed);
                     }
@@ -157,7 +191,7 @@ impl Server {
                             ResponseOutcome::Fail
                         });
                     }
-                    let _ = deliver(Err(e)).await;
+                    let _ = deliver(Err(e), stamp_now()).await;
                 }
             }
         });

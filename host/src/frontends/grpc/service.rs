@@ -7,6 +7,7 @@ use crate::frontends::{
     restricted::ApiGroup,
     shared_memory::{Kind as MemoryKind, Location},
 };
+use crate::response_order::ResponseOrder;
 use crate::{
     names::ModelName,
     proto::inference::{
@@ -144,12 +145,13 @@ impl GrpcInferenceService for GrpcService {
                 .get("triton_grpc_error")
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+            responses: ResponseOrder::new(),
         };
         let mut order = SequenceOrder::default();
-        // Requests on one stream run at once, as on Triton: each request's responses (0..N
-        // for a decoupled model) come in order, tagged with its id, requests' answers in the
-        // order they finish; a sequence's requests keep the order they were sent in; errors
-        // travel in-band (with `triton_grpc_error: true`, the first ends the stream).
+        // Requests on one stream run at once, as on Triton: responses leave in the order they
+        // were produced (each tagged with its request's id), whatever the request; a
+        // sequence's requests keep the order they were sent in; errors travel in-band (with
+        // `triton_grpc_error: true`, the first ends the stream).
         let responses = r
             .into_inner()
             .map(move |item| match item {

@@ -17,6 +17,7 @@ use crate::{
     error::Error,
     inference::{ParamValue, Parameters},
     proto::inference::infer_parameter::ParameterChoice,
+    response_order::ResponseOrder,
     scheduling::{door::Target, server::Server},
     tenancy::{Caller, Tenancy},
 };
@@ -49,6 +50,8 @@ pub(super) struct StreamContext {
     /// Triton's `triton_grpc_error: true` header: the first error ends the stream with its
     /// gRPC status instead of travelling in-band.
     pub(super) grpc_errors: bool,
+    /// The order the stream's responses leave in: the order they were produced.
+    pub(super) responses: Arc<ResponseOrder>,
 }
 
 impl StreamContext {
@@ -91,10 +94,10 @@ impl StreamContext {
                 self.server.clone(),
                 self.shm.clone(),
                 self.max_bytes,
-                &self.tracing,
-                &self.context,
+                (&self.tracing, &self.context),
                 target,
                 req,
+                Some(self.responses.clone()),
             )
             .map(move |item| {
                 let _held = &admission;
@@ -185,15 +188,16 @@ fn stream_error(id: String, status: Status) -> ModelStreamInferResponse {
 /// says `triton_final_response: true`; a decoupled model's say `false`, except one it sent with
 /// the final flag; when it sent the flag alone, an empty response with
 /// `triton_final_response: true` marks the end if the request asked for it
-/// (`triton_enable_empty_final_response`), as Triton does.
+/// (`triton_enable_empty_final_response`), as Triton does. With `order`, the responses leave in
+/// the order produced among those of every request of the stream.
 pub(super) fn stream_one(
     server: Arc<Server>,
     shm: Arc<SystemSharedMemory>,
     max_bytes: usize,
-    tracing: &Tracing,
-    context: &TraceContext,
+    (tracing, context): (&Tracing, &TraceContext),
     target: Target,
     req: ModelInferRequest,
+    order: Option<Arc<ResponseOrder>>,
 ) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
     let caller = target.caller();
     let id = req.id.clone();
@@ -229,7 +233,7 @@ pub(super) fn stream_one(
     let final_id = id.clone();
     let requested = request.outputs.clone();
     let caller = caller.clone();
-    let items = server.infer_stream_on(&target, request);
+    let items = server.infer_stream_ordered(&target, request, order);
     // Whether a response already said it was the last (then no empty one follows).
     let marked_final = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let marked = marked_final.clone();

@@ -237,7 +237,7 @@ impl BatchCalls {
             outputs: self.model.outputs(&self.outputs, tensors)?,
             parameters: protocol::parameters_from_json(&response.parameters)?,
             last,
-            error: None,
+            ..Default::default()
         };
         sink.send_blocking(streamed, self.deadline)?;
         Ok(serde_json::Value::Null)
