@@ -71,3 +71,19 @@ def test_reloads_and_version_switches_under_traffic_lose_nothing():
     reloads = int(proc.stdout.split("reloads and version switches: ")[1].split()[0])
     assert reloads >= 3, proc.stdout
     assert "exit status after SIGTERM: 0" in proc.stdout, proc.stdout
+
+
+def test_reloads_of_a_model_py_an_onnx_model_and_a_stage_under_traffic_lose_nothing():
+    """benches/reloads.py, briefly: each kind of model reloaded back to back while clients send
+    to it without pause; every request is answered (the reload swaps versions under traffic)."""
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    env = dict(os.environ, RELOADS="5", CLIENTS="2", BASELINE="1", WASMTRON_BIN=BINARY)
+    proc = subprocess.run([sys.executable, os.path.join(root, "benches", "reloads.py")], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| add_sub")
+            or line.startswith("| simple")]
+    assert len(rows) == 3, proc.stdout
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert int(cells[1]) > 0 and cells[2] == "0", row
