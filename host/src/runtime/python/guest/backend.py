@@ -678,7 +678,8 @@ class _Backend:
         error = None
         try:
             result = self.model.execute(requests)
-            if inspect.isawaitable(result):
+            # Most models return a list: no coroutine to look for then.
+            if type(result) is not list and inspect.isawaitable(result):
                 result = _run(result)
             returned = self._returned(result, requests)
         except BaseException as e:

@@ -393,13 +393,18 @@ class _Writer:
         return out
 
     def finish(self, header):
-        h = _json.dumps(header).encode()
+        h = _encode_header(header).encode()
         return b"".join([_struct.pack("<I", len(h)), h] + self._parts)
+
+
+# A frame's header as the host reads it: compact, and nothing in it refers to itself.
+_encode_header = _json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 
 
 def _read_frame(data):
     (n,) = _struct.unpack_from("<I", data, 0)
-    header = _json.loads(bytes(data[4:4 + n]))
+    # Decoded first: json then skips guessing the encoding of bytes.
+    header = _json.loads(bytes(data[4:4 + n]).decode())
     return header, memoryview(data)[4 + n:]
 
 
