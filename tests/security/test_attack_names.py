@@ -5,6 +5,7 @@ and the server still answers real requests."""
 import base64
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -313,3 +314,48 @@ def test_a_python_models_environment_never_names_a_folder_outside(server, env):
     assert status == 400, (env, status, body)
     assert "parameter 'EXECUTION_ENV_PATH'" in error_text(body), (env, body)
     still_serves(server, "simple")
+
+
+@pytest.fixture(scope="module")
+def namespaced(tmp_path_factory):
+    """Two repositories as namespaces (`--model-namespacing=true`): `simple` in the first, and
+    in the second `identity_fp32` beside a folder whose name holds the mark."""
+    one, two = tmp_path_factory.mktemp("ns_one"), tmp_path_factory.mktemp("ns_two")
+    copy_models(str(one), ["simple"])
+    copy_models(str(two), ["identity_fp32"])
+    shutil.copytree(two / "identity_fp32", two / "identity_fp32@1")
+    s = Server(None, "--model-repository", str(one), "--model-repository", str(two),
+               "--model-namespacing=true", "--model-control-mode", "explicit",
+               "--load-model", "simple")
+    s.repo = one
+    yield s
+    s.stop()
+
+
+def test_namespaced_keys_name_only_a_repositorys_own_folders(namespaced, tmp_path):
+    """With namespacing a model is also named `name@n`: a key names a folder of repository n
+    and nothing else — no position outside 1..N, no climbing, no folder whose own name holds
+    the mark (it is skipped: it would read as another repository's model)."""
+    victim, untouched = plant_victim(tmp_path)
+    before = index_names(namespaced)
+    assert "simple@1" in before and not any("identity_fp32@1" == n for n in before), before
+    # Keys of no folder: not found (an upload under one would add a model there, as intended).
+    for name in [f"{victim.name}@1", "identity_fp32@1", "simple@2"]:
+        status, body = raw(namespaced.http, "POST", f"/v2/repository/models/{quoted(name)}/load",
+                           {})
+        assert status in (400, 404), (name, status, body)
+    # Names holding the mark that are no key: refused by name, with or without files.
+    for name in ["simple@0", "simple@3", "simple@01", "simple@+1", "@1", "simple@", "simple@1@1",
+                 "..@1", ".@2", ".hidden@1", "simple@18446744073709551617",
+                 "identity_fp32@1@2"]:
+        for body in ({}, load_body({"1/model.onnx": MODEL})):
+            status, answer = raw(namespaced.http, "POST",
+                                 f"/v2/repository/models/{quoted(name)}/load", body)
+            assert status == 400, (name, status, answer)
+            assert "invalid model name" in error_text(answer), (name, answer)
+    untouched()
+    after = index_names(namespaced)
+    assert after == before, (before, after)
+    still_serves(namespaced)
+    # The plain name is the one loaded model; the qualified one the same.
+    still_serves(namespaced, "simple@1")

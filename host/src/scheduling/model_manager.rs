@@ -395,7 +395,7 @@ impl ModelManager {
             return self.load_adapter(model, adapter, overrides).await;
         }
         // With namespacing, a plain name loads every repository's model of that name.
-        for key in self.load_keys(name.as_str()) {
+        for key in self.load_keys(name.as_str())? {
             self.load_as_is(&key, overrides.clone()).await?;
         }
         Ok(())
@@ -406,7 +406,7 @@ impl ModelManager {
     pub fn would_also_load(&self, name: &str, overrides: &LoadOverride) -> Vec<String> {
         let mut found = Vec::new();
         // A configuration naming bad models fails the load itself; nothing more is loaded.
-        let keys = self.load_keys(name);
+        let keys = self.load_keys(name).unwrap_or_default();
         let mut todo: Vec<(String, String)> = keys
             .iter()
             .flat_map(|key| {

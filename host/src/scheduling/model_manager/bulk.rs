@@ -25,7 +25,14 @@ impl ModelManager {
     pub async fn load_many(self: &Arc<Self>, names: &[String]) {
         use futures::stream::StreamExt;
         // With namespacing, a plain name means every repository's model of that name.
-        let keys: Vec<String> = names.iter().flat_map(|n| self.load_keys(n)).collect();
+        let keys: Vec<String> = names
+            .iter()
+            .flat_map(|n| match self.load_keys(n) {
+                Ok(keys) => keys,
+                // Loaded as named, for its load to fail saying why (and show in the index).
+                Err(_) => vec![n.clone()],
+            })
+            .collect();
         let names = keys.as_slice();
         let _guard = self.lifecycle.lock().await;
         let (standalone, calling): (Vec<&String>, Vec<&String>) = names.iter().partition(|name| {

@@ -18,6 +18,8 @@ use std::{borrow::Cow, collections::HashMap, sync::Arc};
 use super::{poisoned, Executor, ModelEntry, ModelManager};
 use crate::{
     error::{Error, Result},
+    names::ModelName,
+    repository::NAMESPACE_MARK,
     scheduling::ensemble,
 };
 
@@ -55,17 +57,35 @@ impl ModelManager {
     }
 
     /// The keys a load of `name` loads: every root's model of that name with namespacing (a
-    /// name no root holds stays as it is, for the load to fail naming it).
-    pub(super) fn load_keys(&self, name: &str) -> Vec<String> {
-        if !self.repository.namespacing() || self.repository.split_key(name).is_some() {
-            return vec![name.to_owned()];
+    /// name no root holds stays as it is, for the load to fail naming it). With namespacing,
+    /// a name holding the mark must be a key of one of the roots.
+    pub(super) fn load_keys(&self, name: &str) -> Result<Vec<String>> {
+        let repository = &self.repository;
+        if !repository.namespacing() {
+            return Ok(vec![name.to_owned()]);
         }
-        let keys = self.repository.keys_of(name);
-        if keys.is_empty() {
+        let folder = repository.split_key(name).map(|(folder, _)| folder);
+        // A key names a plain folder of its repository (one a poll would find there).
+        let plain = |f: &str| {
+            !f.starts_with('.') && !f.contains(NAMESPACE_MARK) && ModelName::parse(f).is_ok()
+        };
+        if folder.is_some_and(plain) {
+            return Ok(vec![name.to_owned()]);
+        }
+        if name.contains(NAMESPACE_MARK) {
+            return Err(Error::invalid(format!(
+                "invalid model name '{}': with --model-namespacing, '{NAMESPACE_MARK}' separates \
+                 a model's folder name from its repository's position (1 to {})",
+                name.escape_debug(),
+                repository.roots().len()
+            )));
+        }
+        let keys = repository.keys_of(name);
+        Ok(if keys.is_empty() {
             vec![name.to_owned()]
         } else {
             keys
-        }
+        })
     }
 
     /// The keys an unload of `name` unloads: every loaded model of that name with namespacing.
