@@ -34,11 +34,7 @@ impl ModelManager {
         if !repository.namespacing() || repository.split_key(name).is_some() {
             return Ok(Cow::Borrowed(name));
         }
-        let loaded: Vec<String> = (0..repository.roots().len())
-            .map(|i| repository.key(i, name))
-            .filter(|k| models.get(k).is_some_and(|e| !e.versions.is_empty()))
-            .collect();
-        match loaded.as_slice() {
+        match self.loaded_keys(models, name).as_slice() {
             [] => Ok(Cow::Borrowed(name)),
             [one] => Ok(Cow::Owned(one.clone())),
             many => Err(Error::invalid(format!(
@@ -94,10 +90,7 @@ impl ModelManager {
             return Ok(vec![name.to_owned()]);
         }
         let models = self.models.read().map_err(|_| poisoned())?;
-        let keys: Vec<String> = (0..self.repository.roots().len())
-            .map(|i| self.repository.key(i, name))
-            .filter(|k| models.get(k).is_some_and(|e| !e.versions.is_empty()))
-            .collect();
+        let keys = self.loaded_keys(&models, name);
         Ok(if keys.is_empty() {
             vec![name.to_owned()]
         } else {
@@ -105,8 +98,20 @@ impl ModelManager {
         })
     }
 
+    /// The keys, one per repository, under which a model named `name` is loaded.
+    fn loaded_keys(&self, models: &HashMap<String, ModelEntry>, name: &str) -> Vec<String> {
+        (0..self.repository.roots().len())
+            .map(|i| self.repository.key(i, name))
+            .filter(|k| models.get(k).is_some_and(|e| !e.versions.is_empty()))
+            .collect()
+    }
+
     /// The key of the model that `caller`'s step (or declared call) named `name` loads: the
     /// one in the caller's own namespace, else the only one of that name in the repositories.
+    ///
+    /// Two rules on purpose: this one reads the repository (what a load must load with an
+    /// ensemble), [`Self::step_key`] the table of loaded models (what a plan calls now);
+    /// poll mode relinks an ensemble when the second changes.
     pub(super) fn composing_key(&self, caller: &str, name: &str) -> String {
         let Some(position) = self.namespace_of(caller) else {
             return name.to_owned();
