@@ -101,6 +101,45 @@ pub struct InferRequest {
     /// Set by a backend whose model released the request to run again in a later batch
     /// (Triton's request rescheduling): the scheduler queues it again instead of answering.
     pub reschedule: Reschedule,
+    /// Told when a request of a sequence has its place in its sequence's queue.
+    pub sequence_queued: SequenceQueued,
+}
+
+/// Fired once a request of a sequence has taken its place in the queue of its sequence's
+/// slot: from then on the sequence's next request may follow, and keeps its order. A gRPC
+/// stream waits for it before it sends a sequence's next request on (a strategy that does not
+/// fire it lets the next one go once this request is dropped, that is answered).
+#[derive(Debug, Clone, Default)]
+pub struct SequenceQueued(
+    Option<std::sync::Arc<std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>>>,
+);
+
+impl SequenceQueued {
+    /// Fires `sender` (or drops it, with the last clone of this).
+    pub fn new(sender: futures::channel::oneshot::Sender<()>) -> Self {
+        Self(Some(std::sync::Arc::new(std::sync::Mutex::new(Some(
+            sender,
+        )))))
+    }
+
+    /// Says the request has its place (once; later calls do nothing).
+    pub fn fire(&self) {
+        let Some(cell) = &self.0 else { return };
+        let sender = cell
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(sender) = sender {
+            let _ = sender.send(());
+        }
+    }
+}
+
+impl PartialEq for SequenceQueued {
+    /// Part of the transport, not of the request.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Whether a model released a request for rescheduling (a Python model's
@@ -413,7 +452,17 @@ pub struct ResponseSink {
     stall: std::time::Duration,
     /// The order of the stream the responses go to, when it keeps one.
     order: Option<std::sync::Arc<crate::response_order::ResponseOrder>>,
+    /// The final response's place in `order`, taken where the answer is produced; only for
+    /// a model that answers once (a decoupled model's final answer may come before responses
+    /// it still sends, so it is stamped when it leaves, after them).
+    final_stamp: Option<FinalStamp>,
 }
+
+/// Where the scheduler leaves the final response's [`crate::response_order::Stamp`] when it
+/// answers a request of an ordered stream, so that the answer takes its place in the stream
+/// when it was produced, not when the task that forwards it happens to run.
+pub type FinalStamp =
+    std::sync::Arc<std::sync::Mutex<Option<std::sync::Arc<crate::response_order::Stamp>>>>;
 
 impl ResponseSink {
     /// A sink and its receiving end, holding up to `capacity` unread responses; a send waits
@@ -424,7 +473,37 @@ impl ResponseSink {
     ) -> (Self, tokio::sync::mpsc::Receiver<StreamedResponse>) {
         let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
         let order = None;
-        (Self { tx, stall, order }, rx)
+        (
+            Self {
+                tx,
+                stall,
+                order,
+                final_stamp: None,
+            },
+            rx,
+        )
+    }
+
+    /// For a request answered once (not decoupled): its answer takes its place in the
+    /// stream's order where it is produced ([`Self::stamp_final`]), left in the returned cell.
+    pub fn stamping_final(mut self) -> (Self, FinalStamp) {
+        let cell = FinalStamp::default();
+        self.final_stamp = Some(cell.clone());
+        (self, cell)
+    }
+
+    /// Takes the final response's place in the stream's order now (once; without an order or
+    /// [`Self::stamping_final`], nothing): called where a request is answered.
+    pub fn stamp_final(&self) {
+        let (Some(order), Some(cell)) = (&self.order, &self.final_stamp) else {
+            return;
+        };
+        let mut cell = cell
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cell.is_none() {
+            *cell = Some(std::sync::Arc::new(order.stamp()));
+        }
     }
 
     /// Stamps every response sent from now on with its place in `order`.

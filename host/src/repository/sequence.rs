@@ -24,7 +24,8 @@ pub enum ControlKind {
     Start,
     /// True on the last request of a sequence.
     End,
-    /// True when the request carries data (always, here: no slot is ever run empty).
+    /// True when the request carries data; false on the filler row of a slot that has
+    /// nothing to run in a batch of the direct strategy.
     Ready,
     /// The sequence's correlation ID.
     CorrelationId,
@@ -71,6 +72,21 @@ pub struct State {
     pub initial: InitialState,
 }
 
+/// How sequences share a model's instances (`sequence_batching.direct` / `.oldest`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Strategy {
+    /// Triton's default: each instance has `max_batch_size` slots (one without batching); a
+    /// sequence holds one from START to END, and one that finds none free waits for one.
+    Direct {
+        /// A batch waits (up to `max_queue_delay`) until this share of an instance's slots
+        /// has a request ready; 0: it runs at once.
+        minimum_slot_utilization: f32,
+    },
+    /// Requests of up to `max_candidate_sequences` live sequences batch through the dynamic
+    /// batcher, one request per sequence in a batch.
+    Oldest,
+}
+
 /// A model's `sequence_batching`, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SequenceSpec {
@@ -80,10 +96,11 @@ pub struct SequenceSpec {
     pub controls: Vec<Control>,
     /// Implicit states, in declaration order.
     pub states: Vec<State>,
+    /// How sequences share the model's instances.
+    pub strategy: Strategy,
     /// How long a request may wait for requests of other sequences to batch with.
     pub max_queue_delay: Duration,
-    /// Preferred batch sizes (`oldest` strategy; with `direct`, every size from
-    /// `minimum_slot_utilization` x `max_batch_size` up).
+    /// Preferred batch sizes (`oldest` strategy only).
     pub preferred_batch_sizes: Vec<i32>,
     /// Sequences live at once (`oldest.max_candidate_sequences`; 0: no limit): a new
     /// sequence's START waits, in arrival order, until one ends or is released.
@@ -168,49 +185,58 @@ pub fn sequence_spec(config: &ModelConfig) -> Result<Option<SequenceSpec>, Strin
             w[0]
         ));
     }
-    let (max_queue_delay, preferred_batch_sizes, max_candidates) = match &sb.strategy_choice {
-        Some(StrategyChoice::Direct(d)) => {
-            let util = d.minimum_slot_utilization;
-            if !(0.0..=1.0).contains(&util) {
-                return Err(format!(
-                    "field 'sequence_batching.direct.minimum_slot_utilization': {util} is not \
+    let (strategy, max_queue_delay, preferred_batch_sizes, max_candidates) =
+        match &sb.strategy_choice {
+            Some(StrategyChoice::Direct(d)) => {
+                let util = d.minimum_slot_utilization;
+                if !(0.0..=1.0).contains(&util) {
+                    return Err(format!(
+                        "field 'sequence_batching.direct.minimum_slot_utilization': {util} is not \
                      between 0 and 1"
-                ));
+                    ));
+                }
+                (
+                    Strategy::Direct {
+                        minimum_slot_utilization: util,
+                    },
+                    d.max_queue_delay_microseconds,
+                    Vec::new(),
+                    0,
+                )
             }
-            // A batch runs before the delay ends once this share of its rows is ready, as
-            // Triton's direct strategy does once that share of its slots is.
-            let ready = (f64::from(util) * f64::from(config.max_batch_size)).ceil() as i32;
-            let preferred = if util > 0.0 && config.max_batch_size > 0 {
-                (ready.max(1)..=config.max_batch_size).collect()
-            } else {
-                Vec::new()
-            };
-            (d.max_queue_delay_microseconds, preferred, 0)
-        }
-        Some(StrategyChoice::Oldest(o)) => {
-            if let Some(size) = o
-                .preferred_batch_size
-                .iter()
-                .find(|&&s| s <= 0 || (config.max_batch_size > 0 && s > config.max_batch_size))
-            {
-                return Err(format!(
-                    "field 'sequence_batching.oldest.preferred_batch_size': {size} is not \
+            Some(StrategyChoice::Oldest(o)) => {
+                if let Some(size) = o
+                    .preferred_batch_size
+                    .iter()
+                    .find(|&&s| s <= 0 || (config.max_batch_size > 0 && s > config.max_batch_size))
+                {
+                    return Err(format!(
+                        "field 'sequence_batching.oldest.preferred_batch_size': {size} is not \
                      between 1 and max_batch_size ({})",
-                    config.max_batch_size
-                ));
+                        config.max_batch_size
+                    ));
+                }
+                (
+                    Strategy::Oldest,
+                    o.max_queue_delay_microseconds,
+                    o.preferred_batch_size.clone(),
+                    o.max_candidate_sequences.max(0) as usize,
+                )
             }
-            (
-                o.max_queue_delay_microseconds,
-                o.preferred_batch_size.clone(),
-                o.max_candidate_sequences.max(0) as usize,
-            )
-        }
-        None => (0, Vec::new(), 0),
-    };
+            None => (
+                Strategy::Direct {
+                    minimum_slot_utilization: 0.0,
+                },
+                0,
+                Vec::new(),
+                0,
+            ),
+        };
     Ok(Some(SequenceSpec {
         max_idle: idle_limit(sb),
         controls,
         states,
+        strategy,
         max_queue_delay: Duration::from_micros(max_queue_delay),
         preferred_batch_sizes,
         max_candidates,

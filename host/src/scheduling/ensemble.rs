@@ -483,6 +483,8 @@ impl Ensemble {
         InferRequest {
             reply_parameters: Default::default(),
             reschedule: Default::default(),
+            // A sequence's next request on a stream follows once this step has its place.
+            sequence_queued: request.sequence_queued.clone(),
             model_name: step.model.clone(),
             model_version: step.version,
             id: request.id.clone(),

@@ -67,7 +67,15 @@ impl Server {
         let (out, items) = tokio::sync::mpsc::channel(if order.is_some() { 1 } else { 16 });
         let stall = self.options.response_stall_timeout;
         let (sink, mut produced) = crate::inference::ResponseSink::channel(16, stall);
-        request.responses = Some(sink.ordered(order.clone()));
+        let decoupled = crate::runtime::is_decoupled(&model.config);
+        let (sink, final_stamp) = match sink.ordered(order.clone()) {
+            sink if decoupled => (sink, None),
+            sink => {
+                let (sink, cell) = sink.stamping_final();
+                (sink, Some(cell))
+            }
+        };
+        request.responses = Some(sink);
         let server = self.clone();
         let (name, id) = (request.model_name.clone(), request.id.clone());
         // Polled once here, before the task starts, so the request reaches its model's queue
@@ -89,8 +97,7 @@ impl Server {
         tokio::spawn(async move {
             let version = model.version;
             // A decoupled model's responses are counted per index, as Triton's response_stats.
-            let mut responses = crate::runtime::is_decoupled(&model.config)
-                .then(|| ResponseClock::new(model.stats.clone()));
+            let mut responses = decoupled.then(|| ResponseClock::new(model.stats.clone()));
             let wrap = |streamed: StreamedResponse, name: &str, id: &str| InferResponse {
                 model_name: name.to_owned(),
                 model_version: version,
@@ -117,9 +124,16 @@ impl Server {
                     Ok::<(), ()>(())
                 })
             };
-            // What the server itself produces (the final response, an error) is stamped when
-            // it is at hand.
-            let stamp_now = || order.as_ref().map(|o| Arc::new(o.stamp()));
+            // The final response (or error) keeps the place the scheduler took when it
+            // answered; what the server itself produces is stamped when it is at hand.
+            let stamp_now = || {
+                let taken = final_stamp.as_ref().and_then(|cell| {
+                    cell.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take()
+                });
+                taken.or_else(|| order.as_ref().map(|o| Arc::new(o.stamp())))
+            };
             let send = async |mut outputs: StreamedResponse, clock: &mut Option<ResponseClock>| {
                 let empty = outputs.outputs.is_empty();
                 let handed = Instant::now();

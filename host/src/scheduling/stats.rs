@@ -224,8 +224,22 @@ impl ModelStats {
         infer: Duration,
         output: Duration,
     ) {
+        self.record_execution_with_fillers(batch_size, batch_size, input, infer, output);
+    }
+
+    /// Records one model execution of `batch_size` rows, of which `inferences` were requests
+    /// (the others filler rows of idle sequence slots: in the batch statistics, as on Triton,
+    /// but not in the inference count).
+    pub fn record_execution_with_fillers(
+        &self,
+        batch_size: u64,
+        inferences: u64,
+        input: Duration,
+        infer: Duration,
+        output: Duration,
+    ) {
         self.execution_count.fetch_add(1, Relaxed);
-        self.inference_count.fetch_add(batch_size, Relaxed);
+        self.inference_count.fetch_add(inferences, Relaxed);
         if let Ok(mut batches) = self.batches.lock() {
             let entry = batches.entry(batch_size).or_default();
             entry.count += 1;

@@ -158,7 +158,7 @@ impl GrpcInferenceService for GrpcService {
                 Ok(req) => {
                     let stream = stream.clone();
                     let sequence = sequence_key(&req);
-                    order.start(sequence, move || stream.answer(req))
+                    order.start(sequence, move |queued| stream.answer(req, queued))
                 }
                 Err(status) => futures::stream::once(async { Err(status) }).boxed(),
             })

@@ -15,7 +15,7 @@ use tonic::Status;
 use crate::frontends::{shared_memory::SystemSharedMemory, trace::Tracing};
 use crate::{
     error::Error,
-    inference::{ParamValue, Parameters},
+    inference::{ParamValue, Parameters, SequenceQueued},
     proto::inference::infer_parameter::ParameterChoice,
     response_order::ResponseOrder,
     scheduling::{door::Target, server::Server},
@@ -57,9 +57,9 @@ pub(super) struct StreamContext {
 impl StreamContext {
     /// The answers to one request of the stream: authenticated, admitted and accounted, its
     /// errors in-band (or, with `grpc_errors`, as the status that ends the stream).
-    pub(super) fn answer(&self, req: ModelInferRequest) -> Answers {
+    pub(super) fn answer(&self, req: ModelInferRequest, queued: SequenceQueued) -> Answers {
         let id = req.id.clone();
-        let answers = self.answers(req);
+        let answers = self.answers(req, queued);
         if self.grpc_errors {
             return answers;
         }
@@ -72,7 +72,7 @@ impl StreamContext {
     }
 
     /// [`Self::answer`] with every error as a status.
-    fn answers(&self, req: ModelInferRequest) -> Answers {
+    fn answers(&self, req: ModelInferRequest, queued: SequenceQueued) -> Answers {
         let refuse =
             |_id: String, e: Error| futures::stream::once(async move { Err(to_status(e)) }).boxed();
         let caller = match &self.tenancy {
@@ -96,7 +96,7 @@ impl StreamContext {
                 self.max_bytes,
                 (&self.tracing, &self.context),
                 target,
-                req,
+                (req, queued),
                 Some(self.responses.clone()),
             )
             .map(move |item| {
@@ -128,11 +128,12 @@ pub(super) fn sequence_key(req: &ModelInferRequest) -> Option<(String, String)> 
 }
 
 /// Keeps each sequence's requests on a stream in the order they were sent: one starts once the
-/// previous request of its sequence has answered (on Triton a sequence's requests run one at
+/// previous request of its sequence has its place in its sequence's queue (the direct
+/// strategy's slot says so), or else has answered (on Triton a sequence's requests run one at
 /// a time too, in its slot). Other requests start at once.
 #[derive(Default)]
 pub(super) struct SequenceOrder {
-    /// Per sequence, resolved when its latest request's answers end.
+    /// Per sequence, resolved when its latest request has its place or its answers end.
     last: HashMap<(String, String), Shared<oneshot::Receiver<()>>>,
 }
 
@@ -140,34 +141,39 @@ impl SequenceOrder {
     /// Sequences remembered before the finished ones are forgotten.
     const REMEMBERED: usize = 1024;
 
-    /// The answers `start` gives, started now, or after the sequence's previous request.
+    /// The answers `start` gives, started now, or after the sequence's previous request has
+    /// its place; `start` puts the signal it gets into its request.
     pub(super) fn start(
         &mut self,
         sequence: Option<(String, String)>,
-        start: impl FnOnce() -> Answers + Send + 'static,
+        start: impl FnOnce(SequenceQueued) -> Answers + Send + 'static,
     ) -> Answers {
         let Some(sequence) = sequence else {
-            return start();
+            return start(SequenceQueued::default());
         };
         if self.last.len() >= Self::REMEMBERED {
             // A finished request's sender is gone, so its receiver resolves when polled.
             self.last
                 .retain(|_, done| done.clone().now_or_never().is_none());
         }
-        let (finished, done) = oneshot::channel::<()>();
+        let (placed, done) = oneshot::channel::<()>();
+        let placed = SequenceQueued::new(placed);
         let previous = self.last.insert(sequence, done.shared());
+        let held = placed.clone();
         let answers = async move {
             if let Some(previous) = previous {
-                // Resolves (as cancelled) when the previous request's answers are dropped.
+                // Resolves when the previous request has its place, or (as cancelled) when
+                // it and its answers are dropped.
                 let _ = previous.await;
             }
-            start()
+            start(placed)
         };
         answers
             .flatten_stream()
             .map(move |item| {
-                // Dropped with the answers, which lets the sequence's next request start.
-                let _finished = &finished;
+                // Dropped with the answers (and the request), which lets the sequence's next
+                // request start if nothing fired before.
+                let _held = &held;
                 item
             })
             .boxed()
@@ -196,7 +202,7 @@ pub(super) fn stream_one(
     max_bytes: usize,
     (tracing, context): (&Tracing, &TraceContext),
     target: Target,
-    req: ModelInferRequest,
+    (req, queued): (ModelInferRequest, SequenceQueued),
     order: Option<Arc<ResponseOrder>>,
 ) -> futures::stream::BoxStream<'static, Result<ModelStreamInferResponse, Status>> {
     let caller = target.caller();
@@ -216,6 +222,7 @@ pub(super) fn stream_one(
         Ok(r) => r,
         Err(err) => return futures::stream::once(async move { Err(to_status(err)) }).boxed(),
     };
+    request.sequence_queued = queued;
     request.trace = tracing.request_span(&request.model_name, "grpc", &|k| context.get(k));
     request.trace.mark("GRPC_WAITREAD_START");
     request.trace.mark("GRPC_WAITREAD_END");

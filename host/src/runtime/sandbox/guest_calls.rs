@@ -98,6 +98,7 @@ impl CallingBatch<'_> {
         Ok(crate::inference::InferRequest {
             reply_parameters: Default::default(),
             reschedule: Default::default(),
+            sequence_queued: Default::default(),
             model_name: call.model,
             model_version: call.version,
             id: call.id,

@@ -13,7 +13,7 @@ use crate::{
         model_config::SchedulingChoice, model_queue_policy::TimeoutAction, ModelConfig,
         ModelQueuePolicy,
     },
-    repository::sequence::sequence_spec,
+    repository::sequence::{sequence_spec, Strategy},
 };
 
 /// What happens to a request whose queue timeout expires.
@@ -132,10 +132,17 @@ impl BatchPolicy {
         if let Ok(Some(sequences)) = sequence_spec(config) {
             // Requests of different sequences batch (one row each); requests of one sequence
             // never meet in a batch, as the sequence batcher sends them one after another.
+            // The direct strategy forms its batches itself (one row per slot) and queues each
+            // whole, to run at once.
+            let direct = matches!(sequences.strategy, Strategy::Direct { .. });
             return Self {
                 max_batch_size: config.max_batch_size.max(1) as usize,
                 preferred: positive_sorted(&sequences.preferred_batch_sizes),
-                max_queue_delay: sequences.max_queue_delay,
+                max_queue_delay: if direct {
+                    Duration::ZERO
+                } else {
+                    sequences.max_queue_delay
+                },
                 batching: config.max_batch_size > 0,
                 ragged_inputs: ragged_inputs(config),
                 ..Self::one_at_a_time()

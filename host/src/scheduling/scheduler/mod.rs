@@ -48,6 +48,9 @@ struct Job {
     reply: oneshot::Sender<Result<InferResponse>>,
     /// The instance that must run it (a sequence's, whose instance may keep its state).
     instance: Option<usize>,
+    /// A request of a client, counted as an inference; not the filler row of an idle
+    /// sequence slot, which counts only in its execution's batch size (as on Triton).
+    counted: bool,
 }
 
 impl Batchable for Job {
@@ -387,6 +390,7 @@ impl Scheduler {
                     .filter(|p| p.sequence_multiple.is_some()),
                 ragged: s.policy.ragged_inputs.clone(),
                 instance: instance.filter(|&i| i < self.instances),
+                counted: true,
             };
             let pushed = state.queue.push(level, job, timeout, Instant::now());
             if pushed.is_ok() {
@@ -440,6 +444,119 @@ impl Scheduler {
             )))
         })
     }
+}
+
+impl Scheduler {
+    /// Turns off the `TRITONSERVER_DELAY_SCHEDULER` hold of this queue: the sequence
+    /// batcher's direct strategy holds its slots instead, as Triton's does.
+    pub fn skip_delay_hook(&self) {
+        lock(&self.shared.state).hold_until_queued = 0;
+        self.shared.work.notify_all();
+    }
+
+    /// Runs a batch formed outside the queue as one execution of instance `instance`: every
+    /// member is queued at once (one row each, nothing else pinned there to join them) and
+    /// the answers come back in the members' order. The direct sequence strategy forms such
+    /// batches from its slots. A member not `counted` is a filler row.
+    pub async fn infer_batch_on(
+        &self,
+        instance: usize,
+        members: Vec<BatchMember>,
+    ) -> Vec<Result<InferResponse>> {
+        let s = &self.shared;
+        let count = members.len();
+        let mut replies = Vec::with_capacity(count);
+        let mut seqs = Vec::with_capacity(count);
+        let refused = {
+            let mut state = lock(&s.state);
+            if state.closed {
+                Some(Error::unavailable(format!(
+                    "model '{}' version {} is unloading",
+                    s.model, s.version
+                )))
+            } else {
+                let mut refused = None;
+                for member in members {
+                    let (reply, response) = oneshot::channel();
+                    member.request.trace.mark("QUEUE_START");
+                    let seq = state.next_seq;
+                    let job = Job {
+                        request: member.request,
+                        outputs: member.outputs,
+                        rows: 1,
+                        received: member.received,
+                        seq,
+                        reply,
+                        padding: None,
+                        ragged: s.policy.ragged_inputs.clone(),
+                        instance: Some(instance.min(self.instances.saturating_sub(1))),
+                        counted: member.counted,
+                    };
+                    let level = s.policy.default_level;
+                    match state.queue.push(level, job, None, Instant::now()) {
+                        Ok(()) => {
+                            state.next_seq += 1;
+                            s.stats.pending.fetch_add(1, Relaxed);
+                            replies.push(response);
+                            seqs.push(seq);
+                        }
+                        Err(_) => {
+                            refused = Some(Error::unavailable(format!(
+                                "model '{}' version {}: the request queue is full; retry later",
+                                s.model, s.version
+                            )));
+                            break;
+                        }
+                    }
+                }
+                refused
+            }
+        };
+        s.pinned.store(true, Relaxed);
+        s.wake_for_work();
+        // Dropped unanswered (the sequence batcher shutting down), they leave the queue.
+        let mut guards: Vec<Waiting<'_>> = seqs
+            .iter()
+            .map(|&seq| Waiting {
+                shared: s,
+                seq,
+                answered: false,
+            })
+            .collect();
+        let answered = futures::future::join_all(replies).await;
+        for guard in &mut guards {
+            guard.answered = true;
+        }
+        let mut results: Vec<Result<InferResponse>> = answered
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|_| {
+                    Err(Error::internal(format!(
+                        "model '{}' version {}: the worker stopped before answering",
+                        s.model, s.version
+                    )))
+                })
+            })
+            .collect();
+        if let Some(err) = refused {
+            // Those queued already ran; the rest get the refusal.
+            results.resize(count, Err(err));
+        }
+        results
+    }
+}
+
+/// One row of a batch formed outside the queue ([`Scheduler::infer_batch_on`]).
+pub struct BatchMember {
+    /// The request, one row.
+    pub request: InferRequest,
+    /// The outputs to return, in order.
+    pub outputs: Vec<String>,
+    /// When the frontend took it.
+    pub received: Instant,
+    /// A request of a client (false for a filler row: no answer is counted for it, and
+    /// it counts only in the batch size).
+    pub counted: bool,
 }
 
 /// What bounds a model's executions beyond its instances: the server's share among tenants,

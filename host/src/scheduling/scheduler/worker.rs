@@ -253,14 +253,17 @@ impl WorkQueue {
         self.stats
             .padded_rows
             .fetch_add(timings.padded_rows, Relaxed);
-        let succeeded: u64 = jobs
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_ok())
-            .map(|((j, _), _)| j.rows)
-            .sum();
+        let rows_of = |counted_only: bool| -> u64 {
+            jobs.iter()
+                .zip(&results)
+                .filter(|((j, _), r)| r.is_ok() && (j.counted || !counted_only))
+                .map(|((j, _), _)| j.rows)
+                .sum()
+        };
+        let succeeded = rows_of(true);
         if succeeded > 0 {
-            self.stats.record_execution(
+            self.stats.record_execution_with_fillers(
+                rows_of(false),
                 succeeded,
                 timings.compute_input,
                 timings.compute_infer,
@@ -321,6 +324,34 @@ impl WorkQueue {
         timings: &ExecTimings,
         outputs: Vec<Tensor>,
     ) {
+        if job.counted {
+            self.record_success(&job, queued, timings);
+        }
+        let Job {
+            mut request,
+            reply,
+            seq,
+            ..
+        } = job;
+        // On an ordered stream, the answer's place is now.
+        if let Some(sink) = &request.responses {
+            sink.stamp_final();
+        }
+        let response = InferResponse {
+            model_name: self.model.clone(),
+            model_version: self.version,
+            parameters: request.reply_parameters.take(),
+            id: std::mem::take(&mut request.id),
+            outputs,
+            last: false,
+        };
+        // The request (its trace span with it) ends before its answer leaves, so whoever
+        // waits for the answer finds the trace complete.
+        drop(request);
+        self.deliver(seq, reply, Ok(response));
+    }
+
+    fn record_success(&self, job: &Job, queued: Duration, timings: &ExecTimings) {
         self.stats.record_success(
             queued,
             timings.compute_input,
@@ -336,34 +367,21 @@ impl WorkQueue {
                 timings.compute_output,
             ]);
         }
-        let Job {
-            mut request,
-            reply,
-            seq,
-            ..
-        } = job;
-        let response = InferResponse {
-            model_name: self.model.clone(),
-            model_version: self.version,
-            parameters: request.reply_parameters.take(),
-            id: std::mem::take(&mut request.id),
-            outputs,
-            last: false,
-        };
-        // The request (its trace span with it) ends before its answer leaves, so whoever
-        // waits for the answer finds the trace complete.
-        drop(request);
-        self.deliver(seq, reply, Ok(response));
     }
 
     pub(super) fn fail(&self, job: Job, reason: FailureReason, err: Error) {
-        self.stats.record_failure(reason, job.received.elapsed());
+        if job.counted {
+            self.stats.record_failure(reason, job.received.elapsed());
+        }
         let Job {
             request,
             reply,
             seq,
             ..
         } = job;
+        if let Some(sink) = &request.responses {
+            sink.stamp_final();
+        }
         drop(request);
         self.deliver(seq, reply, Err(err));
     }
