@@ -259,10 +259,11 @@ $(CONVERT_VENV)/.installed: scripts/convert-requirements.txt $(DIFFUSION_VENV)/.
 test-python: build python-package ray-deps bentoml-deps redis custom-ops $(AZURITE) $(PYTRITON_VENV)/.installed convert-env
 	# Python-backend models start in seconds once the interpreter is compiled (minutes, once).
 	target/debug/wasmtron compile-python
+	# Two workers, each test file whole on one (its module's server serves only its tests).
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
 	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python PYTRITON_PYTHON=$(CURDIR)/$(PYTRITON_VENV)/bin/python \
 	  DIFFUSION_PYTHON=$(CURDIR)/$(DIFFUSION_VENV)/bin/python CONVERTER_PYTHON=$(CURDIR)/$(CONVERT_VENV)/bin/python \
-	  $(VPY) -m pytest -q -p no:cacheprovider tests/python tests/security
+	  $(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=20 tests/python tests/security
 
 lint: venv
 	$(CARGO) fmt --all -- --check
