@@ -6,11 +6,9 @@
 //! The batches are made deterministic without timing: a very long `max_queue_delay` with a
 //! preferred batch size means a batch runs exactly when its last request arrives.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// Waits until `model` has `n` requests queued.

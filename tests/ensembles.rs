@@ -3,11 +3,9 @@
 //! models loaded on demand and protected from unloading, and composing models that keep
 //! batching the traffic that comes through an ensemble.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use wasmtron::proto::inference::{
     grpc_inference_service_client::GrpcInferenceServiceClient,

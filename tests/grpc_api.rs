@@ -1,8 +1,6 @@
 //! `inference.GRPCInferenceService` and `grpc.health.v1` against the real binary.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use tonic::Code;
 use wasmtron::proto::inference::{
     grpc_inference_service_client::GrpcInferenceServiceClient,

@@ -2,9 +2,7 @@
 //! message size): each over-limit request gets a clear error naming the tensor and the flag,
 //! and the server keeps serving.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use tonic::Code;
 use wasmtron::proto::inference::{

@@ -1,12 +1,10 @@
 //! KServe v2 over HTTP against the real binary: every route, JSON and binary tensors, and the
 //! bad inputs a client can send, each with its status code and a message naming the problem.
 
-mod common;
-
 use base64::Engine;
 use std::io::Write;
 
-use common::*;
+use crate::common::*;
 use reqwest::{blocking::Response, StatusCode};
 use serde_json::{json, Value};
 

@@ -1,11 +1,9 @@
 //! Requests already accepted are never lost: not on SIGTERM (readiness flips at once, the
 //! process drains and exits 0), not on unload, not on reload.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use wasmtron::proto::inference::{grpc_inference_service_client::GrpcInferenceServiceClient, *};
 

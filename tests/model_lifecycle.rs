@@ -1,12 +1,10 @@
 //! Loading, reloading and unloading models, control modes, version policies, and the load-time
 //! errors a person gets for broken configurations and model files.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use base64::Engine;
-use common::*;
 use serde_json::{json, Value};
 
 fn post(s: &TestServer, path: &str, body: Value) -> reqwest::blocking::Response {
@@ -302,7 +300,7 @@ fn failed_reload_keeps_the_old_version_and_good_reload_swaps() {
     assert!(infer_ok(&s), "the old version keeps serving");
 
     // A second version and `all` policy: both versions serve after the reload.
-    common::copy_dir(&repo.path().join("simple/1"), &repo.path().join("simple/2"));
+    crate::common::copy_dir(&repo.path().join("simple/1"), &repo.path().join("simple/2"));
     let reload_with_policy = |policy: &str| -> Value {
         std::fs::write(&config_path, format!("{good}\nversion_policy: {policy}\n")).unwrap();
         let resp = post(&s, "/v2/repository/models/simple/load", json!({}));
@@ -361,7 +359,7 @@ fn poll_mode_follows_the_repository() {
     assert_eq!(resp.status(), 503);
     assert!(resp.text().unwrap().contains("polling is enabled"));
 
-    common::copy_dir(
+    crate::common::copy_dir(
         &example_repository().join("identity_fp32"),
         &repo.path().join("added"),
     );

@@ -6,9 +6,7 @@
 //! Batches are made deterministic without timing, as in tests/batching.rs: a very long
 //! `max_queue_delay` with preferred batch sizes runs a batch exactly when it is complete.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 // One instance: warm-up runs once per instance, and the counts below are one instance's.

@@ -2,9 +2,7 @@
 //! responses per request over gRPC `ModelStreamInfer` (and HTTP server-sent events), with
 //! Triton's final-response flags; unary calls to it are refused with a clear error.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use wasmtron::proto::inference::{
     grpc_inference_service_client::GrpcInferenceServiceClient, infer_parameter::ParameterChoice,

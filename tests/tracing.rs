@@ -4,15 +4,13 @@
 //! trace settings endpoint turns tracing off.
 #![cfg(feature = "otel")]
 
-mod common;
-
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 use opentelemetry_proto::tonic::{
     collector::trace::v1::ExportTraceServiceRequest, common::v1::any_value::Value as AnyValue,
 };

@@ -3,11 +3,9 @@
 //! panic, probe the sandbox and return bad outputs. After each, the server is healthy and the
 //! other models answer.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use wasmtron::proto::inference::{
     grpc_inference_service_client::GrpcInferenceServiceClient,
