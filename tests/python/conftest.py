@@ -79,6 +79,21 @@ def copy_models(dest, names):
         shutil.copytree(os.path.join(ROOT, "model_repository", name), os.path.join(dest, name))
 
 
+def model_variant(repo, name, source, replace):
+    """A copy of the model folder `source` named `name` in `repo`, its config.pbtxt edited by
+    `replace` (pairs of old and new text; each old text must be there)."""
+    dest = os.path.join(repo, name)
+    shutil.copytree(source, dest)
+    path = os.path.join(dest, "config.pbtxt")
+    with open(path) as f:
+        text = f.read()
+    for old, new in replace:
+        assert old in text, old
+        text = text.replace(old, new)
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def serving(tmp_path_factory, name, models, *extra):
     """A server on a fresh repository holding `models` from model_repository/, for a
     module-scoped fixture to `yield from`; stopped when the module is done."""

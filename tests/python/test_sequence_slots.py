@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, Server
+from conftest import ROOT, Server, model_variant
 
 TEST_MODELS = os.path.join(ROOT, "tests", "models")
 # accumulate's first state, from its initial_state/hundred file.
@@ -24,16 +24,7 @@ FIRST = 100
 
 def variant(repo, name, source, replace):
     """A copy of tests/models/<source> named `name`, its config edited by `replace`."""
-    dest = os.path.join(repo, name)
-    shutil.copytree(os.path.join(TEST_MODELS, source), dest)
-    path = os.path.join(dest, "config.pbtxt")
-    with open(path) as f:
-        text = f.read()
-    for old, new in replace:
-        assert old in text, old
-        text = text.replace(old, new)
-    with open(path, "w") as f:
-        f.write(text)
+    model_variant(repo, name, os.path.join(TEST_MODELS, source), replace)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, Server
+from conftest import ROOT, Server, model_variant
 
 TEST_MODELS = os.path.join(ROOT, "tests", "models")
 # accumulate's first state, from its initial_state/hundred file.
@@ -25,16 +25,7 @@ FIRST = 100
 
 def variant(repo, name, replace, source=os.path.join(TEST_MODELS, "accumulate")):
     """A copy of the model at `source` named `name`, its config edited by `replace`."""
-    dest = os.path.join(repo, name)
-    shutil.copytree(source, dest)
-    path = os.path.join(dest, "config.pbtxt")
-    with open(path) as f:
-        text = f.read()
-    for old, new in replace:
-        assert old in text, old
-        text = text.replace(old, new)
-    with open(path, "w") as f:
-        f.write(text)
+    model_variant(repo, name, source, replace)
 
 
 # An ensemble whose one step is the stateful model: the sequence parameters pass through.
