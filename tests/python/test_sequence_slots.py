@@ -33,6 +33,7 @@ def server(tmp_path_factory):
     shutil.copytree(os.path.join(TEST_MODELS, "slot_rows"), os.path.join(repo, "slot_rows"))
     # One slot: a second sequence waits for the first to end (or to idle out).
     variant(repo, "one_slot", "slot_rows", [("max_batch_size: 2", "max_batch_size: 1")])
+    variant(repo, "one_slot_cancel", "slot_rows", [("max_batch_size: 2", "max_batch_size: 1")])
     variant(repo, "one_slot_idle", "slot_rows",
             [("max_batch_size: 2", "max_batch_size: 1"),
              ("max_sequence_idle_microseconds: 60000000", "max_sequence_idle_microseconds: 1000000")])
@@ -88,6 +89,26 @@ def test_a_sequence_waits_in_the_backlog_for_a_free_slot(server):
         assert add(c, "one_slot", 21, 3, end=True) == (6, 1, 0)
         assert waiting.result(timeout=120) == (10, 1, 0)
     assert add(c, "one_slot", 22, 5, end=True) == (15, 1, 0)
+
+
+def test_a_sequence_whose_caller_left_is_cancelled_and_frees_its_slot(server):
+    """L0_sequence_batcher's cancellation case: the caller of a sequence's waiting request goes
+    away (a gRPC deadline); when the request's turn comes the sequence is cancelled, its slot
+    given up, so its next request must start it again and others find the slot free."""
+    c = grpcclient.InferenceServerClient(server.grpc)
+    assert add(c, "one_slot_cancel", 41, 1, start=True) == (1, 1, 0)
+    x = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[10]], dtype=np.int32))
+    # Waits in the backlog behind sequence 41; its caller gives up after a second.
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        c.infer("one_slot_cancel", [x], sequence_id=42, sequence_start=True, client_timeout=1)
+    assert add(c, "one_slot_cancel", 41, 2, end=True) == (3, 1, 0)
+    # Sequence 42 took the slot with a request nobody waits for: it is cancelled, not run.
+    assert add(c, "one_slot_cancel", 43, 5, start=True, end=True) == (5, 1, 0)
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        add(c, "one_slot_cancel", 42, 1)
+    # Run: 41's two requests and 43's; not 42's.
+    assert batch_stats(c, "one_slot_cancel")[:2] == (3, 3)
 
 
 def test_an_idle_sequence_gives_its_slot_to_the_backlog(server):

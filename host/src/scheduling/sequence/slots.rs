@@ -13,7 +13,9 @@
 //!
 //! A slot whose sequence has no request queued or running for
 //! `max_sequence_idle_microseconds` is given up (the backlog's first sequence takes it), and
-//! a later request of that sequence must start it again. Triton's test hooks
+//! a later request of that sequence must start it again. A sequence whose next request's
+//! caller has gone (a closed connection, a cancelled call) is cancelled as on Triton: its
+//! slot is given up and its other queued requests are answered CANCELLED. Triton's test hooks
 //! `TRITONSERVER_DELAY_SCHEDULER` (hold every batch until that many requests are queued in
 //! the slots) and `TRITONSERVER_BACKLOG_DELAY_SCHEDULER` (…and that many in the backlog) are
 //! honoured, as Triton's QA tests line requests up with them.
@@ -370,6 +372,14 @@ impl Slots {
         // Idle sequences are looked for at least this often.
         let tick = (self.injector.spec.max_idle / 2)
             .clamp(Duration::from_millis(10), Duration::from_millis(500));
+        // A sequence whose next request's caller has gone is cancelled, as on Triton: its
+        // slot goes to the backlog and its other queued requests are answered CANCELLED.
+        for slot in 0..self.per_instance {
+            let s = &board.slots[instance][slot];
+            if s.queue.front().is_some_and(|p| p.reply.is_closed()) {
+                self.cancel(board, instance, slot, now);
+            }
+        }
         let slots = &board.slots[instance];
         let Some(highest) = slots.iter().rposition(|s| !s.queue.is_empty()) else {
             return Next::Wait(tick);
@@ -422,6 +432,30 @@ impl Slots {
             "sequence batch"
         );
         Next::Run(rows)
+    }
+
+    /// Cancels the sequence in a slot: its queued requests are answered CANCELLED and the slot
+    /// is given up.
+    fn cancel(&self, board: &mut Board, instance: usize, slot: usize, now: Instant) {
+        let here = Place::Slot { instance, slot };
+        let s = &mut board.slots[instance][slot];
+        let queued: Vec<Pending> = s.queue.drain(..).collect();
+        if let Some(key) = s.holder.clone() {
+            if board.places.get(&key) == Some(&here) {
+                board.places.remove(&key);
+            }
+        }
+        for pending in queued {
+            let _ = pending.reply.send(Err(Error::new(
+                crate::error::Code::Cancelled,
+                format!(
+                    "sequence {} of model '{}' was cancelled: the caller of one of its \
+                     requests went away",
+                    pending.flags.id, self.injector.model
+                ),
+            )));
+        }
+        board.release(instance, slot, now);
     }
 
     /// Runs one batch on `instance`, keeps each sequence's next state and answers its rows.
