@@ -15,8 +15,8 @@ STAGE_CRATES := topk preprocess orientation words add_sub bert_tokenizer mean_po
         test-rust test-python convert-env ray-deps bentoml-deps redis custom-ops diffusion-models lint bench bench-isolation fuzz clean llama-cpp
 
 run: deps build-release
-	# add_sub_python is a Python-backend model: the interpreter is compiled once per machine.
-	./target/release/wasmtron compile-python
+	# The stages and the Python backend's interpreter (add_sub_python) compiled once per machine.
+	./target/release/wasmtron compile --model-repository model_repository
 	./target/release/wasmtron --model-repository model_repository \
 	  --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1
 
@@ -257,8 +257,9 @@ $(CONVERT_VENV)/.installed: scripts/convert-requirements.txt $(DIFFUSION_VENV)/.
 	touch $@
 
 test-python: build python-package ray-deps bentoml-deps redis custom-ops $(AZURITE) $(PYTRITON_VENV)/.installed convert-env
-	# Python-backend models start in seconds once the interpreter is compiled (minutes, once).
-	target/debug/wasmtron compile-python
+	# Stages and Python-backend models start in milliseconds to seconds once compiled (minutes,
+	# once): compiled here, not by two test workers' servers at once on a fresh machine.
+	target/debug/wasmtron compile --model-repository model_repository --model-repository tests/models
 	# Two workers, each test file whole on one (its module's server serves only its tests).
 	WASMTRON_BIN=$(CURDIR)/target/debug/wasmtron PERF_ANALYZER=$(CURDIR)/$(PERF_ANALYZER) AZURITE=$(CURDIR)/$(AZURITE) \
 	  BENTO_PYTHON=$(CURDIR)/$(BENTO_VENV)/bin/python PYTRITON_PYTHON=$(CURDIR)/$(PYTRITON_VENV)/bin/python \

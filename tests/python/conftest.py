@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BINARY = os.environ.get("WASMTRON_BIN", os.path.join(ROOT, "target", "debug", "wasmtron"))
-STARTUP_SECONDS = 120
+STARTUP_SECONDS = 300
 
 
 class Server:

