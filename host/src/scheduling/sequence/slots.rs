@@ -460,18 +460,23 @@ impl Slots {
 
     /// Runs one batch on `instance`, keeps each sequence's next state and answers its rows.
     async fn run_batch(&self, instance: usize, rows: Vec<Row>) {
-        let template = rows.iter().find_map(|row| match row {
-            Row::Request { pending, .. } => Some((
-                pending.request.model_name.clone(),
-                pending.request.model_version,
-                pending.request.inputs.clone(),
-                pending.outputs.clone(),
-                pending.received,
-            )),
-            Row::Filler => None,
-        });
-        let Some((model_name, model_version, inputs, outputs, received)) = template else {
+        if !rows.iter().any(|row| matches!(row, Row::Request { .. })) {
             return;
+        }
+        // Filler rows copy a request's inputs: taken only when the batch has one.
+        let template = if rows.iter().any(|row| matches!(row, Row::Filler)) {
+            rows.iter().find_map(|row| match row {
+                Row::Request { pending, .. } => Some((
+                    pending.request.model_name.clone(),
+                    pending.request.model_version,
+                    pending.request.inputs.clone(),
+                    pending.outputs.clone(),
+                    pending.received,
+                )),
+                Row::Filler => None,
+            })
+        } else {
+            None
         };
         let mut members = Vec::with_capacity(rows.len());
         let mut answers: Vec<Option<(usize, Box<Pending>)>> = Vec::with_capacity(rows.len());
@@ -500,9 +505,13 @@ impl Slots {
                     answers.push(Some((slot, pending)));
                 }
                 Row::Filler => {
+                    let Some((model_name, model_version, inputs, outputs, received)) = &template
+                    else {
+                        continue;
+                    };
                     let mut request = InferRequest {
                         model_name: model_name.clone(),
-                        model_version,
+                        model_version: *model_version,
                         inputs: inputs.clone(),
                         ..Default::default()
                     };
@@ -519,7 +528,7 @@ impl Slots {
                     members.push(BatchMember {
                         request,
                         outputs: outputs.clone(),
-                        received,
+                        received: *received,
                         counted: false,
                     });
                     answers.push(None);
