@@ -260,14 +260,19 @@ async fn host_call(
     out_ptr_ptr: i32,
     out_len_ptr: i32,
 ) -> wasmtime::Result<i32> {
-    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
-        return Ok(DOOR_FAULT);
+    let exports = match caller.data().exports.clone() {
+        Some(exports) => Some(exports),
+        None => caller
+            .get_export("memory")
+            .and_then(|e| e.into_memory())
+            .zip(
+                caller
+                    .get_export("host_alloc")
+                    .and_then(|e| e.into_func())
+                    .and_then(|f| f.typed::<i32, i32>(&caller).ok()),
+            ),
     };
-    let Some(alloc) = caller
-        .get_export("host_alloc")
-        .and_then(|e| e.into_func())
-        .and_then(|f| f.typed::<i32, i32>(&caller).ok())
-    else {
+    let Some((memory, alloc)) = exports else {
         return Ok(DOOR_FAULT);
     };
     let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
@@ -487,6 +492,9 @@ pub struct PyState {
     cancel: Option<Cancellation>,
     /// When the turn was first seen cancelled.
     cancelled_at: Option<Instant>,
+    /// The instance's `memory` and `host_alloc`, kept once instantiated: every host call
+    /// uses both, and looking them up by name costs a few microseconds each time.
+    exports: Option<(Memory, TypedFunc<i32, i32>)>,
 }
 
 /// How long a turn whose requests were all cancelled keeps running: time for a model that
@@ -591,6 +599,7 @@ impl Interpreter {
             ends: Instant::now() + Duration::from_secs(60),
             cancel: None,
             cancelled_at: None,
+            exports: None,
         };
         let mut store = Store::new(rt.pre.module().engine(), state);
         store.limiter(|s| &mut s.limits);
@@ -614,6 +623,7 @@ impl Interpreter {
             .ok_or_else(|| wasmtime::Error::msg("the interpreter exports no memory"))?;
         let alloc = instance.get_typed_func::<i32, i32>(&mut store, "host_alloc")?;
         let turn = instance.get_typed_func::<(i32, i32), i32>(&mut store, "turn")?;
+        store.data_mut().exports = Some((memory, alloc.clone()));
         Ok(Self {
             store,
             memory,

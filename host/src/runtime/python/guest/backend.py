@@ -395,8 +395,11 @@ class _BatchState:
         self.senders = {}
 
 
+_RESCHEDULE = pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+
+
 def _rescheduled(request):
-    return request._release_flags == pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+    return request._release_flags == _RESCHEDULE
 
 
 class _Backend:
@@ -570,7 +573,7 @@ class _Backend:
         """A readiness check between batches."""
         ready = _run(self._readiness())
         _drain()
-        _host.call(b"R" + pb._Writer().finish({"ready": ready}))
+        _host.call(pb._Writer().finish({"ready": ready}, b"R"))
 
     def serve(self):
         """Runs batches as the host hands them over, until it hands over none."""
@@ -621,12 +624,16 @@ class _Backend:
                 "Number of InferenceResponse objects do not match the number of "
                 "InferenceRequest objects. InferenceRequest(s) size is:%d, and "
                 "InferenceResponse(s) size is:%d" % (n, len(result)))
+        response_type = pb.InferenceResponse
         for r, request in zip(result, requests):
-            if r is not None and _rescheduled(request):
+            if r is None or (type(r) is response_type
+                             and request._release_flags != _RESCHEDULE):
+                continue  # the usual case, decided in one test
+            if _rescheduled(request):
                 raise pb.TritonModelException(
                     "Expected a None object in the execute function return list for "
                     "reschduled request, found type '%s'." % type(r))
-            if r is not None and not isinstance(r, pb.InferenceResponse):
+            if not isinstance(r, pb.InferenceResponse):
                 raise pb.TritonModelException(
                     "Expected an 'InferenceResponse' object in the execute function return "
                     "list, found type '%s'." % type(r).__name__)
@@ -699,14 +706,22 @@ class _Backend:
         _drain()
         try:
             w = pb._Writer()
-            responses = [{"reschedule": True} if error is None and _rescheduled(requests[i])
-                         else self._answer(w, i, returned, error, i in finished)
-                         for i in range(n)]
+            if error is None and not self.senders and not self.decoupled:
+                # The usual batch: each answer is what execute returned for its request
+                # (`_answer`'s outcome for this case, without its per-request calls).
+                responses = [{"reschedule": True} if r._release_flags == _RESCHEDULE
+                             else w.response(returned[i]) if returned[i] is not None
+                             else self._answer(w, i, returned, error, False)
+                             for i, r in enumerate(requests)]
+            else:
+                responses = [{"reschedule": True} if error is None and _rescheduled(requests[i])
+                             else self._answer(w, i, returned, error, i in finished)
+                             for i in range(n)]
         except BaseException as e:
             w = pb._Writer()
             failed = {"error": {"message": _failure(e), "code": "INTERNAL"}}
             responses = [failed] * n
-        _host.call(b"R" + w.finish({"responses": responses}))
+        _host.call(w.finish({"responses": responses}, b"R"))
 
     # --- background mode ---------------------------------------------------------------
 
@@ -821,12 +836,12 @@ class _Backend:
                      else {"error": {"message": error, "code": "INTERNAL"}}
                      for i in range(len(requests))]
         del self._states[batch]
-        self.call_for(batch, b"R" + pb._Writer().finish({"responses": responses}))
+        self.call_for(batch, pb._Writer().finish({"responses": responses}, b"R"))
 
     async def _probe(self, batch):
         """A readiness check in background mode, as a task beside the batches."""
         ready = await self._readiness()
-        self.call_for(batch, b"R" + pb._Writer().finish({"ready": ready}))
+        self.call_for(batch, pb._Writer().finish({"ready": ready}, b"R"))
 
     def finalize(self):
         try:

@@ -212,7 +212,8 @@ class Tensor:
     """A named tensor: numpy in (`as_numpy`) and out (`Tensor(name, array)`)."""
 
     def __init__(self, name, data, dtype=None):
-        name = _text(name, "Tensor name")
+        if type(name) is not str:
+            name = _text(name, "Tensor name")
         if data is None:
             raise TypeError("Tensor %r: the data must be a numpy array, not None" % name)
         if not isinstance(data, _np.ndarray):
@@ -351,7 +352,7 @@ class InferenceResponseSender:
             return
         w = _Writer()
         header = {"index": self._index, "flags": int(flags), "response": w.response(response)}
-        _answer(_backend.call_for(self._batch, b"S" + w.finish(header)))
+        _answer(_backend.call_for(self._batch, w.finish(header, b"S")))
 
     def is_cancelled(self):
         return _is_cancelled(self._index, self._batch)
@@ -365,18 +366,21 @@ class _Writer:
         self._size = 0
 
     def tensor(self, t):
-        name = t.name()
-        arr = t.as_numpy()
-        dtype = t.triton_dtype()
-        if arr.dtype == _np.object_ or dtype == "BYTES":
+        # The fields, not the accessors: this runs for every output of every answer.
+        name = t._name
+        arr = t._array
+        dtype = t._dtype or _NUMPY_TO_TRITON.get(arr.dtype) or numpy_to_triton_type(arr.dtype)
+        if dtype == "BYTES" or arr.dtype.kind == "O":
             data = serialize_byte_tensor(arr).tobytes()
             dtype = "BYTES"
+        elif dtype is None:
+            raise TritonModelException(
+                "output '%s' has numpy type %s, which Triton has no type for" % (name, arr.dtype))
         else:
-            if dtype is None:
-                raise TritonModelException(
-                    "output '%s' has numpy type %s, which Triton has no type for" % (name, arr.dtype))
-            data = _np.ascontiguousarray(arr).tobytes()
-        h = {"name": name, "datatype": dtype, "shape": [int(d) for d in arr.shape],
+            # C order whatever the array's layout (a transposed view included).
+            data = arr.tobytes()
+        # numpy's shape is a tuple of ints: JSON writes it as a list.
+        h = {"name": name, "datatype": dtype, "shape": arr.shape,
              "offset": self._size, "size": len(data)}
         self._parts.append(data)
         self._size += len(data)
@@ -392,19 +396,51 @@ class _Writer:
             out["error"] = {"message": e.message(), "code": e._code_name()}
         return out
 
-    def finish(self, header):
+    def finish(self, header, op=b""):
+        """The frame, after the one-byte `op` when given (one copy of the tensors' bytes)."""
         h = _encode_header(header).encode()
-        return b"".join([_struct.pack("<I", len(h)), h] + self._parts)
+        return b"".join([op, _struct.pack("<I", len(h)), h] + self._parts)
 
 
-# A frame's header as the host reads it: compact, and nothing in it refers to itself.
-_encode_header = _json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
+def _header_codec():
+    """The JSON writer and reader of frame headers: compact, nothing in a header refers to
+    itself, no NaN. json's C encoder and scanner, called directly when this build has them
+    (`json.dumps` and `json.loads` add a few Python calls around them per frame, which the
+    sandbox pays on every batch), else json's own functions."""
+    encoder = _json.JSONEncoder(check_circular=False, separators=(",", ":"))
+    encode, decode = encoder.encode, _json.loads
+    try:
+        from json import encoder as _enc, scanner as _scan
+        if _enc.c_make_encoder is not None:
+            c_encode = _enc.c_make_encoder(
+                None, encoder.default, _enc.encode_basestring_ascii, None, ":", ",", False,
+                False, True)
+
+            def encode(header):
+                return "".join(c_encode(header, 0))
+        if _scan.c_make_scanner is not None:
+            scan = _scan.c_make_scanner(_json.JSONDecoder())
+
+            def decode(text):
+                header, end = scan(text, 0)
+                if end != len(text):
+                    raise ValueError("frame header: extra data after the JSON object")
+                return header
+        probe = {"a": [1, 2.5, "x\u00e9", True, None, (3, 4)], "b": {}}
+        if decode(encode(probe)) != _json.loads(encoder.encode(probe)):
+            raise ValueError("json's C codec differs")
+    except Exception:  # another json module: its public functions
+        encode, decode = encoder.encode, _json.loads
+    return encode, decode
+
+
+_encode_header, _decode_header = _header_codec()
 
 
 def _read_frame(data):
     (n,) = _struct.unpack_from("<I", data, 0)
     # Decoded first: json then skips guessing the encoding of bytes.
-    header = _json.loads(bytes(data[4:4 + n]).decode())
+    header = _decode_header(bytes(data[4:4 + n]).decode())
     return header, memoryview(data)[4 + n:]
 
 
@@ -890,7 +926,7 @@ def unload_model(model_name, unload_dependents=False):
 
 def get_input_tensor_by_name(inference_request, name):
     for t in inference_request.inputs():
-        if t.name() == name:
+        if t._name == name:
             return t
     return None
 
