@@ -260,19 +260,8 @@ async fn host_call(
     out_ptr_ptr: i32,
     out_len_ptr: i32,
 ) -> wasmtime::Result<i32> {
-    let exports = match caller.data().exports.clone() {
-        Some(exports) => Some(exports),
-        None => caller
-            .get_export("memory")
-            .and_then(|e| e.into_memory())
-            .zip(
-                caller
-                    .get_export("host_alloc")
-                    .and_then(|e| e.into_func())
-                    .and_then(|f| f.typed::<i32, i32>(&caller).ok()),
-            ),
-    };
-    let Some((memory, alloc)) = exports else {
+    // Set when the instance was made, before any turn can call the host.
+    let Some((memory, alloc)) = caller.data().exports.clone() else {
         return Ok(DOOR_FAULT);
     };
     let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
